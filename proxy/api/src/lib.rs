@@ -1,0 +1,455 @@
+//! The route-table contract shared by the Tollgate compiler and proxy.
+//!
+//! In: nothing. Out: plain serde types describing everything one proxy needs to serve one
+//! Gateway: its listeners grouped by port, the virtual hosts and routes attached to each
+//! listener (already sorted by Gateway API precedence), and the backends they forward to with
+//! their resolved endpoints. No Kubernetes types, no I/O: the controller, `tollgate run` and
+//! the proxy all agree on these and nothing else.
+//!
+//! Ordering is part of the contract: the compiler emits `virtual_hosts` most specific first and
+//! `routes` in precedence order, so the proxy takes the first match.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this contract. Bumped on any incompatible change.
+pub const CONTRACT_VERSION: u32 = 1;
+
+/// Everything one proxy serves for one Gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteTable {
+    /// Monotonic version set by the publisher (0 straight out of the compiler).
+    #[serde(default)]
+    pub version: u64,
+    /// The Gateway this table belongs to.
+    pub gateway: ObjectKey,
+    /// One entry per bound (address, port), sorted by port.
+    pub ports: Vec<PortConfig>,
+    /// Backends by key (see [`BackendKey`]), referenced from routes.
+    pub backends: BTreeMap<String, Backend>,
+}
+
+/// A namespaced object name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Wire protocol of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protocol {
+    /// Plain HTTP/1.1, and HTTP/2 with prior knowledge (h2c).
+    #[serde(rename = "HTTP")]
+    Http,
+    /// TLS-terminated HTTP/1.1 and HTTP/2 (ALPN).
+    #[serde(rename = "HTTPS")]
+    Https,
+}
+
+/// One socket the proxy binds, shared by every listener on that port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortConfig {
+    /// IP address to bind (`0.0.0.0` when the Gateway names none).
+    pub address: String,
+    /// TCP port.
+    pub port: u16,
+    /// Protocol of every listener on this port.
+    pub protocol: Protocol,
+    /// Listeners on this port, most specific hostname first; a listener without a hostname last.
+    pub listeners: Vec<ListenerConfig>,
+}
+
+/// One Gateway listener with the routes attached to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerConfig {
+    /// Listener name (the Gateway's `listeners[].name`).
+    pub name: String,
+    /// Listener hostname: exact (`foo.example.com`) or wildcard (`*.example.com`); `None` = any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Certificates for an HTTPS listener, first one the default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<Certificate>,
+    /// Virtual hosts, most specific hostname first (exact, then longer wildcards, then `*`).
+    pub virtual_hosts: Vec<VirtualHost>,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Certificate {
+    /// Where it came from (`namespace/name` of the Secret), for logs.
+    pub source: String,
+    /// PEM certificate chain, leaf first.
+    pub cert_pem: String,
+    /// PEM private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Certificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("Certificate")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Routes served for one hostname (exact, `*.suffix` wildcard, or `*` for any).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualHost {
+    /// Lower-case hostname pattern.
+    pub hostname: String,
+    /// Routes in Gateway API precedence order: first match wins.
+    pub routes: Vec<Route>,
+}
+
+/// One HTTPRoute match with the rule it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    /// The HTTPRoute (a metrics label and log field).
+    pub route: ObjectKey,
+    /// Index of the rule in the HTTPRoute.
+    pub rule_index: u32,
+    /// Optional rule name (`rules[].name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_name: Option<String>,
+    /// What a request must carry.
+    #[serde(rename = "match")]
+    pub matcher: RouteMatch,
+    /// Rule filters, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<Filter>,
+    /// Weighted backends. Empty with no redirect filter = 500.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<WeightedBackend>,
+    /// Rule timeouts.
+    #[serde(default, skip_serializing_if = "Timeouts::is_empty")]
+    pub timeouts: Timeouts,
+}
+
+/// Request predicates of one match; all must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteMatch {
+    /// Path predicate.
+    pub path: PathMatch,
+    /// HTTP method, upper-case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Header predicates (names lower-case).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderMatch>,
+    /// Query parameter predicates (names exact, case-sensitive).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_params: Vec<HeaderMatch>,
+}
+
+/// Path predicate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value")]
+pub enum PathMatch {
+    /// Whole path equals.
+    Exact(String),
+    /// Segment-wise prefix: `/api` matches `/api` and `/api/x`, never `/apix`.
+    /// Stored without a trailing slash (except the root `/`).
+    PathPrefix(String),
+    /// Anchored regular expression over the whole path.
+    RegularExpression(String),
+}
+
+/// A name/value predicate over a header or query parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderMatch {
+    /// Header name (lower-case) or query parameter name.
+    pub name: String,
+    /// Value predicate.
+    pub value: StringMatch,
+}
+
+/// A value predicate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value")]
+pub enum StringMatch {
+    /// Equals.
+    Exact(String),
+    /// Anchored regular expression over the whole value.
+    RegularExpression(String),
+}
+
+/// Rule timeouts in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeouts {
+    /// Whole request, client to response headers (including retries). `None` = no timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_ms: Option<u64>,
+    /// One upstream attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request_ms: Option<u64>,
+}
+
+impl Timeouts {
+    /// True when no timeout is set.
+    pub fn is_empty(&self) -> bool {
+        self.request_ms.is_none() && self.backend_request_ms.is_none()
+    }
+}
+
+/// A backendRef with its weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightedBackend {
+    /// Key into [`RouteTable::backends`]; `None` when the ref could not be resolved, in which
+    /// case the share of traffic it would get is answered with 500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Relative weight; 0 receives no traffic.
+    pub weight: u32,
+    /// Filters applied only when this backend is picked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<Filter>,
+}
+
+/// A request or response filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Filter {
+    /// Edit request headers before forwarding.
+    RequestHeaderModifier(HeaderModifier),
+    /// Edit response headers before returning.
+    ResponseHeaderModifier(HeaderModifier),
+    /// Answer with a redirect instead of forwarding.
+    RequestRedirect(Redirect),
+    /// Rewrite host and/or path before forwarding.
+    UrlRewrite(UrlRewrite),
+    /// Send a copy of the request to another backend, ignoring its answer.
+    RequestMirror(Mirror),
+    /// Answer CORS preflights and decorate responses.
+    Cors(Cors),
+}
+
+/// Header edits: set replaces, add appends, remove deletes. Names lower-case.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderModifier {
+    /// Replace (or create) these headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<(String, String)>,
+    /// Append these headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add: Vec<(String, String)>,
+    /// Remove these headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+/// How to rewrite a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value")]
+pub enum PathModifier {
+    /// Replace the whole path.
+    ReplaceFullPath(String),
+    /// Replace the part matched by the route's PathPrefix.
+    ReplacePrefixMatch(String),
+}
+
+/// A RequestRedirect filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Redirect {
+    /// `http` or `https`; `None` keeps the request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// New host; `None` keeps the request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// New port; `None` derives it as the Gateway API spec says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Path rewrite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+    /// 301, 302, 303, 307 or 308.
+    pub status_code: u16,
+}
+
+/// A URLRewrite filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlRewrite {
+    /// New Host header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Path rewrite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+}
+
+/// A RequestMirror filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mirror {
+    /// Key into [`RouteTable::backends`]; `None` = unresolved, mirror skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Share of requests mirrored, in millionths (1_000_000 = all).
+    pub per_million: u32,
+}
+
+/// A CORS filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cors {
+    /// Allowed origins: `*`, exact `scheme://host[:port]`, or with a `*.` wildcard host.
+    #[serde(default)]
+    pub allow_origins: Vec<String>,
+    /// Send `Access-Control-Allow-Credentials: true`.
+    #[serde(default)]
+    pub allow_credentials: bool,
+    /// Allowed methods (`*` allowed).
+    #[serde(default)]
+    pub allow_methods: Vec<String>,
+    /// Allowed request headers (`*` allowed).
+    #[serde(default)]
+    pub allow_headers: Vec<String>,
+    /// Response headers exposed to scripts.
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    /// Preflight cache lifetime in seconds.
+    #[serde(default)]
+    pub max_age: u32,
+}
+
+/// Application protocol spoken to a backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackendProtocol {
+    /// HTTP/1.1 (WebSocket upgrades pass through).
+    #[default]
+    #[serde(rename = "http1")]
+    Http1,
+    /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
+    #[serde(rename = "h2c")]
+    H2c,
+}
+
+/// Load-balancing algorithm.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LoadBalancer {
+    /// Power of two random choices, fewer in-flight requests wins.
+    #[default]
+    #[serde(rename = "least-request")]
+    LeastRequest,
+    /// Round robin.
+    #[serde(rename = "round-robin")]
+    RoundRobin,
+}
+
+/// A Service port and the endpoints behind it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    /// Protocol to speak upstream.
+    #[serde(default)]
+    pub protocol: BackendProtocol,
+    /// Balancing algorithm.
+    #[serde(default)]
+    pub load_balancer: LoadBalancer,
+    /// Endpoints to use, already filtered (ready ones, or serving+terminating ones when none is
+    /// ready), sorted. Empty = 503.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// An IP and port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// IP address (v4 or v6, no brackets).
+    pub ip: String,
+    /// Port.
+    pub port: u16,
+}
+
+/// Builds the key of a backend: `namespace/service:port`.
+pub struct BackendKey;
+
+impl BackendKey {
+    /// `namespace/service:port`.
+    pub fn of(namespace: &str, service: &str, port: u16) -> String {
+        format!("{namespace}/{service}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_debug_hides_key() {
+        let c = Certificate {
+            source: "ns/s".into(),
+            cert_pem: "CERT".into(),
+            key_pem: "SECRET-KEY".into(),
+        };
+        let s = format!("{c:?}");
+        assert!(s.contains("ns/s"));
+        assert!(!s.contains("SECRET-KEY"));
+    }
+
+    #[test]
+    fn route_round_trips_through_json() {
+        let r = Route {
+            route: ObjectKey::new("default", "shop"),
+            rule_index: 0,
+            rule_name: None,
+            matcher: RouteMatch {
+                path: PathMatch::PathPrefix("/api".into()),
+                method: Some("GET".into()),
+                headers: vec![HeaderMatch {
+                    name: "x-env".into(),
+                    value: StringMatch::Exact("canary".into()),
+                }],
+                query_params: vec![],
+            },
+            filters: vec![Filter::RequestRedirect(Redirect {
+                scheme: Some("https".into()),
+                hostname: None,
+                port: None,
+                path: None,
+                status_code: 301,
+            })],
+            backends: vec![],
+            timeouts: Timeouts::default(),
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        let back: Route = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        assert!(json.contains(r#""path":{"type":"PathPrefix","value":"/api"}"#), "{json}");
+    }
+}
