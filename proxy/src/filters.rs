@@ -2,15 +2,47 @@
 //! In: a filter from the table and the request/response parts. Out: edited parts, or a
 //! response to send instead (redirects, CORS preflights).
 //!
-//! INTERFACE STUB: owned by the router work; signatures are the contract used by the server.
+//! Nothing here panics on any input: values that cannot become header values (the compiler
+//! validated them, so this is defence only) are skipped, or turn a redirect into a 500.
 
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use tollgate_api::{Cors, HeaderModifier, Redirect, UrlRewrite};
+mod cors;
+mod path;
+#[cfg(test)]
+mod tests;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use tollgate_api::{HeaderModifier, Redirect, UrlRewrite};
+
+pub use cors::{cors_decorate, cors_preflight, is_cors_preflight, origin_allowed};
+pub use path::replace_prefix;
 
 /// Applies set/add/remove to a header map (request or response side).
+///
+/// Order: `set` (replaces every value of the name), then `add` (appends a value), then
+/// `remove` (deletes every value). Names are case-insensitive; invalid names or values are
+/// skipped.
 pub fn modify_headers(m: &HeaderModifier, headers: &mut HeaderMap) {
-    let _ = (m, headers);
-    todo!()
+    for (name, value) in &m.set {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.insert(n, v);
+        }
+    }
+    for (name, value) in &m.add {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    for name in &m.remove {
+        if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
+            headers.remove(n);
+        }
+    }
 }
 
 /// What a redirect or rewrite needs to know about the incoming request.
@@ -30,10 +62,86 @@ pub struct RequestView<'a> {
     pub matched_prefix: Option<&'a str>,
 }
 
+/// The well-known port of a scheme.
+fn default_port(scheme: &str) -> Option<u16> {
+    if scheme.eq_ignore_ascii_case("http") {
+        Some(80)
+    } else if scheme.eq_ignore_ascii_case("https") {
+        Some(443)
+    } else {
+        None
+    }
+}
+
+/// The new path (without query) a path modifier produces.
+fn rewritten_path(m: Option<&tollgate_api::PathModifier>, req: &RequestView<'_>) -> String {
+    use tollgate_api::PathModifier;
+    match m {
+        None => req.path.to_owned(),
+        Some(PathModifier::ReplaceFullPath(p)) if p.is_empty() => "/".to_owned(),
+        Some(PathModifier::ReplaceFullPath(p)) => p.clone(),
+        // ReplacePrefixMatch is only valid on a PathPrefix match; without one the path is
+        // kept as it is.
+        Some(PathModifier::ReplacePrefixMatch(repl)) => match req.matched_prefix {
+            Some(prefix) => replace_prefix(req.path, prefix, repl),
+            None => req.path.to_owned(),
+        },
+    }
+}
+
+fn with_query(mut path: String, query: Option<&str>) -> String {
+    if let Some(q) = query {
+        path.push('?');
+        path.push_str(q);
+    }
+    path
+}
+
 /// Builds the redirect response (status and Location, empty body).
+///
+/// The Location is absolute: `scheme://host[:port]path[?query]`, each part from the filter
+/// or, when unset, from the request. The port follows Gateway API: unset with a scheme set
+/// means the scheme's well-known port; unset without a scheme keeps the listener port. It is
+/// left out when it is the well-known port of the Location's scheme (80 for http, 443 for
+/// https). The query string is always preserved. A status outside 3xx becomes 302; a
+/// Location that cannot be a header value (never, with a validated table) gives a 500.
 pub fn redirect(r: &Redirect, req: &RequestView<'_>) -> Response<()> {
-    let _ = (r, req);
-    todo!()
+    let scheme = r.scheme.as_deref().unwrap_or(req.scheme);
+    let host = r.hostname.as_deref().unwrap_or(req.host);
+    let port = match (r.port, &r.scheme) {
+        (Some(p), _) => p,
+        (None, Some(s)) => default_port(s).unwrap_or(req.port),
+        (None, None) => req.port,
+    };
+    let mut location = String::with_capacity(64);
+    location.push_str(scheme);
+    location.push_str("://");
+    if host.contains(':') && !host.starts_with('[') {
+        // An IPv6 literal needs brackets in a URL.
+        location.push('[');
+        location.push_str(host);
+        location.push(']');
+    } else {
+        location.push_str(host);
+    }
+    if default_port(scheme) != Some(port) {
+        location.push(':');
+        location.push_str(&port.to_string());
+    }
+    location.push_str(&with_query(rewritten_path(r.path.as_ref(), req), req.query));
+
+    let mut resp = Response::new(());
+    match HeaderValue::from_str(&location) {
+        Ok(v) => {
+            *resp.status_mut() = StatusCode::from_u16(r.status_code)
+                .ok()
+                .filter(StatusCode::is_redirection)
+                .unwrap_or(StatusCode::FOUND);
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+        Err(_) => *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+    }
+    resp
 }
 
 /// The result of a URLRewrite: the new Host (if changed) and the new path-and-query.
@@ -45,24 +153,11 @@ pub struct Rewritten {
     pub path_and_query: String,
 }
 
-/// Applies a URLRewrite.
+/// Applies a URLRewrite: the path as [`redirect`] rewrites it (query preserved), and the
+/// filter's hostname, if any.
 pub fn rewrite(r: &UrlRewrite, req: &RequestView<'_>) -> Rewritten {
-    let _ = (r, req);
-    todo!()
+    Rewritten {
+        host: r.hostname.clone(),
+        path_and_query: with_query(rewritten_path(r.path.as_ref(), req), req.query),
+    }
 }
-
-/// For a CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) returns the
-/// response to send instead of forwarding; `None` when the request is not a preflight.
-pub fn cors_preflight(c: &Cors, method: &http::Method, headers: &HeaderMap) -> Option<Response<()>> {
-    let _ = (c, method, headers);
-    todo!()
-}
-
-/// Adds CORS response headers for an actual (non-preflight) request carrying `origin`.
-pub fn cors_decorate(c: &Cors, origin: Option<&HeaderValue>, response: &mut HeaderMap) {
-    let _ = (c, origin, response);
-    todo!()
-}
-
-#[allow(dead_code)]
-fn _status(_: StatusCode) {}

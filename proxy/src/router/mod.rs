@@ -4,12 +4,47 @@
 //! that wins under Gateway API precedence (the compiler already sorted routes; the router
 //! keeps that order), or `None` for a 404.
 //!
-//! INTERFACE STUB: owned by the router work; signatures are the contract used by the server.
+//! Selection happens in three steps, each picking exactly one candidate:
+//! 1. the port's listener whose hostname matches the Host most specifically (exact, then the
+//!    longest `*.suffix` wildcard, then the listener without hostname);
+//! 2. that listener's virtual host, by the same rule (`*` last);
+//! 3. the first route of that virtual host whose match holds.
+//!
+//! There is no fall-back: when the most specific listener or virtual host has no matching
+//! route the answer is `None`, even if a less specific one would have matched. This mirrors
+//! Envoy's model (a request picks one virtual host by domain, then its routes) and Gateway
+//! API's rule that a more specific hostname takes the request away from less specific ones.
+//!
+//! Paths, headers and query parameters match as [`matcher`]'s docs say: raw paths (no
+//! percent-decoding), segment-wise prefixes, anchored regexes, first query parameter wins,
+//! repeated headers joined with `,`.
+//!
+//! A route lookup allocates nothing unless the Host has upper-case letters or a matched
+//! header is repeated; it takes no lock.
 
+mod host;
+mod index;
+mod matcher;
+
+#[cfg(test)]
+mod prop_tests;
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method};
-use tollgate_api::{Route, RouteTable};
+use tollgate_api::{ObjectKey, Route, RouteTable};
+
+pub use host::host_without_port;
+pub use matcher::split_path_and_query;
+
+use host::{HostIndex, normalize_host};
+use index::{Entry, RouteSet};
+use matcher::Matcher;
 
 /// Errors building a router from a table (a table the compiler should never have emitted).
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +64,22 @@ pub enum RouterError {
 /// An immutable, indexed routing table for one Gateway.
 #[derive(Debug)]
 pub struct Router {
-    _private: (),
+    ports: HashMap<u16, PortRoutes>,
+}
+
+/// The listeners sharing one port.
+#[derive(Debug, Default)]
+struct PortRoutes {
+    listeners: Vec<ListenerRoutes>,
+    hosts: HostIndex,
+}
+
+/// One listener: its name and virtual hosts.
+#[derive(Debug)]
+struct ListenerRoutes {
+    name: Box<str>,
+    vhosts: Vec<RouteSet>,
+    hosts: HostIndex,
 }
 
 /// A route as the router holds it: the table's route plus precomputed pieces.
@@ -49,14 +99,51 @@ pub struct RouteRef<'a> {
     /// The winning route.
     pub route: &'a CompiledRoute,
     /// For a PathPrefix match, the prefix that matched (what ReplacePrefixMatch replaces).
+    /// Normalised: without trailing slash, except the root `/`.
     pub matched_prefix: Option<&'a str>,
 }
 
 impl Router {
     /// Builds a router. Fails only on a table the compiler should have rejected.
+    ///
+    /// A port listed twice (two addresses) serves the union of its listeners; where two
+    /// listeners or virtual hosts on a port share a hostname, the first one wins.
     pub fn build(table: &RouteTable) -> Result<Self, RouterError> {
-        let _ = table;
-        todo!("router")
+        let mut labels: HashMap<&ObjectKey, Arc<str>> = HashMap::new();
+        let mut ports: HashMap<u16, PortRoutes> = HashMap::new();
+        for port in &table.ports {
+            let pr = ports.entry(port.port).or_default();
+            for listener in &port.listeners {
+                let mut lr = ListenerRoutes {
+                    name: listener.name.as_str().into(),
+                    vhosts: Vec::with_capacity(listener.virtual_hosts.len()),
+                    hosts: HostIndex::default(),
+                };
+                for vh in &listener.virtual_hosts {
+                    let mut entries = Vec::with_capacity(vh.routes.len());
+                    for r in &vh.routes {
+                        let label = labels
+                            .entry(&r.route)
+                            .or_insert_with(|| Arc::from(r.route.to_string()))
+                            .clone();
+                        let matcher = Matcher::compile(&r.matcher, &label)?;
+                        entries.push(Entry {
+                            route: CompiledRoute {
+                                api: r.clone(),
+                                label,
+                            },
+                            matcher,
+                        });
+                    }
+                    lr.hosts.insert(Some(&vh.hostname), lr.vhosts.len());
+                    lr.vhosts.push(RouteSet::new(entries));
+                }
+                pr.hosts
+                    .insert(listener.hostname.as_deref(), pr.listeners.len());
+                pr.listeners.push(lr);
+            }
+        }
+        Ok(Self { ports })
     }
 
     /// Finds the route for a request that arrived on `port`.
@@ -70,7 +157,21 @@ impl Router {
         path_and_query: &str,
         headers: &HeaderMap,
     ) -> Option<RouteRef<'a>> {
-        let _ = (port, host, method, path_and_query, headers);
-        todo!("router")
+        let pr = self.ports.get(&port)?;
+        let host = normalize_host(host);
+        let listener = pr.listeners.get(pr.hosts.lookup(&host)?)?;
+        let vhost = listener.vhosts.get(listener.hosts.lookup(&host)?)?;
+        let (path, query) = split_path_and_query(path_and_query);
+        let entry = vhost.find(path, query, method, headers)?;
+        Some(RouteRef {
+            listener: &listener.name,
+            route: &entry.route,
+            matched_prefix: entry.matcher.prefix(),
+        })
+    }
+
+    /// True when some listener is configured on `port`.
+    pub fn serves_port(&self, port: u16) -> bool {
+        self.ports.contains_key(&port)
     }
 }
