@@ -1,0 +1,218 @@
+//! Backend resolution: backendRefs to Services and their endpoints.
+//!
+//! In: a backendRef (or a RequestMirror's backendRef) and the namespace of the HTTPRoute that
+//! holds it; Services, EndpointSlices and ReferenceGrants through the [`Index`]. Out: the
+//! [`BackendKey`] of a resolved [`Backend`] (cached: many routes share one Service port), or
+//! the [`Problem`] that makes the route's `ResolvedRefs` False.
+//!
+//! Endpoints: EndpointSlices labelled `kubernetes.io/service-name` in the Service's namespace;
+//! the Service port (chosen by number) maps to the slice port with the same name (unnamed =
+//! `""`), whose number is used. Ready endpoints (`ready` unset counts as ready) are used; when
+//! none is ready, the serving-and-terminating ones are, so a rollout's last pods still answer.
+//!
+//! `ExternalName` Services are refused with `BackendNotFound`: they have no EndpointSlices, and
+//! resolving DNS would put I/O in the compiler. Service ports with an `appProtocol` we cannot
+//! speak get `UnsupportedProtocol`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Service, ServicePort};
+use tollgate_api::{Backend, BackendKey, BackendProtocol, Endpoint, LoadBalancer};
+
+use super::conditions::{Problem, reason};
+use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
+use super::index::{Index, ns_of};
+
+/// Service annotation choosing the balancing algorithm.
+pub const LOAD_BALANCER_ANNOTATION: &str = "tollgate.dev/load-balancer";
+
+/// The fields every backendRef flavour shares.
+#[derive(Debug, Clone, Copy)]
+pub struct RefSpec<'s> {
+    /// API group (`None`/`""` = core).
+    pub group: Option<&'s str>,
+    /// Kind (`None` = Service).
+    pub kind: Option<&'s str>,
+    /// Name.
+    pub name: &'s str,
+    /// Namespace (`None` = the route's).
+    pub namespace: Option<&'s str>,
+    /// Port.
+    pub port: Option<i32>,
+}
+
+/// Resolves backendRefs, caching backends by key.
+#[derive(Debug)]
+pub struct Resolver<'i, 'a> {
+    idx: &'i Index<'a>,
+    /// Every backend resolved so far, by [`BackendKey`].
+    pub backends: BTreeMap<String, Backend>,
+}
+
+impl<'i, 'a> Resolver<'i, 'a> {
+    /// A resolver over `idx`.
+    pub fn new(idx: &'i Index<'a>) -> Self {
+        Self {
+            idx,
+            backends: BTreeMap::new(),
+        }
+    }
+
+    /// Resolves `r`, held by an HTTPRoute in `route_ns`, to a backend key.
+    pub fn resolve(&mut self, route_ns: &str, r: &RefSpec<'_>) -> Result<String, Problem> {
+        let group = r.group.unwrap_or("");
+        let kind = r.kind.unwrap_or("Service");
+        let ns = r.namespace.unwrap_or(route_ns);
+        let name = r.name;
+        if !(group.is_empty() || group == "core") || kind != "Service" {
+            return Err(Problem::new(
+                reason::INVALID_KIND,
+                format!(
+                    "backendRef {ns}/{name}: kind {group}/{kind} is not supported (core Service only)"
+                ),
+            ));
+        }
+        let cross = CrossRef {
+            from_group: GATEWAY_GROUP,
+            from_kind: "HTTPRoute",
+            from_namespace: route_ns,
+            to_group: "",
+            to_kind: "Service",
+            to_namespace: ns,
+            to_name: name,
+        };
+        if !permitted(self.idx, &cross) {
+            return Err(Problem::new(
+                reason::REF_NOT_PERMITTED,
+                format!(
+                    "backendRef to Service {ns}/{name} is not permitted by any ReferenceGrant in {ns}"
+                ),
+            ));
+        }
+        let Some(port) = r.port else {
+            return Err(Problem::new(
+                reason::BACKEND_NOT_FOUND,
+                format!("backendRef to Service {ns}/{name} needs a port"),
+            ));
+        };
+        let port16 = u16::try_from(port).map_err(|_| {
+            Problem::new(
+                reason::BACKEND_NOT_FOUND,
+                format!("backendRef to Service {ns}/{name}: port {port} is out of range"),
+            )
+        })?;
+        let key = BackendKey::of(ns, name, port16);
+        if self.backends.contains_key(&key) {
+            return Ok(key);
+        }
+        let Some(svc) = self.idx.services.get(&(ns, name)) else {
+            return Err(Problem::new(
+                reason::BACKEND_NOT_FOUND,
+                format!("Service {ns}/{name} not found"),
+            ));
+        };
+        let backend = self.build(svc, port)?;
+        self.backends.insert(key.clone(), backend);
+        Ok(key)
+    }
+
+    fn build(&self, svc: &Service, port: i32) -> Result<Backend, Problem> {
+        let ns = ns_of(&svc.metadata);
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        let spec = svc.spec.as_ref();
+        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+            return Err(Problem::new(
+                reason::BACKEND_NOT_FOUND,
+                format!("Service {ns}/{name} is of type ExternalName, which is not supported"),
+            ));
+        }
+        let Some(sp) = spec
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|ports| ports.iter().find(|p| p.port == port))
+        else {
+            return Err(Problem::new(
+                reason::BACKEND_NOT_FOUND,
+                format!("Service {ns}/{name} has no port {port}"),
+            ));
+        };
+        let protocol = backend_protocol(sp).ok_or_else(|| {
+            Problem::new(
+                reason::UNSUPPORTED_PROTOCOL_BACKEND,
+                format!(
+                    "Service {ns}/{name} port {port}: appProtocol {} is not supported",
+                    sp.app_protocol.as_deref().unwrap_or_default()
+                ),
+            )
+        })?;
+        let load_balancer = match svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LOAD_BALANCER_ANNOTATION))
+            .map(String::as_str)
+        {
+            Some("round-robin") => LoadBalancer::RoundRobin,
+            _ => LoadBalancer::LeastRequest,
+        };
+        Ok(Backend {
+            protocol,
+            load_balancer,
+            endpoints: self.endpoints(ns, name, sp),
+        })
+    }
+
+    /// Endpoints of a Service port, filtered and sorted.
+    fn endpoints(&self, ns: &str, svc: &str, sp: &ServicePort) -> Vec<Endpoint> {
+        let port_name = sp.name.as_deref().unwrap_or("");
+        let mut ready = BTreeSet::new();
+        let mut fallback = BTreeSet::new();
+        for slice in self.idx.slices.get(&(ns, svc)).into_iter().flatten() {
+            if slice.address_type == "FQDN" {
+                continue;
+            }
+            let Some(slice_port) = slice
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref().unwrap_or("") == port_name)
+                .and_then(|p| p.port)
+                .and_then(|p| u16::try_from(p).ok())
+            else {
+                continue;
+            };
+            for ep in &slice.endpoints {
+                let c = ep.conditions.as_ref();
+                let is_ready = c.and_then(|c| c.ready) != Some(false);
+                let serving_terminating =
+                    c.is_some_and(|c| c.serving == Some(true) && c.terminating == Some(true));
+                for ip in &ep.addresses {
+                    let e = Endpoint {
+                        ip: ip.clone(),
+                        port: slice_port,
+                    };
+                    if is_ready {
+                        ready.insert(e);
+                    } else if serving_terminating {
+                        fallback.insert(e);
+                    }
+                }
+            }
+        }
+        if ready.is_empty() {
+            fallback.into_iter().collect()
+        } else {
+            ready.into_iter().collect()
+        }
+    }
+}
+
+/// Protocol for a Service port's appProtocol; `None` when we cannot speak it.
+fn backend_protocol(sp: &ServicePort) -> Option<BackendProtocol> {
+    match sp.app_protocol.as_deref() {
+        None | Some("" | "http" | "HTTP" | "kubernetes.io/ws" | "kubernetes.io/wss") => {
+            Some(BackendProtocol::Http1)
+        }
+        Some("kubernetes.io/h2c") => Some(BackendProtocol::H2c),
+        Some(_) => None,
+    }
+}

@@ -1,0 +1,161 @@
+//! A borrowed, sorted view of [`Inputs`](super::Inputs) for cheap lookups.
+//!
+//! In: the inputs. Out: objects keyed by namespace/name in `BTreeMap`s, so lookups are
+//! `O(log n)` and iteration order never depends on the order objects arrived in. Objects
+//! without a namespace are taken to be in `default`, as `kubectl apply` would put them.
+//! Duplicate keys (two files declaring the same object) keep one deterministically: the one
+//! whose JSON form sorts first.
+
+use std::collections::BTreeMap;
+
+use gateway_api::gateways::Gateway;
+use gateway_api::httproutes::HttpRoute;
+use gateway_api::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use tollgate_api::ObjectKey;
+
+use super::Inputs;
+
+/// Namespace assumed for objects that name none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// Label EndpointSlices carry to name their Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label every Namespace carries with its own name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Namespace of an object (`default` when unset).
+pub fn ns_of(meta: &ObjectMeta) -> &str {
+    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+}
+
+/// Name of an object (empty when unset).
+pub fn name_of(meta: &ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
+}
+
+/// Key of an object.
+pub fn key_of(meta: &ObjectMeta) -> ObjectKey {
+    ObjectKey::new(ns_of(meta), name_of(meta))
+}
+
+/// `(namespace, name)` borrowed.
+pub type Ref<'a> = (&'a str, &'a str);
+
+/// Sorted lookups over the inputs.
+#[derive(Debug)]
+pub struct Index<'a> {
+    /// Gateways sorted by key.
+    pub gateways: Vec<&'a Gateway>,
+    /// HTTPRoutes sorted by key.
+    pub routes: Vec<&'a HttpRoute>,
+    /// Services by key.
+    pub services: BTreeMap<Ref<'a>, &'a Service>,
+    /// EndpointSlices by (namespace, service name), sorted by slice name.
+    pub slices: BTreeMap<Ref<'a>, Vec<&'a EndpointSlice>>,
+    /// Secrets by key.
+    pub secrets: BTreeMap<Ref<'a>, &'a Secret>,
+    /// Namespace labels by namespace name.
+    pub namespace_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
+    /// ReferenceGrants by namespace (the namespace of the referent they allow).
+    pub grants: BTreeMap<&'a str, Vec<&'a ReferenceGrant>>,
+}
+
+impl<'a> Index<'a> {
+    /// Indexes `inputs`.
+    pub fn new(inputs: &'a Inputs) -> Self {
+        let gateways = by_key(&inputs.gateways, |g| &g.metadata);
+        let routes = by_key(&inputs.http_routes, |r| &r.metadata);
+        let services = by_key(&inputs.services, |s| &s.metadata)
+            .into_iter()
+            .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
+            .collect();
+        let secrets = by_key(&inputs.secrets, |s| &s.metadata)
+            .into_iter()
+            .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
+            .collect();
+        let mut slices: BTreeMap<Ref<'a>, Vec<&'a EndpointSlice>> = BTreeMap::new();
+        for slice in by_key(&inputs.endpoint_slices, |s| &s.metadata) {
+            let Some(svc) = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            else {
+                continue;
+            };
+            slices
+                .entry((ns_of(&slice.metadata), svc.as_str()))
+                .or_default()
+                .push(slice);
+        }
+        let mut namespace_labels = BTreeMap::new();
+        for ns in by_key(&inputs.namespaces, |n| &n.metadata) {
+            let name = name_of(&ns.metadata);
+            let mut labels = ns.metadata.labels.clone().unwrap_or_default();
+            // The API server sets this label on every namespace; files often omit it.
+            labels
+                .entry(NAMESPACE_NAME_LABEL.to_owned())
+                .or_insert_with(|| name.to_owned());
+            namespace_labels.insert(name, labels);
+        }
+        let mut grants: BTreeMap<&'a str, Vec<&'a ReferenceGrant>> = BTreeMap::new();
+        for g in by_key(&inputs.reference_grants, |g| &g.metadata) {
+            grants.entry(ns_of(&g.metadata)).or_default().push(g);
+        }
+        Self {
+            gateways,
+            routes,
+            services,
+            slices,
+            secrets,
+            namespace_labels,
+            grants,
+        }
+    }
+
+    /// Labels of a namespace; a namespace missing from the inputs still carries its
+    /// `kubernetes.io/metadata.name` label.
+    pub fn labels_of_namespace(&self, ns: &str) -> BTreeMap<String, String> {
+        self.namespace_labels
+            .get(ns)
+            .cloned()
+            .unwrap_or_else(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), ns.to_owned())]))
+    }
+}
+
+/// Sorts objects by (namespace, name) and drops duplicates deterministically.
+fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) -> Vec<&'a T> {
+    let mut v: Vec<&'a T> = items.iter().collect();
+    let key = |t: &T| {
+        let m = meta(t);
+        (
+            ns_of(m).to_owned(),
+            name_of(m).to_owned(),
+            m.resource_version.clone(),
+        )
+    };
+    v.sort_by_cached_key(|t| key(t));
+    let has_dups = v.windows(2).any(|w| {
+        let (a, b) = (meta(w[0]), meta(w[1]));
+        ns_of(a) == ns_of(b) && name_of(a) == name_of(b)
+    });
+    if has_dups {
+        // Rare (the same object in two files): break ties on the whole object.
+        v.sort_by_cached_key(|t| {
+            let m = meta(t);
+            (
+                ns_of(m).to_owned(),
+                name_of(m).to_owned(),
+                serde_json::to_string(t).unwrap_or_default(),
+            )
+        });
+        v.dedup_by(|b, a| {
+            let (ma, mb) = (meta(a), meta(b));
+            ns_of(ma) == ns_of(mb) && name_of(ma) == name_of(mb)
+        });
+    }
+    v
+}

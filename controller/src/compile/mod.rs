@@ -1,0 +1,177 @@
+//! The pure compiler: Kubernetes objects in, route tables and desired statuses out.
+//!
+//! In: [`Inputs`], plain gateway-api and k8s-openapi objects plus the time to stamp on
+//! conditions. Out: [`Output`], one [`RouteTable`] per accepted Gateway of our class and the
+//! status every GatewayClass, Gateway and HTTPRoute of ours should carry. No I/O, no clock, no
+//! hash-map iteration: the same input gives byte-identical output whatever the input order.
+//!
+//! The pipeline, one module per concern:
+//! [`classes`] (GatewayClass acceptance) → [`listeners`] (Gateway and listener validation,
+//! conflicts, [`certs`]) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
+//! [`rules`] (matches, [`filters`], timeouts) and [`backends`] (Services, EndpointSlices,
+//! [`grants`]) → [`table`] (virtual hosts sorted by [`precedence`]) → statuses.
+//! Fault isolation: an invalid object only rejects itself.
+
+pub mod backends;
+pub mod certs;
+pub mod classes;
+pub mod conditions;
+pub mod filters;
+pub mod grants;
+pub mod hostnames;
+pub mod index;
+pub mod listeners;
+pub mod load;
+pub mod output;
+pub mod precedence;
+pub mod routes;
+pub mod rules;
+pub mod table;
+
+use std::collections::BTreeMap;
+
+use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
+use gateway_api::gateways::{Gateway, GatewayStatus};
+use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
+use gateway_api::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Serialize;
+use tollgate_api::{ObjectKey, RouteTable};
+
+pub use load::{LoadError, LoadWarning, inputs_from_yaml};
+pub use output::Rejection;
+
+/// The `spec.controllerName` of GatewayClasses this compiler owns.
+pub const CONTROLLER_NAME: &str = "tollgate.dev/gateway-controller";
+
+/// Everything the compiler reads. Order does not matter: the compiler sorts.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// GatewayClasses (all controllers; only ours are compiled).
+    pub gateway_classes: Vec<GatewayClass>,
+    /// Gateways (all classes; only ours are compiled).
+    pub gateways: Vec<Gateway>,
+    /// HTTPRoutes.
+    pub http_routes: Vec<HttpRoute>,
+    /// ReferenceGrants.
+    pub reference_grants: Vec<ReferenceGrant>,
+    /// Services.
+    pub services: Vec<Service>,
+    /// EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Secrets (only `kubernetes.io/tls` ones referenced by listeners are read).
+    pub secrets: Vec<Secret>,
+    /// Namespaces, for `allowedRoutes.namespaces.selector`.
+    pub namespaces: Vec<Namespace>,
+    /// Stamped as `lastTransitionTime` on every condition; nothing else reads a clock.
+    pub now: Time,
+    /// Documents [`inputs_from_yaml`] skipped (kinds the compiler does not read). The compiler
+    /// ignores this field.
+    pub warnings: Vec<LoadWarning>,
+}
+
+impl Default for Inputs {
+    /// No objects, `now` at the Unix epoch.
+    fn default() -> Self {
+        Self::new(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+    }
+}
+
+impl Inputs {
+    /// No objects, conditions stamped with `now`.
+    pub fn new(now: Time) -> Self {
+        Self {
+            gateway_classes: Vec::new(),
+            gateways: Vec::new(),
+            http_routes: Vec::new(),
+            reference_grants: Vec::new(),
+            services: Vec::new(),
+            endpoint_slices: Vec::new(),
+            secrets: Vec::new(),
+            namespaces: Vec::new(),
+            now,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Appends every object and warning of `other` (keeps `self.now`), e.g. when reading a
+    /// directory.
+    pub fn extend(&mut self, other: Inputs) {
+        self.gateway_classes.extend(other.gateway_classes);
+        self.gateways.extend(other.gateways);
+        self.http_routes.extend(other.http_routes);
+        self.reference_grants.extend(other.reference_grants);
+        self.services.extend(other.services);
+        self.endpoint_slices.extend(other.endpoint_slices);
+        self.secrets.extend(other.secrets);
+        self.namespaces.extend(other.namespaces);
+        self.warnings.extend(other.warnings);
+    }
+}
+
+/// What the compiler produces.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Output {
+    /// One table per accepted Gateway of our classes.
+    #[serde(serialize_with = "output::keyed")]
+    pub tables: BTreeMap<ObjectKey, RouteTable>,
+    /// Status of every GatewayClass whose controllerName is ours, by name.
+    pub gateway_classes: BTreeMap<String, GatewayClassStatus>,
+    /// Status of every Gateway of our classes.
+    #[serde(serialize_with = "output::keyed")]
+    pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
+    /// Status of every HTTPRoute with at least one parentRef to one of our Gateways; `parents`
+    /// holds only the entries for our Gateways.
+    #[serde(serialize_with = "output::keyed")]
+    pub http_routes: BTreeMap<ObjectKey, HttpRouteStatus>,
+}
+
+/// Compiles `inputs`. Pure and deterministic.
+pub fn compile(inputs: &Inputs) -> Output {
+    let idx = index::Index::new(inputs);
+    let now = &inputs.now;
+
+    let classes = classes::compile_classes(&inputs.gateway_classes, now);
+    let mut gateways: Vec<listeners::GatewayModel<'_>> = idx
+        .gateways
+        .iter()
+        .filter_map(|gw| {
+            let class = classes.get(gw.spec.gateway_class_name.as_str())?;
+            Some(listeners::compile_gateway(gw, class.accepted, &idx, now))
+        })
+        .collect();
+    gateways.sort_by(|a, b| a.key.cmp(&b.key));
+
+    let routes = routes::compile_routes(&idx, &mut gateways, now);
+    let tables = table::build_tables(&gateways, &routes);
+
+    let gateway_statuses = gateways
+        .iter()
+        .map(|g| (g.key.clone(), g.status()))
+        .collect();
+    let http_routes = routes
+        .routes
+        .iter()
+        .filter(|r| !r.parents.is_empty())
+        .map(|r| {
+            (
+                r.key.clone(),
+                HttpRouteStatus {
+                    parents: r.parents.clone(),
+                },
+            )
+        })
+        .collect();
+    Output {
+        tables,
+        gateway_classes: classes
+            .into_iter()
+            .map(|(name, c)| (name.to_owned(), c.status))
+            .collect(),
+        gateways: gateway_statuses,
+        http_routes,
+    }
+}

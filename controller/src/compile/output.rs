@@ -1,0 +1,135 @@
+//! Reading the compiler's output: rejections and serialization.
+//!
+//! In: an [`Output`]. Out: the list of [`Rejection`]s (every negative Accepted, ResolvedRefs
+//! or Programmed condition, with the object and listener/parent it belongs to) that
+//! `tollgate validate` prints and exits non-zero on; and a serializer that writes maps keyed by
+//! [`ObjectKey`] as `"namespace/name"` JSON keys.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use serde::{Serialize, Serializer};
+use tollgate_api::ObjectKey;
+
+use super::Output;
+use super::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
+
+/// One condition saying an object (or part of it) is rejected.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejection {
+    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    pub kind: &'static str,
+    /// The object (`namespace` empty for GatewayClass).
+    pub key: ObjectKey,
+    /// Listener name (Gateway) or parent Gateway `namespace/name[/section]` (HTTPRoute).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
+    /// Condition type.
+    pub condition: String,
+    /// Reason.
+    pub reason: String,
+    /// Message.
+    pub message: String,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind, self.key)?;
+        if let Some(p) = &self.part {
+            write!(f, " ({p})")?;
+        }
+        write!(
+            f,
+            ": {}=False {}: {}",
+            self.condition, self.reason, self.message
+        )
+    }
+}
+
+fn is_rejection(c: &Condition) -> bool {
+    c.status == "False" && [ACCEPTED, RESOLVED_REFS, PROGRAMMED].contains(&c.type_.as_str())
+}
+
+fn push(
+    out: &mut Vec<Rejection>,
+    kind: &'static str,
+    key: &ObjectKey,
+    part: Option<String>,
+    conds: &[Condition],
+) {
+    for c in conds.iter().filter(|c| is_rejection(c)) {
+        out.push(Rejection {
+            kind,
+            key: key.clone(),
+            part: part.clone(),
+            condition: c.type_.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        });
+    }
+}
+
+impl Output {
+    /// Every rejected object, listener and route parent, sorted.
+    pub fn rejections(&self) -> Vec<Rejection> {
+        let mut out = Vec::new();
+        for (name, s) in &self.gateway_classes {
+            let key = ObjectKey::new("", name.as_str());
+            push(
+                &mut out,
+                "GatewayClass",
+                &key,
+                None,
+                s.conditions.as_deref().unwrap_or_default(),
+            );
+        }
+        for (key, s) in &self.gateways {
+            push(
+                &mut out,
+                "Gateway",
+                key,
+                None,
+                s.conditions.as_deref().unwrap_or_default(),
+            );
+            for l in s.listeners.iter().flatten() {
+                push(
+                    &mut out,
+                    "Gateway",
+                    key,
+                    Some(format!("listener {}", l.name)),
+                    &l.conditions,
+                );
+            }
+        }
+        for (key, s) in &self.http_routes {
+            for p in &s.parents {
+                let r = &p.parent_ref;
+                let mut part = format!(
+                    "parent {}/{}",
+                    r.namespace.as_deref().unwrap_or(&key.namespace),
+                    r.name
+                );
+                if let Some(sn) = &r.section_name {
+                    part.push('/');
+                    part.push_str(sn);
+                }
+                if let Some(port) = r.port {
+                    part.push_str(&format!(":{port}"));
+                }
+                push(&mut out, "HTTPRoute", key, Some(part), &p.conditions);
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// Serializes a map keyed by [`ObjectKey`] with `"namespace/name"` string keys.
+pub fn keyed<V: Serialize, S: Serializer>(
+    map: &BTreeMap<ObjectKey, V>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(map.iter().map(|(k, v)| (k.to_string(), v)))
+}

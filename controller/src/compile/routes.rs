@@ -1,0 +1,242 @@
+//! HTTPRoute attachment and status.
+//!
+//! In: every HTTPRoute, the validated [`GatewayModel`]s, a backend [`Resolver`]. Out: per
+//! route that names one of our Gateways, the `status.parents[]` entries for those Gateways and
+//! the listeners (with effective hostnames) it is attached to; each listener's `attached` set
+//! is filled for `attachedRoutes`.
+//!
+//! A parentRef (kind Gateway, group gateway.networking.k8s.io) to a Gateway that is not ours,
+//! or that does not exist, gets no entry: we cannot know whose it is. For ours: candidates are
+//! the listeners matching `sectionName` and `port` (none: `NoMatchingParent`); of the accepted
+//! candidates, those whose allowedRoutes admit the route's namespace and kind (none:
+//! `NotAllowedByListeners`); of those, the ones whose hostname intersects the route's (none:
+//! `NoMatchingListenerHostname`). Attachment counts for `attachedRoutes` even when the route's
+//! rules are invalid (the spec bases it on allowedRoutes and parentRefs only); such a route is
+//! `Accepted=False UnsupportedValue` and stays out of the tables.
+
+use std::collections::BTreeMap;
+
+use gateway_api::httproutes::{
+    HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tollgate_api::{Backend, ObjectKey};
+
+use super::CONTROLLER_NAME;
+use super::backends::Resolver;
+use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
+use super::grants::GATEWAY_GROUP;
+use super::hostnames;
+use super::index::{Index, key_of, ns_of};
+use super::listeners::GatewayModel;
+use super::rules::{CompiledRoute, compile_route};
+
+/// Where a valid route is served.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    /// Index into the gateway list.
+    pub gateway: usize,
+    /// Index into that gateway's listeners.
+    pub listener: usize,
+    /// Effective hostnames (lower-case, `*` = any).
+    pub hostnames: Vec<String>,
+}
+
+/// One HTTPRoute that names at least one of our Gateways.
+#[derive(Debug)]
+pub struct RouteModel<'a> {
+    /// The route.
+    pub route: &'a HttpRoute,
+    /// Its key.
+    pub key: ObjectKey,
+    /// Compiled rules.
+    pub compiled: CompiledRoute,
+    /// Status entries for our Gateways.
+    pub parents: Vec<HttpRouteStatusParents>,
+    /// Listeners the route is served on (only when its rules are valid).
+    pub attachments: Vec<Attachment>,
+}
+
+/// Routes plus every backend they resolved.
+#[derive(Debug)]
+pub struct Routes<'a> {
+    /// Routes sorted by key.
+    pub routes: Vec<RouteModel<'a>>,
+    /// Resolved backends by key.
+    pub backends: BTreeMap<String, Backend>,
+}
+
+fn is_gateway_ref(p: &HttpRouteParentRefs) -> bool {
+    p.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
+        && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+}
+
+/// Attaches every route to our Gateways.
+pub fn compile_routes<'a>(
+    idx: &Index<'a>,
+    gateways: &mut [GatewayModel<'_>],
+    now: &Time,
+) -> Routes<'a> {
+    let by_key: BTreeMap<ObjectKey, usize> = gateways
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.key.clone(), i))
+        .collect();
+    let mut resolver = Resolver::new(idx);
+    let mut routes = Vec::new();
+    for route in &idx.routes {
+        let route_ns = ns_of(&route.metadata);
+        let mut ours: Vec<(&HttpRouteParentRefs, usize)> = Vec::new();
+        for p in route.spec.parent_refs.iter().flatten() {
+            if !is_gateway_ref(p) || ours.iter().any(|(q, _)| *q == p) {
+                continue;
+            }
+            let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
+            if let Some(&gi) = by_key.get(&ObjectKey::new(gw_ns, p.name.as_str())) {
+                ours.push((p, gi));
+            }
+        }
+        if ours.is_empty() {
+            continue;
+        }
+        let compiled = compile_route(route, &mut resolver);
+        let key = key_of(&route.metadata);
+        let conds = Conds::new(route.metadata.generation, now);
+        let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
+        let mut parents = Vec::new();
+        let mut attachments = Vec::new();
+        for (p, gi) in ours {
+            let accepted = match attach(idx, route, p, &mut gateways[gi]) {
+                Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
+                Ok(found) => match &compiled.rules {
+                    Ok(_) => {
+                        attachments.extend(found.into_iter().map(|(li, hostnames)| Attachment {
+                            gateway: gi,
+                            listener: li,
+                            hostnames,
+                        }));
+                        conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                    }
+                    Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
+                },
+            };
+            parents.push(HttpRouteStatusParents {
+                conditions: vec![accepted, resolved_cond.clone()],
+                controller_name: CONTROLLER_NAME.to_owned(),
+                parent_ref: HttpRouteStatusParentsParentRef {
+                    group: p.group.clone(),
+                    kind: p.kind.clone(),
+                    name: p.name.clone(),
+                    namespace: p.namespace.clone(),
+                    port: p.port,
+                    section_name: p.section_name.clone(),
+                },
+            });
+        }
+        routes.push(RouteModel {
+            route,
+            key,
+            compiled,
+            parents,
+            attachments,
+        });
+    }
+    Routes {
+        routes,
+        backends: resolver.backends,
+    }
+}
+
+fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
+    match unresolved.first() {
+        None => conds.yes(
+            RESOLVED_REFS,
+            reason::RESOLVED_REFS,
+            "all references resolved",
+        ),
+        Some(first) => {
+            let all: Vec<&str> = unresolved.iter().map(|p| p.message.as_str()).collect();
+            conds.no(RESOLVED_REFS, first.reason, all.join("; "))
+        }
+    }
+}
+
+/// Listeners (index, effective hostnames) a parentRef attaches to, or why none.
+fn attach(
+    idx: &Index<'_>,
+    route: &HttpRoute,
+    p: &HttpRouteParentRefs,
+    gw: &mut GatewayModel<'_>,
+) -> Result<Vec<(usize, Vec<String>)>, Problem> {
+    let gw_key = gw.key.to_string();
+    if !gw.accepted {
+        return Err(Problem::new(
+            reason::NO_MATCHING_PARENT,
+            format!("Gateway {gw_key} is not accepted"),
+        ));
+    }
+    let gw_ns = ns_of(&gw.gateway.metadata).to_owned();
+    let route_ns = ns_of(&route.metadata);
+    let candidates: Vec<usize> = gw
+        .listeners
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| p.section_name.as_ref().is_none_or(|s| *s == l.spec.name))
+        .filter(|(_, l)| p.port.is_none_or(|port| port == l.spec.port))
+        .map(|(i, _)| i)
+        .collect();
+    if candidates.is_empty() {
+        let what = match (&p.section_name, p.port) {
+            (Some(s), Some(port)) => format!("no listener named {s} on port {port}"),
+            (Some(s), None) => format!("no listener named {s}"),
+            (None, Some(port)) => format!("no listener on port {port}"),
+            (None, None) => "it has no listeners".to_owned(),
+        };
+        return Err(Problem::new(
+            reason::NO_MATCHING_PARENT,
+            format!("Gateway {gw_key}: {what}"),
+        ));
+    }
+    let accepted: Vec<usize> = candidates
+        .into_iter()
+        .filter(|&i| gw.listeners[i].accepted)
+        .collect();
+    if accepted.is_empty() {
+        return Err(Problem::new(
+            reason::NO_MATCHING_PARENT,
+            format!("Gateway {gw_key}: no matching listener is accepted"),
+        ));
+    }
+    let allowed: Vec<usize> = accepted
+        .into_iter()
+        .filter(|&i| {
+            let l = &gw.listeners[i];
+            l.allows_http_route && l.allows_namespace(idx, &gw_ns, route_ns)
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err(Problem::new(
+            reason::NOT_ALLOWED_BY_LISTENERS,
+            format!("Gateway {gw_key}: no listener allows HTTPRoutes from namespace {route_ns}"),
+        ));
+    }
+    let route_hosts = route.spec.hostnames.as_deref().unwrap_or_default();
+    let mut found = Vec::new();
+    for i in allowed {
+        let hosts = hostnames::effective(gw.listeners[i].hostname.as_deref(), route_hosts);
+        if !hosts.is_empty() {
+            found.push((i, hosts));
+        }
+    }
+    if found.is_empty() {
+        return Err(Problem::new(
+            reason::NO_MATCHING_LISTENER_HOSTNAME,
+            format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
+        ));
+    }
+    let key = key_of(&route.metadata);
+    for (i, _) in &found {
+        gw.listeners[*i].attached.insert(key.clone());
+    }
+    Ok(found)
+}

@@ -1,0 +1,344 @@
+//! HTTPRoute rules to route-table entries.
+//!
+//! In: one HTTPRoute and a backend [`Resolver`]. Out: a [`CompiledRoute`]: per rule its
+//! matches (defaulted to PathPrefix `/`), filters, weighted backends and timeouts, or the
+//! `UnsupportedValue` [`Problem`] that rejects the whole route; plus the ResolvedRefs problems
+//! of backends that did not resolve (those keep the route, with their share answered 500).
+//!
+//! Rejected here: a path that does not start with `/` (or holds `//`, `/./`, `/../`, `%2f`,
+//! `#`), a RegularExpression the `regex` crate refuses, a blank header or query name, a
+//! timeout that does not parse or a backendRequest timeout above the request timeout, and
+//! everything [`super::filters`] rejects. Header and query matches with a repeated name keep
+//! the first, as the spec says.
+
+use std::collections::BTreeSet;
+
+use gateway_api::Duration;
+use gateway_api::httproutes::{
+    HttpRoute, HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
+    HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
+    HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesTimeouts,
+};
+use tollgate_api::{HeaderMatch, PathMatch, RouteMatch, StringMatch, Timeouts, WeightedBackend};
+
+use super::backends::{RefSpec, Resolver};
+use super::conditions::{Problem, reason};
+use super::filters::{self, FilterCtx};
+use super::index::ns_of;
+
+/// One compiled rule.
+#[derive(Debug, Clone)]
+pub struct CompiledRule {
+    /// Index in `spec.rules`.
+    pub index: u32,
+    /// `rules[].name`.
+    pub name: Option<String>,
+    /// Matches (at least one).
+    pub matches: Vec<RouteMatch>,
+    /// Rule filters.
+    pub filters: Vec<tollgate_api::Filter>,
+    /// Weighted backends.
+    pub backends: Vec<WeightedBackend>,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+}
+
+/// One compiled HTTPRoute.
+#[derive(Debug, Clone)]
+pub struct CompiledRoute {
+    /// Rules, or the problem that rejects the route.
+    pub rules: Result<Vec<CompiledRule>, Problem>,
+    /// Backends that did not resolve (ResolvedRefs=False).
+    pub unresolved: Vec<Problem>,
+}
+
+fn unsupported(field: &str, what: impl std::fmt::Display) -> Problem {
+    Problem::new(reason::UNSUPPORTED_VALUE, format!("{field}: {what}"))
+}
+
+/// Compiles the rules of `route`.
+pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> CompiledRoute {
+    let ns = ns_of(&route.metadata);
+    let mut unresolved = Vec::new();
+    let mut rules = Vec::new();
+    let mut first_err = None;
+    for (i, rule) in route.spec.rules.iter().flatten().enumerate() {
+        match compile_rule(i, rule, ns, resolver, &mut unresolved) {
+            Ok(r) => rules.push(r),
+            Err(p) => {
+                first_err.get_or_insert(p);
+            }
+        }
+    }
+    CompiledRoute {
+        rules: match first_err {
+            Some(p) => Err(p),
+            None => Ok(rules),
+        },
+        unresolved,
+    }
+}
+
+fn compile_rule(
+    i: usize,
+    rule: &HttpRouteRules,
+    ns: &str,
+    resolver: &mut Resolver<'_, '_>,
+    unresolved: &mut Vec<Problem>,
+) -> Result<CompiledRule, Problem> {
+    let field = format!("spec.rules[{i}]");
+    let matches: Vec<RouteMatch> = match rule.matches.as_deref() {
+        None | Some([]) => vec![default_match()],
+        Some(ms) => ms
+            .iter()
+            .enumerate()
+            .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+            .collect::<Result<_, _>>()?,
+    };
+    let all_prefix = matches
+        .iter()
+        .all(|m| matches!(m.path, PathMatch::PathPrefix(_)));
+    let timeouts = timeouts(rule.timeouts.as_ref(), &format!("{field}.timeouts"))?;
+    let mut ctx = FilterCtx {
+        resolver,
+        route_ns: ns,
+        all_prefix,
+        unresolved,
+    };
+    let filters = filters::convert_all(
+        rule.filters.as_deref().unwrap_or_default(),
+        &format!("{field}.filters"),
+        &mut ctx,
+    )?;
+    let mut backends = Vec::new();
+    for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
+        let bfield = format!("{field}.backendRefs[{j}]");
+        let weight = u32::try_from(b.weight.unwrap_or(1))
+            .map_err(|_| unsupported(&bfield, "weight must not be negative"))?;
+        let bfilters = filters::convert_backend_filters(
+            b.filters.as_deref().unwrap_or_default(),
+            &format!("{bfield}.filters"),
+            &mut ctx,
+        )?;
+        let spec = RefSpec {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            name: &b.name,
+            namespace: b.namespace.as_deref(),
+            port: b.port,
+        };
+        let backend = match ctx.resolver.resolve(ns, &spec) {
+            Ok(k) => Some(k),
+            Err(p) => {
+                ctx.unresolved
+                    .push(Problem::new(p.reason, format!("{bfield}: {}", p.message)));
+                None
+            }
+        };
+        backends.push(WeightedBackend {
+            backend,
+            weight,
+            filters: bfilters,
+        });
+    }
+    Ok(CompiledRule {
+        index: u32::try_from(i).unwrap_or(u32::MAX),
+        name: rule.name.clone(),
+        matches,
+        filters,
+        backends,
+        timeouts,
+    })
+}
+
+/// The match of a rule that lists none: every path.
+fn default_match() -> RouteMatch {
+    RouteMatch {
+        path: PathMatch::PathPrefix("/".to_owned()),
+        method: None,
+        headers: Vec::new(),
+        query_params: Vec::new(),
+    }
+}
+
+/// Checks an anchored regular expression.
+fn check_regex(pattern: &str, field: &str) -> Result<(), Problem> {
+    regex::Regex::new(&format!("^(?:{pattern})$"))
+        .map(|_| ())
+        .map_err(|e| {
+            unsupported(
+                field,
+                format!("invalid regular expression {pattern:?}: {e}"),
+            )
+        })
+}
+
+fn check_path(value: &str, field: &str) -> Result<(), Problem> {
+    if !value.starts_with('/') {
+        return Err(unsupported(
+            field,
+            format!("path {value:?} must start with '/'"),
+        ));
+    }
+    for bad in ["//", "/./", "/../", "%2f", "%2F", "#"] {
+        if value.contains(bad) {
+            return Err(unsupported(
+                field,
+                format!("path {value:?} must not contain {bad:?}"),
+            ));
+        }
+    }
+    if value.ends_with("/..") || value.ends_with("/.") {
+        return Err(unsupported(
+            field,
+            format!("path {value:?} must not end in a dot segment"),
+        ));
+    }
+    Ok(())
+}
+
+fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<RouteMatch, Problem> {
+    let pfield = format!("{field}.path");
+    let (ty, value) = match &m.path {
+        None => (HttpRouteRulesMatchesPathType::PathPrefix, "/"),
+        Some(p) => (
+            p.r#type
+                .clone()
+                .unwrap_or(HttpRouteRulesMatchesPathType::PathPrefix),
+            p.value.as_deref().unwrap_or("/"),
+        ),
+    };
+    let path = match ty {
+        HttpRouteRulesMatchesPathType::Exact => {
+            check_path(value, &pfield)?;
+            PathMatch::Exact(value.to_owned())
+        }
+        HttpRouteRulesMatchesPathType::PathPrefix => {
+            check_path(value, &pfield)?;
+            let trimmed = value.trim_end_matches('/');
+            PathMatch::PathPrefix(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
+        }
+        HttpRouteRulesMatchesPathType::RegularExpression => {
+            check_regex(value, &pfield)?;
+            PathMatch::RegularExpression(value.to_owned())
+        }
+    };
+    let mut headers = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (k, h) in m.headers.iter().flatten().enumerate() {
+        let hfield = format!("{field}.headers[{k}]");
+        let name = h.name.trim().to_ascii_lowercase();
+        if name.is_empty() {
+            return Err(unsupported(&hfield, "name is empty"));
+        }
+        let value = match h.r#type {
+            Some(HttpRouteRulesMatchesHeadersType::RegularExpression) => {
+                check_regex(&h.value, &hfield)?;
+                StringMatch::RegularExpression(h.value.clone())
+            }
+            _ => StringMatch::Exact(h.value.clone()),
+        };
+        if seen.insert(name.clone()) {
+            headers.push(HeaderMatch { name, value });
+        }
+    }
+    let mut query_params = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (k, q) in m.query_params.iter().flatten().enumerate() {
+        let qfield = format!("{field}.queryParams[{k}]");
+        if q.name.is_empty() {
+            return Err(unsupported(&qfield, "name is empty"));
+        }
+        let value = match q.r#type {
+            Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression) => {
+                check_regex(&q.value, &qfield)?;
+                StringMatch::RegularExpression(q.value.clone())
+            }
+            _ => StringMatch::Exact(q.value.clone()),
+        };
+        if seen.insert(q.name.clone()) {
+            query_params.push(HeaderMatch {
+                name: q.name.clone(),
+                value,
+            });
+        }
+    }
+    Ok(RouteMatch {
+        path,
+        method: m.method.as_ref().map(|x| method(x).to_owned()),
+        headers,
+        query_params,
+    })
+}
+
+fn method(m: &HttpRouteRulesMatchesMethod) -> &'static str {
+    use HttpRouteRulesMatchesMethod as M;
+    match m {
+        M::Get => "GET",
+        M::Head => "HEAD",
+        M::Post => "POST",
+        M::Put => "PUT",
+        M::Delete => "DELETE",
+        M::Connect => "CONNECT",
+        M::Options => "OPTIONS",
+        M::Trace => "TRACE",
+        M::Patch => "PATCH",
+    }
+}
+
+/// Parses a Gateway API duration (`10s`, `500ms`, `1h2m`) to milliseconds; `0s` = none.
+pub fn parse_duration_ms(s: &str) -> Result<Option<u64>, String> {
+    let d: Duration = s.parse()?;
+    let ms = u64::try_from(d.as_millis()).map_err(|e| e.to_string())?;
+    Ok((ms != 0).then_some(ms))
+}
+
+fn timeouts(t: Option<&HttpRouteRulesTimeouts>, field: &str) -> Result<Timeouts, Problem> {
+    let Some(t) = t else {
+        return Ok(Timeouts::default());
+    };
+    let parse = |v: Option<&String>, name: &str| -> Result<Option<u64>, Problem> {
+        match v {
+            None => Ok(None),
+            Some(s) => parse_duration_ms(s)
+                .map_err(|e| unsupported(&format!("{field}.{name}"), format!("{s:?}: {e}"))),
+        }
+    };
+    let request_ms = parse(t.request.as_ref(), "request")?;
+    let backend_request_ms = parse(t.backend_request.as_ref(), "backendRequest")?;
+    if let (Some(req), Some(be)) = (request_ms, backend_request_ms)
+        && be > req
+    {
+        return Err(unsupported(
+            field,
+            format!("backendRequest ({be}ms) must not exceed request ({req}ms)"),
+        ));
+    }
+    Ok(Timeouts {
+        request_ms,
+        backend_request_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms("10s"), Ok(Some(10_000)));
+        assert_eq!(parse_duration_ms("500ms"), Ok(Some(500)));
+        assert_eq!(parse_duration_ms("1h2m"), Ok(Some(3_720_000)));
+        assert_eq!(parse_duration_ms("0s"), Ok(None));
+        assert!(parse_duration_ms("10").is_err());
+        assert!(parse_duration_ms("1d").is_err());
+    }
+
+    #[test]
+    fn paths() {
+        assert!(check_path("/a/b", "f").is_ok());
+        assert!(check_path("a", "f").is_err());
+        assert!(check_path("/a//b", "f").is_err());
+        assert!(check_path("/a/..", "f").is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! Route-table assembly.
+//!
+//! In: validated Gateways and attached routes. Out: one [`RouteTable`] per accepted Gateway:
+//! programmed listeners grouped by port (most specific hostname first), each with the virtual
+//! hosts of the routes attached to it (listener isolation: a listener never sees another's
+//! routes), routes sorted by [`Precedence`], and only the backends those routes reference.
+//!
+//! Virtual hosts are disjoint: a request for `foo.example.com` is served by the
+//! `foo.example.com` host if one exists, and never falls through to `*.example.com` routes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tollgate_api::{
+    Filter, ListenerConfig, ObjectKey, PortConfig, Route, RouteTable, VirtualHost, WeightedBackend,
+};
+
+use super::hostnames::{listener_order, vhost_order};
+use super::listeners::GatewayModel;
+use super::precedence::Precedence;
+use super::routes::Routes;
+
+/// Builds the tables of every accepted Gateway.
+pub fn build_tables(
+    gateways: &[GatewayModel<'_>],
+    routes: &Routes<'_>,
+) -> BTreeMap<ObjectKey, RouteTable> {
+    // (gateway, listener) -> [(route index, attachment index)]
+    let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
+    for (ri, r) in routes.routes.iter().enumerate() {
+        for (ai, a) in r.attachments.iter().enumerate() {
+            by_listener
+                .entry((a.gateway, a.listener))
+                .or_default()
+                .push((ri, ai));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (gi, gw) in gateways.iter().enumerate() {
+        if !gw.accepted {
+            continue;
+        }
+        let mut ports: BTreeMap<u16, PortConfig> = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        for (li, l) in gw.listeners.iter().enumerate() {
+            let (true, Some(port), Some(protocol)) = (l.programmed, l.port, l.protocol) else {
+                continue;
+            };
+            let attached = by_listener
+                .get(&(gi, li))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let virtual_hosts = virtual_hosts(routes, attached, &mut used);
+            ports
+                .entry(port)
+                .or_insert_with(|| PortConfig {
+                    address: gw.address.clone(),
+                    port,
+                    protocol,
+                    listeners: Vec::new(),
+                })
+                .listeners
+                .push(ListenerConfig {
+                    name: l.spec.name.clone(),
+                    hostname: l.hostname.clone(),
+                    certificates: l.certificates.clone(),
+                    virtual_hosts,
+                });
+        }
+        let mut ports: Vec<PortConfig> = ports.into_values().collect();
+        for p in &mut ports {
+            p.listeners.sort_by(|a, b| {
+                listener_order(a.hostname.as_deref(), b.hostname.as_deref())
+                    .then_with(|| a.name.cmp(&b.name))
+            });
+        }
+        let backends = used
+            .into_iter()
+            .filter_map(|k| routes.backends.get(&k).map(|b| (k, b.clone())))
+            .collect();
+        out.insert(
+            gw.key.clone(),
+            RouteTable {
+                version: 0,
+                gateway: gw.key.clone(),
+                ports,
+                backends,
+            },
+        );
+    }
+    out
+}
+
+/// Virtual hosts of one listener; records every backend key referenced in `used`.
+fn virtual_hosts(
+    routes: &Routes<'_>,
+    attached: &[(usize, usize)],
+    used: &mut BTreeSet<String>,
+) -> Vec<VirtualHost> {
+    let mut hosts: BTreeMap<&str, Vec<(Precedence, Route)>> = BTreeMap::new();
+    for &(ri, ai) in attached {
+        let r = &routes.routes[ri];
+        let Ok(rules) = &r.compiled.rules else {
+            continue;
+        };
+        let a = &r.attachments[ai];
+        let created = r.route.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        for rule in rules {
+            note_backends(&rule.backends, &rule.filters, used);
+            for (mi, m) in rule.matches.iter().enumerate() {
+                let key =
+                    Precedence::new(m, created, &r.key.namespace, &r.key.name, rule.index, mi);
+                let entry = Route {
+                    route: r.key.clone(),
+                    rule_index: rule.index,
+                    rule_name: rule.name.clone(),
+                    matcher: m.clone(),
+                    filters: rule.filters.clone(),
+                    backends: rule.backends.clone(),
+                    timeouts: rule.timeouts.clone(),
+                };
+                for h in &a.hostnames {
+                    hosts
+                        .entry(h.as_str())
+                        .or_default()
+                        .push((key.clone(), entry.clone()));
+                }
+            }
+        }
+    }
+    let mut out: Vec<VirtualHost> = hosts
+        .into_iter()
+        .map(|(hostname, mut entries)| {
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            // The same route attached through two parentRefs yields the same entry twice.
+            entries.dedup_by(|a, b| a.0 == b.0);
+            VirtualHost {
+                hostname: hostname.to_owned(),
+                routes: entries.into_iter().map(|(_, r)| r).collect(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| vhost_order(&a.hostname, &b.hostname));
+    out
+}
+
+fn note_backends(backends: &[WeightedBackend], filters: &[Filter], used: &mut BTreeSet<String>) {
+    for f in filters {
+        if let Filter::RequestMirror(m) = f
+            && let Some(k) = &m.backend
+        {
+            used.insert(k.clone());
+        }
+    }
+    for b in backends {
+        if let Some(k) = &b.backend {
+            used.insert(k.clone());
+        }
+        note_backends(&[], &b.filters, used);
+    }
+}
