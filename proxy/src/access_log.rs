@@ -1,0 +1,187 @@
+//! Access log: one JSON line per request, written off the hot path. In: an [`AccessRecord`]
+//! per answered request, sent with `try_send` to a bounded channel. Out: JSON lines on stdout,
+//! written by one background task. When the writer falls behind, records are dropped and
+//! counted in `tollgate_access_log_dropped_total` rather than slowing requests down.
+//!
+//! The record holds no headers, so credentials (`Authorization`, cookies) can never reach it.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// Capacity of the channel between requests and the writer.
+const CHANNEL_CAPACITY: usize = 8192;
+
+/// One access log line.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct AccessRecord {
+    /// RFC 3339 UTC time the request arrived.
+    pub time: String,
+    pub method: String,
+    pub host: String,
+    /// Path without the query string (queries may carry tokens).
+    pub path: String,
+    pub status: u16,
+    pub duration_ms: f64,
+    /// `namespace/name` of the route, if one matched.
+    pub route: Option<String>,
+    /// `ip:port` of the endpoint used, if any.
+    pub upstream: Option<String>,
+    /// Response body bytes sent.
+    pub bytes: u64,
+    pub request_id: String,
+    /// Client `ip:port`.
+    pub peer: String,
+}
+
+/// Sender side of the access log.
+#[derive(Debug)]
+pub(crate) struct AccessLog {
+    tx: Option<mpsc::Sender<AccessRecord>>,
+    rx: Mutex<Option<mpsc::Receiver<AccessRecord>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl AccessLog {
+    /// Creates the log; disabled logs drop records without a channel.
+    pub fn new(enabled: bool, metrics: Arc<Metrics>) -> Self {
+        if !enabled {
+            return Self {
+                tx: None,
+                rx: Mutex::new(None),
+                metrics,
+            };
+        }
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        Self {
+            tx: Some(tx),
+            rx: Mutex::new(Some(rx)),
+            metrics,
+        }
+    }
+
+    /// True when records are wanted (skip building them otherwise).
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Starts the writer task once; needs a Tokio runtime, so it is called from `apply`.
+    pub fn start(&self) {
+        let rx = match self.rx.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(_) => None,
+        };
+        if let Some(rx) = rx {
+            tokio::spawn(write_lines(rx));
+        }
+    }
+
+    /// Queues a record; drops and counts it when the channel is full.
+    pub fn log(&self, record: AccessRecord) {
+        if let Some(tx) = &self.tx
+            && tx.try_send(record).is_err()
+        {
+            self.metrics.access_log_dropped();
+        }
+    }
+}
+
+async fn write_lines(mut rx: mpsc::Receiver<AccessRecord>) {
+    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
+    let mut line = Vec::with_capacity(512);
+    while let Some(record) = rx.recv().await {
+        line.clear();
+        if serde_json::to_writer(&mut line, &record).is_err() {
+            continue;
+        }
+        line.push(b'\n');
+        if out.write_all(&line).await.is_err() {
+            return;
+        }
+        // Flush when the queue is drained, so lines appear promptly but batch under load.
+        if rx.is_empty() && out.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = out.flush().await;
+}
+
+/// Formats a time as RFC 3339 UTC with milliseconds.
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    (
+        y,
+        u32::try_from(m).unwrap_or(1),
+        u32::try_from(d).unwrap_or(1),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn formats_rfc3339() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_486_109_123);
+        assert_eq!(rfc3339(t), "2025-11-30T07:01:49.123Z");
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn full_channel_drops_and_counts() {
+        let metrics = Arc::new(Metrics::new());
+        let log = AccessLog::new(true, metrics.clone());
+        let rec = AccessRecord {
+            time: String::new(),
+            method: "GET".into(),
+            host: "h".into(),
+            path: "/".into(),
+            status: 200,
+            duration_ms: 1.0,
+            route: None,
+            upstream: None,
+            bytes: 0,
+            request_id: "r".into(),
+            peer: "127.0.0.1:1".into(),
+        };
+        for _ in 0..=CHANNEL_CAPACITY {
+            log.log(rec.clone());
+        }
+        assert!(
+            metrics
+                .encode()
+                .contains("tollgate_access_log_dropped_total 1")
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! Body types on both sides of the proxy. In: hyper's streaming bodies. Out: a boxed
+//! [`ProxyBody`] for everything the proxy sends, a byte-limited request body
+//! ([`LimitedBody`]) and a response body ([`TrackedBody`]) that reports how many bytes went
+//! out once the response is finished, so the access log and metrics see the whole exchange.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+/// Boxed error of proxy bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Body of every request and response the proxy sends.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// A complete body.
+pub(crate) fn full(b: impl Into<Bytes>) -> ProxyBody {
+    Full::new(b.into()).map_err(|e| match e {}).boxed()
+}
+
+/// An empty body.
+pub(crate) fn empty() -> ProxyBody {
+    Empty::new().map_err(|e| match e {}).boxed()
+}
+
+/// The request body exceeded the configured limit.
+#[derive(Debug, thiserror::Error)]
+#[error("request body exceeds the limit")]
+pub(crate) struct BodyTooLarge;
+
+/// A request body that fails (and raises `exceeded`) past `remaining` bytes.
+#[derive(Debug)]
+pub(crate) struct LimitedBody {
+    inner: Incoming,
+    remaining: u64,
+    exceeded: Arc<AtomicBool>,
+}
+
+impl LimitedBody {
+    /// Wraps `inner`; `exceeded` is set when the limit is crossed.
+    pub fn new(inner: Incoming, limit: u64, exceeded: Arc<AtomicBool>) -> Self {
+        Self {
+            inner,
+            remaining: limit,
+            exceeded,
+        }
+    }
+}
+
+impl Body for LimitedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > self.remaining {
+                        self.exceeded.store(true, Ordering::Release);
+                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                    }
+                    self.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Called once when a response body ends (or is dropped), with the bytes sent.
+pub(crate) trait OnComplete: Send + Unpin + 'static {
+    /// Reports the bytes sent.
+    fn complete(self, bytes: u64);
+}
+
+/// A response body that counts bytes and reports them once.
+pub struct TrackedBody<C: OnComplete> {
+    inner: ProxyBody,
+    bytes: u64,
+    done: Option<C>,
+}
+
+impl<C: OnComplete> std::fmt::Debug for TrackedBody<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedBody")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: OnComplete> TrackedBody<C> {
+    /// Wraps `inner`; `done` runs when it ends or is dropped.
+    pub(crate) fn new(inner: ProxyBody, done: C) -> Self {
+        let mut this = Self {
+            inner,
+            bytes: 0,
+            done: Some(done),
+        };
+        // Bodiless responses (redirects, errors, HEAD) never get polled by hyper.
+        if this.inner.is_end_stream() {
+            this.finish();
+        }
+        this
+    }
+
+    fn finish(&mut self) {
+        if let Some(done) = self.done.take() {
+            done.complete(self.bytes);
+        }
+    }
+}
+
+impl<C: OnComplete> Body for TrackedBody<C> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.bytes += d.len() as u64;
+                }
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.finish(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<C: OnComplete> Drop for TrackedBody<C> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,47 @@
+//! The proxy's one error type. In: failures while building a snapshot (router, TLS, addresses)
+//! or binding sockets. Out: [`ProxyError`], returned by [`crate::Proxy::apply`]; the live
+//! snapshot is untouched whenever one is returned. Per-request failures never become a
+//! `ProxyError`: they are answered with a status code in [`crate::service`].
+
+use std::net::SocketAddr;
+
+use crate::router::RouterError;
+
+/// Why a route table could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The router rejected the table (e.g. a regex that does not compile).
+    #[error(transparent)]
+    Router(#[from] RouterError),
+    /// A port's `address` is not an IP address.
+    #[error("port {port}: invalid bind address {address:?}")]
+    Address {
+        /// The address as the table gave it.
+        address: String,
+        /// The port.
+        port: u16,
+    },
+    /// An HTTPS port's certificates could not be loaded.
+    #[error("port {port}: TLS: {message}")]
+    Tls {
+        /// The port.
+        port: u16,
+        /// What went wrong (never key material).
+        message: String,
+    },
+    /// A socket could not be bound.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The proxy has been shut down.
+    #[error("proxy is shut down")]
+    Shutdown,
+}
+
+/// `Result` with [`ProxyError`].
+pub type Result<T, E = ProxyError> = std::result::Result<T, E>;

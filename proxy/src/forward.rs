@@ -1,0 +1,197 @@
+//! Header hygiene between client and upstream. In: the headers of a request or response as
+//! received. Out: the same headers with hop-by-hop fields removed (RFC 9110 §7.6.1), the
+//! `X-Forwarded-*` fields set, and a request id chosen.
+//!
+//! Hop-by-hop fields describe one connection, so they never cross the proxy in either
+//! direction; the one exception is `Upgrade` (with `Connection: upgrade`) on an upgrade
+//! request and its 101 answer, which the proxy forwards and then splices.
+
+use std::net::IpAddr;
+
+use http::header::{CONNECTION, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderValue};
+
+/// `x-request-id`.
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Longest client-supplied request id passed through.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// True when `Connection` lists `upgrade` and an `Upgrade` header is present.
+pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(UPGRADE)
+        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Removes hop-by-hop headers. With `upgrade`, keeps `Upgrade` and sets `Connection: upgrade`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        if upgrade && name == UPGRADE {
+            continue;
+        }
+        // Never let a Connection token remove end-to-end headers we set ourselves.
+        if name != X_REQUEST_ID {
+            headers.remove(&name);
+        }
+    }
+    headers.remove(CONNECTION);
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(TRANSFER_ENCODING);
+    let te_trailers = headers.get_all(TE).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    headers.remove(TE);
+    if te_trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+    if upgrade {
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(UPGRADE);
+    }
+}
+
+/// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.
+pub(crate) fn set_forwarded(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    proto: &'static str,
+    original_host: &str,
+) {
+    let peer = peer.to_string();
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
+        _ => peer,
+    };
+    headers.remove(&X_FORWARDED_FOR);
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    headers.remove(&X_FORWARDED_HOST);
+    if let Ok(v) = HeaderValue::from_str(original_host) {
+        headers.insert(X_FORWARDED_HOST.clone(), v);
+    }
+}
+
+/// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe set),
+/// otherwise a fresh 128-bit hex id.
+pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(&X_REQUEST_ID)
+        && is_sane_id(v.as_bytes())
+    {
+        return v.clone();
+    }
+    generate_request_id()
+}
+
+fn is_sane_id(b: &[u8]) -> bool {
+    !b.is_empty()
+        && b.len() <= MAX_REQUEST_ID_LEN
+        && b.iter().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b':' | b'/' | b'+' | b'=')
+        })
+}
+
+/// A fresh 128-bit random id as 32 lower-case hex digits.
+pub(crate) fn generate_request_id() -> HeaderValue {
+    let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// Approximate size of a header block as HTTP/1 would send it (`name: value\r\n`).
+pub(crate) fn header_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn strips_connection_and_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "gzip, trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-keep", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn upgrade_keeps_upgrade_header() {
+        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+    }
+
+    #[test]
+    fn forwarded_for_appends() {
+        let mut h = map(&[
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-host", "evil"),
+        ]);
+        set_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "https", "a.example");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-host"], "a.example");
+    }
+
+    #[test]
+    fn request_id_passes_sane_and_replaces_insane() {
+        let h = map(&[("x-request-id", "abc-123")]);
+        assert_eq!(request_id(&h), "abc-123");
+        let long = "a".repeat(200);
+        let h = map(&[("x-request-id", &long)]);
+        let id = request_id(&h);
+        assert_eq!(id.len(), 32);
+        let h = map(&[("x-request-id", "a b")]);
+        assert_eq!(request_id(&h).len(), 32);
+    }
+}

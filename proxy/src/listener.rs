@@ -1,0 +1,166 @@
+//! Sockets and connections. In: a bound [`TcpListener`] for one table port. Out: an accept
+//! loop that serves each connection with hyper-util's auto server (HTTP/1.1, and HTTP/2 by
+//! prior knowledge or ALPN), behind rustls when the live snapshot says the port is HTTPS.
+//!
+//! The TLS config is looked up per connection, so a certificate change applies to new
+//! connections without rebinding. Stopping a listener closes its socket and asks its open
+//! connections to finish gracefully (in-flight requests complete).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::proxy::Shared;
+use crate::service::{self, ConnCtx};
+
+/// How long a TLS handshake may take.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send request headers (HTTP/1).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// hyper refuses a smaller HTTP/1 buffer.
+const MIN_H1_BUFFER: usize = 8192;
+
+/// A running accept loop.
+#[derive(Debug)]
+pub(crate) struct ListenerHandle {
+    /// The bound address.
+    pub local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl ListenerHandle {
+    /// Stops accepting (closing the socket) and tells open connections to finish.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Builds the connection server once per proxy, from the limits.
+pub(crate) fn server_builder(max_header_bytes: usize) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // Headers over the buffer are answered 431 by hyper itself.
+        .max_buf_size(max_header_bytes.max(MIN_H1_BUFFER));
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
+    b
+}
+
+/// Starts the accept loop for `table_port` on a bound listener.
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    table_port: u16,
+) -> std::io::Result<ListenerHandle> {
+    let local_addr = listener.local_addr()?;
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(accept_loop(shared, listener, table_port, stop_rx));
+    Ok(ListenerHandle {
+        local_addr,
+        stop,
+        task,
+    })
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    table_port: u16,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let local_port = stream.local_addr().map_or(table_port, |a| a.port());
+                let conn = ConnCtx {
+                    peer,
+                    local_port,
+                    table_port,
+                    scheme: "http",
+                };
+                tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, port = table_port, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    mut conn: ConnCtx,
+    stop: watch::Receiver<bool>,
+) {
+    let _open = shared.metrics.connection_opened();
+    shared.connections.fetch_add(1, Ordering::AcqRel);
+    let port = shared
+        .snapshot
+        .load()
+        .as_ref()
+        .and_then(|s| s.ports.get(&conn.table_port).map(|p| p.tls.clone()));
+    match port {
+        // The port left the table between accept and now.
+        None => {}
+        Some(None) => serve(&shared, TokioIo::new(stream), conn, stop).await,
+        Some(Some(tls)) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls_stream)) => {
+                    conn.scheme = "https";
+                    serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, peer = %conn.peer, "TLS handshake failed")
+                }
+                Err(_) => tracing::debug!(peer = %conn.peer, "TLS handshake timed out"),
+            }
+        }
+    }
+    if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
+        shared.idle.notify_waiters();
+    }
+}
+
+async fn serve<I>(shared: &Arc<Shared>, io: I, conn: ConnCtx, mut stop: watch::Receiver<bool>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let conn = Arc::new(conn);
+    let svc_shared = shared.clone();
+    let svc = service_fn(move |req| service::handle(svc_shared.clone(), conn.clone(), req));
+    let c = shared.server.serve_connection_with_upgrades(io, svc);
+    tokio::pin!(c);
+    tokio::select! {
+        r = c.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        _ = stop.changed() => {}
+    }
+    c.as_mut().graceful_shutdown();
+    let _ = c.await;
+}

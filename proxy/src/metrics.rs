@@ -1,0 +1,243 @@
+//! Prometheus metrics of the data plane. In: one observation per request, connection and
+//! table swap. Out: OpenMetrics text from [`Metrics::encode`], served by
+//! [`crate::admin::serve_admin`].
+//!
+//! Labels stay low-cardinality: the route label is the HTTPRoute `namespace/name` (bounded by
+//! the configuration, never by traffic), the status is a class (`2xx`..`5xx`), and upstream
+//! errors carry a fixed `kind`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of `tollgate_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    code_class: &'static str,
+}
+
+/// Labels of `tollgate_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+/// Labels of `tollgate_upstream_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+/// Route label used when no route matched.
+pub(crate) const NO_ROUTE: &str = "none";
+
+fn duration_histogram() -> Histogram {
+    // 1 ms .. ~32 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The proxy's metrics and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    upstream_errors: Family<KindLabels, Counter>,
+    active_connections: Gauge,
+    table_version: Gauge,
+    access_log_dropped: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Kinds of upstream error (the `kind` label of `tollgate_upstream_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamErrorKind {
+    /// Could not connect (refused, unreachable).
+    Connect,
+    /// The connection failed after connecting (reset, protocol error).
+    Reset,
+    /// An attempt or the whole request timed out.
+    Timeout,
+    /// No endpoints to send to.
+    NoEndpoints,
+    /// A mirrored request failed or timed out (never affects the client).
+    Mirror,
+}
+
+impl UpstreamErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Reset => "reset",
+            Self::Timeout => "timeout",
+            Self::NoEndpoints => "no_endpoints",
+            Self::Mirror => "mirror",
+        }
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric under the `tollgate_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let durations = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            duration_histogram as fn() -> Histogram,
+        );
+        let upstream_errors = Family::<KindLabels, Counter>::default();
+        let active_connections = Gauge::default();
+        let table_version = Gauge::default();
+        let access_log_dropped = Counter::default();
+        registry.register(
+            "requests",
+            "Requests answered, by route and status class",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from request received to response headers sent, by route",
+            durations.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Upstream failures, by kind",
+            upstream_errors.clone(),
+        );
+        registry.register(
+            "active_connections",
+            "Client connections currently open",
+            active_connections.clone(),
+        );
+        registry.register(
+            "route_table_version",
+            "Version of the live route table",
+            table_version.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind",
+            access_log_dropped.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            durations,
+            upstream_errors,
+            active_connections,
+            table_version,
+            access_log_dropped,
+        }
+    }
+
+    /// Encodes every metric as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Records one answered request.
+    pub(crate) fn observe_request(&self, route: &str, status: u16, seconds: f64) {
+        let code_class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_owned(),
+                code_class,
+            })
+            .inc();
+        self.durations
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    /// Counts an upstream error.
+    pub(crate) fn upstream_error(&self, kind: UpstreamErrorKind) {
+        self.upstream_errors
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// A client connection opened; the guard closes it when dropped.
+    pub(crate) fn connection_opened(&self) -> ConnectionGuard {
+        self.active_connections.inc();
+        ConnectionGuard(self.active_connections.clone())
+    }
+
+    /// Records the live table version.
+    pub(crate) fn set_table_version(&self, version: u64) {
+        self.table_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// Counts an access log line dropped under back-pressure.
+    pub(crate) fn access_log_dropped(&self) {
+        self.access_log_dropped.inc();
+    }
+}
+
+/// Decrements `tollgate_active_connections` when dropped.
+#[derive(Debug)]
+pub(crate) struct ConnectionGuard(Gauge);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_request_counters_with_classes() {
+        let m = Metrics::new();
+        m.observe_request("default/shop", 204, 0.01);
+        m.observe_request("default/shop", 503, 0.01);
+        m.upstream_error(UpstreamErrorKind::Connect);
+        m.set_table_version(7);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"tollgate_requests_total{route="default/shop",code_class="2xx"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"code_class="5xx""#), "{text}");
+        assert!(text.contains(r#"tollgate_upstream_errors_total{kind="connect"} 1"#));
+        assert!(text.contains("tollgate_route_table_version 7"));
+        assert!(text.contains("tollgate_request_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn connection_guard_tracks_open_connections() {
+        let m = Metrics::new();
+        let g = m.connection_opened();
+        assert!(m.encode().contains("tollgate_active_connections 1"));
+        drop(g);
+        assert!(m.encode().contains("tollgate_active_connections 0"));
+    }
+}

@@ -1,0 +1,103 @@
+//! RequestMirror: fire-and-forget copies of a request. In: the forwarded request head, a
+//! buffered body, and the mirror backends the route's filters picked (after `per_million`
+//! sampling). Out: one detached task per mirror that sends the copy and discards the answer.
+//! A mirror never delays or changes the client's response; its failures only count in
+//! `tollgate_upstream_errors_total{kind="mirror"}`.
+//!
+//! Bodies: a request without a body is mirrored as is; a request whose body is declared
+//! (`Content-Length`) at most [`MAX_MIRROR_BODY`] bytes is buffered once and sent to both the
+//! main backend and the mirror; a streaming (chunked) or larger body is not mirrored, since
+//! copying it would mean buffering without bound or slowing the main request to the mirror.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Uri, Version};
+use http_body_util::BodyExt;
+use tollgate_api::BackendProtocol;
+
+use crate::body::full;
+use crate::metrics::UpstreamErrorKind;
+use crate::proxy::{Shared, Snapshot};
+
+/// Largest declared body that is buffered to be mirrored.
+pub(crate) const MAX_MIRROR_BODY: u64 = 64 * 1024;
+
+/// How long a mirrored request may take before it is abandoned.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// True with probability `per_million / 1_000_000`.
+pub(crate) fn sampled(per_million: u32) -> bool {
+    per_million >= 1_000_000 || fastrand::u32(..1_000_000) < per_million
+}
+
+/// What to copy.
+#[derive(Debug)]
+pub(crate) struct MirrorRequest<'a> {
+    pub method: &'a Method,
+    pub path_and_query: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: Bytes,
+}
+
+/// Spawns one copy per backend key; unknown keys and backends without endpoints are skipped.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    snapshot: &Snapshot,
+    keys: &[&str],
+    req: &MirrorRequest<'_>,
+) {
+    for key in keys {
+        let Some(balancer) = snapshot.backends.get(*key) else {
+            continue;
+        };
+        let Some(guard) = balancer.pick() else {
+            shared.metrics.upstream_error(UpstreamErrorKind::Mirror);
+            continue;
+        };
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(guard.endpoint().authority.clone())
+            .path_and_query(req.path_and_query)
+            .build();
+        let Ok(uri) = uri else {
+            continue;
+        };
+        let mut builder = Request::builder().method(req.method.clone()).uri(uri);
+        builder = builder.version(match balancer.protocol {
+            BackendProtocol::Http1 => Version::HTTP_11,
+            BackendProtocol::H2c => Version::HTTP_2,
+        });
+        let Ok(mut copy) = builder.body(full(req.body.clone())) else {
+            continue;
+        };
+        *copy.headers_mut() = req.headers.clone();
+        let client = shared.upstream.client(balancer.protocol).clone();
+        let metrics = shared.metrics.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
+                let resp = client.request(copy).await?;
+                // Drain so the pooled connection can be reused.
+                let _ = resp.into_body().collect().await;
+                Ok::<_, hyper_util::client::legacy::Error>(())
+            })
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                metrics.upstream_error(UpstreamErrorKind::Mirror);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_bounds() {
+        assert!((0..1000).all(|_| sampled(1_000_000)));
+        assert!((0..1000).all(|_| !sampled(0)));
+    }
+}

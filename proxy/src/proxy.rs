@@ -1,0 +1,276 @@
+//! The [`Proxy`] handle: owns the live snapshot and the listening sockets. In: whole
+//! [`RouteTable`]s through [`Proxy::apply`]. Out: a new immutable [`Snapshot`] (router, TLS
+//! configs, balancers) swapped in with one pointer store, and sockets bound or closed so the
+//! set of listening (address, port)s matches the table.
+//!
+//! Requests load the snapshot once and keep that `Arc` until they finish, so a swap never
+//! changes a request mid-flight. A failed apply (bad regex, bad certificate, port in use)
+//! leaves the old snapshot and sockets exactly as they were.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto;
+use rustls::ServerConfig;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tollgate_api::{Protocol, RouteTable};
+
+use crate::access_log::AccessLog;
+use crate::error::{ProxyError, Result};
+use crate::listener::{self, ListenerHandle};
+use crate::metrics::Metrics;
+use crate::router::Router;
+use crate::upstream::{Balancer, Upstream, build_balancers};
+
+/// How long [`Proxy::shutdown`] waits for open connections to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings of a proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Where metrics are recorded (share it with [`crate::serve_admin`]).
+    pub metrics: Arc<Metrics>,
+    /// Write one JSON access log line per request to stdout.
+    pub access_log: bool,
+    /// Largest request header block; more is answered 431. Default 64 KiB.
+    pub max_header_bytes: usize,
+    /// Largest request body; more is answered 413. Default 10 MiB.
+    pub max_body_bytes: u64,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        Self {
+            metrics: Arc::new(Metrics::new()),
+            access_log: false,
+            max_header_bytes: 64 * 1024,
+            max_body_bytes: 10 * 1024 * 1024,
+        }
+    }
+}
+
+/// Request limits, copied out of [`ProxyOptions`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub max_header_bytes: usize,
+    pub max_body_bytes: u64,
+}
+
+/// Per-port runtime state of a snapshot.
+#[derive(Debug)]
+pub(crate) struct PortState {
+    /// TLS config for an HTTPS port; `None` = plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+}
+
+/// Everything a request needs, immutable once built.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// Table version.
+    pub version: u64,
+    /// The routes.
+    pub router: Router,
+    /// Balancers by backend key.
+    pub backends: HashMap<String, Arc<Balancer>>,
+    /// Ports by table port number.
+    pub ports: HashMap<u16, PortState>,
+}
+
+/// State shared by the handle, the listeners and every request.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub snapshot: ArcSwapOption<Snapshot>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub upstream: Upstream,
+    pub access_log: AccessLog,
+    pub server: auto::Builder<TokioExecutor>,
+    /// Open client connections (for draining on shutdown).
+    pub connections: AtomicUsize,
+    /// Notified when `connections` drops to zero.
+    pub idle: Notify,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    /// Sockets by (address, table port); the lock also serializes `apply`.
+    listeners: tokio::sync::Mutex<HashMap<(IpAddr, u16), ListenerHandle>>,
+    /// Bound addresses by table port, for [`Proxy::local_addr`].
+    bound: Mutex<HashMap<u16, SocketAddr>>,
+    shut_down: std::sync::atomic::AtomicBool,
+}
+
+/// The data plane: cheap to clone, all clones share one snapshot and one set of sockets.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+impl Proxy {
+    /// Creates a proxy with no table: no sockets until the first [`Proxy::apply`].
+    pub fn new(opts: ProxyOptions) -> Self {
+        let limits = Limits {
+            max_header_bytes: opts.max_header_bytes,
+            max_body_bytes: opts.max_body_bytes,
+        };
+        let shared = Shared {
+            snapshot: ArcSwapOption::empty(),
+            limits,
+            access_log: AccessLog::new(opts.access_log, opts.metrics.clone()),
+            metrics: opts.metrics,
+            upstream: Upstream::new(),
+            server: listener::server_builder(limits.max_header_bytes),
+            connections: AtomicUsize::new(0),
+            idle: Notify::new(),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                shared: Arc::new(shared),
+                listeners: tokio::sync::Mutex::new(HashMap::new()),
+                bound: Mutex::new(HashMap::new()),
+                shut_down: std::sync::atomic::AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Builds a new immutable snapshot (router, TLS configs, upstream balancers) and swaps it
+    /// in atomically; binds sockets for new (address, port)s and closes sockets for ports no
+    /// longer in the table. In-flight requests finish on the snapshot they started with. On
+    /// error the old snapshot and sockets stay.
+    ///
+    /// Port 0 in the table binds an ephemeral port; see [`Proxy::local_addr`].
+    pub async fn apply(&self, table: RouteTable) -> Result<()> {
+        let shared = &self.inner.shared;
+        let mut listeners = self.inner.listeners.lock().await;
+        if self
+            .inner
+            .shut_down
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(ProxyError::Shutdown);
+        }
+        shared.access_log.start();
+
+        // Build everything before touching anything live.
+        let router = Router::build(&table)?;
+        let mut ports = HashMap::with_capacity(table.ports.len());
+        let mut wanted = Vec::with_capacity(table.ports.len());
+        for p in &table.ports {
+            let ip: IpAddr = p.address.parse().map_err(|_| ProxyError::Address {
+                address: p.address.clone(),
+                port: p.port,
+            })?;
+            let tls = match p.protocol {
+                Protocol::Http => None,
+                Protocol::Https => Some(crate::tls::server_config(p)?),
+            };
+            ports.insert(p.port, PortState { tls });
+            wanted.push((ip, p.port));
+        }
+        let prev = shared.snapshot.load_full();
+        let backends = build_balancers(&table.backends, prev.as_deref().map(|s| &s.backends));
+
+        // Bind new sockets; on failure the new ones are dropped (closed) and nothing changed.
+        let mut fresh = Vec::new();
+        for &(ip, port) in &wanted {
+            if listeners.contains_key(&(ip, port)) {
+                continue;
+            }
+            let addr = SocketAddr::new(ip, port);
+            let socket = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ProxyError::Bind { addr, source })?;
+            fresh.push(((ip, port), socket));
+        }
+
+        let version = table.version;
+        shared.snapshot.store(Some(Arc::new(Snapshot {
+            version,
+            router,
+            backends,
+            ports,
+        })));
+        shared.metrics.set_table_version(version);
+
+        for (key, socket) in fresh {
+            match listener::spawn(shared.clone(), socket, key.1) {
+                Ok(handle) => {
+                    listeners.insert(key, handle);
+                }
+                Err(e) => tracing::error!(error = %e, port = key.1, "listener failed to start"),
+            }
+        }
+        let gone: Vec<(IpAddr, u16)> = listeners
+            .keys()
+            .filter(|k| !wanted.contains(k))
+            .copied()
+            .collect();
+        for key in gone {
+            if let Some(handle) = listeners.remove(&key) {
+                handle.stop().await;
+            }
+        }
+        self.record_bound(&listeners);
+        tracing::info!(version, ports = listeners.len(), "route table applied");
+        Ok(())
+    }
+
+    fn record_bound(&self, listeners: &HashMap<(IpAddr, u16), ListenerHandle>) {
+        if let Ok(mut bound) = self.inner.bound.lock() {
+            *bound = listeners
+                .iter()
+                .map(|((_, port), h)| (*port, h.local_addr))
+                .collect();
+        }
+    }
+
+    /// Version of the live table (0 before the first apply).
+    pub fn version(&self) -> u64 {
+        self.inner
+            .shared
+            .snapshot
+            .load()
+            .as_ref()
+            .map_or(0, |s| s.version)
+    }
+
+    /// The address actually bound for a table port (differs from the table for port 0).
+    pub fn local_addr(&self, port: u16) -> Option<SocketAddr> {
+        self.inner.bound.lock().ok()?.get(&port).copied()
+    }
+
+    /// Closes every socket, lets open connections finish their requests (up to 10 s), and
+    /// refuses further applies.
+    pub async fn shutdown(&self) {
+        let mut listeners = self.inner.listeners.lock().await;
+        self.inner
+            .shut_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        for (_, handle) in listeners.drain() {
+            handle.stop().await;
+        }
+        self.record_bound(&listeners);
+        let shared = &self.inner.shared;
+        let drained = async {
+            loop {
+                let idle = shared.idle.notified();
+                if shared
+                    .connections
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == 0
+                {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
+    }
+}

@@ -1,0 +1,501 @@
+//! The request lifecycle, as named phases over one per-request [`Exchange`]:
+//!
+//! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
+//!    `max_body_bytes` → 413.
+//! 2. `route`: the router over (listener port, host, method, target, headers) → 404.
+//! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
+//!    mirror, CORS); a redirect or preflight answers here.
+//! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
+//! 5. `forward`: header hygiene, mirrors, the upstream call under the request and backend
+//!    timeouts (→ 504), connection failures → 502, body over the limit → 413; upgrades spliced.
+//! 6. `response_filters`: hop-by-hop removal, response header edits, CORS decoration.
+//!
+//! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
+//! ([`Completion`]). The snapshot is loaded once; the request keeps it to the end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Incoming};
+use hyper_util::rt::TokioIo;
+use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
+
+use crate::access_log::{AccessRecord, rfc3339};
+use crate::body::{LimitedBody, OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::filters::{self, RequestView};
+use crate::forward::{self, X_REQUEST_ID};
+use crate::metrics::{NO_ROUTE, UpstreamErrorKind};
+use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::proxy::{Shared, Snapshot};
+use crate::upstream::EndpointGuard;
+
+/// What a connection knows about itself.
+#[derive(Debug)]
+pub(crate) struct ConnCtx {
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Port the client connected to (differs from `table_port` only for port 0).
+    pub local_port: u16,
+    /// Port as the route table names it (what the router matches on).
+    pub table_port: u16,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+}
+
+/// The response type of the service.
+pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
+
+/// Per-request state that outlives the handler: reported when the response body ends.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    shared: Arc<Shared>,
+    start: Instant,
+    started_at: SystemTime,
+    method: String,
+    host: String,
+    path: String,
+    status: u16,
+    route: Option<Arc<str>>,
+    request_id: HeaderValue,
+    peer: SocketAddr,
+    guard: Option<EndpointGuard>,
+}
+
+impl OnComplete for Completion {
+    fn complete(self, bytes: u64) {
+        let elapsed = self.start.elapsed();
+        let route = self.route.as_deref().unwrap_or(NO_ROUTE);
+        self.shared
+            .metrics
+            .observe_request(route, self.status, elapsed.as_secs_f64());
+        if self.shared.access_log.enabled() {
+            self.shared.access_log.log(AccessRecord {
+                time: rfc3339(self.started_at),
+                method: self.method,
+                host: self.host,
+                path: self.path,
+                status: self.status,
+                duration_ms: elapsed.as_secs_f64() * 1000.0,
+                route: self.route.map(|r| r.to_string()),
+                upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
+                bytes,
+                request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
+                peer: self.peer.to_string(),
+            });
+        }
+    }
+}
+
+/// Filters collected on the way in that act on the way out, and rewrites to apply.
+#[derive(Debug, Default)]
+struct Plan<'s> {
+    response_mods: Vec<&'s HeaderModifier>,
+    cors: Vec<&'s Cors>,
+    mirrors: Vec<&'s str>,
+    host: Option<String>,
+    path_and_query: Option<String>,
+}
+
+/// Handles one request; never fails (errors become status codes).
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    conn: Arc<ConnCtx>,
+    mut req: Request<Incoming>,
+) -> Result<ProxyResponse, std::convert::Infallible> {
+    let request_id = forward::request_id(req.headers());
+    let host = request_host(&req).to_owned();
+    let mut done = Completion {
+        shared: shared.clone(),
+        start: Instant::now(),
+        started_at: SystemTime::now(),
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+        host,
+        status: 0,
+        route: None,
+        request_id: request_id.clone(),
+        peer: conn.peer,
+        guard: None,
+    };
+    let client_upgrade = (req.version() <= Version::HTTP_11 && forward::is_upgrade(req.headers()))
+        .then(|| hyper::upgrade::on(&mut req));
+    let snapshot = shared.snapshot.load_full();
+    let mut resp = match snapshot {
+        Some(snapshot) => {
+            let work = proxy(&shared, &snapshot, &conn, req, client_upgrade, &mut done);
+            work.await
+        }
+        None => status(StatusCode::NOT_FOUND),
+    };
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+    done.status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(parts, TrackedBody::new(body, done)))
+}
+
+/// Host as the client sent it: the Host header, else the URI authority (HTTP/2 `:authority`).
+fn request_host<B>(req: &Request<B>) -> &str {
+    req.headers()
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("")
+}
+
+/// `host[:port]` → `host` (IPv6 literals keep their brackets).
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |i| &host[..=i]);
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// A bodiless answer with a short text reason.
+pub(crate) fn status(code: StatusCode) -> Response<ProxyBody> {
+    let mut r = Response::new(full(Bytes::from(format!(
+        "{}\n",
+        code.canonical_reason().unwrap_or("error")
+    ))));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn with_empty_body(resp: Response<()>) -> Response<ProxyBody> {
+    resp.map(|()| empty())
+}
+
+/// Phase 1.
+fn check_limits(shared: &Shared, parts: &Parts) -> Result<(), StatusCode> {
+    if forward::header_bytes(&parts.headers) > shared.limits.max_header_bytes {
+        return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    }
+    if let Some(cl) = parts.headers.get(CONTENT_LENGTH) {
+        let len: u64 = cl
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or(StatusCode::BAD_REQUEST)?;
+        if len > shared.limits.max_body_bytes {
+            return Err(StatusCode::PAYLOAD_TOO_LARGE);
+        }
+    }
+    Ok(())
+}
+
+/// Phase 3 (and the backend-filter half of phase 4): one filter. `Some` answers the request.
+fn request_filter<'s>(
+    f: &'s Filter,
+    parts: &mut Parts,
+    view: &RequestView<'_>,
+    plan: &mut Plan<'s>,
+) -> Option<Response<ProxyBody>> {
+    match f {
+        Filter::RequestHeaderModifier(m) => filters::modify_headers(m, &mut parts.headers),
+        Filter::ResponseHeaderModifier(m) => plan.response_mods.push(m),
+        Filter::RequestRedirect(r) => return Some(with_empty_body(filters::redirect(r, view))),
+        Filter::UrlRewrite(r) => {
+            let rw = filters::rewrite(r, view);
+            if rw.host.is_some() {
+                plan.host = rw.host;
+            }
+            plan.path_and_query = Some(rw.path_and_query);
+        }
+        Filter::RequestMirror(m) => {
+            if let Some(key) = m.backend.as_deref()
+                && mirror::sampled(m.per_million)
+            {
+                plan.mirrors.push(key);
+            }
+        }
+        Filter::Cors(c) => {
+            if let Some(resp) = filters::cors_preflight(c, &parts.method, &parts.headers) {
+                return Some(with_empty_body(resp));
+            }
+            plan.cors.push(c);
+        }
+    }
+    None
+}
+
+/// Phases 1 to 6 for a request with a live snapshot.
+async fn proxy(
+    shared: &Arc<Shared>,
+    snapshot: &Snapshot,
+    conn: &ConnCtx,
+    req: Request<Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    done: &mut Completion,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    if let Err(code) = check_limits(shared, &parts) {
+        return status(code);
+    }
+
+    // Phase 2: route.
+    let original_host = done.host.clone();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let Some(hit) = snapshot.router.route(
+        conn.table_port,
+        &original_host,
+        &parts.method,
+        &target,
+        &parts.headers,
+    ) else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    let route = &hit.route.api;
+    done.route = Some(hit.route.label.clone());
+
+    // Phase 3: request filters, in table order.
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target.as_str(), None),
+    };
+    let view = RequestView {
+        scheme: conn.scheme,
+        host: strip_port(&original_host),
+        port: conn.local_port,
+        path,
+        query,
+        matched_prefix: hit.matched_prefix,
+    };
+    let origin = parts.headers.get(ORIGIN).cloned();
+    let mut plan = Plan::default();
+    for f in &route.filters {
+        if let Some(resp) = request_filter(f, &mut parts, &view, &mut plan) {
+            return resp;
+        }
+    }
+
+    // Phase 4: backend and endpoint.
+    let Some(picked) = crate::upstream::pick_weighted(&route.backends) else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    let Some(key) = picked.backend.as_deref() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    for f in &picked.filters {
+        if let Some(resp) = request_filter(f, &mut parts, &view, &mut plan) {
+            return resp;
+        }
+    }
+    let Some(balancer) = snapshot.backends.get(key) else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    let Some(guard) = balancer.pick() else {
+        shared
+            .metrics
+            .upstream_error(UpstreamErrorKind::NoEndpoints);
+        return status(StatusCode::SERVICE_UNAVAILABLE);
+    };
+
+    // Phase 5: forward.
+    let upgrade = client_upgrade.is_some();
+    forward::strip_hop_by_hop(&mut parts.headers, upgrade);
+    forward::set_forwarded(
+        &mut parts.headers,
+        conn.peer.ip(),
+        conn.scheme,
+        &original_host,
+    );
+    parts
+        .headers
+        .insert(X_REQUEST_ID.clone(), done.request_id.clone());
+    if let Some(h) = plan
+        .host
+        .as_deref()
+        .and_then(|h| HeaderValue::from_str(h).ok())
+    {
+        parts.headers.insert(HOST, h);
+    } else if !parts.headers.contains_key(HOST)
+        && let Ok(h) = HeaderValue::from_str(&original_host)
+    {
+        // HTTP/2 clients send :authority only; HTTP/1.1 upstreams need Host.
+        parts.headers.insert(HOST, h);
+    }
+    let pq = plan.path_and_query.as_deref().unwrap_or(&target);
+    let Ok(uri) = Uri::builder()
+        .scheme("http")
+        .authority(guard.endpoint().authority.clone())
+        .path_and_query(pq)
+        .build()
+    else {
+        return status(StatusCode::BAD_REQUEST);
+    };
+    let protocol = if upgrade {
+        BackendProtocol::Http1
+    } else {
+        balancer.protocol
+    };
+    parts.version = match protocol {
+        BackendProtocol::Http1 => Version::HTTP_11,
+        BackendProtocol::H2c => Version::HTTP_2,
+    };
+    let timeouts = &route.timeouts;
+    let deadline = timeouts
+        .request_ms
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    let exceeded = Arc::new(AtomicBool::new(false));
+    let mirrors = std::mem::take(&mut plan.mirrors);
+    let attempt = {
+        let (exceeded, mirrors, pq) = (&exceeded, &mirrors, pq.to_owned());
+        let client = shared.upstream.client(protocol);
+        async move {
+            let body = prepare_body(shared, snapshot, body, &parts, &pq, mirrors, exceeded).await?;
+            parts.uri = uri;
+            let call = client.request(Request::from_parts(parts, body));
+            match timeouts.backend_request_ms {
+                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call)
+                    .await
+                    .map_err(|_| Failure::Timeout)?
+                    .map_err(Failure::Upstream),
+                None => call.await.map_err(Failure::Upstream),
+            }
+        }
+    };
+    let result = match deadline {
+        Some(d) => tokio::time::timeout_at(d, attempt)
+            .await
+            .unwrap_or(Err(Failure::Timeout)),
+        None => attempt.await,
+    };
+    done.guard = Some(guard);
+    let mut resp = match result {
+        Ok(r) => r,
+        Err(f) => return failure_response(shared, f, &exceeded),
+    };
+
+    // Phase 6: response filters.
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching && let Some(client_side) = client_upgrade {
+        splice(client_side, hyper::upgrade::on(&mut resp));
+    }
+    let (mut rp, body) = resp.into_parts();
+    forward::strip_hop_by_hop(&mut rp.headers, switching && upgrade);
+    rp.version = Version::HTTP_11;
+    for m in plan.response_mods {
+        filters::modify_headers(m, &mut rp.headers);
+    }
+    for c in plan.cors {
+        filters::cors_decorate(c, origin.as_ref(), &mut rp.headers);
+    }
+    Response::from_parts(rp, body.map_err(Into::into).boxed())
+}
+
+/// Why an upstream exchange produced no response.
+enum Failure {
+    Timeout,
+    BodyRead,
+    Upstream(hyper_util::client::legacy::Error),
+}
+
+fn failure_response(shared: &Shared, f: Failure, exceeded: &AtomicBool) -> Response<ProxyBody> {
+    if exceeded.load(Ordering::Acquire) {
+        return status(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let (kind, code) = match f {
+        Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
+        Failure::BodyRead => return status(StatusCode::BAD_REQUEST),
+        Failure::Upstream(e) if e.is_connect() => {
+            (UpstreamErrorKind::Connect, StatusCode::BAD_GATEWAY)
+        }
+        Failure::Upstream(e) => {
+            tracing::debug!(error = %e, "upstream request failed");
+            (UpstreamErrorKind::Reset, StatusCode::BAD_GATEWAY)
+        }
+    };
+    shared.metrics.upstream_error(kind);
+    status(code)
+}
+
+/// Builds the upstream body and starts any mirrors (which need a buffered copy).
+async fn prepare_body(
+    shared: &Arc<Shared>,
+    snapshot: &Snapshot,
+    body: Incoming,
+    parts: &Parts,
+    path_and_query: &str,
+    mirrors: &[&str],
+    exceeded: &Arc<AtomicBool>,
+) -> Result<ProxyBody, Failure> {
+    let limit = shared.limits.max_body_bytes;
+    if mirrors.is_empty() {
+        if body.is_end_stream() {
+            return Ok(empty());
+        }
+        return Ok(LimitedBody::new(body, limit, exceeded.clone()).boxed());
+    }
+    let declared = body.size_hint().exact();
+    let buffered = if body.is_end_stream() {
+        Some(Bytes::new())
+    } else if declared.is_some_and(|n| n <= MAX_MIRROR_BODY) {
+        let collected = LimitedBody::new(body, limit, exceeded.clone())
+            .collect()
+            .await
+            .map_err(|_| Failure::BodyRead)?;
+        Some(collected.to_bytes())
+    } else {
+        tracing::debug!("request body streams; not mirrored");
+        return Ok(LimitedBody::new(body, limit, exceeded.clone()).boxed());
+    };
+    let bytes = buffered.unwrap_or_default();
+    mirror::spawn(
+        shared,
+        snapshot,
+        mirrors,
+        &MirrorRequest {
+            method: &parts.method,
+            path_and_query,
+            headers: &parts.headers,
+            body: bytes.clone(),
+        },
+    );
+    Ok(full(bytes))
+}
+
+/// Joins the client's and the upstream's upgraded connections in a detached task.
+fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client, upstream) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut upstream = TokioIo::new(upstream);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_ports() {
+        assert_eq!(strip_port("a.example:8080"), "a.example");
+        assert_eq!(strip_port("a.example"), "a.example");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}

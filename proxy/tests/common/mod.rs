@@ -1,0 +1,347 @@
+//! Shared fixtures for the socket tests: in-process hyper echo backends, route-table
+//! builders and small clients. Everything listens on 127.0.0.1.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tollgate_api::{
+    Backend, BackendProtocol, Endpoint, Filter, ListenerConfig, LoadBalancer, ObjectKey, PathMatch,
+    PortConfig, Protocol, Route, RouteMatch, RouteTable, Timeouts, VirtualHost, WeightedBackend,
+};
+use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
+
+/// A running echo backend.
+#[derive(Clone)]
+pub struct EchoBackend {
+    pub addr: SocketAddr,
+    pub name: String,
+    pub hits: Arc<AtomicUsize>,
+    /// Every request seen, as the JSON it answered.
+    pub seen: Arc<Mutex<Vec<Value>>>,
+}
+
+impl EchoBackend {
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            ip: self.addr.ip().to_string(),
+            port: self.addr.port(),
+        }
+    }
+}
+
+/// Starts an echo backend speaking h1 and h2c (auto). It answers every request with JSON
+/// `{backend, method, path, version, headers, body}`. A request header `x-delay-ms: MS`
+/// makes it sleep first. A WebSocket
+/// upgrade is accepted and messages are echoed back.
+pub async fn echo_backend(name: &str) -> EchoBackend {
+    spawn_backend(name, false).await
+}
+
+/// An echo backend that speaks HTTP/2 only (prior knowledge).
+pub async fn h2_backend(name: &str) -> EchoBackend {
+    spawn_backend(name, true).await
+}
+
+async fn spawn_backend(name: &str, h2_only: bool) -> EchoBackend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = EchoBackend {
+        addr: listener.local_addr().unwrap(),
+        name: name.to_owned(),
+        hits: Arc::default(),
+        seen: Arc::default(),
+    };
+    let state = b.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| echo(state.clone(), req));
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                if h2_only {
+                    builder = builder.http2_only();
+                }
+                let _ = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    b
+}
+
+async fn echo(
+    state: EchoBackend,
+    mut req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    state.hits.fetch_add(1, Ordering::SeqCst);
+    if let Some(ms) = req.headers().get("x-delay-ms") {
+        let ms: u64 = ms.to_str().unwrap().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(key) = req.headers().get("sec-websocket-key") {
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let mut ws =
+                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+            while let Some(Ok(msg)) = ws.next().await {
+                if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        return Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-accept", accept)
+            .body(Full::new(Bytes::new()))
+            .unwrap());
+    }
+    let method = req.method().to_string();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    let version = format!("{:?}", req.version());
+    let headers = headers_json(req.headers());
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let v = json!({
+        "backend": state.name,
+        "method": method,
+        "path": path,
+        "version": version,
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    });
+    state.seen.lock().unwrap().push(v.clone());
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .header("x-backend", state.name.as_str())
+        .header("connection", "x-hop")
+        .header("x-hop", "secret")
+        .header("keep-alive", "timeout=5")
+        .body(Full::new(Bytes::from(v.to_string())))
+        .unwrap())
+}
+
+fn headers_json(h: &HeaderMap) -> Value {
+    let mut m = serde_json::Map::new();
+    for name in h.keys() {
+        let joined = h
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect::<Vec<_>>()
+            .join(", ");
+        m.insert(name.to_string(), Value::String(joined));
+    }
+    Value::Object(m)
+}
+
+// ---- route-table builders ----
+
+pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
+    Backend {
+        protocol: BackendProtocol::Http1,
+        load_balancer: LoadBalancer::default(),
+        endpoints: backends.iter().map(|b| b.endpoint()).collect(),
+    }
+}
+
+pub fn wb(key: &str, weight: u32) -> WeightedBackend {
+    WeightedBackend {
+        backend: Some(key.to_owned()),
+        weight,
+        filters: vec![],
+    }
+}
+
+pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route {
+    Route {
+        route: ObjectKey::new("default", name),
+        rule_index: 0,
+        rule_name: None,
+        matcher: RouteMatch {
+            path: PathMatch::PathPrefix(prefix.to_owned()),
+            method: None,
+            headers: vec![],
+            query_params: vec![],
+        },
+        filters: vec![],
+        backends,
+        timeouts: Timeouts::default(),
+    }
+}
+
+pub fn with_filters(mut r: Route, filters: Vec<Filter>) -> Route {
+    r.filters = filters;
+    r
+}
+
+/// A plain HTTP port with one catch-all listener and virtual host.
+pub fn http_port(port: u16, routes: Vec<Route>) -> PortConfig {
+    PortConfig {
+        address: "127.0.0.1".into(),
+        port,
+        protocol: Protocol::Http,
+        listeners: vec![ListenerConfig {
+            name: "http".into(),
+            hostname: None,
+            certificates: vec![],
+            virtual_hosts: vec![VirtualHost {
+                hostname: "*".into(),
+                routes,
+            }],
+        }],
+    }
+}
+
+pub fn table(version: u64, ports: Vec<PortConfig>, backends: Vec<(&str, Backend)>) -> RouteTable {
+    RouteTable {
+        version,
+        gateway: ObjectKey::new("default", "gw"),
+        ports,
+        backends: backends
+            .into_iter()
+            .map(|(k, b)| (k.to_owned(), b))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// A proxy with default options, serving one plain port 0 with `routes`.
+pub async fn proxy_with(routes: Vec<Route>, backends: Vec<(&str, Backend)>) -> (Proxy, String) {
+    proxy_with_options(ProxyOptions::default(), routes, backends).await
+}
+
+pub async fn proxy_with_options(
+    opts: ProxyOptions,
+    routes: Vec<Route>,
+    backends: Vec<(&str, Backend)>,
+) -> (Proxy, String) {
+    let proxy = Proxy::new(opts);
+    proxy
+        .apply(table(1, vec![http_port(0, routes)], backends))
+        .await
+        .unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    (proxy, format!("http://{addr}"))
+}
+
+pub fn metrics() -> Arc<Metrics> {
+    Arc::new(Metrics::new())
+}
+
+// ---- clients ----
+
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn h1_client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn h2c_client() -> TestClient {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// A response read to the end.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    /// A header the backend received.
+    pub fn upstream_header(&self, name: &str) -> Option<String> {
+        self.json()["headers"][name].as_str().map(str::to_owned)
+    }
+}
+
+pub async fn send(client: &TestClient, req: Request<Full<Bytes>>) -> Answer {
+    let resp = client.request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn get(client: &TestClient, url: &str) -> Answer {
+    send(client, Request::get(url).body(Full::default()).unwrap()).await
+}
+
+/// GET with a Host header.
+pub async fn get_host(client: &TestClient, url: &str, host: &str) -> Answer {
+    send(
+        client,
+        Request::get(url)
+            .header("host", host)
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await
+}
+
+/// Writes raw bytes on a fresh connection and returns everything read until close or 2 s.
+pub async fn raw(addr: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = addr.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A free port on 127.0.0.1 (bind 0, read, drop; the race is acceptable in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
