@@ -1,0 +1,188 @@
+//! Rule validation (UnsupportedValue) and filter conversion.
+
+mod compile_support;
+
+use compile_support::*;
+use tollgate_api::{
+    BackendKey, Cors, Filter, HeaderMatch, HeaderModifier, Mirror, PathMatch, PathModifier,
+    Redirect, RouteMatch, StringMatch, Timeouts, UrlRewrite,
+};
+
+fn out() -> tollgate::compile::Output {
+    run(&["rules"], "")
+}
+
+#[track_caller]
+fn assert_unsupported(out: &tollgate::compile::Output, name: &str, needle: &str) {
+    let c = parent_conds(out, "apps", name, 0);
+    assert_cond(c, "Accepted", "False", "UnsupportedValue");
+    let msg = &cond(c, "Accepted").message;
+    assert!(msg.contains(needle), "{name}: {msg:?} lacks {needle:?}");
+}
+
+#[test]
+fn unsupported_value_bad_regex() {
+    let out = out();
+    assert_unsupported(&out, "bad-regex", "spec.rules[1].matches[0].path");
+    assert_unsupported(
+        &out,
+        "bad-header-regex",
+        "spec.rules[0].matches[0].headers[0]",
+    );
+}
+
+#[test]
+fn unsupported_value_unknown_filter() {
+    assert_unsupported(&out(), "extension-ref", "spec.rules[0].filters[0]");
+}
+
+#[test]
+fn unsupported_value_redirect_with_rewrite() {
+    assert_unsupported(
+        &out(),
+        "redirect-and-rewrite",
+        "RequestRedirect and URLRewrite",
+    );
+}
+
+#[test]
+fn unsupported_value_replace_prefix_without_prefix_match() {
+    assert_unsupported(&out(), "prefix-replace-on-exact", "ReplacePrefixMatch");
+}
+
+#[test]
+fn unsupported_value_relative_path() {
+    assert_unsupported(&out(), "relative-path", "must start with '/'");
+}
+
+#[test]
+fn unsupported_value_duplicate_header_in_modifier() {
+    assert_unsupported(&out(), "duplicate-header", "x-a appears more than once");
+}
+
+#[test]
+fn unsupported_value_backend_timeout_above_request() {
+    assert_unsupported(&out(), "bad-timeouts", "backendRequest");
+}
+
+#[test]
+fn bad_route_rejects_only_itself() {
+    let out = out();
+    assert_route_ok(&out, "apps", "good");
+    let gw = gateway_conds(&out, "apps", "gw");
+    assert_cond(gw, "Accepted", "True", "Accepted");
+    assert_cond(gw, "Programmed", "True", "Programmed");
+    let shared = vhost(
+        table_listener(table(&out, "apps", "gw"), "http"),
+        "shared.test",
+    );
+    // Not even bad-regex's valid first rule is served.
+    assert_eq!(order(shared), vec!["good#0"]);
+    assert_eq!(
+        shared.routes[0].matcher.path,
+        PathMatch::PathPrefix("/good".into())
+    );
+    // Every bad route shows up as a rejection, the good one does not.
+    let rejected: Vec<String> = out
+        .rejections()
+        .iter()
+        .map(|r| r.key.name.clone())
+        .collect();
+    assert!(!rejected.contains(&"good".to_owned()));
+    assert!(rejected.contains(&"bad-regex".to_owned()));
+}
+
+#[test]
+fn every_filter_converts() {
+    let out = out();
+    assert_route_ok(&out, "apps", "every-filter");
+    let v = vhost(
+        table_listener(table(&out, "apps", "gw"), "http"),
+        "filters.test",
+    );
+    assert_eq!(
+        order(v),
+        vec!["every-filter#1", "every-filter#0", "every-filter#2"]
+    );
+    let main = &v.routes[1];
+    assert_eq!(main.rule_name.as_deref(), Some("main"));
+    assert_eq!(
+        main.matcher,
+        RouteMatch {
+            path: PathMatch::PathPrefix("/api".into()),
+            method: Some("POST".into()),
+            headers: vec![HeaderMatch {
+                name: "x-env".into(),
+                value: StringMatch::Exact("canary".into()),
+            }],
+            query_params: vec![HeaderMatch {
+                name: "Debug".into(),
+                value: StringMatch::RegularExpression("on|yes".into()),
+            }],
+        }
+    );
+    assert_eq!(
+        main.timeouts,
+        Timeouts {
+            request_ms: Some(90_000),
+            backend_request_ms: Some(500),
+        }
+    );
+    let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        main.filters,
+        vec![
+            Filter::RequestHeaderModifier(HeaderModifier {
+                set: vec![pair("x-set", "s")],
+                add: vec![pair("x-add", "a")],
+                remove: vec!["x-remove".into()],
+            }),
+            Filter::ResponseHeaderModifier(HeaderModifier {
+                add: vec![pair("x-resp", "r")],
+                ..HeaderModifier::default()
+            }),
+            Filter::UrlRewrite(UrlRewrite {
+                hostname: Some("internal.test".into()),
+                path: Some(PathModifier::ReplacePrefixMatch("/v2".into())),
+            }),
+            Filter::RequestMirror(Mirror {
+                backend: Some(BackendKey::of("apps", "api", 8080)),
+                per_million: 333_333,
+            }),
+            Filter::RequestMirror(Mirror {
+                backend: Some(BackendKey::of("apps", "web", 80)),
+                per_million: 1_000_000,
+            }),
+            Filter::Cors(Cors {
+                allow_origins: vec!["https://*.example.com".into()],
+                allow_credentials: true,
+                allow_methods: vec!["GET".into()],
+                max_age: 5,
+                ..Cors::default()
+            }),
+        ]
+    );
+    assert_eq!(
+        main.backends[0].filters,
+        vec![Filter::RequestHeaderModifier(HeaderModifier {
+            set: vec![pair("x-backend", "web")],
+            ..HeaderModifier::default()
+        })]
+    );
+    let redirect = &v.routes[0];
+    assert_eq!(redirect.matcher.path, PathMatch::Exact("/old".into()));
+    assert_eq!(
+        redirect.filters,
+        vec![Filter::RequestRedirect(Redirect {
+            scheme: Some("https".into()),
+            hostname: None,
+            port: Some(8443),
+            path: Some(PathModifier::ReplaceFullPath("/new".into())),
+            status_code: 301,
+        })]
+    );
+    // `0s` = no timeout; no matches = PathPrefix "/".
+    let catch_all = &v.routes[2];
+    assert!(catch_all.timeouts.is_empty());
+    assert_eq!(catch_all.matcher.path, PathMatch::PathPrefix("/".into()));
+}
