@@ -56,15 +56,20 @@ impl EchoBackend {
 /// makes it sleep first. A WebSocket
 /// upgrade is accepted and messages are echoed back.
 pub async fn echo_backend(name: &str) -> EchoBackend {
-    spawn_backend(name, false).await
+    spawn_backend(name, false, 0).await
+}
+
+/// An echo backend that sleeps `delay_ms` before every answer.
+pub async fn slow_backend(name: &str, delay_ms: u64) -> EchoBackend {
+    spawn_backend(name, false, delay_ms).await
 }
 
 /// An echo backend that speaks HTTP/2 only (prior knowledge).
 pub async fn h2_backend(name: &str) -> EchoBackend {
-    spawn_backend(name, true).await
+    spawn_backend(name, true, 0).await
 }
 
-async fn spawn_backend(name: &str, h2_only: bool) -> EchoBackend {
+async fn spawn_backend(name: &str, h2_only: bool, delay_ms: u64) -> EchoBackend {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let b = EchoBackend {
         addr: listener.local_addr().unwrap(),
@@ -80,7 +85,7 @@ async fn spawn_backend(name: &str, h2_only: bool) -> EchoBackend {
             };
             let state = state.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req| echo(state.clone(), req));
+                let svc = service_fn(move |req| echo(state.clone(), delay_ms, req));
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 if h2_only {
                     builder = builder.http2_only();
@@ -96,9 +101,13 @@ async fn spawn_backend(name: &str, h2_only: bool) -> EchoBackend {
 
 async fn echo(
     state: EchoBackend,
+    delay_ms: u64,
     mut req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     state.hits.fetch_add(1, Ordering::SeqCst);
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
     if let Some(ms) = req.headers().get("x-delay-ms") {
         let ms: u64 = ms.to_str().unwrap().parse().unwrap();
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -344,4 +353,15 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Polls `cond` every 10 ms for up to 5 s.
+pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
 }

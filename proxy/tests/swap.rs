@@ -1,0 +1,268 @@
+//! Socket tests of the proxy's lifecycle: atomic table swaps under load, sockets opened and
+//! closed with the table, failed applies, the admin endpoints, and shutdown.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use http::StatusCode;
+use tollgate_api::{PathMatch, RouteTable};
+use tollgate_proxy::{Proxy, ProxyError, ProxyOptions, serve_admin};
+
+fn one_route_table(version: u64, port: u16, key: &str, backend: &EchoBackend) -> RouteTable {
+    table(
+        version,
+        vec![http_port(port, vec![route("r", "/", vec![wb(key, 1)])])],
+        vec![(key, backend_of(&[backend]))],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_swaps_under_load_fail_no_request() {
+    let (one, two) = (echo_backend("one").await, echo_backend("two").await);
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy
+        .apply(one_route_table(1, 0, "one", &one))
+        .await
+        .unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    let url = format!("http://{addr}/");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let total = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (stop, failures, total, seen, url) = (
+            stop.clone(),
+            failures.clone(),
+            total.clone(),
+            seen.clone(),
+            url.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            let c = h1_client();
+            while !stop.load(Ordering::Relaxed) {
+                let resp = c
+                    .request(http::Request::get(&url).body(Default::default()).unwrap())
+                    .await;
+                total.fetch_add(1, Ordering::Relaxed);
+                match resp {
+                    Ok(r) if r.status() == StatusCode::OK => {
+                        let b = r.headers()["x-backend"].to_str().unwrap().to_owned();
+                        let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                        seen.lock().unwrap().insert(b);
+                    }
+                    _ => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for i in 0..100u64 {
+        let t = if i % 2 == 0 {
+            one_route_table(i + 2, 0, "two", &two)
+        } else {
+            one_route_table(i + 2, 0, "one", &one)
+        };
+        proxy.apply(t).await.unwrap();
+        assert_eq!(proxy.version(), i + 2);
+        assert_eq!(
+            proxy.local_addr(0),
+            Some(addr),
+            "socket must persist across swaps"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(
+        total.load(Ordering::Relaxed) >= 100,
+        "load too light to mean anything"
+    );
+    assert_eq!(failures.load(Ordering::Relaxed), 0);
+    let seen = seen.lock().unwrap();
+    assert!(seen.contains("one") && seen.contains("two"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn sockets_follow_the_table_ports() {
+    let b = echo_backend("b").await;
+    let (p1, p2) = (free_port(), free_port());
+    let both = table(
+        1,
+        vec![
+            http_port(p1, vec![route("r", "/", vec![wb("b", 1)])]),
+            http_port(p2, vec![route("r", "/", vec![wb("b", 1)])]),
+        ],
+        vec![("b", backend_of(&[&b]))],
+    );
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy.apply(both.clone()).await.unwrap();
+    let c = h1_client();
+    assert_eq!(
+        get(&c, &format!("http://127.0.0.1:{p1}/")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&c, &format!("http://127.0.0.1:{p2}/")).await.status,
+        StatusCode::OK
+    );
+
+    proxy.apply(one_route_table(2, p1, "b", &b)).await.unwrap();
+    assert!(proxy.local_addr(p2).is_none());
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", p2))
+            .await
+            .is_err(),
+        "p2 still open"
+    );
+    assert_eq!(
+        get(&c, &format!("http://127.0.0.1:{p1}/")).await.status,
+        StatusCode::OK
+    );
+
+    let mut again = both;
+    again.version = 3;
+    proxy.apply(again).await.unwrap();
+    assert_eq!(
+        get(&h1_client(), &format!("http://127.0.0.1:{p2}/"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn failed_apply_keeps_the_live_table() {
+    let b = echo_backend("b").await;
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy.apply(one_route_table(1, 0, "b", &b)).await.unwrap();
+    let url = format!("http://{}/", proxy.local_addr(0).unwrap());
+
+    let mut bad = one_route_table(2, 0, "b", &b);
+    bad.ports[0].listeners[0].virtual_hosts[0].routes[0]
+        .matcher
+        .path = PathMatch::RegularExpression("(".into());
+    assert!(matches!(proxy.apply(bad).await, Err(ProxyError::Router(_))));
+
+    // A port that cannot be bound (already taken by someone else) fails the same way.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut busy = one_route_table(3, 0, "b", &b);
+    busy.ports
+        .push(http_port(taken.local_addr().unwrap().port(), vec![]));
+    assert!(matches!(
+        proxy.apply(busy).await,
+        Err(ProxyError::Bind { .. })
+    ));
+
+    assert_eq!(proxy.version(), 1);
+    assert_eq!(get(&h1_client(), &url).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn admin_serves_metrics_health_and_readiness() {
+    let b = echo_backend("b").await;
+    let metrics = metrics();
+    let opts = ProxyOptions {
+        metrics: metrics.clone(),
+        access_log: true,
+        ..ProxyOptions::default()
+    };
+    let dead = free_port();
+    let mut dead_backend = backend_of(&[]);
+    dead_backend.endpoints.push(tollgate_api::Endpoint {
+        ip: "127.0.0.1".into(),
+        port: dead,
+    });
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![
+            route("r", "/ok", vec![wb("b", 1)]),
+            route("dead", "/dead", vec![wb("d", 1)]),
+        ],
+        vec![("b", backend_of(&[&b])), ("d", dead_backend)],
+    )
+    .await;
+    let c = h1_client();
+    get(&c, &format!("{url}/ok")).await;
+    get(&c, &format!("{url}/nothing")).await;
+    assert_eq!(
+        get(&c, &format!("{url}/dead")).await.status,
+        StatusCode::BAD_GATEWAY
+    );
+
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_url = format!("http://{}", admin.local_addr().unwrap());
+    let ready = Arc::new(AtomicBool::new(false));
+    let r = ready.clone();
+    tokio::spawn(serve_admin(admin, metrics.clone(), move || {
+        r.load(Ordering::Relaxed)
+    }));
+
+    assert!(eventually(|| metrics.encode().contains(r#"code_class="5xx""#)).await);
+    let m = get(&c, &format!("{admin_url}/metrics")).await;
+    assert_eq!(m.status, StatusCode::OK);
+    assert!(
+        m.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for needle in [
+        r#"tollgate_requests_total{route="default/r",code_class="2xx"} 1"#,
+        r#"tollgate_requests_total{route="none",code_class="4xx"} 1"#,
+        r#"tollgate_requests_total{route="default/dead",code_class="5xx"} 1"#,
+        r#"tollgate_upstream_errors_total{kind="connect"} 1"#,
+        r#"tollgate_request_duration_seconds_count{route="default/r"} 1"#,
+        "tollgate_route_table_version 1",
+        "tollgate_active_connections",
+        "tollgate_access_log_dropped_total 0",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    assert_eq!(
+        get(&c, &format!("{admin_url}/healthz")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&c, &format!("{admin_url}/readyz")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    ready.store(true, Ordering::Relaxed);
+    assert_eq!(
+        get(&c, &format!("{admin_url}/readyz")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&c, &format!("{admin_url}/nope")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn shutdown_closes_sockets_and_refuses_applies() {
+    let b = echo_backend("b").await;
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy.apply(one_route_table(1, 0, "b", &b)).await.unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    assert_eq!(
+        get(&h1_client(), &format!("http://{addr}/")).await.status,
+        StatusCode::OK
+    );
+    proxy.shutdown().await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    assert!(matches!(
+        proxy.apply(one_route_table(2, 0, "b", &b)).await,
+        Err(ProxyError::Shutdown)
+    ));
+}

@@ -1,0 +1,213 @@
+//! Socket tests of the upstream side: weighted backend split, endpoint balancing, HTTP/2
+//! upstreams, WebSocket upgrades and request mirroring.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use tokio_tungstenite::tungstenite::Message;
+use tollgate_api::{BackendProtocol, Filter, LoadBalancer, Mirror};
+
+#[tokio::test]
+async fn weighted_split_sends_to_both_and_never_to_weight_zero() {
+    let (a, b, z) = (
+        echo_backend("a").await,
+        echo_backend("b").await,
+        echo_backend("z").await,
+    );
+    let (_p, url) = proxy_with(
+        vec![route("r", "/", vec![wb("a", 3), wb("b", 1), wb("z", 0)])],
+        vec![
+            ("a", backend_of(&[&a])),
+            ("b", backend_of(&[&b])),
+            ("z", backend_of(&[&z])),
+        ],
+    )
+    .await;
+    let c = h1_client();
+    for _ in 0..200 {
+        assert_eq!(get(&c, &format!("{url}/")).await.status, StatusCode::OK);
+    }
+    assert!(
+        a.hits() > 0 && b.hits() > 0,
+        "a={} b={}",
+        a.hits(),
+        b.hits()
+    );
+    assert_eq!(z.hits(), 0);
+    assert_eq!(a.hits() + b.hits(), 200);
+    assert!(
+        a.hits() > b.hits(),
+        "3:1 split came out a={} b={}",
+        a.hits(),
+        b.hits()
+    );
+}
+
+#[tokio::test]
+async fn round_robin_visits_endpoints_in_turn() {
+    let (x, y, z) = (
+        echo_backend("x").await,
+        echo_backend("y").await,
+        echo_backend("z").await,
+    );
+    let mut be = backend_of(&[&x, &y, &z]);
+    be.load_balancer = LoadBalancer::RoundRobin;
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+    let c = h1_client();
+    for _ in 0..30 {
+        get(&c, &format!("{url}/")).await;
+    }
+    assert_eq!((x.hits(), y.hits(), z.hits()), (10, 10, 10));
+}
+
+#[tokio::test]
+async fn least_request_prefers_the_endpoint_with_fewer_in_flight() {
+    let slow = slow_backend("slow", 300).await;
+    let fast = echo_backend("fast").await;
+    let mut be = backend_of(&[&slow, &fast]);
+    be.load_balancer = LoadBalancer::LeastRequest;
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = h1_client();
+            for _ in 0..10 {
+                assert_eq!(get(&c, &format!("{url}/")).await.status, StatusCode::OK);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(slow.hits() + fast.hits(), 40);
+    assert!(
+        fast.hits() > slow.hits(),
+        "slow={} fast={}",
+        slow.hits(),
+        fast.hits()
+    );
+}
+
+#[tokio::test]
+async fn h2c_backend_gets_http2() {
+    let h2 = h2_backend("h2").await;
+    let mut be = backend_of(&[&h2]);
+    be.protocol = BackendProtocol::H2c;
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+    let c = h1_client();
+    for _ in 0..3 {
+        let a = get_host(&c, &format!("{url}/grpcish"), "svc.example").await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.json()["version"], "HTTP/2.0");
+        assert_eq!(a.json()["path"], "/grpcish");
+        assert_eq!(
+            a.upstream_header("x-forwarded-host").as_deref(),
+            Some("svc.example")
+        );
+    }
+}
+
+#[tokio::test]
+async fn websocket_upgrade_is_spliced_end_to_end() {
+    let b = echo_backend("ws").await;
+    let (_p, url) = proxy_with(
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let addr = url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async(format!("ws://{addr}/chat"), tcp)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert!(resp.headers().contains_key("x-request-id"));
+    for text in ["hello", "world"] {
+        ws.send(Message::text(text)).await.unwrap();
+        let echoed = ws.next().await.unwrap().unwrap();
+        assert_eq!(echoed.into_text().unwrap().as_str(), text);
+    }
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test]
+async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
+    let main = echo_backend("main").await;
+    let shadow = echo_backend("shadow").await;
+    let mirrored = with_filters(
+        route("mirrored", "/m", vec![wb("main", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 1_000_000,
+        })],
+    );
+    let unsampled = with_filters(
+        route("unsampled", "/never", vec![wb("main", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 0,
+        })],
+    );
+    let (_p, url) = proxy_with(
+        vec![mirrored, unsampled],
+        vec![
+            ("main", backend_of(&[&main])),
+            ("shadow", backend_of(&[&shadow])),
+        ],
+    )
+    .await;
+    let c = h1_client();
+    let a = get(&c, &format!("{url}/m/get")).await;
+    assert_eq!(a.json()["backend"], "main");
+    let post = Request::post(format!("{url}/m/post"))
+        .header("x-trace", "t1")
+        .body(Full::new(Bytes::from_static(b"payload")))
+        .unwrap();
+    let a = send(&c, post).await;
+    assert_eq!(a.json()["backend"], "main");
+    assert_eq!(a.json()["body"], "payload");
+    for _ in 0..5 {
+        get(&c, &format!("{url}/never")).await;
+    }
+    assert!(eventually(|| shadow.seen.lock().unwrap().len() == 2).await);
+    let seen = shadow.seen.lock().unwrap().clone();
+    let post = seen.iter().find(|v| v["path"] == "/m/post").unwrap();
+    assert_eq!(post["body"], "payload");
+    assert_eq!(post["headers"]["x-trace"], "t1");
+    assert_eq!(post["method"], "POST");
+    assert!(seen.iter().any(|v| v["path"] == "/m/get"));
+}
+
+#[tokio::test]
+async fn slow_mirror_does_not_delay_the_main_response() {
+    let main = echo_backend("main").await;
+    let shadow = slow_backend("shadow", 5_000).await;
+    let r = with_filters(
+        route("r", "/", vec![wb("main", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 1_000_000,
+        })],
+    );
+    let mut r = r;
+    // Were the mirror awaited, this request would time out.
+    r.timeouts.request_ms = Some(2_000);
+    let (_p, url) = proxy_with(
+        vec![r],
+        vec![
+            ("main", backend_of(&[&main])),
+            ("shadow", backend_of(&[&shadow])),
+        ],
+    )
+    .await;
+    let a = get(&h1_client(), &format!("{url}/x")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["backend"], "main");
+    assert!(eventually(|| shadow.hits() == 1).await);
+}
