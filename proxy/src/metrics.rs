@@ -6,6 +6,9 @@
 //! the configuration, never by traffic), the status is a class (`2xx`..`5xx`), and upstream
 //! errors carry a fixed `kind`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -49,6 +52,62 @@ pub struct Metrics {
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
+    /// Handles per route label, kept across snapshots.
+    routes: Mutex<HashMap<String, Arc<RouteMetrics>>>,
+    no_route: Arc<RouteMetrics>,
+}
+
+/// The metric handles of one route label, resolved once so a request records its outcome
+/// with atomic operations only (no label allocation, no family lookup).
+#[derive(Debug)]
+pub(crate) struct RouteMetrics {
+    label: String,
+    requests: Family<RequestLabels, Counter>,
+    /// 1xx..5xx, created on first use so unused classes do not show up as zero series.
+    by_class: [OnceLock<Counter>; 5],
+    duration: Histogram,
+}
+
+impl RouteMetrics {
+    fn new(
+        label: &str,
+        metrics: &Family<RequestLabels, Counter>,
+        durations: &Family<RouteLabels, Histogram, fn() -> Histogram>,
+    ) -> Self {
+        let duration = durations
+            .get_or_create(&RouteLabels {
+                route: label.to_owned(),
+            })
+            .clone();
+        Self {
+            label: label.to_owned(),
+            requests: metrics.clone(),
+            by_class: Default::default(),
+            duration,
+        }
+    }
+
+    /// Records one answered request.
+    pub fn observe(&self, status: u16, seconds: f64) {
+        let (i, code_class) = match status {
+            100..=199 => (0, "1xx"),
+            200..=299 => (1, "2xx"),
+            300..=399 => (2, "3xx"),
+            400..=499 => (3, "4xx"),
+            _ => (4, "5xx"),
+        };
+        self.by_class[i]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        route: self.label.clone(),
+                        code_class,
+                    })
+                    .clone()
+            })
+            .inc();
+        self.duration.observe(seconds);
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,7 +168,7 @@ impl Metrics {
         );
         registry.register(
             "request_duration_seconds",
-            "Time from request received to response headers sent, by route",
+            "Time from request received until the response body was sent, by route",
             durations.clone(),
         );
         registry.register(
@@ -132,8 +191,11 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
             registry,
+            no_route,
+            routes: Mutex::new(HashMap::new()),
             requests,
             durations,
             upstream_errors,
@@ -151,26 +213,20 @@ impl Metrics {
         out
     }
 
-    /// Records one answered request.
-    pub(crate) fn observe_request(&self, route: &str, status: u16, seconds: f64) {
-        let code_class = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+    /// The handles of a route label (created once, then shared by every snapshot).
+    pub(crate) fn route(&self, label: &str) -> Arc<RouteMetrics> {
+        let Ok(mut routes) = self.routes.lock() else {
+            return Arc::new(RouteMetrics::new(label, &self.requests, &self.durations));
         };
-        self.requests
-            .get_or_create(&RequestLabels {
-                route: route.to_owned(),
-                code_class,
-            })
-            .inc();
-        self.durations
-            .get_or_create(&RouteLabels {
-                route: route.to_owned(),
-            })
-            .observe(seconds);
+        routes
+            .entry(label.to_owned())
+            .or_insert_with(|| Arc::new(RouteMetrics::new(label, &self.requests, &self.durations)))
+            .clone()
+    }
+
+    /// The handles for requests no route matched.
+    pub(crate) fn no_route(&self) -> &Arc<RouteMetrics> {
+        &self.no_route
     }
 
     /// Counts an upstream error.
@@ -217,8 +273,10 @@ mod tests {
     #[test]
     fn encodes_request_counters_with_classes() {
         let m = Metrics::new();
-        m.observe_request("default/shop", 204, 0.01);
-        m.observe_request("default/shop", 503, 0.01);
+        let shop = m.route("default/shop");
+        shop.observe(204, 0.01);
+        m.route("default/shop").observe(503, 0.01);
+        assert!(Arc::ptr_eq(&shop, &m.route("default/shop")));
         m.upstream_error(UpstreamErrorKind::Connect);
         m.set_table_version(7);
         let text = m.encode();
@@ -227,6 +285,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"code_class="5xx""#), "{text}");
+        assert!(
+            !text.contains(r#"code_class="3xx""#),
+            "unused classes stay absent: {text}"
+        );
         assert!(text.contains(r#"tollgate_upstream_errors_total{kind="connect"} 1"#));
         assert!(text.contains("tollgate_route_table_version 7"));
         assert!(text.contains("tollgate_request_duration_seconds_bucket"));

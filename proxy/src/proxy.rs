@@ -24,7 +24,7 @@ use tollgate_api::{Protocol, RouteTable};
 use crate::access_log::AccessLog;
 use crate::error::{ProxyError, Result};
 use crate::listener::{self, ListenerHandle};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteMetrics};
 use crate::router::Router;
 use crate::upstream::{Balancer, Upstream, build_balancers};
 
@@ -80,6 +80,8 @@ pub(crate) struct Snapshot {
     pub backends: HashMap<String, Arc<Balancer>>,
     /// Ports by table port number.
     pub ports: HashMap<u16, PortState>,
+    /// Metric handles by route label (`namespace/name`).
+    pub route_metrics: HashMap<Arc<str>, Arc<RouteMetrics>>,
 }
 
 /// State shared by the handle, the listeners and every request.
@@ -174,6 +176,18 @@ impl Proxy {
             ports.insert(p.port, PortState { tls });
             wanted.push((ip, p.port));
         }
+        let route_metrics = table
+            .ports
+            .iter()
+            .flat_map(|p| &p.listeners)
+            .flat_map(|l| &l.virtual_hosts)
+            .flat_map(|v| &v.routes)
+            .map(|r| {
+                let label = r.route.to_string();
+                let handles = shared.metrics.route(&label);
+                (Arc::from(label), handles)
+            })
+            .collect();
         let prev = shared.snapshot.load_full();
         let backends = build_balancers(&table.backends, prev.as_deref().map(|s| &s.backends));
 
@@ -196,6 +210,7 @@ impl Proxy {
             router,
             backends,
             ports,
+            route_metrics,
         })));
         shared.metrics.set_table_version(version);
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
@@ -31,7 +31,7 @@ use crate::access_log::{AccessRecord, rfc3339};
 use crate::body::{LimitedBody, OnComplete, ProxyBody, TrackedBody, empty, full};
 use crate::filters::{self, RequestView};
 use crate::forward::{self, X_REQUEST_ID};
-use crate::metrics::{NO_ROUTE, UpstreamErrorKind};
+use crate::metrics::{RouteMetrics, UpstreamErrorKind};
 use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
 use crate::proxy::{Shared, Snapshot};
 use crate::upstream::EndpointGuard;
@@ -58,11 +58,12 @@ pub(crate) struct Completion {
     shared: Arc<Shared>,
     start: Instant,
     started_at: SystemTime,
-    method: String,
+    method: Method,
+    uri: Uri,
     host: String,
-    path: String,
     status: u16,
     route: Option<Arc<str>>,
+    metrics: Arc<RouteMetrics>,
     request_id: HeaderValue,
     peer: SocketAddr,
     guard: Option<EndpointGuard>,
@@ -71,16 +72,13 @@ pub(crate) struct Completion {
 impl OnComplete for Completion {
     fn complete(self, bytes: u64) {
         let elapsed = self.start.elapsed();
-        let route = self.route.as_deref().unwrap_or(NO_ROUTE);
-        self.shared
-            .metrics
-            .observe_request(route, self.status, elapsed.as_secs_f64());
+        self.metrics.observe(self.status, elapsed.as_secs_f64());
         if self.shared.access_log.enabled() {
             self.shared.access_log.log(AccessRecord {
                 time: rfc3339(self.started_at),
-                method: self.method,
+                method: self.method.to_string(),
                 host: self.host,
-                path: self.path,
+                path: self.uri.path().to_owned(),
                 status: self.status,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 route: self.route.map(|r| r.to_string()),
@@ -112,14 +110,15 @@ pub(crate) async fn handle(
     let request_id = forward::request_id(req.headers());
     let host = request_host(&req).to_owned();
     let mut done = Completion {
-        shared: shared.clone(),
         start: Instant::now(),
         started_at: SystemTime::now(),
-        method: req.method().to_string(),
-        path: req.uri().path().to_owned(),
-        host,
+        method: req.method().clone(),
+        uri: req.uri().clone(),
+        host: String::new(),
         status: 0,
         route: None,
+        metrics: shared.metrics.no_route().clone(),
+        shared: shared.clone(),
         request_id: request_id.clone(),
         peer: conn.peer,
         guard: None,
@@ -129,11 +128,20 @@ pub(crate) async fn handle(
     let snapshot = shared.snapshot.load_full();
     let mut resp = match snapshot {
         Some(snapshot) => {
-            let work = proxy(&shared, &snapshot, &conn, req, client_upgrade, &mut done);
+            let work = proxy(
+                &shared,
+                &snapshot,
+                &conn,
+                &host,
+                req,
+                client_upgrade,
+                &mut done,
+            );
             work.await
         }
         None => status(StatusCode::NOT_FOUND),
     };
+    done.host = host;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     done.status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
@@ -236,6 +244,7 @@ async fn proxy(
     shared: &Arc<Shared>,
     snapshot: &Snapshot,
     conn: &ConnCtx,
+    original_host: &str,
     req: Request<Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     done: &mut Completion,
@@ -246,32 +255,32 @@ async fn proxy(
     }
 
     // Phase 2: route.
-    let original_host = done.host.clone();
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .to_owned();
+    let original_uri = parts.uri.clone();
+    let target = original_uri.path_and_query().map_or("/", |pq| pq.as_str());
     let Some(hit) = snapshot.router.route(
         conn.table_port,
-        &original_host,
+        original_host,
         &parts.method,
-        &target,
+        target,
         &parts.headers,
     ) else {
         return status(StatusCode::NOT_FOUND);
     };
     let route = &hit.route.api;
     done.route = Some(hit.route.label.clone());
+    done.metrics = match snapshot.route_metrics.get(&*hit.route.label) {
+        Some(m) => m.clone(),
+        None => shared.metrics.route(&hit.route.label),
+    };
 
     // Phase 3: request filters, in table order.
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
-        None => (target.as_str(), None),
+        None => (target, None),
     };
     let view = RequestView {
         scheme: conn.scheme,
-        host: strip_port(&original_host),
+        host: strip_port(original_host),
         port: conn.local_port,
         path,
         query,
@@ -314,7 +323,7 @@ async fn proxy(
         &mut parts.headers,
         conn.peer.ip(),
         conn.scheme,
-        &original_host,
+        original_host,
     );
     parts
         .headers
@@ -326,12 +335,12 @@ async fn proxy(
     {
         parts.headers.insert(HOST, h);
     } else if !parts.headers.contains_key(HOST)
-        && let Ok(h) = HeaderValue::from_str(&original_host)
+        && let Ok(h) = HeaderValue::from_str(original_host)
     {
         // HTTP/2 clients send :authority only; HTTP/1.1 upstreams need Host.
         parts.headers.insert(HOST, h);
     }
-    let pq = plan.path_and_query.as_deref().unwrap_or(&target);
+    let pq = plan.path_and_query.as_deref().unwrap_or(target);
     let Ok(uri) = Uri::builder()
         .scheme("http")
         .authority(guard.endpoint().authority.clone())
@@ -350,16 +359,17 @@ async fn proxy(
         BackendProtocol::H2c => Version::HTTP_2,
     };
     let timeouts = &route.timeouts;
+    // The request timeout runs from arrival, not from here.
     let deadline = timeouts
         .request_ms
-        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
     let exceeded = Arc::new(AtomicBool::new(false));
     let mirrors = std::mem::take(&mut plan.mirrors);
     let attempt = {
-        let (exceeded, mirrors, pq) = (&exceeded, &mirrors, pq.to_owned());
+        let (exceeded, mirrors) = (&exceeded, &mirrors);
         let client = shared.upstream.client(protocol);
         async move {
-            let body = prepare_body(shared, snapshot, body, &parts, &pq, mirrors, exceeded).await?;
+            let body = prepare_body(shared, snapshot, body, &parts, pq, mirrors, exceeded).await?;
             parts.uri = uri;
             let call = client.request(Request::from_parts(parts, body));
             match timeouts.backend_request_ms {

@@ -409,3 +409,29 @@ async fn backend_timeout_and_request_timeout_get_504() {
     );
     assert_eq!(send(&c, slow("/fast")).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn oversized_headers_over_http2_get_431() {
+    let b = echo_backend("b").await;
+    let opts = ProxyOptions {
+        max_header_bytes: 16 * 1024,
+        ..ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let c = h2c_client();
+    let big = "v".repeat(20 * 1024);
+    let req = Request::get(format!("{url}/"))
+        .header("x-big", big.as_str())
+        .body(Full::default())
+        .unwrap();
+    // hyper's h2 server (max_header_list_size) answers the stream with 431.
+    let a = send(&c, req).await;
+    assert_eq!(a.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(b.hits(), 0);
+    assert_eq!(get(&c, &format!("{url}/")).await.status, StatusCode::OK);
+}
