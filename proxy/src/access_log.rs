@@ -77,7 +77,7 @@ impl AccessLog {
             Err(_) => None,
         };
         if let Some(rx) = rx {
-            tokio::spawn(write_lines(rx));
+            tokio::spawn(write_lines(rx, tokio::io::stdout()));
         }
     }
 
@@ -91,8 +91,11 @@ impl AccessLog {
     }
 }
 
-async fn write_lines(mut rx: mpsc::Receiver<AccessRecord>) {
-    let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
+async fn write_lines(
+    mut rx: mpsc::Receiver<AccessRecord>,
+    out: impl tokio::io::AsyncWrite + Unpin,
+) {
+    let mut out = tokio::io::BufWriter::new(out);
     let mut line = Vec::with_capacity(512);
     while let Some(record) = rx.recv().await {
         line.clear();
@@ -158,23 +161,68 @@ mod tests {
         assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
     }
 
-    #[test]
-    fn full_channel_drops_and_counts() {
-        let metrics = Arc::new(Metrics::new());
-        let log = AccessLog::new(true, metrics.clone());
-        let rec = AccessRecord {
-            time: String::new(),
+    #[tokio::test]
+    async fn writes_one_json_line_per_record() {
+        let (tx, rx) = mpsc::channel(4);
+        let (w, mut r) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(write_lines(rx, w));
+        let mut rec = record();
+        rec.route = Some("default/shop".into());
+        tx.send(rec.clone()).await.unwrap();
+        rec.status = 404;
+        tx.send(rec).await.unwrap();
+        drop(tx);
+        writer.await.unwrap();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut r, &mut out)
+            .await
+            .unwrap();
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert_eq!(lines[0]["route"], "default/shop");
+        assert_eq!(lines[0]["status"], 200);
+        assert_eq!(lines[1]["status"], 404);
+        for field in [
+            "time",
+            "method",
+            "host",
+            "path",
+            "status",
+            "duration_ms",
+            "route",
+            "upstream",
+            "bytes",
+            "request_id",
+            "peer",
+        ] {
+            assert!(lines[0].get(field).is_some(), "missing {field}");
+        }
+    }
+
+    fn record() -> AccessRecord {
+        AccessRecord {
+            time: rfc3339(SystemTime::now()),
             method: "GET".into(),
             host: "h".into(),
             path: "/".into(),
             status: 200,
             duration_ms: 1.0,
             route: None,
-            upstream: None,
-            bytes: 0,
+            upstream: Some("10.0.0.1:80".into()),
+            bytes: 10,
             request_id: "r".into(),
             peer: "127.0.0.1:1".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn full_channel_drops_and_counts() {
+        let metrics = Arc::new(Metrics::new());
+        let log = AccessLog::new(true, metrics.clone());
+        let rec = record();
         for _ in 0..=CHANNEL_CAPACITY {
             log.log(rec.clone());
         }

@@ -289,3 +289,18 @@ impl Proxy {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_needs_no_runtime_and_serves_nothing_yet() {
+        let p = Proxy::new(ProxyOptions::default());
+        assert_eq!(p.version(), 0);
+        assert!(p.local_addr(80).is_none());
+        let o = ProxyOptions::default();
+        assert_eq!((o.max_header_bytes, o.max_body_bytes), (65_536, 10_485_760));
+        assert!(!o.access_log);
+    }
+}
