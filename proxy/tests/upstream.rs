@@ -110,6 +110,7 @@ async fn h2c_backend_gets_http2() {
             a.upstream_header("x-forwarded-host").as_deref(),
             Some("svc.example")
         );
+        assert_eq!(a.upstream_header("host").as_deref(), Some("svc.example"));
     }
 }
 
