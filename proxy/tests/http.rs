@@ -435,3 +435,62 @@ async fn oversized_headers_over_http2_get_431() {
     assert_eq!(b.hits(), 0);
     assert_eq!(get(&c, &format!("{url}/")).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn upstream_that_resets_gets_502() {
+    // Accepts, reads the request, and hangs up without answering.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+            drop(s);
+        }
+    });
+    let mut rude = backend_of(&[]);
+    rude.endpoints.push(tollgate_api::Endpoint {
+        ip: addr.ip().to_string(),
+        port: addr.port(),
+    });
+    let metrics = metrics();
+    let opts = ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", rude)],
+    )
+    .await;
+    let a = get(&h1_client(), &format!("{url}/")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"tollgate_upstream_errors_total{kind="reset"} 1"#)
+    );
+}
+
+#[tokio::test]
+async fn backend_filters_apply_only_to_the_picked_backend() {
+    let (a, b) = (echo_backend("a").await, echo_backend("b").await);
+    let mut to_a = wb("a", 1);
+    to_a.filters = vec![Filter::RequestHeaderModifier(HeaderModifier {
+        set: vec![("x-picked".into(), "a".into())],
+        ..HeaderModifier::default()
+    })];
+    let (_p, url) = proxy_with(
+        vec![route("r", "/", vec![to_a, wb("b", 1)])],
+        vec![("a", backend_of(&[&a])), ("b", backend_of(&[&b]))],
+    )
+    .await;
+    let c = h1_client();
+    for _ in 0..40 {
+        let ans = get(&c, &format!("{url}/")).await;
+        let expected = (ans.json()["backend"] == "a").then_some("a");
+        assert_eq!(ans.upstream_header("x-picked").as_deref(), expected);
+    }
+    assert!(a.hits() > 0 && b.hits() > 0);
+}
