@@ -1,4 +1,5 @@
 //! Backend resolution: Services, ports, EndpointSlices, ReferenceGrants.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

@@ -1,6 +1,7 @@
 //! Golden files and determinism: the same input, in any order, gives byte-identical output.
 //!
 //! `UPDATE_GOLDEN=1 cargo test --test compile_golden` rewrites the golden files.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

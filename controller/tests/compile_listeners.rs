@@ -1,4 +1,5 @@
 //! Gateway, GatewayClass and listener statuses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

@@ -1,4 +1,5 @@
 //! Gateway API route precedence: one test per rule, named after it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

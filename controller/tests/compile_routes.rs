@@ -1,4 +1,5 @@
 //! HTTPRoute attachment: parentRefs, sectionName, port, allowedRoutes, hostnames.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

@@ -1,4 +1,5 @@
 //! Rule validation (UnsupportedValue) and filter conversion.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
 

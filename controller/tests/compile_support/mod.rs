@@ -1,5 +1,5 @@
 //! Helpers shared by the compiler tests: fixture loading and status lookups.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 
