@@ -3,13 +3,14 @@
 //! [`serve_admin`]) and access logs.
 //!
 //! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
-//! request lifecycle), [`router`], [`filters`], `upstream` (balancing, pooled clients),
+//! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream` (balancing, pooled clients),
 //! `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`.
 #![forbid(unsafe_code)]
 
 mod access_log;
 mod admin;
 mod body;
+mod call;
 mod error;
 pub mod filters;
 mod forward;

@@ -15,26 +15,26 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
-use crate::body::{LimitedBody, OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::body::{OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::call::{Call, Failure, UpstreamHead, failure_response, response_filters};
 use crate::filters::{self, RequestView};
-use crate::forward::{self, X_REQUEST_ID};
+use crate::forward;
+use crate::forward::X_REQUEST_ID;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
-use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::mirror;
 use crate::proxy::{Shared, Snapshot};
-use crate::upstream::EndpointGuard;
+use crate::upstream::{Balancer, EndpointGuard};
 
 /// What a connection knows about itself.
 #[derive(Debug)]
@@ -288,213 +288,115 @@ async fn proxy(
     };
     let origin = parts.headers.get(ORIGIN).cloned();
     let mut plan = Plan::default();
-    for f in &route.filters {
-        if let Some(resp) = request_filter(f, &mut parts, &view, &mut plan) {
-            return resp;
-        }
+    if let Some(resp) = request_filters(&route.filters, &mut parts, &view, &mut plan) {
+        return resp;
     }
 
-    // Phase 4: backend and endpoint.
-    let Some(picked) = crate::upstream::pick_weighted(&route.backends) else {
-        return status(StatusCode::INTERNAL_SERVER_ERROR);
-    };
-    let Some(key) = picked.backend.as_deref() else {
-        return status(StatusCode::INTERNAL_SERVER_ERROR);
-    };
-    for f in &picked.filters {
-        if let Some(resp) = request_filter(f, &mut parts, &view, &mut plan) {
-            return resp;
-        }
-    }
-    let Some(balancer) = snapshot.backends.get(key) else {
-        return status(StatusCode::INTERNAL_SERVER_ERROR);
-    };
-    let Some(guard) = balancer.pick() else {
-        shared
-            .metrics
-            .upstream_error(UpstreamErrorKind::NoEndpoints);
-        return status(StatusCode::SERVICE_UNAVAILABLE);
+    // Phase 4: backend (and its filters), then endpoint.
+    let (balancer, guard) = match pick_backend(
+        shared,
+        snapshot,
+        &route.backends,
+        &mut parts,
+        &view,
+        &mut plan,
+    ) {
+        Ok(picked) => picked,
+        Err(resp) => return *resp,
     };
 
     // Phase 5: forward.
     let upgrade = client_upgrade.is_some();
-    forward::strip_hop_by_hop(&mut parts.headers, upgrade);
-    forward::set_forwarded(
-        &mut parts.headers,
-        conn.peer.ip(),
-        conn.scheme,
-        original_host,
-    );
-    parts
-        .headers
-        .insert(X_REQUEST_ID.clone(), done.request_id.clone());
-    if let Some(h) = plan
-        .host
-        .as_deref()
-        .and_then(|h| HeaderValue::from_str(h).ok())
-    {
-        parts.headers.insert(HOST, h);
-    } else if !parts.headers.contains_key(HOST)
-        && let Ok(h) = HeaderValue::from_str(original_host)
-    {
-        // HTTP/2 clients send :authority only; HTTP/1.1 upstreams need Host.
-        parts.headers.insert(HOST, h);
-    }
-    let pq = plan.path_and_query.as_deref().unwrap_or(target);
-    let Ok(uri) = Uri::builder()
-        .scheme("http")
-        .authority(guard.endpoint().authority.clone())
-        .path_and_query(pq)
-        .build()
-    else {
-        return status(StatusCode::BAD_REQUEST);
-    };
     let protocol = if upgrade {
         BackendProtocol::Http1
     } else {
         balancer.protocol
     };
-    parts.version = match protocol {
-        BackendProtocol::Http1 => Version::HTTP_11,
-        BackendProtocol::H2c => Version::HTTP_2,
+    let pq = plan.path_and_query.as_deref().unwrap_or(target);
+    let head = UpstreamHead {
+        conn,
+        original_host,
+        request_id: &done.request_id,
+        host: plan.host.as_deref(),
+        path_and_query: pq,
+        endpoint: &guard,
+        protocol,
+        upgrade,
     };
-    let timeouts = &route.timeouts;
+    if let Err(code) = head.apply(&mut parts) {
+        return status(code);
+    }
     // The request timeout runs from arrival, not from here.
-    let deadline = timeouts
+    let deadline = route
+        .timeouts
         .request_ms
         .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
     let exceeded = Arc::new(AtomicBool::new(false));
-    let mirrors = std::mem::take(&mut plan.mirrors);
-    let attempt = {
-        let (exceeded, mirrors) = (&exceeded, &mirrors);
-        let client = shared.upstream.client(protocol);
-        async move {
-            let body = prepare_body(shared, snapshot, body, &parts, pq, mirrors, exceeded).await?;
-            parts.uri = uri;
-            let call = client.request(Request::from_parts(parts, body));
-            match timeouts.backend_request_ms {
-                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call)
-                    .await
-                    .map_err(|_| Failure::Timeout)?
-                    .map_err(Failure::Upstream),
-                None => call.await.map_err(Failure::Upstream),
-            }
-        }
-    };
-    let result = match deadline {
-        Some(d) => tokio::time::timeout_at(d, attempt)
-            .await
-            .unwrap_or(Err(Failure::Timeout)),
-        None => attempt.await,
-    };
-    done.guard = Some(guard);
-    let mut resp = match result {
-        Ok(r) => r,
-        Err(f) => return failure_response(shared, f, &exceeded),
-    };
-
-    // Phase 6: response filters.
-    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if switching && let Some(client_side) = client_upgrade {
-        splice(client_side, hyper::upgrade::on(&mut resp));
-    }
-    let (mut rp, body) = resp.into_parts();
-    forward::strip_hop_by_hop(&mut rp.headers, switching && upgrade);
-    rp.version = Version::HTTP_11;
-    for m in plan.response_mods {
-        filters::modify_headers(m, &mut rp.headers);
-    }
-    for c in plan.cors {
-        filters::cors_decorate(c, origin.as_ref(), &mut rp.headers);
-    }
-    Response::from_parts(rp, body.map_err(Into::into).boxed())
-}
-
-/// Why an upstream exchange produced no response.
-enum Failure {
-    Timeout,
-    BodyRead,
-    Upstream(hyper_util::client::legacy::Error),
-}
-
-fn failure_response(shared: &Shared, f: Failure, exceeded: &AtomicBool) -> Response<ProxyBody> {
-    if exceeded.load(Ordering::Acquire) {
-        return status(StatusCode::PAYLOAD_TOO_LARGE);
-    }
-    let (kind, code) = match f {
-        Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
-        Failure::BodyRead => return status(StatusCode::BAD_REQUEST),
-        Failure::Upstream(e) if e.is_connect() => {
-            (UpstreamErrorKind::Connect, StatusCode::BAD_GATEWAY)
-        }
-        Failure::Upstream(e) => {
-            tracing::debug!(error = %e, "upstream request failed");
-            (UpstreamErrorKind::Reset, StatusCode::BAD_GATEWAY)
-        }
-    };
-    shared.metrics.upstream_error(kind);
-    status(code)
-}
-
-/// Builds the upstream body and starts any mirrors (which need a buffered copy).
-async fn prepare_body(
-    shared: &Arc<Shared>,
-    snapshot: &Snapshot,
-    body: Incoming,
-    parts: &Parts,
-    path_and_query: &str,
-    mirrors: &[&str],
-    exceeded: &Arc<AtomicBool>,
-) -> Result<ProxyBody, Failure> {
-    let limit = shared.limits.max_body_bytes;
-    if mirrors.is_empty() {
-        if body.is_end_stream() {
-            return Ok(empty());
-        }
-        return Ok(LimitedBody::new(body, limit, exceeded.clone()).boxed());
-    }
-    let declared = body.size_hint().exact();
-    let buffered = if body.is_end_stream() {
-        Some(Bytes::new())
-    } else if declared.is_some_and(|n| n <= MAX_MIRROR_BODY) {
-        let collected = LimitedBody::new(body, limit, exceeded.clone())
-            .collect()
-            .await
-            .map_err(|_| Failure::BodyRead)?;
-        Some(collected.to_bytes())
-    } else {
-        tracing::debug!("request body streams; not mirrored");
-        return Ok(LimitedBody::new(body, limit, exceeded.clone()).boxed());
-    };
-    let bytes = buffered.unwrap_or_default();
-    mirror::spawn(
+    let call = Call {
         shared,
         snapshot,
-        mirrors,
-        &MirrorRequest {
-            method: &parts.method,
-            path_and_query,
-            headers: &parts.headers,
-            body: bytes.clone(),
-        },
-    );
-    Ok(full(bytes))
+        protocol,
+        path_and_query: pq,
+        mirrors: &plan.mirrors,
+        exceeded: &exceeded,
+        backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
+    };
+    let result = match deadline {
+        Some(d) => tokio::time::timeout_at(d, call.send(parts, body))
+            .await
+            .unwrap_or(Err(Failure::Timeout)),
+        None => call.send(parts, body).await,
+    };
+    done.guard = Some(guard);
+    match result {
+        // Phase 6.
+        Ok(resp) => response_filters(
+            resp,
+            &plan.response_mods,
+            &plan.cors,
+            origin.as_ref(),
+            client_upgrade,
+        ),
+        Err(f) => failure_response(shared, f, &exceeded),
+    }
 }
 
-/// Joins the client's and the upstream's upgraded connections in a detached task.
-fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    tokio::spawn(async move {
-        let (client, upstream) = match tokio::try_join!(client, upstream) {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::debug!(error = %e, "upgrade failed");
-                return;
-            }
-        };
-        let mut client = TokioIo::new(client);
-        let mut upstream = TokioIo::new(upstream);
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-    });
+/// Phase 3: the rule's filters in order; `Some` answers the request.
+fn request_filters<'s>(
+    filters: &'s [Filter],
+    parts: &mut Parts,
+    view: &RequestView<'_>,
+    plan: &mut Plan<'s>,
+) -> Option<Response<ProxyBody>> {
+    filters
+        .iter()
+        .find_map(|f| request_filter(f, parts, view, plan))
+}
+
+/// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters,
+/// then an endpoint (none → 503).
+fn pick_backend<'s>(
+    shared: &Shared,
+    snapshot: &'s Snapshot,
+    backends: &'s [tollgate_api::WeightedBackend],
+    parts: &mut Parts,
+    view: &RequestView<'_>,
+    plan: &mut Plan<'s>,
+) -> Result<(&'s Balancer, EndpointGuard), Box<Response<ProxyBody>>> {
+    let internal = || Box::new(status(StatusCode::INTERNAL_SERVER_ERROR));
+    let picked = crate::upstream::pick_weighted(backends).ok_or_else(internal)?;
+    let key = picked.backend.as_deref().ok_or_else(internal)?;
+    if let Some(resp) = request_filters(&picked.filters, parts, view, plan) {
+        return Err(Box::new(resp));
+    }
+    let balancer = snapshot.backends.get(key).ok_or_else(internal)?;
+    let Some(guard) = balancer.pick() else {
+        shared
+            .metrics
+            .upstream_error(UpstreamErrorKind::NoEndpoints);
+        return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
+    };
+    Ok((balancer, guard))
 }
 
 #[cfg(test)]

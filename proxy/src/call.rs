@@ -1,0 +1,215 @@
+//! Phases 5 and 6 of the request lifecycle: the upstream exchange. In: the request parts
+//! after routing and filters, the picked endpoint, and the route's timeouts. Out: the
+//! upstream's response with response filters applied, or the status a failure maps to
+//! (timeout → 504, connect/reset → 502, body over the limit → 413). Upgrades (WebSocket)
+//! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HOST;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Incoming};
+use hyper_util::rt::TokioIo;
+use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
+
+use crate::body::{LimitedBody, ProxyBody, empty, full};
+use crate::filters;
+use crate::forward::{self, X_REQUEST_ID};
+use crate::metrics::UpstreamErrorKind;
+use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::proxy::{Shared, Snapshot};
+use crate::service::{ConnCtx, status};
+use crate::upstream::EndpointGuard;
+
+/// Phase 5, head: what the upstream request looks like.
+pub(crate) struct UpstreamHead<'a> {
+    pub conn: &'a ConnCtx,
+    pub original_host: &'a str,
+    pub request_id: &'a HeaderValue,
+    /// Host set by a URLRewrite.
+    pub host: Option<&'a str>,
+    pub path_and_query: &'a str,
+    pub endpoint: &'a EndpointGuard,
+    pub protocol: BackendProtocol,
+    pub upgrade: bool,
+}
+
+impl UpstreamHead<'_> {
+    /// Header hygiene, forwarding headers, Host, URI and version.
+    pub fn apply(&self, parts: &mut Parts) -> Result<(), StatusCode> {
+        let headers = &mut parts.headers;
+        forward::strip_hop_by_hop(headers, self.upgrade);
+        forward::set_forwarded(
+            headers,
+            self.conn.peer.ip(),
+            self.conn.scheme,
+            self.original_host,
+        );
+        headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
+        if let Some(h) = self.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(HOST, h);
+        } else if !headers.contains_key(HOST)
+            && let Ok(h) = HeaderValue::from_str(self.original_host)
+        {
+            // HTTP/2 clients send :authority only; upstreams get it as Host.
+            headers.insert(HOST, h);
+        }
+        parts.uri = Uri::builder()
+            .scheme("http")
+            .authority(self.endpoint.endpoint().authority.clone())
+            .path_and_query(self.path_and_query)
+            .build()
+            .map_err(|_| StatusCode::BAD_REQUEST)?;
+        parts.version = match self.protocol {
+            BackendProtocol::Http1 => Version::HTTP_11,
+            BackendProtocol::H2c => Version::HTTP_2,
+        };
+        Ok(())
+    }
+}
+
+/// Phase 5, call: body, mirrors and one upstream attempt.
+pub(crate) struct Call<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub snapshot: &'a Snapshot,
+    pub protocol: BackendProtocol,
+    pub path_and_query: &'a str,
+    pub mirrors: &'a [&'a str],
+    pub exceeded: &'a Arc<AtomicBool>,
+    pub backend_timeout: Option<Duration>,
+}
+
+impl Call<'_> {
+    pub async fn send(&self, parts: Parts, body: Incoming) -> Result<Response<Incoming>, Failure> {
+        let body = self.prepare_body(body, &parts).await?;
+        let call = self
+            .shared
+            .upstream
+            .client(self.protocol)
+            .request(Request::from_parts(parts, body));
+        match self.backend_timeout {
+            Some(d) => tokio::time::timeout(d, call)
+                .await
+                .map_err(|_| Failure::Timeout)?
+                .map_err(Failure::Upstream),
+            None => call.await.map_err(Failure::Upstream),
+        }
+    }
+
+    /// Builds the upstream body and starts any mirrors (which need a buffered copy).
+    async fn prepare_body(&self, body: Incoming, parts: &Parts) -> Result<ProxyBody, Failure> {
+        let limit = self.shared.limits.max_body_bytes;
+        let limited = |body| LimitedBody::new(body, limit, self.exceeded.clone()).boxed();
+        if self.mirrors.is_empty() {
+            return Ok(if body.is_end_stream() {
+                empty()
+            } else {
+                limited(body)
+            });
+        }
+        let bytes = if body.is_end_stream() {
+            Bytes::new()
+        } else if body
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= MAX_MIRROR_BODY)
+        {
+            limited(body)
+                .collect()
+                .await
+                .map_err(|_| Failure::BodyRead)?
+                .to_bytes()
+        } else {
+            tracing::debug!("request body streams; not mirrored");
+            return Ok(limited(body));
+        };
+        mirror::spawn(
+            self.shared,
+            self.snapshot,
+            self.mirrors,
+            &MirrorRequest {
+                method: &parts.method,
+                path_and_query: self.path_and_query,
+                headers: &parts.headers,
+                body: bytes.clone(),
+            },
+        );
+        Ok(full(bytes))
+    }
+}
+
+/// Phase 6: hop-by-hop removal, response header edits, CORS decoration, upgrade splice.
+pub(crate) fn response_filters(
+    mut resp: Response<Incoming>,
+    response_mods: &[&HeaderModifier],
+    cors: &[&Cors],
+    origin: Option<&HeaderValue>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> Response<ProxyBody> {
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let upgraded = switching && client_upgrade.is_some();
+    if switching && let Some(client_side) = client_upgrade {
+        splice(client_side, hyper::upgrade::on(&mut resp));
+    }
+    let (mut rp, body) = resp.into_parts();
+    forward::strip_hop_by_hop(&mut rp.headers, upgraded);
+    rp.version = Version::HTTP_11;
+    for m in response_mods {
+        filters::modify_headers(m, &mut rp.headers);
+    }
+    for c in cors {
+        filters::cors_decorate(c, origin, &mut rp.headers);
+    }
+    Response::from_parts(rp, body.map_err(Into::into).boxed())
+}
+
+/// Why an upstream exchange produced no response.
+pub(crate) enum Failure {
+    Timeout,
+    BodyRead,
+    Upstream(hyper_util::client::legacy::Error),
+}
+
+pub(crate) fn failure_response(
+    shared: &Shared,
+    f: Failure,
+    exceeded: &AtomicBool,
+) -> Response<ProxyBody> {
+    if exceeded.load(Ordering::Acquire) {
+        return status(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let (kind, code) = match f {
+        Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
+        Failure::BodyRead => return status(StatusCode::BAD_REQUEST),
+        Failure::Upstream(e) if e.is_connect() => {
+            (UpstreamErrorKind::Connect, StatusCode::BAD_GATEWAY)
+        }
+        Failure::Upstream(e) => {
+            tracing::debug!(error = %e, "upstream request failed");
+            (UpstreamErrorKind::Reset, StatusCode::BAD_GATEWAY)
+        }
+    };
+    shared.metrics.upstream_error(kind);
+    status(code)
+}
+
+/// Joins the client's and the upstream's upgraded connections in a detached task.
+fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client, upstream) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut upstream = TokioIo::new(upstream);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+}
