@@ -1,4 +1,5 @@
-//! The request lifecycle, as named phases over one per-request [`Exchange`]:
+//! The request lifecycle. In: one request from a connection ([`ConnCtx`]). Out: its response,
+//! produced by named phases over the snapshot loaded once for it:
 //!
 //! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
 //!    `max_body_bytes` → 413.
@@ -6,12 +7,13 @@
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
-//! 5. `forward`: header hygiene, mirrors, the upstream call under the request and backend
-//!    timeouts (→ 504), connection failures → 502, body over the limit → 413; upgrades spliced.
-//! 6. `response_filters`: hop-by-hop removal, response header edits, CORS decoration.
+//! 5. `UpstreamHead::apply` then `Call::send` (module `call`): header hygiene, mirrors, the
+//!    upstream call under the request and backend timeouts (→ 504), connection failures →
+//!    502, body over the limit → 413; upgrades spliced.
+//! 6. `response_filters` (module `call`): hop-by-hop removal, response header edits, CORS.
 //!
 //! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
-//! ([`Completion`]). The snapshot is loaded once; the request keeps it to the end.
+//! ([`Completion`]). The request keeps its snapshot `Arc` to the end, across any swap.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
