@@ -187,3 +187,49 @@ fn every_filter_converts() {
     assert!(catch_all.timeouts.is_empty());
     assert_eq!(catch_all.matcher.path, PathMatch::PathPrefix("/".into()));
 }
+
+#[test]
+fn route_without_rules_gets_the_crd_default_rule() {
+    let out = run(
+        &["rules"],
+        r"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: no-rules, namespace: apps}
+spec:
+  parentRefs: [{name: gw}]
+  hostnames: [bare.test]
+",
+    );
+    assert_route_ok(&out, "apps", "no-rules");
+    let v = vhost(
+        table_listener(table(&out, "apps", "gw"), "http"),
+        "bare.test",
+    );
+    assert_eq!(v.routes.len(), 1);
+    assert_eq!(v.routes[0].matcher.path, PathMatch::PathPrefix("/".into()));
+    assert!(v.routes[0].backends.is_empty());
+}
+
+#[test]
+fn unsupported_value_repeated_filter_type() {
+    let out = run(
+        &["rules"],
+        r"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: twice, namespace: apps}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - filters:
+    - {type: URLRewrite, urlRewrite: {hostname: a.test}}
+    - {type: URLRewrite, urlRewrite: {hostname: b.test}}
+",
+    );
+    assert_unsupported(
+        &out,
+        "twice",
+        "filter type URLRewrite appears more than once",
+    );
+}

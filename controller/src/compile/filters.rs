@@ -51,8 +51,8 @@ pub fn convert_all(
     let mut out = Vec::with_capacity(filters.len());
     for (i, f) in filters.iter().enumerate() {
         let field = format!("{field}[{i}]");
-        let ty = format!("{:?}", f.r#type);
-        if f.r#type != HttpRouteRulesFiltersType::RequestMirror && !seen.insert(ty.clone()) {
+        let ty = type_name(&f.r#type);
+        if f.r#type != HttpRouteRulesFiltersType::RequestMirror && !seen.insert(ty) {
             return Err(unsupported(
                 &field,
                 format!("filter type {ty} appears more than once"),
@@ -60,13 +60,27 @@ pub fn convert_all(
         }
         out.push(convert(f, &field, ctx)?);
     }
-    if seen.contains("RequestRedirect") && seen.contains("UrlRewrite") {
+    if seen.contains("RequestRedirect") && seen.contains("URLRewrite") {
         return Err(unsupported(
             field,
             "RequestRedirect and URLRewrite cannot be used in the same rule",
         ));
     }
     Ok(out)
+}
+
+/// The filter type as written in YAML.
+fn type_name(t: &HttpRouteRulesFiltersType) -> &'static str {
+    use HttpRouteRulesFiltersType as T;
+    match t {
+        T::RequestHeaderModifier => "RequestHeaderModifier",
+        T::ResponseHeaderModifier => "ResponseHeaderModifier",
+        T::RequestMirror => "RequestMirror",
+        T::RequestRedirect => "RequestRedirect",
+        T::UrlRewrite => "URLRewrite",
+        T::ExtensionRef => "ExtensionRef",
+        T::Cors => "CORS",
+    }
 }
 
 /// Converts a backendRef's filters (same schema as rule filters, another generated type).
@@ -87,7 +101,8 @@ fn convert(
     ctx: &mut FilterCtx<'_, '_, '_, '_>,
 ) -> Result<Filter, Problem> {
     use HttpRouteRulesFiltersType as T;
-    let missing = |name: &str| unsupported(field, format!("type {:?} needs {name}", f.r#type));
+    let missing =
+        |name: &str| unsupported(field, format!("type {} needs {name}", type_name(&f.r#type)));
     match f.r#type {
         T::RequestHeaderModifier => {
             let m = f

@@ -62,7 +62,11 @@ pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> Comp
     let mut unresolved = Vec::new();
     let mut rules = Vec::new();
     let mut first_err = None;
-    for (i, rule) in route.spec.rules.iter().flatten().enumerate() {
+    // The CRD defaults an absent `rules` to one rule matching every path (no backends: 500);
+    // files read by `tollgate run` never went through that defaulting, so apply it here.
+    let default_rules = [HttpRouteRules::default()];
+    let rules_spec = route.spec.rules.as_deref().unwrap_or(&default_rules);
+    for (i, rule) in rules_spec.iter().enumerate() {
         match compile_rule(i, rule, ns, resolver, &mut unresolved) {
             Ok(r) => rules.push(r),
             Err(p) => {
