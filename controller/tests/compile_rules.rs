@@ -233,3 +233,30 @@ spec:
         "filter type URLRewrite appears more than once",
     );
 }
+
+#[test]
+fn unsupported_value_invalid_hostname_and_header_name() {
+    let out = run(
+        &["rules"],
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: ip-host, namespace: apps}
+spec:
+  parentRefs: [{name: gw}]
+  hostnames: [10.0.0.1]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: bad-header, namespace: apps}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - filters:
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: {set: [{name: "x bad", value: v}]}
+"#,
+    );
+    assert_unsupported(&out, "ip-host", "spec.hostnames[0]");
+    assert_unsupported(&out, "bad-header", "not a valid header name");
+}

@@ -162,6 +162,12 @@ fn header_names<'h>(
         if lower.is_empty() {
             return Err(unsupported(field, "header name is empty"));
         }
+        if !is_header_name(&lower) {
+            return Err(unsupported(
+                field,
+                format!("{lower:?} is not a valid header name"),
+            ));
+        }
         if !seen.insert(lower.clone()) {
             return Err(unsupported(
                 field,
@@ -171,6 +177,21 @@ fn header_names<'h>(
         out.push(lower);
     }
     Ok(out)
+}
+
+/// An RFC 9110 token: what `http::HeaderName` accepts (the proxy would drop anything else).
+pub fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A header value `http::HeaderValue` accepts: no control characters but tab.
+pub fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 fn modifier(
@@ -185,6 +206,12 @@ fn modifier(
         remove.iter().map(String::as_str),
         &format!("{field}.remove"),
     )?;
+    if let Some((n, _)) = set.iter().chain(&add).find(|(_, v)| !is_header_value(v)) {
+        return Err(unsupported(
+            field,
+            format!("value of header {n} has control characters"),
+        ));
+    }
     Ok(HeaderModifier {
         set: set_names
             .into_iter()

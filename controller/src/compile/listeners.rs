@@ -380,7 +380,11 @@ fn validate_listener<'a>(
         spec: l,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,
-        hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
+        hostname: l
+            .hostname
+            .as_deref()
+            .filter(|h| !h.is_empty())
+            .map(str::to_ascii_lowercase),
         accepted: false,
         programmed: false,
         allows_http_route: false,

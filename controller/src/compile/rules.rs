@@ -61,7 +61,7 @@ pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> Comp
     let ns = ns_of(&route.metadata);
     let mut unresolved = Vec::new();
     let mut rules = Vec::new();
-    let mut first_err = None;
+    let mut first_err = check_hostnames(route.spec.hostnames.as_deref().unwrap_or_default()).err();
     // The CRD defaults an absent `rules` to one rule matching every path (no backends: 500);
     // files read by `tollgate run` never went through that defaulting, so apply it here.
     let default_rules = [HttpRouteRules::default()];
@@ -81,6 +81,28 @@ pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> Comp
         },
         unresolved,
     }
+}
+
+/// Route hostnames: RFC 1123 names, optionally with a leading `*.` label; no IPs.
+fn check_hostnames(hostnames: &[String]) -> Result<(), Problem> {
+    for (i, h) in hostnames.iter().enumerate() {
+        let name = h.strip_prefix("*.").unwrap_or(h);
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        let is_ip = name.parse::<std::net::IpAddr>().is_ok();
+        if h.len() > 253 || is_ip || !name.split('.').all(label_ok) {
+            return Err(unsupported(
+                &format!("spec.hostnames[{i}]"),
+                format!("{h:?} is not a valid hostname"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn compile_rule(
@@ -232,8 +254,11 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<RouteMatch, P
     for (k, h) in m.headers.iter().flatten().enumerate() {
         let hfield = format!("{field}.headers[{k}]");
         let name = h.name.trim().to_ascii_lowercase();
-        if name.is_empty() {
-            return Err(unsupported(&hfield, "name is empty"));
+        if !filters::is_header_name(&name) {
+            return Err(unsupported(
+                &hfield,
+                format!("{name:?} is not a valid header name"),
+            ));
         }
         let value = match h.r#type {
             Some(HttpRouteRulesMatchesHeadersType::RegularExpression) => {
