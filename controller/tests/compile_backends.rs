@@ -163,3 +163,38 @@ fn unresolved_mirror_is_skipped_not_rejected() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn unsupported_backend_protocol() {
+    let out = run(
+        &["backends"],
+        r"
+apiVersion: v1
+kind: Service
+metadata: {name: grpc, namespace: apps}
+spec:
+  ports:
+  - {port: 9000, appProtocol: example.com/custom}
+  - {port: 53, protocol: UDP}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: odd-protocols, namespace: apps}
+spec:
+  parentRefs: [{name: gw, namespace: infra}]
+  hostnames: [odd.test]
+  rules:
+  - backendRefs: [{name: grpc, port: 9000}, {name: grpc, port: 53}]
+",
+    );
+    let c = parent_conds(&out, "apps", "odd-protocols", 0);
+    assert_cond(c, "Accepted", "True", "Accepted");
+    assert_cond(c, "ResolvedRefs", "False", "UnsupportedProtocol");
+    let msg = &cond(c, "ResolvedRefs").message;
+    assert!(
+        msg.contains("backendRefs[0]") && msg.contains("backendRefs[1]"),
+        "{msg}"
+    );
+    let r = first_route(table(&out, "infra", "gw"), "odd.test");
+    assert!(r.backends.iter().all(|b| b.backend.is_none()));
+}

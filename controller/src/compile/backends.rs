@@ -135,6 +135,12 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("Service {ns}/{name} has no port {port}"),
             ));
         };
+        if let Some(proto) = sp.protocol.as_deref().filter(|p| *p != "TCP") {
+            return Err(Problem::new(
+                reason::UNSUPPORTED_PROTOCOL_BACKEND,
+                format!("Service {ns}/{name} port {port} is {proto}, not TCP"),
+            ));
+        }
         let protocol = backend_protocol(sp).ok_or_else(|| {
             Problem::new(
                 reason::UNSUPPORTED_PROTOCOL_BACKEND,

@@ -6,6 +6,7 @@
 //! Duplicate keys (two files declaring the same object) keep one deterministically: the one
 //! whose JSON form sorts first.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use gateway_api::gateways::Gateway;
@@ -118,11 +119,14 @@ impl<'a> Index<'a> {
 
     /// Labels of a namespace; a namespace missing from the inputs still carries its
     /// `kubernetes.io/metadata.name` label.
-    pub fn labels_of_namespace(&self, ns: &str) -> BTreeMap<String, String> {
-        self.namespace_labels
-            .get(ns)
-            .cloned()
-            .unwrap_or_else(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), ns.to_owned())]))
+    pub fn labels_of_namespace(&self, ns: &str) -> Cow<'_, BTreeMap<String, String>> {
+        match self.namespace_labels.get(ns) {
+            Some(labels) => Cow::Borrowed(labels),
+            None => Cow::Owned(BTreeMap::from([(
+                NAMESPACE_NAME_LABEL.to_owned(),
+                ns.to_owned(),
+            )])),
+        }
     }
 }
 
