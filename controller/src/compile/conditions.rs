@@ -31,6 +31,8 @@ pub mod reason {
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
     /// Gateway with one or more invalid listeners.
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
+    /// Listener port outside 1..=65535.
+    pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
     /// Listener with a protocol (or TLS mode) we do not serve.
     pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
     /// Listener `Conflicted=False`.

@@ -455,7 +455,7 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
     } else if l.port.is_none() {
         conds.no(
             ACCEPTED,
-            "PortUnavailable",
+            reason::PORT_UNAVAILABLE,
             format!("port {} is out of range", l.spec.port),
         )
     } else {
