@@ -80,11 +80,19 @@ pub(crate) fn set_forwarded(
     proto: &'static str,
     original_host: &str,
 ) {
-    let peer = peer.to_string();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
-        _ => peer,
-    };
+    // Every prior hop, across repeated header lines, then the peer.
+    let mut xff = String::new();
+    for prev in headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        xff.push_str(prev);
+        xff.push_str(", ");
+    }
+    xff.push_str(&peer.to_string());
     headers.remove(&X_FORWARDED_FOR);
     if let Ok(v) = HeaderValue::from_str(&xff) {
         headers.insert(X_FORWARDED_FOR.clone(), v);

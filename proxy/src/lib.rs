@@ -5,6 +5,28 @@
 //! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
 //! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream` (balancing, pooled clients),
 //! `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tollgate_proxy::{Metrics, Proxy, ProxyOptions, serve_admin};
+//!
+//! let metrics = Arc::new(Metrics::new());
+//! let proxy = Proxy::new(ProxyOptions {
+//!     metrics: metrics.clone(),
+//!     access_log: true,
+//!     ..ProxyOptions::default()
+//! });
+//! let table: tollgate_api::RouteTable = serde_json::from_str("...")?;
+//! proxy.apply(table).await?; // binds the table's ports; call again for every new version
+//! let admin = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
+//! let live = proxy.clone();
+//! tokio::spawn(serve_admin(admin, metrics, move || live.version() > 0));
+//! // ... on SIGTERM:
+//! proxy.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 mod access_log;
