@@ -1,1 +1,163 @@
-fn main() {}
+//! The `tollgate` command: `run` serves manifests from a directory, `validate` checks them.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use tollgate::run::{RunOptions, Runner, next_change, watch};
+use tollgate_proxy::Metrics;
+use tracing::{info, warn};
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "A Kubernetes-native API gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve every Gateway of the tollgate class described by the manifests in DIR, without a
+    /// cluster, and apply changes to the files as they happen.
+    Run {
+        /// Directory of .yaml/.yml manifests (searched recursively).
+        dir: PathBuf,
+        /// Admin address serving /metrics, /healthz and /readyz ("off" to disable).
+        #[arg(long, default_value = "127.0.0.1:9901")]
+        admin: String,
+        /// Also start the built-in echo backend on this address (used by the quickstart).
+        #[arg(long)]
+        demo_backend: Option<SocketAddr>,
+        /// Write one JSON access-log line per request to stdout.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        access_log: bool,
+    },
+    /// Print the status each object in DIR would get; exit 1 if any is rejected.
+    Validate {
+        /// Directory of .yaml/.yml manifests.
+        dir: PathBuf,
+    },
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { dir } => match tollgate::validate::validate(&dir, now()) {
+            Ok(report) => {
+                print!("{}", report.text);
+                if report.ok() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Run {
+            dir,
+            admin,
+            demo_backend,
+            access_log,
+        } => {
+            init_tracing();
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(run(dir, admin, demo_backend, access_log)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn run(
+    dir: PathBuf,
+    admin: String,
+    demo_backend: Option<SocketAddr>,
+    access_log: bool,
+) -> anyhow::Result<()> {
+    if let Some(addr) = demo_backend {
+        let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
+            .await
+            .with_context(|| format!("starting the demo backend on {addr}"))?;
+        info!(address = %bound, "demo backend listening");
+        // The task lives as long as the runtime.
+        std::mem::forget(_task);
+    }
+    let metrics = Arc::new(Metrics::new());
+    let opts = RunOptions {
+        dir: dir.clone(),
+        access_log,
+    };
+    let mut runner = Runner::new(&opts, metrics.clone());
+    runner
+        .reload(now())
+        .await
+        .with_context(|| format!("loading {}", dir.display()))?;
+    if runner.gateways().is_empty() {
+        warn!(dir = %dir.display(), "no Gateway of class controller tollgate.dev/gateway-controller found; run `tollgate validate` for details");
+    }
+    if admin != "off" {
+        let addr: SocketAddr = admin.parse().with_context(|| format!("--admin {admin}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the admin address {addr}"))?;
+        info!(address = %addr, "admin listening (/metrics, /healthz, /readyz)");
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = tollgate_proxy::serve_admin(listener, m, || true).await {
+                warn!(error = %e, "admin server stopped");
+            }
+        });
+    }
+    let (_watcher, mut changes) = watch(&dir)?;
+    loop {
+        tokio::select! {
+            changed = next_change(&mut changes, Duration::from_millis(150)) => {
+                if !changed {
+                    break;
+                }
+                if let Err(e) = runner.reload(now()).await {
+                    warn!(error = %e, "reload failed; still serving the previous tables");
+                }
+            }
+            _ = tokio::signal::ctrl_c() => {
+                info!("shutting down");
+                break;
+            }
+        }
+    }
+    runner.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! `tollgate run DIR`: serve the Gateways described by manifest files, without a cluster.
+//!
+//! In: a directory of manifests, watched for changes. Out: one in-process proxy per Gateway
+//! of our class, fed by the same [`compile`] the controller uses; a log line for every
+//! rejected object with its conditions. A rejected object or a file that does not parse
+//! changes nothing else: the other Gateways and routes keep serving.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tollgate_api::{ObjectKey, RouteTable};
+use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
+use tracing::{error, info, warn};
+
+use crate::compile::{Rejection, compile};
+use crate::manifests::ManifestDir;
+
+/// Errors that stop `tollgate run`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The manifest directory could not be read at start.
+    #[error(transparent)]
+    Manifests(#[from] crate::manifests::ManifestError),
+    /// The directory could not be watched.
+    #[error("watching {0}: {1}")]
+    Watch(PathBuf, notify::Error),
+}
+
+/// Options of `tollgate run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The manifest directory.
+    pub dir: PathBuf,
+    /// Write one JSON access-log line per request.
+    pub access_log: bool,
+}
+
+/// One served Gateway.
+struct Served {
+    proxy: Proxy,
+    /// The table last applied, with `version` zeroed, to detect real changes.
+    applied: RouteTable,
+    version: u64,
+}
+
+/// The state of a running `tollgate run`.
+pub struct Runner {
+    manifests: ManifestDir,
+    metrics: Arc<Metrics>,
+    access_log: bool,
+    served: BTreeMap<ObjectKey, Served>,
+    reported: BTreeSet<String>,
+}
+
+impl Runner {
+    /// A runner over `opts.dir`, reporting into `metrics`.
+    pub fn new(opts: &RunOptions, metrics: Arc<Metrics>) -> Self {
+        Self {
+            manifests: ManifestDir::new(&opts.dir),
+            metrics,
+            access_log: opts.access_log,
+            served: BTreeMap::new(),
+            reported: BTreeSet::new(),
+        }
+    }
+
+    /// The Gateways being served.
+    pub fn gateways(&self) -> Vec<ObjectKey> {
+        self.served.keys().cloned().collect()
+    }
+
+    /// The proxy serving `gateway`, if any.
+    pub fn proxy(&self, gateway: &ObjectKey) -> Option<&Proxy> {
+        self.served.get(gateway).map(|s| &s.proxy)
+    }
+
+    /// Reads the manifests again, compiles them and applies every changed table.
+    pub async fn reload(&mut self, now: Time) -> Result<(), RunError> {
+        let scan = self.manifests.scan(&now)?;
+        for e in &scan.errors {
+            error!(error = %e, "manifest not loaded; keeping its last good version");
+        }
+        let out = compile(&scan.inputs);
+        self.report(&out.rejections());
+        let live: BTreeSet<ObjectKey> = out.tables.keys().cloned().collect();
+        let gone: Vec<ObjectKey> = self
+            .served
+            .keys()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(s) = self.served.remove(&key) {
+                info!(gateway = %key, "gateway no longer served");
+                s.proxy.shutdown().await;
+            }
+        }
+
+        for (key, mut table) in out.tables {
+            table.version = 0;
+            let served = self.served.entry(key.clone()).or_insert_with(|| Served {
+                proxy: Proxy::new(ProxyOptions {
+                    metrics: self.metrics.clone(),
+                    access_log: self.access_log,
+                    ..ProxyOptions::default()
+                }),
+                applied: RouteTable::default(),
+                version: 0,
+            });
+            if served.version > 0 && served.applied == table {
+                continue;
+            }
+            let mut versioned = table.clone();
+            versioned.version = served.version + 1;
+            match served.proxy.apply(versioned).await {
+                Ok(()) => {
+                    served.version += 1;
+                    served.applied = table;
+                    info!(gateway = %key, version = served.version, "route table applied");
+                }
+                Err(e) => {
+                    error!(gateway = %key, error = %e, "route table not applied; the previous one keeps serving")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs rejections that are new since the last reload, and recoveries.
+    fn report(&mut self, rejections: &[Rejection]) {
+        let now: BTreeSet<String> = rejections.iter().map(|r| r.to_string()).collect();
+        for r in now.difference(&self.reported) {
+            warn!(rejection = %r, "object rejected");
+        }
+        for r in self.reported.difference(&now) {
+            info!(rejection = %r, "no longer rejected");
+        }
+        self.reported = now;
+    }
+
+    /// Stops every proxy.
+    pub async fn shutdown(&mut self) {
+        for (_, s) in std::mem::take(&mut self.served) {
+            s.proxy.shutdown().await;
+        }
+    }
+}
+
+/// Watches `dir` and sends a unit each time something below it changes.
+pub fn watch(
+    dir: &std::path::Path,
+) -> Result<(notify::RecommendedWatcher, tokio::sync::mpsc::Receiver<()>), RunError> {
+    use notify::Watcher;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            let _ = tx.try_send(());
+        }
+    })
+    .map_err(|e| RunError::Watch(dir.to_path_buf(), e))?;
+    watcher
+        .watch(dir, notify::RecursiveMode::Recursive)
+        .map_err(|e| RunError::Watch(dir.to_path_buf(), e))?;
+    Ok((watcher, rx))
+}
+
+/// Debounces a change stream: after one change, waits until `quiet` passes without another.
+pub async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<()>, quiet: Duration) -> bool {
+    if rx.recv().await.is_none() {
+        return false;
+    }
+    loop {
+        match tokio::time::timeout(quiet, rx.recv()).await {
+            Ok(Some(())) => continue,
+            Ok(None) => return false,
+            Err(_) => return true,
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! `tollgate validate DIR`: print the status every object would get, and say whether any is
+//! rejected.
+//!
+//! In: a directory of manifests. Out: a human-readable report (one block per object, one line
+//! per condition) and the list of rejections; the command exits non-zero when that list, or the
+//! list of files that did not parse, is not empty.
+
+use std::fmt::Write as _;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::compile::{Output, Rejection, compile};
+use crate::manifests::{ManifestDir, ManifestError};
+
+/// What `validate` found.
+pub struct Report {
+    /// The printable report.
+    pub text: String,
+    /// Rejected objects.
+    pub rejections: Vec<Rejection>,
+    /// Files that did not parse.
+    pub errors: Vec<ManifestError>,
+}
+
+impl Report {
+    /// True when nothing was rejected and every file parsed.
+    pub fn ok(&self) -> bool {
+        self.rejections.is_empty() && self.errors.is_empty()
+    }
+}
+
+/// Validates the manifests under `dir`.
+pub fn validate(dir: &std::path::Path, now: Time) -> Result<Report, ManifestError> {
+    let scan = ManifestDir::new(dir).scan(&now)?;
+    let out = compile(&scan.inputs);
+    let mut text = render(&out);
+    let rejections = out.rejections();
+    for e in &scan.errors {
+        let _ = writeln!(text, "error: {e}");
+    }
+    if !rejections.is_empty() {
+        let _ = writeln!(text, "\n{} rejected:", rejections.len());
+        for r in &rejections {
+            let _ = writeln!(text, "  {r}");
+        }
+    }
+    Ok(Report {
+        text,
+        rejections,
+        errors: scan.errors,
+    })
+}
+
+fn conditions(text: &mut String, indent: &str, conds: &[Condition]) {
+    for c in conds {
+        let _ = writeln!(
+            text,
+            "{indent}{}={} {}: {}",
+            c.type_, c.status, c.reason, c.message
+        );
+    }
+}
+
+/// Renders every status of a compile output.
+pub fn render(out: &Output) -> String {
+    let mut text = String::new();
+    for (name, st) in &out.gateway_classes {
+        let _ = writeln!(text, "GatewayClass {name}");
+        conditions(
+            &mut text,
+            "  ",
+            st.conditions.as_deref().unwrap_or_default(),
+        );
+    }
+    for (key, st) in &out.gateways {
+        let _ = writeln!(text, "Gateway {key}");
+        conditions(
+            &mut text,
+            "  ",
+            st.conditions.as_deref().unwrap_or_default(),
+        );
+        for l in st.listeners.as_deref().unwrap_or_default() {
+            let _ = writeln!(
+                text,
+                "  listener {} (attachedRoutes {})",
+                l.name, l.attached_routes
+            );
+            conditions(&mut text, "    ", &l.conditions);
+        }
+    }
+    for (key, st) in &out.http_routes {
+        let _ = writeln!(text, "HTTPRoute {key}");
+        if st.parents.is_empty() {
+            let _ = writeln!(text, "  not attached to any Tollgate Gateway");
+        }
+        for p in &st.parents {
+            let ns = p.parent_ref.namespace.as_deref().unwrap_or(&key.namespace);
+            let section = p
+                .parent_ref
+                .section_name
+                .as_deref()
+                .map(|s| format!(" section {s}"))
+                .unwrap_or_default();
+            let _ = writeln!(text, "  parent Gateway {ns}/{}{section}", p.parent_ref.name);
+            conditions(&mut text, "    ", &p.conditions);
+        }
+    }
+    text
+}

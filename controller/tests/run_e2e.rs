@@ -1,0 +1,301 @@
+//! End-to-end tests of the `tollgate` binary: `run` on the quickstart exactly as the README
+//! says, `run` applying file changes without a restart, and `validate`'s verdicts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Tollgate, eventually, free_port, get, get_tls, get_with, temp_dir, workspace};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Every example, served as its header comment says. They share documented ports, so they run
+/// one after another in this single test.
+#[test]
+fn examples_serve_as_documented() {
+    quickstart();
+    https();
+    traffic_split();
+}
+
+/// The README's first command: the quickstart with its demo backend, on the ports it documents.
+fn quickstart() {
+    let logs = temp_dir("quickstart");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/quickstart",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "127.0.0.1:9901",
+        ],
+        &logs,
+    );
+    let hello = eventually(WAIT, || get(8080, "127.0.0.1:8080", "/hello"))
+        .unwrap_or_else(|| panic!("gateway never answered; log:\n{}", tg.log()));
+    assert_eq!(hello.status, 200, "{hello:?}\n{}", tg.log());
+    let doc = hello.json();
+    assert_eq!(doc["backend"], "demo-backend");
+    assert_eq!(doc["path"], "/hello");
+    assert_eq!(doc["headers"]["x-forwarded-proto"], "http");
+    assert!(doc["headers"]["x-request-id"].is_string(), "{doc}");
+
+    let old = get(8080, "127.0.0.1:8080", "/old").unwrap();
+    assert_eq!(old.status, 301);
+    assert_eq!(old.header("location"), Some("http://127.0.0.1:8080/v2"));
+
+    let v2 = get(8080, "127.0.0.1:8080", "/v2/x?q=1").unwrap();
+    assert_eq!(v2.status, 200);
+    let doc = v2.json();
+    assert_eq!(doc["path"], "/x?q=1");
+    assert_eq!(doc["headers"]["x-api-version"], "2");
+
+    let metrics = eventually(WAIT, || get(9901, "127.0.0.1", "/metrics")).unwrap();
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics.body.contains("tollgate_requests_total"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("default/echo"),
+        "route label missing: {}",
+        metrics.body
+    );
+}
+
+fn https() {
+    let logs = temp_dir("https");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/https",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let ca = workspace().join("examples/https/demo-ca.pem");
+    let resp = eventually(WAIT, || get_tls(8443, "app.example.test", "/x", &ca))
+        .unwrap_or_else(|| panic!("HTTPS never answered; log:\n{}", tg.log()));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let doc = resp.json();
+    assert_eq!(doc["path"], "/x");
+    assert_eq!(doc["headers"]["x-forwarded-proto"], "https");
+    // A hostname the listener does not cover has no route.
+    let other = get_tls(8443, "other.example.test", "/x", &ca).unwrap();
+    assert_eq!(other.status, 404);
+    // Plain HTTP redirects to HTTPS.
+    let redirect = get(8081, "app.example.test", "/x?y=1").unwrap();
+    assert_eq!(redirect.status, 301);
+    assert_eq!(
+        redirect.header("location"),
+        Some("https://app.example.test:8443/x?y=1")
+    );
+}
+
+fn traffic_split() {
+    let logs = temp_dir("split");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/traffic-split",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    eventually(WAIT, || get(8082, "shop", "/").filter(|r| r.status == 200))
+        .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+    let (mut v1, mut v2) = (0, 0);
+    for _ in 0..200 {
+        let r = get(8082, "shop", "/").unwrap();
+        match r.json()["headers"]["x-version"].as_str() {
+            Some("v1") => v1 += 1,
+            Some("v2") => v2 += 1,
+            other => panic!("unexpected x-version {other:?}"),
+        }
+    }
+    // 90/10: both get traffic and v1 gets most of it (binomial; failing odds below 1e-9).
+    assert!(v1 > 140 && v2 > 0, "v1={v1} v2={v2}");
+    for _ in 0..20 {
+        let r = get_with(8082, "shop", "/", &[("x-canary", "always")]).unwrap();
+        assert_eq!(r.json()["headers"]["x-version"], "v2");
+    }
+}
+
+fn gateway_yaml(port: u16) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: {port}}}
+"#
+    )
+}
+
+fn backend_yaml(port: u16) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: echo}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints:
+- addresses: ["127.0.0.1"]
+"#
+    )
+}
+
+fn route_yaml(name: &str, path: &str) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: default}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: {path}}}}}]
+    backendRefs: [{{name: echo, port: 80}}]
+"#
+    )
+}
+
+/// Edits to the watched directory apply without a restart; a bad route and a broken file
+/// are reported and change nothing else.
+#[test]
+fn run_applies_file_changes_and_isolates_bad_objects() {
+    let dir = temp_dir("watch");
+    let logs = temp_dir("watch-logs");
+    let (gw_port, be_port, admin) = (free_port(), free_port(), free_port());
+    std::fs::write(dir.join("gateway.yaml"), gateway_yaml(gw_port)).unwrap();
+    std::fs::write(dir.join("backend.yaml"), backend_yaml(be_port)).unwrap();
+    std::fs::write(dir.join("a.yaml"), route_yaml("a", "/a")).unwrap();
+    let admin_addr = format!("127.0.0.1:{admin}");
+    let be_addr = format!("127.0.0.1:{be_port}");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--demo-backend",
+            &be_addr,
+            "--admin",
+            &admin_addr,
+        ],
+        &logs,
+    );
+    let ok =
+        |path: &'static str| move || get(gw_port, "example.test", path).filter(|r| r.status == 200);
+    eventually(WAIT, ok("/a")).unwrap_or_else(|| panic!("/a never served:\n{}", tg.log()));
+    assert_eq!(get(gw_port, "example.test", "/b").unwrap().status, 404);
+
+    // A new file adds a route.
+    std::fs::write(dir.join("b.yaml"), route_yaml("b", "/b")).unwrap();
+    eventually(WAIT, ok("/b")).unwrap_or_else(|| panic!("/b never served:\n{}", tg.log()));
+
+    // A route with a bad regex is rejected alone.
+    std::fs::write(
+        dir.join("bad.yaml"),
+        route_yaml("bad", "/c").replace(
+            "{type: PathPrefix, value: /c}",
+            "{type: RegularExpression, value: '/c(['}",
+        ),
+    )
+    .unwrap();
+    eventually(WAIT, || {
+        tg.log()
+            .contains("default/bad")
+            .then_some(())
+            .filter(|_| tg.log().contains("rejected"))
+    })
+    .unwrap_or_else(|| panic!("bad route not reported:\n{}", tg.log()));
+    assert_eq!(get(gw_port, "example.test", "/a").unwrap().status, 200);
+    assert_eq!(get(gw_port, "example.test", "/b").unwrap().status, 200);
+
+    // A file that stops parsing keeps its last good objects.
+    std::fs::write(dir.join("b.yaml"), "kind: HTTPRoute\n  : : not yaml [").unwrap();
+    eventually(WAIT, || {
+        tg.log().contains("manifest not loaded").then_some(())
+    })
+    .unwrap_or_else(|| panic!("parse error not reported:\n{}", tg.log()));
+    assert_eq!(get(gw_port, "example.test", "/b").unwrap().status, 200);
+
+    // Deleting the file removes its route.
+    std::fs::remove_file(dir.join("b.yaml")).unwrap();
+    eventually(WAIT, || {
+        get(gw_port, "example.test", "/b").filter(|r| r.status == 404)
+    })
+    .unwrap_or_else(|| panic!("/b still served after delete:\n{}", tg.log()));
+    assert_eq!(get(gw_port, "example.test", "/a").unwrap().status, 200);
+}
+
+fn validate(dir: &std::path::Path) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("validate")
+        .arg(dir)
+        .current_dir(workspace())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn validate_accepts_every_example() {
+    let examples = workspace().join("examples");
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let (code, out) = validate(&dir);
+        assert_eq!(code, 0, "{}:\n{out}", dir.display());
+        assert!(out.contains("Accepted=True"), "{out}");
+    }
+}
+
+#[test]
+fn validate_names_the_rejected_object_and_fails() {
+    let dir = temp_dir("validate");
+    std::fs::write(dir.join("gateway.yaml"), gateway_yaml(8080)).unwrap();
+    std::fs::write(dir.join("backend.yaml"), backend_yaml(9080)).unwrap();
+    std::fs::write(dir.join("a.yaml"), route_yaml("good", "/a")).unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        route_yaml("missing-backend", "/b").replace("name: echo", "name: nope"),
+    )
+    .unwrap();
+    let (code, out) = validate(&dir);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("1 rejected"), "{out}");
+    let rejected = out.split("rejected:").nth(1).unwrap();
+    assert!(rejected.contains("default/missing-backend"), "{out}");
+    assert!(rejected.contains("BackendNotFound"), "{out}");
+    assert!(!rejected.contains("default/good"), "{out}");
+}

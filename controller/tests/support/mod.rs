@@ -1,0 +1,217 @@
+//! Helpers for tests that run the `tollgate` binary: a child process killed on drop, free
+//! ports, and a tiny HTTP/1.1 client over loopback.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `tollgate` process, killed when dropped.
+pub struct Tollgate {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Tollgate {
+    /// Starts `tollgate ARGS...`, its stdout and stderr captured in a log file.
+    pub fn start(args: &[&str], log_dir: &Path) -> Self {
+        let log = log_dir.join(format!("tollgate-{}.log", std::process::id()));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .current_dir(workspace())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// Everything the process has written so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Tollgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The workspace root.
+pub fn workspace() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A parsed HTTP/1.1 response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// Sends one `GET path` with `Host: host` to `127.0.0.1:port` and reads the whole response
+/// (Connection: close). `None` when nothing listens or the exchange fails.
+pub fn get(port: u16, host: &str, path: &str) -> Option<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> Option<Resp> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect::<Vec<_>>();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some(Resp {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `f` until it returns `Some`, for at most `limit`. This bounds a wait for a process
+/// to come up or a change to propagate; it asserts nothing about speed.
+pub fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A fresh, empty directory under the system temp dir.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-test-{name}-{}-{}",
+        std::process::id(),
+        fastrand_u64()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn fastrand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
+/// Sends one `GET path` over TLS to `127.0.0.1:port` with SNI and Host `host`, trusting only
+/// the PEM certificate at `ca`. Returns the response and the negotiated ALPN protocol.
+pub fn get_tls(port: u16, host: &str, path: &str, ca: &Path) -> Option<Resp> {
+    use std::sync::Arc;
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(ca).ok()?;
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert.ok()?).ok()?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls_pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    let sock = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    sock.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    // A peer that closes without close_notify still gave us the whole response.
+    let _ = tls.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+/// Sends one `GET /` with extra headers over plain HTTP/1.1.
+pub fn get_with(port: u16, host: &str, path: &str, headers: &[(&str, &str)]) -> Option<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    parse(&raw)
+}
