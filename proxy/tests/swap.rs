@@ -266,3 +266,29 @@ async fn shutdown_closes_sockets_and_refuses_applies() {
         Err(ProxyError::Shutdown)
     ));
 }
+
+#[tokio::test]
+async fn in_flight_request_finishes_on_the_snapshot_it_started_with() {
+    let old = slow_backend("old", 300).await;
+    let new = echo_backend("new").await;
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy
+        .apply(one_route_table(1, 0, "old", &old))
+        .await
+        .unwrap();
+    let url = format!("http://{}/", proxy.local_addr(0).unwrap());
+    let slow = tokio::spawn({
+        let url = url.clone();
+        async move { get(&h1_client(), &url).await }
+    });
+    assert!(eventually(|| old.hits() == 1).await);
+    // The new table no longer knows the old backend at all.
+    proxy
+        .apply(one_route_table(2, 0, "new", &new))
+        .await
+        .unwrap();
+    assert_eq!(get(&h1_client(), &url).await.json()["backend"], "new");
+    let a = slow.await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["backend"], "old");
+}
