@@ -450,6 +450,9 @@ mod tests {
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
-        assert!(json.contains(r#""path":{"type":"PathPrefix","value":"/api"}"#), "{json}");
+        assert!(
+            json.contains(r#""path":{"type":"PathPrefix","value":"/api"}"#),
+            "{json}"
+        );
     }
 }
