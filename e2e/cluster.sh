@@ -11,6 +11,7 @@
 #   e2e/cluster.sh status  say whether the cluster is up (exit 1 if not)
 #   e2e/cluster.sh build   only build/cache the binaries
 #   e2e/cluster.sh logs    print the tails of the etcd and apiserver logs
+#   e2e/cluster.sh kubectl ARGS...  kubectl against this cluster
 #
 # Environment (all optional):
 #   TOLLGATE_CACHE_DIR          default ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate
@@ -25,8 +26,13 @@
 #   TOLLGATE_UP_TIMEOUT         seconds to wait for etcd/apiserver/CRDs, default 120
 #   TOLLGATE_APISERVER_ARGS     extra kube-apiserver flags (word-split), e.g.
 #                               "--feature-gates=Foo=true --v=4"
-#   KUBECTL                     kubectl binary, default kubectl
+#   KUBECTL                     kubectl binary the script uses; default: kubectl
+#                               on PATH, or if there is none a kubectl of the
+#                               API server's version built from e2e/k8s/kubectl
+#   TOLLGATE_KUBECTL=build      use the built kubectl even if one is on PATH
 set -euo pipefail
+T0=$(date +%s.%N) # `up` reports its wall time from here
+BUILT=""          # names of the binaries this run had to build
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
@@ -41,7 +47,7 @@ ETCD_PEER_PORT=${TOLLGATE_ETCD_PEER_PORT:-2380}
 GATEWAY_API_CHANNEL=${TOLLGATE_GATEWAY_API_CHANNEL:-experimental}
 BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 UP_TIMEOUT=${TOLLGATE_UP_TIMEOUT:-120}
-KUBECTL=${KUBECTL:-kubectl}
+KUBECTL=${KUBECTL:-}
 read -r -a APISERVER_EXTRA_ARGS <<<"${TOLLGATE_APISERVER_ARGS:-}"
 SERVICE_CIDR=10.96.0.0/16 # allocation range inside the apiserver only
 SERVICE_IP=10.96.0.1      # first IP of SERVICE_CIDR: the `kubernetes` Service
@@ -86,8 +92,11 @@ wrapper_key() {
 ETCD_VERSION=$(module_version "$K8S_DIR/etcd" go.etcd.io/etcd/server/v3)
 K8S_VERSION=$(module_version "$K8S_DIR/kube-apiserver" k8s.io/kubernetes)
 [[ -n $ETCD_VERSION && -n $K8S_VERSION ]] || die "cannot read versions from $K8S_DIR/*/go.mod"
+KUBECTL_VERSION=$(module_version "$K8S_DIR/kubectl" k8s.io/kubectl) # v0.X.Y
+KUBECTL_VERSION=v1.${KUBECTL_VERSION#v0.}                            # v1.X.Y
 ETCD_BIN=$BIN_DIR/etcd-$ETCD_VERSION-$(wrapper_key "$K8S_DIR/etcd")
 APISERVER_BIN=$BIN_DIR/kube-apiserver-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-apiserver")
+KUBECTL_BIN=$BIN_DIR/kubectl-$KUBECTL_VERSION-$(wrapper_key "$K8S_DIR/kubectl")
 
 # go_build NAME MODULE_DIR OUT LDFLAGS
 go_build() {
@@ -105,6 +114,7 @@ go_build() {
   fi
   mv -f "$tmp" "$out"
   log "built $name in $(elapsed_since "$start")s"
+  BUILT+=" $name"
   # Drop binaries of other versions of the same component.
   local old
   for old in "$BIN_DIR/$name"-*; do
@@ -114,15 +124,30 @@ go_build() {
 
 build_binaries() {
   go_build etcd "$K8S_DIR/etcd" "$ETCD_BIN" "-s -w"
-  local minor=${K8S_VERSION#v1.}
+  go_build kube-apiserver "$K8S_DIR/kube-apiserver" "$APISERVER_BIN" "$(k8s_ldflags "$K8S_VERSION")"
+  resolve_kubectl
+}
+
+k8s_ldflags() { # k8s_ldflags VERSION: version stamping for k8s binaries
+  local minor=${1#v1.} v x ldflags="-s -w"
   minor=${minor%%.*}
-  local v x ldflags="-s -w"
   for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    for x in gitVersion="$K8S_VERSION" gitMajor=1 gitMinor="$minor" gitTreeState=clean; do
+    for x in gitVersion="$1" gitMajor=1 gitMinor="$minor" gitTreeState=clean; do
       ldflags+=" -X $v.$x"
     done
   done
-  go_build kube-apiserver "$K8S_DIR/kube-apiserver" "$APISERVER_BIN" "$ldflags"
+  printf '%s' "$ldflags"
+}
+
+# resolve_kubectl: set KUBECTL (see the header), building kubectl if needed.
+resolve_kubectl() {
+  [[ -n $KUBECTL ]] && return 0
+  if [[ ${TOLLGATE_KUBECTL:-} != build ]] && command -v kubectl >/dev/null; then
+    KUBECTL=kubectl
+    return 0
+  fi
+  go_build kubectl "$K8S_DIR/kubectl" "$KUBECTL_BIN" "$(k8s_ldflags "$KUBECTL_VERSION")"
+  KUBECTL=$KUBECTL_BIN
 }
 
 # gateway_api_dir: the sigs.k8s.io/gateway-api module dir in the module cache.
@@ -174,6 +199,7 @@ port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 apiserver_url() { printf 'https://127.0.0.1:%s' "$APISERVER_PORT"; }
 
+# shellcheck disable=SC2317 # also called through wait_for
 apiserver_ready() {
   curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
     "$(apiserver_url)/readyz" >/dev/null 2>&1
@@ -209,10 +235,16 @@ wait_for() {
 
 # --- certificates --------------------------------------------------------------
 
-# issue NAME SUBJECT EXTENSIONS: an EC key and a cert signed by the CA.
+# new_key FILE: a P-256 key in PKCS#8 PEM ("BEGIN PRIVATE KEY"), which Go,
+# OpenSSL and rustls (kube-rs) all read. EC: key generation is instant.
+new_key() {
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null
+}
+
+# issue NAME SUBJECT EXTENSIONS: a key and a cert signed by the CA.
 issue() {
   local name=$1 subj=$2 ext=$3
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
+  new_key "$PKI/$name.key"
   openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
   printf '%s\n' "$ext" >"$PKI/$name.ext"
   openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
@@ -223,7 +255,7 @@ issue() {
 gen_pki() {
   mkdir -p "$PKI"
   chmod 700 "$PKI"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
+  new_key "$PKI/ca.key"
   openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=tollgate-e2e-ca" -days 3650 -sha256 \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
     -out "$PKI/ca.crt" 2>/dev/null
@@ -235,8 +267,8 @@ subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kube
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
   # Service-account token signing key pair.
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/sa.key" 2>/dev/null
-  openssl ec -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  new_key "$PKI/sa.key"
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 }
 
 write_kubeconfig() {
@@ -285,6 +317,7 @@ start_etcd() {
   echo $! >"$ETCD_PID"
 }
 
+# shellcheck disable=SC2317 # called through wait_for
 etcd_healthy() { curl -fsS --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
 
 start_apiserver() {
@@ -334,6 +367,7 @@ install_crds() {
 
 gateway_api_version() { module_version "$K8S_DIR/gateway-api" sigs.k8s.io/gateway-api; }
 
+# shellcheck disable=SC2317 # called as an EXIT trap
 on_up_error() {
   local rc=$?
   trap - EXIT
@@ -345,13 +379,20 @@ on_up_error() {
   exit "$rc"
 }
 
+# ready_message: the `up` summary line, with the wall time since the script
+# started (and, on a cold run, a reminder that it includes building).
+ready_message() {
+  local extra=""
+  [[ -z $BUILT ]] || extra=" (including building$BUILT)"
+  log "ready in $(elapsed_since "$T0")s$extra — $(cmd_env)"
+}
+
 cmd_up() {
   local start
-  command -v "$KUBECTL" >/dev/null || die "kubectl not found (set KUBECTL)"
   command -v openssl >/dev/null || die "openssl not found"
   command -v curl >/dev/null || die "curl not found"
   build_binaries
-  start=$(now) # the build is reported separately; time the cluster itself
+  start=$(now) # per-step times below count from here, after any build
 
   if cluster_running; then
     log "cluster already running (etcd pid $(<"$ETCD_PID"), kube-apiserver pid $(<"$APISERVER_PID"))"
@@ -359,7 +400,7 @@ cmd_up() {
       log "note: it keeps its ports ($APISERVER_PORT $ETCD_PORT $ETCD_PEER_PORT); run down first to change them"
     fi
     install_crds
-    log "ready in $(elapsed_since "$start")s — $(cmd_env)"
+    ready_message
     return 0
   fi
 
@@ -392,7 +433,7 @@ cmd_up() {
 
   install_crds
   trap - EXIT
-  log "ready in $(elapsed_since "$start")s — $(cmd_env)"
+  ready_message
 }
 
 cmd_down() {
@@ -427,16 +468,28 @@ usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
 }
 
-case ${1:-} in
-  up) lock && cmd_up ;;
-  down) lock && cmd_down ;;
-  env) cmd_env ;;
-  status) cmd_status ;;
-  build) build_binaries ;;
-  logs) print_logs ;;
-  -h | --help | help) usage ;;
-  *)
-    usage >&2
-    exit 2
-    ;;
-esac
+# Everything runs from main, and `exit` follows on the same line, so once
+# main starts bash has read the whole file: editing or checking out a new
+# cluster.sh while `up` runs cannot make the running script misbehave.
+main() {
+  case ${1:-} in
+    up) lock && cmd_up ;;
+    down) lock && cmd_down ;;
+    env) cmd_env ;;
+    status) cmd_status ;;
+    build) build_binaries ;;
+    logs) print_logs ;;
+    kubectl)
+      shift
+      resolve_kubectl
+      kc "$@"
+      ;;
+    -h | --help | help) usage ;;
+    *)
+      usage >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"; exit
