@@ -101,7 +101,10 @@ KUBECTL_BIN=$BIN_DIR/kubectl-$KUBECTL_VERSION-$(wrapper_key "$K8S_DIR/kubectl")
 # go_build NAME MODULE_DIR OUT LDFLAGS
 go_build() {
   local name=$1 dir=$2 out=$3 ldflags=$4 start tmp
-  [[ -x $out ]] && return 0
+  if [[ -x $out ]]; then
+    touch -c "$out" # mtime = last use, for the pruning below
+    return 0
+  fi
   command -v go >/dev/null || die "go is required to build $name"
   mkdir -p "$BIN_DIR"
   tmp=$out.tmp.$$
@@ -115,11 +118,9 @@ go_build() {
   mv -f "$tmp" "$out"
   log "built $name in $(elapsed_since "$start")s"
   BUILT+=" $name"
-  # Drop binaries of other versions of the same component.
-  local old
-  for old in "$BIN_DIR/$name"-*; do
-    [[ $old == "$out" || $old == *.tmp.* ]] || rm -f "$old"
-  done
+  # Drop other versions of the same component not used for a week (another
+  # checkout sharing the cache may still use a recent one).
+  find "$BIN_DIR" -maxdepth 1 -name "$name-*" ! -path "$out" -mtime +7 -delete
 }
 
 build_binaries() {
@@ -175,6 +176,14 @@ pid_alive() {
   [[ $(basename "$exe") == "$2"-* ]]
 }
 
+# proc_running PID: PID exists and is not a zombie (an exited daemon whose
+# reaper has not collected it yet counts as stopped).
+proc_running() {
+  local state
+  state=$(awk '$1 == "State:" { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z ]]
+}
+
 # stop_pid PIDFILE NAME: TERM, wait up to 15 s, then KILL.
 stop_pid() {
   local file=$1 name=$2 pid i
@@ -184,10 +193,10 @@ stop_pid() {
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 150; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
+      proc_running "$pid" || break
       sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if proc_running "$pid"; then
       log "$name did not exit, killing it"
       kill -KILL "$pid" 2>/dev/null || true
     fi
@@ -207,6 +216,15 @@ apiserver_ready() {
 
 cluster_running() {
   pid_alive "$ETCD_PID" etcd && pid_alive "$APISERVER_PID" kube-apiserver && apiserver_ready
+}
+
+# runs_current_binaries: the running processes are the binaries this checkout
+# builds (false after a version bump, which then restarts the cluster).
+runs_current_binaries() {
+  local etcd_exe api_exe
+  etcd_exe=$(readlink "/proc/$(<"$ETCD_PID")/exe" 2>/dev/null) || return 1
+  api_exe=$(readlink "/proc/$(<"$APISERVER_PID")/exe" 2>/dev/null) || return 1
+  [[ $etcd_exe == "$ETCD_BIN" && $api_exe == "$APISERVER_BIN" ]]
 }
 
 print_logs() {
@@ -394,7 +412,9 @@ cmd_up() {
   build_binaries
   start=$(now) # per-step times below count from here, after any build
 
-  if cluster_running; then
+  if cluster_running && ! runs_current_binaries; then
+    log "the running cluster uses other binaries than $(basename "$ETCD_BIN") and $(basename "$APISERVER_BIN"): starting a new one"
+  elif cluster_running; then
     log "cluster already running (etcd pid $(<"$ETCD_PID"), kube-apiserver pid $(<"$APISERVER_PID"))"
     if [[ "$APISERVER_PORT $ETCD_PORT $ETCD_PEER_PORT" != "$REQUESTED_PORTS" ]]; then
       log "note: it keeps its ports ($APISERVER_PORT $ETCD_PORT $ETCD_PEER_PORT); run down first to change them"
