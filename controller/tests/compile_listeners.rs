@@ -255,6 +255,10 @@ fn unsupported_address() {
         assert_cond(c, "Accepted", "False", "UnsupportedAddress");
         assert_cond(c, "Programmed", "False", "Invalid");
         assert!(!out.tables.contains_key(&ObjectKey::new("infra", gw)));
+        // Its listeners are fine but not served.
+        let l = listener(&out, "infra", gw, "http");
+        assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+        assert_cond(&l.conditions, "Programmed", "False", "Invalid");
     }
 }
 

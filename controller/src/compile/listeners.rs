@@ -199,6 +199,16 @@ pub fn compile_gateway<'a>(
         conds.yes(ACCEPTED, reason::ACCEPTED, "Gateway is accepted")
     };
     let accepted = accepted_cond.status == "True";
+    if !accepted {
+        // Nothing of a rejected Gateway is served, whatever its listeners look like.
+        for l in listeners.iter_mut().filter(|l| l.programmed) {
+            l.programmed = false;
+            l.certificates.clear();
+            for c in l.conditions.iter_mut().filter(|c| c.type_ == PROGRAMMED) {
+                *c = conds.no(PROGRAMMED, reason::INVALID, "Gateway is not accepted");
+            }
+        }
+    }
     let programmed = accepted && listeners.iter().any(|l| l.programmed);
     let programmed_cond = if programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "Gateway is programmed")
