@@ -89,6 +89,9 @@ pub fn convert_backend_filters(
     field: &str,
     ctx: &mut FilterCtx<'_, '_, '_, '_>,
 ) -> Result<Vec<Filter>, Problem> {
+    if filters.is_empty() {
+        return Ok(Vec::new());
+    }
     let as_rule: Vec<HttpRouteRulesFilters> = serde_json::to_value(filters)
         .and_then(serde_json::from_value)
         .map_err(|e| unsupported(field, e))?;
