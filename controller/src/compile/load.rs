@@ -185,6 +185,29 @@ spec: {from: [], to: []}
     }
 
     #[test]
+    fn lists_are_flattened() {
+        let yaml = r"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Namespace, metadata: {name: a}}
+- {apiVersion: v1, kind: Service, metadata: {name: s, namespace: a}, spec: {ports: [{port: 80}]}}
+";
+        let l = inputs_from_yaml(yaml, now()).unwrap();
+        assert_eq!((l.namespaces.len(), l.services.len()), (1, 1));
+    }
+
+    #[test]
+    fn not_yaml_and_not_objects() {
+        let e = inputs_from_yaml("a: [", now()).unwrap_err();
+        assert!(matches!(e, LoadError::Yaml { index: 0, .. }), "{e}");
+        let e = inputs_from_yaml("---\n- 1\n", now()).unwrap_err();
+        assert!(matches!(e, LoadError::NotAnObject { index: 0, .. }), "{e}");
+        let e = inputs_from_yaml("kind: Service\n", now()).unwrap_err();
+        assert!(e.to_string().contains("missing apiVersion or kind"), "{e}");
+    }
+
+    #[test]
     fn names_the_bad_document() {
         let yaml = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw}\nspec: {listeners: 3}\n";
         let e = inputs_from_yaml(yaml, now()).unwrap_err();
