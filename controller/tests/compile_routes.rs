@@ -214,3 +214,65 @@ spec:
         "NoMatchingParent",
     );
 }
+
+#[test]
+fn listener_isolation_with_hostname_intersection() {
+    // Shaped like the GatewayHTTPListenerIsolation conformance test.
+    let out = run(
+        &[],
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: iso, namespace: infra}
+spec:
+  gatewayClassName: tollgate
+  listeners:
+  - {name: empty-hostname, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+  - {name: wildcard-example-com, port: 80, protocol: HTTP, hostname: "*.example.com", allowedRoutes: {namespaces: {from: All}}}
+  - {name: wildcard-foo-example-com, port: 80, protocol: HTTP, hostname: "*.foo.example.com", allowedRoutes: {namespaces: {from: All}}}
+  - {name: abc-foo-example-com, port: 80, protocol: HTTP, hostname: abc.foo.example.com, allowedRoutes: {namespaces: {from: All}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-wildcard, namespace: apps}
+spec:
+  parentRefs: [{name: iso, namespace: infra, sectionName: wildcard-example-com}]
+  hostnames: [bar.com, "*.example.com", "*.foo.example.com", abc.foo.example.com]
+  rules: [{matches: [{path: {value: /wildcard-example-com}}], backendRefs: [{name: web, port: 80}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-abc, namespace: apps}
+spec:
+  parentRefs: [{name: iso, namespace: infra, sectionName: abc-foo-example-com}]
+  rules: [{matches: [{path: {value: /abc-foo-example-com}}], backendRefs: [{name: web, port: 80}]}]
+"#,
+    );
+    assert_route_ok(&out, "apps", "on-wildcard");
+    assert_route_ok(&out, "apps", "on-abc");
+    let t = table(&out, "infra", "iso");
+    let p = port(t, 80);
+    let names: Vec<&str> = p.listeners.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "abc-foo-example-com",
+            "wildcard-foo-example-com",
+            "wildcard-example-com",
+            "empty-hostname"
+        ]
+    );
+    let wild = table_listener(t, "wildcard-example-com");
+    assert_eq!(
+        hosts(wild),
+        vec!["abc.foo.example.com", "*.foo.example.com", "*.example.com"]
+    );
+    let abc = table_listener(t, "abc-foo-example-com");
+    assert_eq!(hosts(abc), vec!["abc.foo.example.com"]);
+    assert_eq!(order(vhost(abc, "abc.foo.example.com")), vec!["on-abc#0"]);
+    assert!(table_listener(t, "empty-hostname").virtual_hosts.is_empty());
+    assert_eq!(
+        listener(&out, "infra", "iso", "wildcard-foo-example-com").attached_routes,
+        0
+    );
+}
