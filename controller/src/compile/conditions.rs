@@ -53,8 +53,11 @@ pub mod reason {
     pub const NOT_ALLOWED_BY_LISTENERS: &str = "NotAllowedByListeners";
     /// Route hostnames intersect no listener hostname.
     pub const NO_MATCHING_LISTENER_HOSTNAME: &str = "NoMatchingListenerHostname";
-    /// Route field with a value we do not support.
+    /// Route field, or listener TLS setting (`tls.options`, frontend client-certificate
+    /// validation), with a value we do not support.
     pub const UNSUPPORTED_VALUE: &str = "UnsupportedValue";
+    /// Gateway `spec.tls.backend.clientCertificateRef` we cannot use.
+    pub const INVALID_CLIENT_CERTIFICATE_REF: &str = "InvalidClientCertificateRef";
     /// backendRef to a Service (or port) that does not exist.
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     /// backendRef of a kind we do not support.

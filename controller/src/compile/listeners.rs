@@ -11,7 +11,9 @@
 //! different protocols are `ProtocolConflict`, with the same hostname `HostnameConflict`; both
 //! are then neither accepted nor programmed. A listener whose HTTPS certificates all fail, or
 //! whose `allowedRoutes.kinds` leaves nothing we support, is accepted (routes attach and are
-//! counted) but not programmed (not in the route table).
+//! counted) but not programmed (not in the route table). TLS settings we do not implement
+//! (`tls.options`, `spec.tls.frontend` validation) make a listener `UnsupportedValue`, and
+//! `spec.tls.backend` gives the Gateway a `ResolvedRefs` condition ([`super::tls`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -24,10 +26,10 @@ use gateway_api::gateways::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tollgate_api::{Certificate, ObjectKey, Protocol};
 
-use super::certs;
 use super::conditions::{ACCEPTED, CONFLICTED, Conds, PROGRAMMED, Problem, RESOLVED_REFS, reason};
 use super::grants::GATEWAY_GROUP;
 use super::index::{Index, key_of, ns_of};
+use super::{certs, tls};
 
 /// Bind address when the Gateway names none.
 pub const DEFAULT_ADDRESS: &str = "0.0.0.0";
@@ -68,6 +70,8 @@ pub struct ListenerModel<'a> {
     pub certificates: Vec<Certificate>,
     /// Problems with certificateRefs (consumed when conditions are computed).
     pub cert_problems: Vec<Problem>,
+    /// TLS settings we do not implement ([`tls::listener_problem`]).
+    pub unsupported_tls: Option<Problem>,
     /// Accepted, Conflicted, Programmed, ResolvedRefs.
     pub conditions: Vec<Condition>,
     /// Valid entries of allowedRoutes.kinds (or the default).
@@ -167,7 +171,7 @@ pub fn compile_gateway<'a>(
         .spec
         .listeners
         .iter()
-        .map(|l| validate_listener(l, gw_ns, idx))
+        .map(|l| validate_listener(gw, l, gw_ns, idx))
         .collect();
     let conflicts = find_conflicts(&gw.spec.listeners);
     for (i, l) in listeners.iter_mut().enumerate() {
@@ -217,13 +221,15 @@ pub fn compile_gateway<'a>(
     } else {
         conds.no(PROGRAMMED, reason::INVALID, "Gateway is not accepted")
     };
+    let mut conditions = vec![accepted_cond, programmed_cond];
+    conditions.extend(tls::backend_condition(gw, idx, &conds));
     GatewayModel {
         gateway: gw,
         key: key_of(&gw.metadata),
         accepted,
         address,
         listeners,
-        conditions: vec![accepted_cond, programmed_cond],
+        conditions,
     }
 }
 
@@ -342,6 +348,7 @@ fn find_conflicts(listeners: &[GatewayListeners]) -> BTreeMap<usize, Problem> {
 
 /// Interim result of checks that do not depend on other listeners.
 fn validate_listener<'a>(
+    gw: &Gateway,
     l: &'a GatewayListeners,
     gw_ns: &str,
     idx: &Index<'_>,
@@ -387,6 +394,7 @@ fn validate_listener<'a>(
         }
     }
     ListenerModel {
+        unsupported_tls: tls::listener_problem(gw, l, protocol),
         spec: l,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,
@@ -462,6 +470,8 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         )
     } else if let Some(m) = tls_mode_problem {
         conds.no(ACCEPTED, reason::UNSUPPORTED_PROTOCOL, m)
+    } else if let Some(p) = &l.unsupported_tls {
+        conds.no(ACCEPTED, p.reason, p.message.clone())
     } else if l.port.is_none() {
         conds.no(
             ACCEPTED,

@@ -7,7 +7,7 @@
 //!
 //! The pipeline, one module per concern:
 //! [`classes`] (GatewayClass acceptance) → [`listeners`] (Gateway and listener validation,
-//! conflicts, [`certs`]) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
+//! conflicts, [`certs`], unsupported [`tls`] settings) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
 //! [`rules`] (matches, [`filters`], timeouts) and [`backends`] (Services, EndpointSlices,
 //! [`grants`]) → [`table`] (virtual hosts sorted by [`precedence`]) → statuses.
 //! Fault isolation: an invalid object only rejects itself.
@@ -27,6 +27,7 @@ pub mod precedence;
 pub mod routes;
 pub mod rules;
 pub mod table;
+pub mod tls;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,270 @@
+//! TLS: certificates are checked the way the proxy loads them, and TLS settings we do not
+//! implement (frontend client-certificate validation, `tls.options`, backend client
+//! certificates) are refused out loud, never ignored.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod compile_support;
+
+use compile_support::*;
+use tollgate::compile::certs::check_key_pair;
+use tollgate_api::ObjectKey;
+
+/// Asserts the listener's certificate was refused with a message containing `what`.
+#[track_caller]
+fn assert_bad_certificate(out: &tollgate::compile::Output, name: &str, what: &str) {
+    let l = listener(out, "infra", "certs", name);
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(
+        &l.conditions,
+        "ResolvedRefs",
+        "False",
+        "InvalidCertificateRef",
+    );
+    assert_cond(&l.conditions, "Programmed", "False", "Invalid");
+    let msg = &cond(&l.conditions, "ResolvedRefs").message;
+    assert!(msg.contains(what), "{name}: {msg}");
+    assert!(
+        !msg.contains("MII") && !msg.contains("BEGIN"),
+        "{name}: message quotes PEM: {msg}"
+    );
+    assert!(
+        table(out, "infra", "certs")
+            .ports
+            .iter()
+            .flat_map(|p| &p.listeners)
+            .all(|t| t.name != name),
+        "{name} must not reach the proxy"
+    );
+}
+
+#[test]
+fn garbage_but_pem_shaped_certificate_is_invalid_certificate_ref() {
+    let out = run(&["tls"], "");
+    assert_bad_certificate(&out, "garbage-cert", "infra/tls-garbage-cert tls.crt");
+}
+
+#[test]
+fn garbage_but_pem_shaped_key_is_invalid_certificate_ref() {
+    let out = run(&["tls"], "");
+    assert_bad_certificate(&out, "garbage-key", "unsupported type");
+}
+
+#[test]
+fn key_that_does_not_match_the_certificate_is_invalid_certificate_ref() {
+    let out = run(&["tls"], "");
+    assert_bad_certificate(&out, "key-mismatch", "does not match the certificate");
+}
+
+#[test]
+fn certificate_without_key_is_invalid_certificate_ref() {
+    let out = run(&["tls"], "");
+    assert_bad_certificate(&out, "no-key", "has no PEM tls.key");
+}
+
+#[test]
+fn more_than_one_private_key_is_invalid_certificate_ref() {
+    let out = run(&["tls"], "");
+    assert_bad_certificate(&out, "two-keys", "2 private keys");
+}
+
+#[test]
+fn valid_certificates_of_every_key_format_are_served() {
+    // PKCS#8 EC with a CA chain (tls-ok), a self-signed certificate served as the leaf (webpki
+    // only parses it: trust is the client's business), and RSA PKCS#1.
+    let out = run(&["tls"], "");
+    let t = table(&out, "infra", "certs");
+    for name in ["ok", "self-signed", "rsa"] {
+        let l = listener(&out, "infra", "certs", name);
+        assert_cond(&l.conditions, "ResolvedRefs", "True", "ResolvedRefs");
+        assert_cond(&l.conditions, "Programmed", "True", "Programmed");
+        assert_eq!(table_listener(t, name).certificates.len(), 1, "{name}");
+    }
+    // SEC1 EC key, through stringData and a ReferenceGrant.
+    let granted = run(&["listeners"], "");
+    let l = listener(&granted, "infra", "tls", "granted");
+    assert_cond(&l.conditions, "ResolvedRefs", "True", "ResolvedRefs");
+}
+
+#[test]
+fn one_bad_certificate_among_good_ones_is_reported_and_skipped() {
+    let out = run(&["tls"], "");
+    let l = listener(&out, "infra", "certs", "one-bad");
+    assert_cond(
+        &l.conditions,
+        "ResolvedRefs",
+        "False",
+        "InvalidCertificateRef",
+    );
+    assert_cond(&l.conditions, "Programmed", "True", "Programmed");
+    let cfg = table_listener(table(&out, "infra", "certs"), "one-bad");
+    let sources: Vec<&str> = cfg.certificates.iter().map(|c| c.source.as_str()).collect();
+    assert_eq!(sources, vec!["infra/tls-ok"]);
+}
+
+/// Every certificate the compiler lets through loads in the proxy's own TLS config builder.
+#[test]
+fn every_served_certificate_loads_in_the_proxy() {
+    let out = run(&["tls", "listeners", "golden"], "");
+    let mut checked = 0;
+    for t in out.tables.values() {
+        for p in t
+            .ports
+            .iter()
+            .filter(|p| p.protocol == tollgate_api::Protocol::Https)
+        {
+            checked += p
+                .listeners
+                .iter()
+                .map(|l| l.certificates.len())
+                .sum::<usize>();
+            tollgate_proxy::tls::server_config(p)
+                .unwrap_or_else(|e| panic!("port {} of a table: {e}", p.port));
+        }
+    }
+    assert!(checked >= 5, "{checked}");
+}
+
+/// `tls.crt` of Secret `name` in the `tls` fixture.
+fn fixture_cert(name: &str) -> String {
+    let inputs = inputs(&["tls"], "");
+    let s = inputs
+        .secrets
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(name))
+        .unwrap();
+    String::from_utf8(s.data.as_ref().unwrap()["tls.crt"].0.clone()).unwrap()
+}
+
+#[test]
+fn check_key_pair_messages_never_quote_the_key() {
+    let cert = fixture_cert("tls-self-signed");
+    let secret = "c2VjcmV0IGtleSBieXRlcw";
+    for key in [
+        format!("-----BEGIN PRIVATE KEY-----\n{secret}==\n-----END PRIVATE KEY-----\n"),
+        format!("-----BEGIN PRIVATE KEY-----\n{secret}\n"),
+        format!("-----BEGIN EC PRIVATE KEY-----\n{secret}!!\n-----END EC PRIVATE KEY-----\n"),
+    ] {
+        let e = check_key_pair(&cert, &key).unwrap_err();
+        assert!(e.starts_with("tls.key"), "{e}");
+        assert!(!e.contains(secret) && !e.contains("c2Vj"), "{e}");
+    }
+    assert_eq!(
+        check_key_pair("no pem here", "").unwrap_err(),
+        "tls.crt holds no PEM certificate"
+    );
+}
+
+#[test]
+fn frontend_validation_rejects_the_https_listeners_it_applies_to() {
+    let out = run(&["tls"], "");
+    let https = listener(&out, "infra", "mtls", "https");
+    assert_cond(&https.conditions, "Accepted", "False", "UnsupportedValue");
+    assert_cond(&https.conditions, "Programmed", "False", "Invalid");
+    assert_eq!(https.conditions[0].observed_generation, Some(2));
+    let msg = &cond(&https.conditions, "Accepted").message;
+    assert!(msg.contains("client certificate validation"), "{msg}");
+    // The perPort entry for 8443 carries no validation and overrides the default; HTTP
+    // listeners are not affected by frontend TLS at all.
+    for name in ["https-8443", "http"] {
+        let l = listener(&out, "infra", "mtls", name);
+        assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+        assert_cond(&l.conditions, "Programmed", "True", "Programmed");
+    }
+    let gw = gateway_conds(&out, "infra", "mtls");
+    assert_cond(gw, "Accepted", "True", "ListenersNotValid");
+    let t = table(&out, "infra", "mtls");
+    assert!(
+        t.ports.iter().all(|p| p.port != 443),
+        "443 must not be served"
+    );
+    assert_eq!(port(t, 8443).listeners.len(), 1);
+}
+
+#[test]
+fn frontend_validation_per_port_even_with_insecure_fallback_rejects() {
+    let out = run(&["tls"], "");
+    let l = listener(&out, "infra", "mtls-only", "https");
+    assert_cond(&l.conditions, "Accepted", "False", "UnsupportedValue");
+    let gw = gateway_conds(&out, "infra", "mtls-only");
+    assert_cond(gw, "Accepted", "False", "ListenersNotValid");
+    assert!(
+        !out.tables
+            .contains_key(&ObjectKey::new("infra", "mtls-only"))
+    );
+}
+
+#[test]
+fn frontend_without_validation_is_accepted() {
+    let out = run(&["tls"], "");
+    let l = listener(&out, "infra", "mtls-empty", "https");
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(&l.conditions, "Programmed", "True", "Programmed");
+}
+
+#[test]
+fn listener_tls_options_are_unsupported_value() {
+    let out = run(&["tls"], "");
+    let tuned = listener(&out, "infra", "options", "tuned");
+    assert_cond(&tuned.conditions, "Accepted", "False", "UnsupportedValue");
+    assert_cond(&tuned.conditions, "Programmed", "False", "Invalid");
+    let msg = &cond(&tuned.conditions, "Accepted").message;
+    assert!(
+        msg.contains("example.com/ciphers, example.com/min-tls-version"),
+        "{msg}"
+    );
+    let plain = listener(&out, "infra", "options", "plain");
+    assert_cond(&plain.conditions, "Accepted", "True", "Accepted");
+    let t = table(&out, "infra", "options");
+    assert_eq!(
+        port(t, 443)
+            .listeners
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["plain"]
+    );
+}
+
+#[test]
+fn backend_client_certificate_sets_gateway_resolved_refs_only() {
+    let out = run(&["tls"], "");
+    let gw = gateway_conds(&out, "infra", "backend-cert");
+    assert_cond(gw, "Accepted", "True", "Accepted");
+    assert_cond(gw, "Programmed", "True", "Programmed");
+    assert_cond(gw, "ResolvedRefs", "False", "InvalidClientCertificateRef");
+    assert!(
+        out.tables
+            .contains_key(&ObjectKey::new("infra", "backend-cert"))
+    );
+    let cross = gateway_conds(&out, "infra", "backend-cert-cross");
+    assert_cond(cross, "ResolvedRefs", "False", "RefNotPermitted");
+    assert_cond(cross, "Accepted", "True", "Accepted");
+    // Gateways without spec.tls.backend carry no Gateway-level ResolvedRefs.
+    assert!(
+        gateway_conds(&out, "infra", "mtls")
+            .iter()
+            .all(|c| c.type_ != "ResolvedRefs")
+    );
+}
+
+#[test]
+fn unsupported_tls_settings_are_rejections() {
+    let rej = run(&["tls"], "").rejections();
+    for (gw, part, reason) in [
+        ("mtls", Some("listener https"), "UnsupportedValue"),
+        ("options", Some("listener tuned"), "UnsupportedValue"),
+        ("backend-cert", None, "InvalidClientCertificateRef"),
+        (
+            "certs",
+            Some("listener key-mismatch"),
+            "InvalidCertificateRef",
+        ),
+    ] {
+        assert!(
+            rej.iter().any(|r| r.key == ObjectKey::new("infra", gw)
+                && r.part.as_deref() == part
+                && r.reason == reason),
+            "{gw} {part:?} {reason}: {rej:#?}"
+        );
+    }
+}
