@@ -108,7 +108,7 @@ go_build() {
   command -v go >/dev/null || die "go is required to build $name"
   mkdir -p "$BIN_DIR"
   tmp=$out.tmp.$$
-  log "building $name -> $out (cold: several minutes; nice -n 19, -p=$BUILD_JOBS)"
+  log "building $name -> $out (minutes if Go's build cache is cold; nice -n 19, -p=$BUILD_JOBS)"
   start=$(now)
   if ! (cd "$dir" && GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
       go build -trimpath -ldflags "$ldflags" -o "$tmp" .); then
@@ -362,14 +362,29 @@ start_apiserver() {
 
 kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 
-install_crds() {
-  local gw start files=() extra=""
-  start=$(now)
+# gateway_api_kustomization: the kustomization dir of the chosen channel. In
+# v1.5.1 config/crd/experimental has its own kustomization.yaml, while the
+# standard channel's files are listed by config/crd/kustomization.yaml.
+gateway_api_kustomization() {
+  local gw
   gw=$(gateway_api_dir)
-  [[ -f $gw/config/crd/$GATEWAY_API_CHANNEL/kustomization.yaml ]] ||
-    die "no Gateway API channel '$GATEWAY_API_CHANNEL' in $gw/config/crd"
-  kc apply --server-side --force-conflicts --field-manager tollgate-e2e \
-    -k "$gw/config/crd/$GATEWAY_API_CHANNEL" >/dev/null
+  case $GATEWAY_API_CHANNEL in
+    experimental) [[ -f $gw/config/crd/experimental/kustomization.yaml ]] && echo "$gw/config/crd/experimental" ;;
+    standard)
+      if [[ -f $gw/config/crd/standard/kustomization.yaml ]]; then
+        echo "$gw/config/crd/standard"
+      elif [[ -f $gw/config/crd/kustomization.yaml ]]; then
+        echo "$gw/config/crd"
+      fi
+      ;;
+    *) die "TOLLGATE_GATEWAY_API_CHANNEL must be experimental or standard, not '$GATEWAY_API_CHANNEL'" ;;
+  esac
+}
+
+install_crds() {
+  local start files=() extra=""
+  start=$(now)
+  kc apply --server-side --force-conflicts --field-manager tollgate-e2e -k "$GATEWAY_API_KUSTOMIZATION" >/dev/null
   if [[ -d $REPO_ROOT/crds ]]; then
     mapfile -t files < <(find "$REPO_ROOT/crds" -type f \( -name '*.yaml' -o -name '*.yml' \) | sort)
     if ((${#files[@]})); then
@@ -410,6 +425,9 @@ cmd_up() {
   command -v openssl >/dev/null || die "openssl not found"
   command -v curl >/dev/null || die "curl not found"
   build_binaries
+  GATEWAY_API_KUSTOMIZATION=$(gateway_api_kustomization) || true
+  [[ -n $GATEWAY_API_KUSTOMIZATION ]] ||
+    die "no Gateway API $GATEWAY_API_CHANNEL channel in $(gateway_api_dir)/config/crd"
   start=$(now) # per-step times below count from here, after any build
 
   if cluster_running && ! runs_current_binaries; then
