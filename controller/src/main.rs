@@ -44,6 +44,16 @@ enum Command {
         /// Directory of .yaml/.yml manifests.
         dir: PathBuf,
     },
+    /// Compile the manifests in DIR and write each Gateway's route table as JSON to
+    /// OUT/NAMESPACE.NAME.json (what `tollgate-proxy --table` serves); exit 1 if any object
+    /// is rejected.
+    Compile {
+        /// Directory of .yaml/.yml manifests.
+        dir: PathBuf,
+        /// Output directory (created if missing).
+        #[arg(long, short)]
+        out: PathBuf,
+    },
 }
 
 fn now() -> Time {
@@ -64,6 +74,14 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Compile { dir, out } => match compile_to(&dir, &out) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("error: {e:#}");
                 ExitCode::from(2)
             }
         },
@@ -90,6 +108,29 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Writes every table; true when nothing was rejected.
+fn compile_to(dir: &std::path::Path, out: &std::path::Path) -> anyhow::Result<bool> {
+    let scan = tollgate::manifests::ManifestDir::new(dir).scan(&now())?;
+    for e in &scan.errors {
+        eprintln!("error: {e}");
+    }
+    let output = tollgate::compile::compile(&scan.inputs);
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for (key, table) in &output.tables {
+        let mut table = table.clone();
+        table.version = 1;
+        let path = out.join(format!("{}.{}.json", key.namespace, key.name));
+        let json = serde_json::to_string_pretty(&table)?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    let rejections = output.rejections();
+    for r in &rejections {
+        eprintln!("rejected: {r}");
+    }
+    Ok(rejections.is_empty() && scan.errors.is_empty())
 }
 
 fn init_tracing() {

@@ -299,3 +299,22 @@ fn validate_names_the_rejected_object_and_fails() {
     assert!(rejected.contains("BackendNotFound"), "{out}");
     assert!(!rejected.contains("default/good"), "{out}");
 }
+
+#[test]
+fn compile_writes_the_table_the_proxy_serves() {
+    let out = temp_dir("compile-out");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["compile", "examples/quickstart", "--out"])
+        .arg(&out)
+        .current_dir(workspace())
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let text = std::fs::read_to_string(out.join("default.quickstart.json")).unwrap();
+    let table: tollgate_api::RouteTable = serde_json::from_str(&text).unwrap();
+    assert_eq!(table.version, 1);
+    assert_eq!(table.ports.len(), 1);
+    assert_eq!(table.ports[0].port, 8080);
+    assert_eq!(table.ports[0].address, "127.0.0.1");
+    assert!(table.backends.contains_key("default/echo:80"), "{text}");
+}
