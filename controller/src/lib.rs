@@ -1,9 +1,12 @@
 //! Tollgate's control side: the pure compiler from Gateway API objects to route tables and
-//! statuses, and the commands built on it (`run`, `validate`).
+//! statuses, the Kubernetes controller around it, and the commands built on it (`run`,
+//! `validate`, `compile`, `controller`).
 #![forbid(unsafe_code)]
 
 pub mod compile;
 pub mod demo;
+pub mod k8s;
 pub mod manifests;
+pub mod push;
 pub mod run;
 pub mod validate;
