@@ -1,22 +1,76 @@
 //! Provisioning the proxy of each Gateway: a ServiceAccount, a Deployment and a Service,
 //! owner-referenced to the Gateway.
 //!
-//! INTERFACE STUB: owned by the provisioning work.
+//! In: an accepted Gateway (as read from the API server) and the [`ProvisionConfig`]. Out:
+//! the three objects, server-side applied in the Gateway's namespace, and the addresses for
+//! the Gateway's `status.addresses`, read from the Service. Only the leader calls this.
+//!
+//! What gets created (the pure builders are in [`desired`], names in [`names`]):
+//!
+//! - all three are named [`object_name`] (`<gateway>-tollgate`; adjusted and hashed when
+//!   that is no valid Service name, e.g. longer than 63 characters), carry a controller
+//!   owner reference to the Gateway (`blockOwnerDeletion`), the Gateway's
+//!   `spec.infrastructure.labels` and `.annotations` (also on the pod template), and the
+//!   labels `app.kubernetes.io/name: tollgate-proxy`, `app.kubernetes.io/managed-by:
+//!   tollgate`, `gateway.networking.k8s.io/gateway-name` and `.../gateway-class-name`.
+//!   Ours win over `infrastructure.labels` with the same key. Changing infrastructure labels
+//!   or annotations changes the pod template, so the proxy pods roll (one at a time).
+//! - Deployment: replicas from the Gateway annotation `tollgate.dev/replicas` (0 to 100; any
+//!   other value is an [`ProvisionError::InvalidGateway`] and nothing is applied); without
+//!   it the field is left to the API server's default of 1 (and to an autoscaler, if any).
+//!   Non-root, read-only root filesystem, no capabilities, seccomp `RuntimeDefault`, no
+//!   service-account token; the TLS Secret [`tls_secret_name`] at `/etc/tollgate/tls`; an
+//!   emptyDir for the last good table; probes on the admin port 9902. Listeners below port
+//!   1024 add `NET_BIND_SERVICE` and the pod sysctl `net.ipv4.ip_unprivileged_port_start`
+//!   (the sysctl is what lets a non-root process bind; see [`desired`]).
+//! - Service: type from the config, one port per distinct listener port and protocol.
+//!
+//! Server-side apply with the field manager [`FIELD_MANAGER`] and `force`: re-applying an
+//! unchanged Gateway changes nothing (no new resourceVersion), and fields we stop setting
+//! are removed. Fields other managers own (an autoscaler's replicas, a cloud provider's
+//! annotations) are left alone.
 
 use gateway_api::gateways::{Gateway, GatewayStatusAddresses};
-use kube::Client;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub mod desired;
+pub mod names;
+
+pub use desired::{Desired, REPLICAS_ANNOTATION, addresses};
+pub use names::{object_name, tls_secret_name};
+
+/// Field manager of every provisioned object.
+pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
 
 /// Settings of provisioned proxies.
 #[derive(Debug, Clone)]
 pub struct ProvisionConfig {
     /// Proxy container image.
     pub proxy_image: String,
-    /// Type of the provisioned Service (`LoadBalancer` by default).
+    /// Type of the provisioned Service: `LoadBalancer` (also when empty), `ClusterIP` or
+    /// `NodePort`.
     pub service_type: String,
     /// URL proxies use to reach the controller's push server.
     pub controller_url: String,
     /// Namespace the controller runs in (where its CA Secret lives).
     pub controller_namespace: String,
+}
+
+impl Default for ProvisionConfig {
+    fn default() -> Self {
+        Self {
+            proxy_image: "ghcr.io/tollgate-dev/tollgate-proxy:latest".into(),
+            service_type: "LoadBalancer".into(),
+            controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
+            controller_namespace: "tollgate-system".into(),
+        }
+    }
 }
 
 /// Errors applying or reading provisioned objects.
@@ -33,29 +87,137 @@ pub enum ProvisionError {
         namespace: String,
         /// Name.
         name: String,
-        /// Why.
-        source: kube::Error,
+        /// Why (boxed: `kube::Error` is large, and errors are the rare path).
+        source: Box<kube::Error>,
     },
+    /// The Gateway cannot be provisioned as it is (e.g. a bad `tollgate.dev/replicas`
+    /// annotation); nothing was applied. Worth an Event on the Gateway.
+    #[error("Gateway {namespace}/{name}: {reason}")]
+    InvalidGateway {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The [`ProvisionConfig`] is unusable (e.g. an unknown Service type).
+    #[error("provisioning config: {0}")]
+    InvalidConfig(String),
 }
 
 /// Creates or updates the proxy objects of an accepted Gateway (server-side apply; only the
-/// leader calls this) and returns the addresses for `status.addresses` read from the Service.
+/// leader calls this) and returns the addresses for `status.addresses` read from the Service
+/// (empty while the API server has assigned none, e.g. with a headless Service).
 pub async fn provision(
     client: &Client,
     config: &ProvisionConfig,
     gateway: &Gateway,
 ) -> Result<Vec<GatewayStatusAddresses>, ProvisionError> {
-    let _ = (client, config, gateway);
-    todo!("provision")
+    let desired = desired::desired(config, gateway)?;
+    apply(client, &desired.service_account).await?;
+    apply(client, &desired.deployment).await?;
+    let service = apply(client, &desired.service).await?;
+    Ok(addresses(&service))
 }
 
 /// Deletes the proxy objects of a Gateway that is gone or no longer ours (owner references
-/// let the garbage collector do this too; this does not wait for it).
+/// let the garbage collector do this too; this does not wait for it). Objects already gone
+/// are fine; objects of that name that Tollgate did not create for this Gateway are left
+/// alone.
 pub async fn deprovision(
     client: &Client,
     namespace: &str,
     gateway_name: &str,
 ) -> Result<(), ProvisionError> {
-    let _ = (client, namespace, gateway_name);
-    todo!("provision")
+    let name = object_name(gateway_name);
+    delete::<Service>(client, namespace, &name, gateway_name).await?;
+    delete::<Deployment>(client, namespace, &name, gateway_name).await?;
+    delete::<ServiceAccount>(client, namespace, &name, gateway_name).await
+}
+
+/// Server-side applies `object` (named and namespaced) and returns what the server stored.
+async fn apply<K>(client: &Client, object: &K) -> Result<K, ProvisionError>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let meta = object.meta();
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&name, &params, &Patch::Apply(object))
+        .await
+        .map_err(|source| ProvisionError::Api {
+            action: "apply",
+            kind: kind::<K>(),
+            namespace,
+            name,
+            source: Box::new(source),
+        })
+}
+
+/// Deletes `namespace/name` if it is labelled as Tollgate's object for `gateway_name`; the
+/// uid precondition makes sure it is the object just checked.
+async fn delete<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    gateway_name: &str,
+) -> Result<(), ProvisionError>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let err = |action: &'static str, source| ProvisionError::Api {
+        action,
+        kind: kind::<K>(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        source: Box::new(source),
+    };
+    let Some(object) = api.get_opt(name).await.map_err(|e| err("get", e))? else {
+        return Ok(());
+    };
+    let meta = object.meta();
+    let labels = meta.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let ours = label("app.kubernetes.io/managed-by") == Some(desired::MANAGED_BY)
+        && label(desired::GATEWAY_NAME_LABEL)
+            == Some(names::gateway_label_value(gateway_name).as_str());
+    if !ours || meta.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile (404), or replaced by another object of that name (409: uid
+        // precondition failed): either way not ours to delete any more.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(e) => Err(err("delete", e)),
+    }
+}
+
+fn kind<K: Resource<DynamicType = ()>>() -> &'static str {
+    // Only the three kinds above come through here; `kind` returns a borrowed static str
+    // for k8s-openapi types, so this avoids an allocation per error.
+    match K::kind(&()).as_ref() {
+        "Service" => "Service",
+        "Deployment" => "Deployment",
+        "ServiceAccount" => "ServiceAccount",
+        _ => "object",
+    }
 }

@@ -1,0 +1,421 @@
+//! Provisioning against a real kube-apiserver (`e2e/cluster.sh up`, then
+//! `eval "$(e2e/cluster.sh env)"`). Each test creates its own namespace and Gateway, calls
+//! `provision`/`deprovision` and reads back what the API server stored. Without
+//! `KUBECONFIG` every test passes without doing anything (so plain `cargo test` works).
+//!
+//! The test cluster has no controller-manager: Deployments never get pods, nothing garbage
+//! collects, and no load-balancer provider fills `status.loadBalancer`; the tests play that
+//! provider themselves through the Service's status subresource.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
+
+use gateway_api::gateways::Gateway;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource};
+use tollgate::k8s::provision::{
+    self, FIELD_MANAGER, ProvisionConfig, ProvisionError, REPLICAS_ANNOTATION,
+};
+
+/// A client for the test cluster, or `None` (test skipped) when `KUBECONFIG` is unset.
+async fn client() -> Option<Client> {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        eprintln!("KUBECONFIG unset: skipping (run e2e/cluster.sh up and eval its env)");
+        return None;
+    }
+    Some(Client::try_default().await.expect("client from KUBECONFIG"))
+}
+
+/// A fresh namespace `prov-<test>-<random>`. Not deleted: without a namespace controller
+/// the test cluster would leave it Terminating with its objects anyway, and they are inert.
+struct TestNamespace {
+    client: Client,
+    name: String,
+}
+
+impl TestNamespace {
+    async fn new(client: &Client, test: &str) -> Self {
+        let suffix = RandomState::new().hash_one(std::time::SystemTime::now()) % 0xff_ffff;
+        let name = format!("prov-{test}-{suffix:06x}");
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        Self {
+            client: client.clone(),
+            name,
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+fn config() -> ProvisionConfig {
+    ProvisionConfig {
+        proxy_image: "example.com/tollgate-proxy:test".into(),
+        service_type: "LoadBalancer".into(),
+        controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
+        controller_namespace: "tollgate-system".into(),
+    }
+}
+
+/// Creates Gateway `name` with infrastructure metadata and HTTP/HTTPS listeners.
+async fn create_gateway(ns: &TestNamespace, name: &str) -> Gateway {
+    let gw: Gateway = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": name, "namespace": ns.name},
+        "spec": {
+            "gatewayClassName": "tollgate",
+            "infrastructure": {
+                "labels": {"team": "payments"},
+                "annotations": {"example.com/cost-center": "42"}
+            },
+            "listeners": [
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+                {"name": "alt", "port": 8080, "protocol": "HTTP"}
+            ]
+        }
+    }))
+    .unwrap();
+    ns.api::<Gateway>()
+        .create(&PostParams::default(), &gw)
+        .await
+        .unwrap()
+}
+
+/// (resourceVersion of the ServiceAccount, Deployment, Service).
+async fn versions(ns: &TestNamespace, name: &str) -> [String; 3] {
+    [
+        ns.api::<ServiceAccount>()
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap(),
+        ns.api::<Deployment>()
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap(),
+        ns.api::<Service>()
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap(),
+    ]
+}
+
+fn assert_owned_and_labelled(meta: &ObjectMeta, gw: &Gateway) {
+    let what = format!("{:?}", meta.name);
+    let refs = meta.owner_references.as_ref().expect("owner references");
+    assert_eq!(refs.len(), 1, "{what}");
+    assert_eq!(refs[0].kind, "Gateway");
+    assert_eq!(refs[0].name, gw.metadata.name.clone().unwrap());
+    assert_eq!(refs[0].uid, gw.metadata.uid.clone().unwrap());
+    assert_eq!(refs[0].controller, Some(true));
+    assert_eq!(refs[0].block_owner_deletion, Some(true));
+    let labels = meta.labels.as_ref().unwrap();
+    assert_eq!(labels["team"], "payments", "{what}");
+    assert_eq!(labels["app.kubernetes.io/name"], "tollgate-proxy");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "tollgate");
+    assert_eq!(labels["gateway.networking.k8s.io/gateway-name"], "edge");
+    assert_eq!(
+        meta.annotations.as_ref().unwrap()["example.com/cost-center"],
+        "42"
+    );
+    let managers: Vec<_> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.as_deref())
+        .collect();
+    assert!(managers.contains(&FIELD_MANAGER), "{what}: {managers:?}");
+}
+
+#[tokio::test]
+async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "create").await;
+    let gw = create_gateway(&ns, "edge").await;
+
+    let addresses = provision::provision(&client, &config(), &gw).await.unwrap();
+
+    let name = "edge-tollgate";
+    let sa = ns.api::<ServiceAccount>().get(name).await.unwrap();
+    let deploy = ns.api::<Deployment>().get(name).await.unwrap();
+    let svc = ns.api::<Service>().get(name).await.unwrap();
+    for meta in [&sa.metadata, &deploy.metadata, &svc.metadata] {
+        assert_owned_and_labelled(meta, &gw);
+    }
+    let template = &deploy.spec.as_ref().unwrap().template;
+    let pod_meta = template.metadata.as_ref().unwrap();
+    assert_eq!(pod_meta.labels.as_ref().unwrap()["team"], "payments");
+    assert_eq!(
+        pod_meta.annotations.as_ref().unwrap()["example.com/cost-center"],
+        "42"
+    );
+    let container = &template.spec.as_ref().unwrap().containers[0];
+    let container_ports: Vec<i32> = container
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert_eq!(container_ports, [80, 8080, 9902]);
+
+    let spec = svc.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    let ports: Vec<(Option<String>, i32)> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone(), p.port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (Some("http-80".into()), 80),
+            (Some("http-8080".into()), 8080)
+        ]
+    );
+    // No load balancer yet: the ClusterIP the API server allocated.
+    let cluster_ip = spec.cluster_ip.clone().unwrap();
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(addresses[0].r#type.as_deref(), Some("IPAddress"));
+    assert_eq!(addresses[0].value, cluster_ip);
+
+    // The conformance test (GatewayInfrastructure) finds generated objects by this label.
+    let by_label = ListParams::default().labels("gateway.networking.k8s.io/gateway-name=edge");
+    assert_eq!(
+        ns.api::<ServiceAccount>()
+            .list(&by_label)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    let before = versions(&ns, name).await;
+    let again = provision::provision(&client, &config(), &gw).await.unwrap();
+    assert_eq!(again, addresses);
+    assert_eq!(
+        versions(&ns, name).await,
+        before,
+        "re-applying must not churn"
+    );
+}
+
+#[tokio::test]
+async fn load_balancer_ingress_becomes_the_gateway_address() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "lb").await;
+    let gw = create_gateway(&ns, "edge").await;
+    provision::provision(&client, &config(), &gw).await.unwrap();
+
+    // Play the load-balancer provider.
+    let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [
+        {"ip": "203.0.113.10"},
+        {"hostname": "edge.lb.example.com"}
+    ]}}});
+    ns.api::<Service>()
+        .patch_status(
+            "edge-tollgate",
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+
+    let addresses = provision::provision(&client, &config(), &gw).await.unwrap();
+    let pairs: Vec<(String, String)> = addresses
+        .into_iter()
+        .map(|a| (a.r#type.unwrap(), a.value))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("IPAddress".to_string(), "203.0.113.10".to_string()),
+            ("Hostname".to_string(), "edge.lb.example.com".to_string()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cluster_ip_service_type_reports_the_cluster_ip() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "cip").await;
+    let gw = create_gateway(&ns, "edge").await;
+    let config = ProvisionConfig {
+        service_type: "ClusterIP".into(),
+        ..config()
+    };
+    let addresses = provision::provision(&client, &config, &gw).await.unwrap();
+    let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(Some(addresses[0].value.clone()), spec.cluster_ip);
+}
+
+#[tokio::test]
+async fn gateway_changes_are_applied_and_dropped_fields_removed() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "update").await;
+    let mut gw = create_gateway(&ns, "edge").await;
+    provision::provision(&client, &config(), &gw).await.unwrap();
+
+    let infra = gw.spec.infrastructure.as_mut().unwrap();
+    infra.labels = Some(BTreeMap::from([("tier".into(), "edge".into())]));
+    infra.annotations = None;
+    gw.spec.listeners.truncate(1);
+    gw.metadata.annotations = Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), "3".into())]));
+    provision::provision(&client, &config(), &gw).await.unwrap();
+
+    let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
+    let labels = deploy.metadata.labels.clone().unwrap();
+    assert_eq!(labels.get("tier").map(String::as_str), Some("edge"));
+    assert!(!labels.contains_key("team"), "{labels:?}");
+    let annotations = deploy.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !annotations.contains_key("example.com/cost-center"),
+        "{annotations:?}"
+    );
+    assert_eq!(deploy.spec.as_ref().unwrap().replicas, Some(3));
+    let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
+    let ports: Vec<i32> = svc
+        .spec
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [80]);
+
+    // Dropping the annotation hands replicas back to the API server's default.
+    gw.metadata.annotations = None;
+    provision::provision(&client, &config(), &gw).await.unwrap();
+    let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
+    assert_eq!(deploy.spec.unwrap().replicas, Some(1));
+}
+
+#[tokio::test]
+async fn invalid_replicas_annotation_applies_nothing() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "invalid").await;
+    let mut gw = create_gateway(&ns, "edge").await;
+    gw.metadata.annotations = Some(BTreeMap::from([(
+        REPLICAS_ANNOTATION.into(),
+        "lots".into(),
+    )]));
+    let err = provision::provision(&client, &config(), &gw)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ProvisionError::InvalidGateway { .. }),
+        "{err}"
+    );
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn deprovision_deletes_the_objects_and_tolerates_missing_ones() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "delete").await;
+    let gw = create_gateway(&ns, "edge").await;
+    provision::provision(&client, &config(), &gw).await.unwrap();
+
+    provision::deprovision(&client, &ns.name, "edge")
+        .await
+        .unwrap();
+    assert!(
+        ns.api::<ServiceAccount>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        ns.api::<Service>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // No garbage collector here, and Deployments are deleted in the background: gone, or
+    // at least marked for deletion.
+    let deploy = ns
+        .api::<Deployment>()
+        .get_opt("edge-tollgate")
+        .await
+        .unwrap();
+    assert!(deploy.is_none_or(|d| d.metadata.deletion_timestamp.is_some()));
+
+    // Again, with nothing left: not an error.
+    provision::deprovision(&client, &ns.name, "edge")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn deprovision_leaves_objects_tollgate_did_not_create() {
+    let Some(client) = client().await else { return };
+    let ns = TestNamespace::new(&client, "foreign").await;
+    let svc = Service {
+        metadata: ObjectMeta {
+            name: Some("other-tollgate".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                port: 80,
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    ns.api::<Service>()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    provision::deprovision(&client, &ns.name, "other")
+        .await
+        .unwrap();
+    assert!(
+        ns.api::<Service>()
+            .get_opt("other-tollgate")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
