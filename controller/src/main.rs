@@ -1,4 +1,5 @@
-//! The `tollgate` command: `run` serves manifests from a directory, `validate` checks them.
+//! The `tollgate` command: `run` serves manifests from a directory, `validate` checks them,
+//! `controller` runs the Kubernetes controller.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -44,6 +45,9 @@ enum Command {
         /// Directory of .yaml/.yml manifests.
         dir: PathBuf,
     },
+    /// Run the Kubernetes controller: watch Gateway API objects, compile them, write their
+    /// status (leader only), push tables to proxies and provision them.
+    Controller(Box<ControllerArgs>),
     /// Compile the manifests in DIR and write each Gateway's route table as JSON to
     /// OUT/NAMESPACE.NAME.json (what `tollgate-proxy --table` serves); exit 1 if any object
     /// is rejected.
@@ -54,6 +58,51 @@ enum Command {
         #[arg(long, short)]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The controller's own namespace (Lease, CA Secret); default $POD_NAMESPACE, else
+    /// tollgate-system.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// This replica's identity (default: $POD_NAME, else the hostname).
+    #[arg(long)]
+    id: Option<String>,
+    /// Address serving /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: SocketAddr,
+    /// Address of the push server proxies connect to (unset: no push server; Gateway
+    /// Programmed then comes from the compiler alone).
+    #[arg(long)]
+    push_addr: Option<SocketAddr>,
+    /// Provision a ServiceAccount, Deployment and Service per accepted Gateway.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    provision: bool,
+    /// Proxy image of provisioned Deployments.
+    #[arg(long, default_value = "ghcr.io/tollgate-dev/tollgate-proxy:latest")]
+    proxy_image: String,
+    /// Type of provisioned Services.
+    #[arg(long, default_value = "LoadBalancer")]
+    service_type: String,
+    /// URL provisioned proxies reach the push server at.
+    #[arg(
+        long,
+        default_value = "https://tollgate-controller.tollgate-system.svc:9443"
+    )]
+    controller_url: String,
+    /// Name of the leader-election Lease (in --namespace).
+    #[arg(long, default_value = "tollgate-controller")]
+    lease_name: String,
+    /// Quiet period after a change before recompiling, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    debounce_ms: u64,
+    /// spec.controllerName of the GatewayClasses this controller owns.
+    #[arg(long, default_value = tollgate::compile::CONTROLLER_NAME)]
+    controller_name: String,
 }
 
 fn now() -> Time {
@@ -85,6 +134,23 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Controller(args) => {
+            init_tracing();
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(controller(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run {
             dir,
             admin,
@@ -201,4 +267,84 @@ async fn run(
     }
     runner.shutdown().await;
     Ok(())
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    use tollgate::k8s::{controller, leader, metrics, provision, reconcile};
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster config and no kubeconfig")?,
+    };
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "tollgate-system".to_owned());
+    let id = match args.id {
+        Some(id) => id,
+        None => std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|s| s.trim().to_owned())
+            })
+            .unwrap_or_else(|| format!("tollgate-{}", std::process::id())),
+    };
+    let metrics = Arc::new(metrics::Metrics::new());
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics address {}", args.metrics_addr))?;
+    info!(address = %listener.local_addr()?, "metrics listening (/metrics, /healthz, /readyz)");
+    tokio::spawn(metrics::serve(listener, metrics.clone()));
+
+    if let Some(addr) = args.push_addr {
+        anyhow::bail!("--push-addr {addr}: the push server is not part of this build yet");
+    }
+    let provision = args.provision.then(|| provision::ProvisionConfig {
+        proxy_image: args.proxy_image.clone(),
+        service_type: args.service_type.clone(),
+        controller_url: args.controller_url.clone(),
+        controller_namespace: namespace.clone(),
+    });
+    let cfg = controller::ControllerConfig {
+        settings: reconcile::Settings {
+            controller_name: args.controller_name.clone(),
+            push: None,
+            provision,
+        },
+        leader: leader::LeaderConfig::new(&namespace, &args.lease_name, &id),
+        debounce: Duration::from_millis(args.debounce_ms),
+    };
+    info!(id = %id, namespace = %namespace, controller_name = %args.controller_name, "controller starting");
+    controller::run(client, cfg, metrics, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }

@@ -1,0 +1,183 @@
+//! `tollgate controller`: the loop that turns watch events into reconciles.
+//!
+//! In: a kube [`Client`], [`ControllerConfig`] and a shutdown future. Out: the watches
+//! ([`Stores`]), the leader elector, and a debounced loop: the first change starts a quiet
+//! period of `debounce`; every change within it joins the batch; then one reconcile runs with
+//! the most demanding [`Relevance`] of the batch. Leadership gained, push-server sync changes
+//! and failed writes (retried after a second) also trigger reconciles. Mirrors `tollgate run`'s
+//! shape (`run.rs`): load → compile → apply, with the cluster in place of a directory.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::{error, info};
+
+use super::leader::{Elector, LeaderConfig};
+use super::metrics::Metrics;
+use super::reconcile::{Reconciler, Settings};
+use super::stores::{Change, Relevance, Stores};
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The watches stopped before every kind was listed.
+    #[error("the watches stopped before the first list completed")]
+    WatchesStopped,
+}
+
+/// Settings of `tollgate controller`.
+#[derive(Clone)]
+pub struct ControllerConfig {
+    /// What the reconciler needs (controller name, push server, provisioning).
+    pub settings: Settings,
+    /// Leader election.
+    pub leader: LeaderConfig,
+    /// Quiet period after a change before reconciling.
+    pub debounce: Duration,
+}
+
+/// Runs the controller until `shutdown` completes; releases the Lease on the way out.
+pub async fn run(
+    client: Client,
+    cfg: ControllerConfig,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ControllerError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (stores, watch_tasks) = Stores::spawn(&client, &tx, &metrics);
+    drop(tx);
+    let mut elector = Elector::new(client.clone(), cfg.leader.clone(), metrics.clone());
+    let mut leading = elector.subscribe();
+    let (stop_elector, mut elector_stopped) = tokio::sync::oneshot::channel::<()>();
+    let elector_task = tokio::spawn(async move {
+        tokio::select! {
+            () = elector.run() => {}
+            _ = &mut elector_stopped => {}
+        }
+        elector.release().await;
+    });
+    let mut push_changes = cfg.settings.push.as_ref().map(|p| p.changes());
+    let mut reconciler = Reconciler::new(
+        client,
+        stores.clone(),
+        cfg.settings.clone(),
+        metrics.clone(),
+        &cfg.leader.id,
+    );
+    tokio::pin!(shutdown);
+
+    let result = tokio::select! {
+        r = stores.wait_until_ready() => r.map_err(|_| ControllerError::WatchesStopped),
+        () = &mut shutdown => {
+            stop(watch_tasks, stop_elector, elector_task).await;
+            return Ok(());
+        }
+    };
+    if let Err(e) = result {
+        stop(watch_tasks, stop_elector, elector_task).await;
+        return Err(e);
+    }
+    // Changes queued during the lists are covered by the first full reconcile.
+    while rx.try_recv().is_ok() {}
+    info!("every kind listed; first reconcile");
+    let mut outcome = reconciler
+        .reconcile(Relevance::Full, *leading.borrow())
+        .await;
+    metrics.set_ready();
+
+    loop {
+        let retry = async {
+            if outcome.retry {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let push_changed = async {
+            match push_changes.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let relevance = tokio::select! {
+            change = rx.recv() => {
+                let Some(change) = change else {
+                    error!("every watch stopped");
+                    break;
+                };
+                debounced(change, &mut rx, cfg.debounce).await
+            }
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                // A new leader provisions and compares every status; a former leader just
+                // stops writing.
+                Relevance::Full
+            }
+            true = push_changed => {
+                // Let a burst of ACKs settle before comparing.
+                tokio::time::sleep(cfg.debounce).await;
+                Relevance::Status
+            }
+            () = retry => Relevance::Status,
+            () = &mut shutdown => break,
+        };
+        outcome = reconciler.reconcile(relevance, *leading.borrow()).await;
+    }
+    info!("shutting down");
+    stop(watch_tasks, stop_elector, elector_task).await;
+    Ok(())
+}
+
+/// Collects the changes arriving within `quiet` of each other into one [`Relevance`].
+async fn debounced(
+    first: Change,
+    rx: &mut UnboundedReceiver<Change>,
+    quiet: Duration,
+) -> Relevance {
+    let mut relevance = first.relevance;
+    loop {
+        match tokio::time::timeout(quiet, rx.recv()).await {
+            Ok(Some(c)) => relevance = relevance.max(c.relevance),
+            Ok(None) | Err(_) => return relevance,
+        }
+    }
+}
+
+async fn stop(
+    watch_tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop_elector: tokio::sync::oneshot::Sender<()>,
+    elector_task: tokio::task::JoinHandle<()>,
+) {
+    for t in watch_tasks {
+        t.abort();
+    }
+    let _ = stop_elector.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), elector_task).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::k8s::stores::Kind;
+
+    #[tokio::test]
+    async fn a_burst_is_one_reconcile_with_the_strongest_need() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let c = |kind, relevance| Change { kind, relevance };
+        tx.send(c(Kind::HttpRoute, Relevance::Full)).unwrap();
+        tx.send(c(Kind::EndpointSlice, Relevance::Endpoints))
+            .unwrap();
+        let first = c(Kind::EndpointSlice, Relevance::Endpoints);
+        let r = debounced(first, &mut rx, Duration::from_millis(20)).await;
+        assert_eq!(r, Relevance::Full);
+        assert!(rx.try_recv().is_err());
+        let r = debounced(first, &mut rx, Duration::from_millis(20)).await;
+        assert_eq!(r, Relevance::Endpoints);
+    }
+}

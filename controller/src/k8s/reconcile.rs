@@ -1,0 +1,426 @@
+//! One reconcile: stores → compile → publish → (leader) provision → status → events.
+//!
+//! In: the [`Stores`], what changed ([`Relevance`]), whether this replica leads. Out: tables
+//! published to the push server (every replica, so every replica can serve proxies); status
+//! writes, provisioning and Events (leader only). The compiler's output is kept between
+//! reconciles, so a status-only change (often the echo of our own write) costs a comparison,
+//! not a compile, and an EndpointSlice-only change skips statuses and provisioning.
+//!
+//! Overlays on the compiler's statuses, in this order: our controller name on HTTPRoute
+//! parents; `status.addresses` from provisioning; Gateway `Programmed` from the push server's
+//! sync state (when one is configured): it turns True only when a proxy ACKed the current
+//! version; once True it stays True while proxies are connected and none NACKed, so a table
+//! change in flight (e.g. new endpoints) does not flap it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use gateway_api::gateways::{GatewayStatus, GatewayStatusAddresses};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tollgate_api::ObjectKey;
+use tracing::{debug, info, warn};
+
+use super::metrics::{KindResult, Metrics, PathLabel, kind as kind_label};
+use super::provision::{self, ProvisionConfig};
+use super::status::{self, StatusWrite};
+use super::stores::{Relevance, Stores};
+use crate::compile::conditions::PROGRAMMED;
+use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
+use crate::push::{PushServer, SyncState};
+
+/// What the reconciler needs besides the stores.
+#[derive(Clone)]
+pub struct Settings {
+    /// `spec.controllerName` of the GatewayClasses this controller owns.
+    pub controller_name: String,
+    /// Push server, when tables are pushed to proxies.
+    pub push: Option<PushServer>,
+    /// Provisioning settings, when proxies are provisioned.
+    pub provision: Option<ProvisionConfig>,
+}
+
+/// A Gateway's provisioning as last done.
+#[derive(Debug, Clone)]
+struct Provisioned {
+    fingerprint: String,
+    addresses: Vec<GatewayStatusAddresses>,
+    at: Instant,
+}
+
+/// The reconciler's state between reconciles.
+pub struct Reconciler {
+    client: Client,
+    stores: Stores,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    compiled: Output,
+    versions: BTreeMap<ObjectKey, u64>,
+    provisioned: BTreeMap<ObjectKey, Provisioned>,
+}
+
+/// What a reconcile asks of the loop.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Some write failed or conflicted: reconcile statuses again soon.
+    pub retry: bool,
+}
+
+impl Reconciler {
+    /// A reconciler over `stores`; events are reported as `id`.
+    pub fn new(
+        client: Client,
+        stores: Stores,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        id: &str,
+    ) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "tollgate-controller".to_owned(),
+            instance: Some(id.to_owned()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            stores,
+            settings,
+            metrics,
+            compiled: Output::default(),
+            versions: BTreeMap::new(),
+            provisioned: BTreeMap::new(),
+        }
+    }
+
+    /// The last compiled output (with our controller name).
+    pub fn compiled(&self) -> &Output {
+        &self.compiled
+    }
+
+    /// Runs one reconcile.
+    pub async fn reconcile(&mut self, relevance: Relevance, leading: bool) -> Outcome {
+        let started = Instant::now();
+        let path = match relevance {
+            Relevance::Full => "full",
+            Relevance::Endpoints => "endpoints",
+            Relevance::Status => "status",
+        };
+        if relevance >= Relevance::Endpoints {
+            let mut inputs = self.stores.inputs(Time(Timestamp::now()));
+            own_classes(&mut inputs, &self.settings.controller_name);
+            let mut out = compile(&inputs);
+            name_parents(&mut out, &self.settings.controller_name);
+            self.publish(&out);
+            self.compiled = out;
+        }
+        let mut outcome = Outcome::default();
+        if relevance != Relevance::Endpoints && leading {
+            if relevance == Relevance::Full {
+                self.provision().await;
+            }
+            outcome = self.write_statuses().await;
+        }
+        self.metrics
+            .reconciles
+            .get_or_create(&PathLabel {
+                path: path.to_owned(),
+            })
+            .inc();
+        let took = started.elapsed();
+        self.metrics.reconcile_duration.observe(took.as_secs_f64());
+        debug!(path, leading, took_ms = took.as_millis(), "reconciled");
+        outcome
+    }
+
+    fn publish(&mut self, out: &Output) {
+        self.metrics
+            .gateways
+            .set(i64::try_from(out.tables.len()).unwrap_or(i64::MAX));
+        let Some(push) = &self.settings.push else {
+            return;
+        };
+        for (key, table) in &out.tables {
+            let v = push.publish(key, table.clone());
+            let old = self.versions.insert(key.clone(), v);
+            if old != Some(v) {
+                self.metrics.pushed_versions.inc();
+                info!(gateway = %key, version = v, "route table published");
+            }
+        }
+        let gone: Vec<ObjectKey> = self
+            .versions
+            .keys()
+            .filter(|k| !out.tables.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            push.remove(&key);
+            self.versions.remove(&key);
+        }
+    }
+
+    /// The compiled output with the provisioning and push overlays.
+    fn desired(&self) -> Output {
+        let mut out = self.compiled.clone();
+        let mut connected = 0;
+        let mut in_sync = 0;
+        for (key, st) in &mut out.gateways {
+            if let Some(p) = self.provisioned.get(key)
+                && !p.addresses.is_empty()
+            {
+                st.addresses = Some(p.addresses.clone());
+            }
+            if let Some(push) = &self.settings.push {
+                let sync = push.sync(key);
+                connected += i64::from(sync.connected);
+                in_sync += i64::from(sync.in_sync);
+                let r = ObjectRef::new(&key.name).within(&key.namespace);
+                let live_true = self
+                    .stores
+                    .gateways
+                    .get(&r)
+                    .and_then(|g| g.as_ok().and_then(|g| g.status.clone()))
+                    .is_some_and(|s| programmed_true(&s));
+                programmed(st, &sync, live_true);
+            }
+        }
+        self.metrics.connected_proxies.set(connected);
+        self.metrics.in_sync_proxies.set(in_sync);
+        out
+    }
+
+    async fn write_statuses(&mut self) -> Outcome {
+        let desired = self.desired();
+        let writes = status::plan(&desired, &self.stores, &self.settings.controller_name);
+        if writes.is_empty() {
+            return Outcome::default();
+        }
+        info!(writes = writes.len(), "writing statuses");
+        let jobs = writes.into_iter().map(|w| {
+            let rejections = status::new_rejections(&w, &self.stores);
+            let client = self.client.clone();
+            async move {
+                let r = status::apply(&client, &w).await;
+                (w, rejections, r)
+            }
+        });
+        let results: Vec<_> = futures_util::stream::iter(jobs)
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut outcome = Outcome::default();
+        for (w, rejections, r) in results {
+            let result = match &r {
+                Ok(()) => "ok",
+                Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
+                Err(_) => "error",
+            };
+            self.metrics
+                .status_writes
+                .get_or_create(&KindResult {
+                    kind: w.kind().to_owned(),
+                    result: result.to_owned(),
+                })
+                .inc();
+            match r {
+                Ok(()) => {
+                    debug!(kind = w.kind(), object = %w.key(), "status written");
+                    self.publish_events(&w, &rejections).await;
+                }
+                Err(e) => {
+                    outcome.retry = true;
+                    warn!(kind = w.kind(), object = %w.key(), error = %e, "status write failed; will retry");
+                }
+            }
+        }
+        outcome
+    }
+
+    async fn publish_events(&self, w: &StatusWrite, rejections: &[status::NewRejection]) {
+        if rejections.is_empty() {
+            return;
+        }
+        let key = w.key();
+        let uid = match w {
+            StatusWrite::GatewayClass { name, .. } => self
+                .stores
+                .gateway_classes
+                .get(&ObjectRef::new(name))
+                .and_then(|o| o.uid()),
+            StatusWrite::Gateway { .. } => self
+                .stores
+                .gateways
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::HttpRoute { .. } => self
+                .stores
+                .http_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+        };
+        let reference = ObjectReference {
+            api_version: Some("gateway.networking.k8s.io/v1".to_owned()),
+            kind: Some(w.kind().to_owned()),
+            name: Some(key.name.clone()),
+            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+            uid,
+            ..ObjectReference::default()
+        };
+        for r in rejections {
+            let mut note = String::new();
+            if let Some(p) = &r.part {
+                note.push_str(p);
+                note.push_str(": ");
+            }
+            note.push_str(&format!("{}=False: {}", r.condition, r.message));
+            note.truncate(1000);
+            let ev = Event {
+                type_: EventType::Warning,
+                reason: r.reason.clone(),
+                note: Some(note),
+                action: "Reconcile".to_owned(),
+                secondary: None,
+            };
+            match self.recorder.publish(&ev, &reference).await {
+                Ok(()) => {
+                    self.metrics
+                        .events
+                        .get_or_create(&kind_label(w.kind()))
+                        .inc();
+                }
+                Err(e) => warn!(object = %key, error = %e, "event not published"),
+            }
+        }
+    }
+
+    /// Provisions accepted Gateways whose spec or metadata changed, retries those still
+    /// without addresses every 10 s, and deprovisions Gateways that lost their table.
+    async fn provision(&mut self) {
+        let Some(cfg) = self.settings.provision.clone() else {
+            return;
+        };
+        let keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
+        for key in keys {
+            let r = ObjectRef::new(&key.name).within(&key.namespace);
+            let Some(gw) = self
+                .stores
+                .gateways
+                .get(&r)
+                .and_then(|g| g.as_ok().cloned())
+            else {
+                continue;
+            };
+            let fingerprint = format!(
+                "{}/{:?}/{:?}/{:?}",
+                gw.uid().unwrap_or_default(),
+                gw.metadata.generation,
+                gw.metadata.labels,
+                gw.metadata.annotations
+            );
+            let fresh = self.provisioned.get(&key).is_some_and(|p| {
+                p.fingerprint == fingerprint
+                    && (!p.addresses.is_empty() || p.at.elapsed() < Duration::from_secs(10))
+            });
+            if fresh {
+                continue;
+            }
+            match provision::provision(&self.client, &cfg, &gw).await {
+                Ok(addresses) => {
+                    info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
+                    self.provisioned.insert(
+                        key,
+                        Provisioned {
+                            fingerprint,
+                            addresses,
+                            at: Instant::now(),
+                        },
+                    );
+                }
+                Err(e) => warn!(gateway = %key, error = %e, "provisioning failed; will retry"),
+            }
+        }
+        let gone: Vec<ObjectKey> = self
+            .provisioned
+            .keys()
+            .filter(|k| !self.compiled.tables.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            match provision::deprovision(&self.client, &key.namespace, &key.name).await {
+                Ok(()) => {
+                    info!(gateway = %key, "proxy deprovisioned");
+                    self.provisioned.remove(&key);
+                }
+                Err(e) => warn!(gateway = %key, error = %e, "deprovisioning failed; will retry"),
+            }
+        }
+    }
+}
+
+/// Makes the compiler treat `controller_name`'s classes as its own and nothing else: the
+/// compiler knows one name ([`CONTROLLER_NAME`]); several installs (and parallel tests) each
+/// own their name.
+pub fn own_classes(inputs: &mut Inputs, controller_name: &str) {
+    if controller_name == CONTROLLER_NAME {
+        return;
+    }
+    for c in &mut inputs.gateway_classes {
+        c.spec.controller_name = if c.spec.controller_name == controller_name {
+            CONTROLLER_NAME.to_owned()
+        } else {
+            format!("not-ours/{}", c.spec.controller_name)
+        };
+    }
+}
+
+/// Writes `controller_name` into every HTTPRoute parent entry of `out`.
+pub fn name_parents(out: &mut Output, controller_name: &str) {
+    for s in out.http_routes.values_mut() {
+        for p in &mut s.parents {
+            p.controller_name = controller_name.to_owned();
+        }
+    }
+}
+
+fn programmed_true(s: &GatewayStatus) -> bool {
+    s.conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == PROGRAMMED && c.status == "True")
+}
+
+/// Overlays the push sync state on a Gateway's `Programmed` condition (left alone when the
+/// compiler already says False).
+pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool) {
+    let Some(c) = status
+        .conditions
+        .iter_mut()
+        .flatten()
+        .find(|c| c.type_ == PROGRAMMED && c.status == "True")
+    else {
+        return;
+    };
+    let nacked = !sync.nacks.is_empty();
+    if sync.in_sync > 0 || (live_true && sync.connected > 0 && !nacked) {
+        c.reason = "Programmed".to_owned();
+        c.message = format!("programmed on {} connected proxies", sync.connected);
+        return;
+    }
+    c.status = "False".to_owned();
+    if let Some((proxy, msg)) = sync.nacks.first() {
+        c.reason = "Invalid".to_owned();
+        c.message = format!("proxy {proxy} rejected version {}: {msg}", sync.version);
+    } else {
+        c.reason = "Pending".to_owned();
+        c.message = format!(
+            "waiting for a proxy to run version {} ({} of {} in sync)",
+            sync.version, sync.in_sync, sync.connected
+        );
+    }
+}

@@ -1,0 +1,401 @@
+//! Status: from the compiler's desired statuses to the fewest possible API writes.
+//!
+//! In: the compiler's [`Output`] (already carrying our controller name and any push/provision
+//! overlays) and the live objects in the [`Stores`]. Out: [`plan`] lists the [`StatusWrite`]s
+//! whose desired status differs from the live one, after copying the live
+//! `lastTransitionTime` into every condition whose status did not change (apimachinery's
+//! `SetStatusCondition` rule), so a restart or a recompile with nothing new writes nothing.
+//! [`apply`] sends one write as a server-side apply of the status subresource, field manager
+//! [`FIELD_MANAGER`], forced.
+//!
+//! HTTPRoute `status.parents` is an atomic list in the Gateway API CRDs and is shared with
+//! other controllers: we send the live entries of other controllers unchanged followed by ours,
+//! with the live `resourceVersion` as a precondition, so a concurrent write by another
+//! controller makes ours fail with 409 (retried from a fresher store) instead of erasing theirs.
+//! Our entry for a Gateway the route no longer references is dropped.
+
+use std::collections::BTreeSet;
+
+use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
+use gateway_api::gateways::{Gateway, GatewayStatus};
+use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tollgate_api::ObjectKey;
+
+use super::lenient::Lenient;
+use super::stores::Stores;
+use crate::compile::Output;
+use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
+
+/// Field manager of every status write.
+pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
+
+const API_VERSION: &str = "gateway.networking.k8s.io/v1";
+
+/// One status that must be written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatusWrite {
+    /// A GatewayClass status.
+    GatewayClass {
+        /// Name.
+        name: String,
+        /// The whole status (ours alone).
+        status: GatewayClassStatus,
+    },
+    /// A Gateway status.
+    Gateway {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The whole status (ours alone).
+        status: GatewayStatus,
+    },
+    /// An HTTPRoute status.
+    HttpRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<HttpRouteStatusParents>,
+    },
+}
+
+/// A condition that says an object (or part of it) is rejected, new in a write.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NewRejection {
+    /// Listener or parent it is about, if any.
+    pub part: Option<String>,
+    /// Condition type.
+    pub condition: String,
+    /// Reason.
+    pub reason: String,
+    /// Message.
+    pub message: String,
+}
+
+impl StatusWrite {
+    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::GatewayClass { .. } => "GatewayClass",
+            Self::Gateway { .. } => "Gateway",
+            Self::HttpRoute { .. } => "HTTPRoute",
+        }
+    }
+
+    /// Namespace (empty for GatewayClass) and name.
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            Self::GatewayClass { name, .. } => ObjectKey::new("", name.as_str()),
+            Self::Gateway { key, .. } | Self::HttpRoute { key, .. } => key.clone(),
+        }
+    }
+}
+
+/// Every status write needed to bring the live objects to `out`. Pure.
+pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusWrite> {
+    let mut writes = Vec::new();
+    for (name, desired) in &out.gateway_classes {
+        let Some(live) = live(&stores.gateway_classes, ObjectRef::new(name)) else {
+            continue;
+        };
+        let mut status = desired.clone();
+        let old = live.status.clone().unwrap_or_default();
+        keep_times(
+            status.conditions.as_deref_mut().unwrap_or_default(),
+            old.conditions.as_deref().unwrap_or_default(),
+        );
+        if !same(&status, &old) {
+            writes.push(StatusWrite::GatewayClass {
+                name: name.clone(),
+                status,
+            });
+        }
+    }
+    for (key, desired) in &out.gateways {
+        let r = ObjectRef::new(&key.name).within(&key.namespace);
+        let Some(live) = live(&stores.gateways, r) else {
+            continue;
+        };
+        let old = live.status.clone().unwrap_or_default();
+        let status = gateway_status(desired, &old);
+        if !same(&status, &old) {
+            writes.push(StatusWrite::Gateway {
+                key: key.clone(),
+                status,
+            });
+        }
+    }
+    for obj in stores.http_routes.state() {
+        let Lenient::Ok(route) = obj.as_ref() else {
+            continue;
+        };
+        let key = ObjectKey::new(
+            route.namespace().unwrap_or_default(),
+            route.name_any().as_str(),
+        );
+        let live_parents = route
+            .status
+            .as_ref()
+            .map(|s| s.parents.as_slice())
+            .unwrap_or_default();
+        let ours = |p: &&HttpRouteStatusParents| p.controller_name == controller_name;
+        let live_ours: Vec<&HttpRouteStatusParents> = live_parents.iter().filter(ours).collect();
+        let desired = out.http_routes.get(&key).map(|s| s.parents.as_slice());
+        if live_ours.is_empty() && desired.is_none_or(<[_]>::is_empty) {
+            continue;
+        }
+        let mut parents: Vec<HttpRouteStatusParents> = desired.unwrap_or_default().to_vec();
+        for p in &mut parents {
+            let old = live_ours
+                .iter()
+                .find(|l| same(&l.parent_ref, &p.parent_ref));
+            if let Some(old) = old {
+                keep_times(&mut p.conditions, &old.conditions);
+            }
+        }
+        if same(&parents, &live_ours) {
+            continue;
+        }
+        let mut all: Vec<HttpRouteStatusParents> = live_parents
+            .iter()
+            .filter(|p| p.controller_name != controller_name)
+            .cloned()
+            .collect();
+        all.extend(parents);
+        writes.push(StatusWrite::HttpRoute {
+            key,
+            resource_version: route.resource_version().unwrap_or_default(),
+            parents: all,
+        });
+    }
+    writes
+}
+
+fn live<K: Resource<DynamicType = ()> + Clone>(
+    store: &Store<Lenient<K>>,
+    r: ObjectRef<Lenient<K>>,
+) -> Option<K> {
+    store.get(&r).and_then(|o| o.as_ok().cloned())
+}
+
+/// The desired Gateway status with the live condition times kept.
+fn gateway_status(desired: &GatewayStatus, old: &GatewayStatus) -> GatewayStatus {
+    let mut status = desired.clone();
+    keep_times(
+        status.conditions.as_deref_mut().unwrap_or_default(),
+        old.conditions.as_deref().unwrap_or_default(),
+    );
+    for l in status.listeners.iter_mut().flatten() {
+        if let Some(o) = old.listeners.iter().flatten().find(|o| o.name == l.name) {
+            keep_times(&mut l.conditions, &o.conditions);
+        }
+    }
+    status
+}
+
+/// Copies `lastTransitionTime` from the live condition of the same type when its status is
+/// unchanged.
+pub fn keep_times(desired: &mut [Condition], live: &[Condition]) {
+    for c in desired {
+        if let Some(l) = live
+            .iter()
+            .find(|l| l.type_ == c.type_ && l.status == c.status)
+        {
+            c.last_transition_time = l.last_transition_time.clone();
+        }
+    }
+}
+
+/// Equal once serialized, ignoring nulls and empty lists and maps (the API server drops or
+/// keeps those depending on the schema; they mean the same).
+pub fn same<A: Serialize + ?Sized, B: Serialize + ?Sized>(a: &A, b: &B) -> bool {
+    match (serde_json::to_value(a), serde_json::to_value(b)) {
+        (Ok(a), Ok(b)) => prune(a) == prune(b),
+        _ => false,
+    }
+}
+
+fn prune(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (k, prune(v)))
+                .filter(|(_, v)| !empty(v))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(prune).collect()),
+        v => v,
+    }
+}
+
+fn empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(m) => m.is_empty(),
+        _ => false,
+    }
+}
+
+/// Negative Accepted/ResolvedRefs/Programmed conditions in `write` that the live object does
+/// not already carry with the same reason: what deserves an Event. `Pending` (waiting for
+/// proxies) is not a rejection.
+pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection> {
+    let mut out = BTreeSet::new();
+    let mut diff = |part: Option<String>, new: &[Condition], old: &[Condition]| {
+        for c in new {
+            let negative = c.status == "False"
+                && [ACCEPTED, RESOLVED_REFS, PROGRAMMED].contains(&c.type_.as_str())
+                && c.reason != "Pending";
+            let known = old
+                .iter()
+                .any(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason);
+            if negative && !known {
+                out.insert(NewRejection {
+                    part: part.clone(),
+                    condition: c.type_.clone(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                });
+            }
+        }
+    };
+    match write {
+        StatusWrite::GatewayClass { name, status } => {
+            let old = live(&stores.gateway_classes, ObjectRef::new(name))
+                .and_then(|o| o.status)
+                .unwrap_or_default();
+            diff(
+                None,
+                status.conditions.as_deref().unwrap_or_default(),
+                old.conditions.as_deref().unwrap_or_default(),
+            );
+        }
+        StatusWrite::Gateway { key, status } => {
+            let r = ObjectRef::new(&key.name).within(&key.namespace);
+            let old = live(&stores.gateways, r)
+                .and_then(|o| o.status)
+                .unwrap_or_default();
+            diff(
+                None,
+                status.conditions.as_deref().unwrap_or_default(),
+                old.conditions.as_deref().unwrap_or_default(),
+            );
+            for l in status.listeners.iter().flatten() {
+                let o = old.listeners.iter().flatten().find(|o| o.name == l.name);
+                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
+                diff(Some(format!("listener {}", l.name)), &l.conditions, oc);
+            }
+        }
+        StatusWrite::HttpRoute { key, parents, .. } => {
+            let r = ObjectRef::new(&key.name).within(&key.namespace);
+            let old = live(&stores.http_routes, r)
+                .and_then(|o| o.status)
+                .map(|s| s.parents)
+                .unwrap_or_default();
+            for p in parents {
+                let o = old.iter().find(|o| {
+                    o.controller_name == p.controller_name && same(&o.parent_ref, &p.parent_ref)
+                });
+                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
+                let part = format!("parent {}", p.parent_ref.name);
+                diff(Some(part), &p.conditions, oc);
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Sends one write: server-side apply of the status subresource, forced.
+pub async fn apply(client: &Client, write: &StatusWrite) -> Result<(), kube::Error> {
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    match write {
+        StatusWrite::GatewayClass { name, status } => {
+            let body = json!({
+                "apiVersion": API_VERSION, "kind": "GatewayClass",
+                "metadata": {"name": name},
+                "status": status,
+            });
+            Api::<GatewayClass>::all(client.clone())
+                .patch_status(name, &pp, &Patch::Apply(body))
+                .await?;
+        }
+        StatusWrite::Gateway { key, status } => {
+            let body = json!({
+                "apiVersion": API_VERSION, "kind": "Gateway",
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": status,
+            });
+            Api::<Gateway>::namespaced(client.clone(), &key.namespace)
+                .patch_status(&key.name, &pp, &Patch::Apply(body))
+                .await?;
+        }
+        StatusWrite::HttpRoute {
+            key,
+            resource_version,
+            parents,
+        } => {
+            let body = json!({
+                "apiVersion": API_VERSION, "kind": "HTTPRoute",
+                "metadata": {"name": key.name, "namespace": key.namespace,
+                             "resourceVersion": resource_version},
+                "status": {"parents": parents},
+            });
+            Api::<HttpRoute>::namespaced(client.clone(), &key.namespace)
+                .patch_status(&key.name, &pp, &Patch::Apply(body))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn cond(t: &str, status: &str, reason: &str, at: i64) -> Condition {
+        Condition {
+            type_: t.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: Time(Timestamp::from_second(at).unwrap()),
+        }
+    }
+
+    #[test]
+    fn unchanged_status_keeps_its_transition_time() {
+        let live = vec![cond("Accepted", "True", "Accepted", 100)];
+        let mut desired = vec![
+            cond("Accepted", "True", "Accepted", 200),
+            cond("Programmed", "True", "Programmed", 200),
+        ];
+        keep_times(&mut desired, &live);
+        assert_eq!(desired[0], live[0]);
+        assert_eq!(desired[1].last_transition_time.0.as_second(), 200);
+        let mut flipped = vec![cond("Accepted", "False", "Invalid", 300)];
+        keep_times(&mut flipped, &live);
+        assert_eq!(flipped[0].last_transition_time.0.as_second(), 300);
+    }
+
+    #[test]
+    fn empty_and_missing_compare_equal() {
+        assert!(same(&json!({"a": [], "b": null, "c": 1}), &json!({"c": 1})));
+        assert!(!same(&json!({"c": 1}), &json!({"c": 2})));
+        let s = GatewayClassStatus {
+            conditions: Some(vec![]),
+            supported_features: None,
+        };
+        assert!(same(&s, &GatewayClassStatus::default()));
+    }
+}

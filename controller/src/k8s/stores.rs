@@ -1,0 +1,361 @@
+//! Watches and stores: the cluster objects the compiler reads, kept in memory.
+//!
+//! In: one kube-runtime watcher per kind (default backoff, so API errors retry), each item
+//! deserialized on its own through [`Lenient`]. Out: kube-runtime reflector [`Store`]s that
+//! [`Stores::inputs`] snapshots into the compiler's [`Inputs`], and a [`Change`] on a channel
+//! for every event after a kind's first full list, saying what a recompile must redo.
+//!
+//! Memory: `managedFields` and the client-side-apply annotation are dropped from every object.
+//! Secrets are watched with the field selector `type=kubernetes.io/tls`: the compiler reads
+//! only TLS Secrets (listener certificates), so Opaque, token and docker-config Secrets, usually
+//! the bulk of a cluster's Secrets, never reach the controller. A tighter bound (only the Secrets
+//! Gateways reference) would need a watch per referenced name and a re-list whenever a Gateway
+//! gains a reference; the field selector is one watch and is bounded by what users mark as TLS.
+//!
+//! A malformed object (valid for the API server, not for our types) is stored as
+//! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
+//! of the compile like a deleted object, and the rest of its watch keeps flowing.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use gateway_api::gatewayclasses::GatewayClass;
+use gateway_api::gateways::Gateway;
+use gateway_api::httproutes::HttpRoute;
+use gateway_api::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::lenient::Lenient;
+use super::metrics::{Metrics, kind as kind_label};
+use crate::compile::Inputs;
+
+/// The kinds the controller watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// gateway.networking.k8s.io GatewayClass.
+    GatewayClass,
+    /// gateway.networking.k8s.io Gateway.
+    Gateway,
+    /// gateway.networking.k8s.io HTTPRoute.
+    HttpRoute,
+    /// gateway.networking.k8s.io ReferenceGrant.
+    ReferenceGrant,
+    /// core Service.
+    Service,
+    /// discovery EndpointSlice.
+    EndpointSlice,
+    /// core Secret (TLS only).
+    Secret,
+    /// core Namespace.
+    Namespace,
+}
+
+impl Kind {
+    /// The Kubernetes kind name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GatewayClass => "GatewayClass",
+            Self::Gateway => "Gateway",
+            Self::HttpRoute => "HTTPRoute",
+            Self::ReferenceGrant => "ReferenceGrant",
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Secret => "Secret",
+            Self::Namespace => "Namespace",
+        }
+    }
+}
+
+/// What a change requires of the next reconcile, cheapest last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Relevance {
+    /// Only the `status` of an object changed (often our own write): compare statuses again,
+    /// no compile needed (the compiler does not read status).
+    Status,
+    /// Only EndpointSlices changed: compile and publish tables; statuses cannot change
+    /// (no condition depends on endpoints, only on Services).
+    Endpoints,
+    /// Anything else: compile, publish, statuses, provisioning.
+    Full,
+}
+
+/// One store change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    /// Kind of the object.
+    pub kind: Kind,
+    /// What it requires.
+    pub relevance: Relevance,
+}
+
+/// The reflector stores of every watched kind. Cheap to clone.
+#[derive(Clone)]
+pub struct Stores {
+    /// GatewayClasses.
+    pub gateway_classes: Store<Lenient<GatewayClass>>,
+    /// Gateways.
+    pub gateways: Store<Lenient<Gateway>>,
+    /// HTTPRoutes.
+    pub http_routes: Store<Lenient<HttpRoute>>,
+    /// ReferenceGrants.
+    pub reference_grants: Store<Lenient<ReferenceGrant>>,
+    /// Services.
+    pub services: Store<Lenient<Service>>,
+    /// EndpointSlices.
+    pub endpoint_slices: Store<Lenient<EndpointSlice>>,
+    /// TLS Secrets.
+    pub secrets: Store<Lenient<Secret>>,
+    /// Namespaces.
+    pub namespaces: Store<Lenient<Namespace>>,
+}
+
+impl Stores {
+    /// Starts one watch per kind; changes after each kind's first list go to `tx`.
+    pub fn spawn(
+        client: &Client,
+        tx: &UnboundedSender<Change>,
+        metrics: &Arc<Metrics>,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let mut tasks = Vec::new();
+        let cfg = watcher::Config::default;
+        let w = |k| Watch {
+            kind: k,
+            tx: tx.clone(),
+            metrics: metrics.clone(),
+        };
+        let (gateway_classes, t) = w(Kind::GatewayClass).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (gateways, t) = w(Kind::Gateway).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (http_routes, t) = w(Kind::HttpRoute).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (reference_grants, t) = w(Kind::ReferenceGrant).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (services, t) = w(Kind::Service).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (endpoint_slices, t) = w(Kind::EndpointSlice).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (secrets, t) = w(Kind::Secret).spawn(
+            Api::all(client.clone()),
+            cfg().fields("type=kubernetes.io/tls"),
+        );
+        tasks.push(t);
+        let (namespaces, t) = w(Kind::Namespace).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let stores = Self {
+            gateway_classes,
+            gateways,
+            http_routes,
+            reference_grants,
+            services,
+            endpoint_slices,
+            secrets,
+            namespaces,
+        };
+        (stores, tasks)
+    }
+
+    /// Waits until every kind has been listed once.
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.gateway_classes.wait_until_ready().await?;
+        self.gateways.wait_until_ready().await?;
+        self.http_routes.wait_until_ready().await?;
+        self.reference_grants.wait_until_ready().await?;
+        self.services.wait_until_ready().await?;
+        self.endpoint_slices.wait_until_ready().await?;
+        self.secrets.wait_until_ready().await?;
+        self.namespaces.wait_until_ready().await
+    }
+
+    /// A snapshot of every well-formed object, for the compiler.
+    pub fn inputs(&self, now: Time) -> Inputs {
+        let mut inputs = Inputs::new(now);
+        inputs.gateway_classes = well_formed(&self.gateway_classes);
+        inputs.gateways = well_formed(&self.gateways);
+        inputs.http_routes = well_formed(&self.http_routes);
+        inputs.reference_grants = well_formed(&self.reference_grants);
+        inputs.services = well_formed(&self.services);
+        inputs.endpoint_slices = well_formed(&self.endpoint_slices);
+        inputs.secrets = well_formed(&self.secrets);
+        inputs.namespaces = well_formed(&self.namespaces);
+        inputs
+    }
+}
+
+fn well_formed<K: Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>) -> Vec<K> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| o.as_ok().cloned())
+        .collect()
+}
+
+/// One kind's watch.
+struct Watch {
+    kind: Kind,
+    tx: UnboundedSender<Change>,
+    metrics: Arc<Metrics>,
+}
+
+impl Watch {
+    fn spawn<K>(
+        self,
+        api: Api<Lenient<K>>,
+        config: watcher::Config,
+    ) -> (Store<Lenient<K>>, JoinHandle<()>)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let (reader, mut writer) = reflector::store::<Lenient<K>>();
+        let store = reader.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = watch_stream(api, config).default_backoff().boxed();
+            let mut listed = false;
+            let label = kind_label(self.kind.as_str());
+            while let Some(event) = stream.next().await {
+                let mut event = match event {
+                    Ok(e) => e,
+                    Err(e) => {
+                        warn!(kind = self.kind.as_str(), error = %e, "watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                event = event.modify(Lenient::strip);
+                self.metrics.watch_events.get_or_create(&label).inc();
+                let relevance = match &event {
+                    Event::Apply(o) => {
+                        self.report_malformed(o);
+                        let old = reader.get(&ObjectRef::from_obj(o));
+                        Some(relevance(self.kind, old.as_deref(), o))
+                    }
+                    Event::Delete(_) => Some(base_relevance(self.kind)),
+                    Event::InitApply(o) => {
+                        self.report_malformed(o);
+                        None
+                    }
+                    Event::Init => None,
+                    Event::InitDone => {
+                        listed = true;
+                        debug!(kind = self.kind.as_str(), "listed");
+                        Some(Relevance::Full)
+                    }
+                };
+                writer.apply_watcher_event(&event);
+                if let (true, Some(relevance)) = (listed, relevance) {
+                    let change = Change {
+                        kind: self.kind,
+                        relevance,
+                    };
+                    if self.tx.send(change).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        (store, task)
+    }
+
+    fn report_malformed<K: Resource<DynamicType = ()>>(&self, o: &Lenient<K>) {
+        if let Lenient::Malformed { metadata, error } = o {
+            self.metrics
+                .malformed_objects
+                .get_or_create(&kind_label(self.kind.as_str()))
+                .inc();
+            warn!(
+                kind = self.kind.as_str(),
+                namespace = metadata.namespace.as_deref().unwrap_or(""),
+                name = metadata.name.as_deref().unwrap_or(""),
+                error = %error,
+                "object does not deserialize; skipped (treated as absent)"
+            );
+        }
+    }
+}
+
+fn base_relevance(kind: Kind) -> Relevance {
+    match kind {
+        Kind::EndpointSlice => Relevance::Endpoints,
+        _ => Relevance::Full,
+    }
+}
+
+/// What an update from `old` to `new` requires. For the Gateway API kinds a change that keeps
+/// `metadata.generation`, labels, annotations and deletion timestamp is a status change.
+pub fn relevance<K: Resource<DynamicType = ()>>(
+    kind: Kind,
+    old: Option<&Lenient<K>>,
+    new: &Lenient<K>,
+) -> Relevance {
+    let gateway_api = matches!(
+        kind,
+        Kind::GatewayClass | Kind::Gateway | Kind::HttpRoute | Kind::ReferenceGrant
+    );
+    match old {
+        Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {
+            let (a, b) = (old.meta(), new.meta());
+            if a.generation == b.generation
+                && a.labels == b.labels
+                && a.annotations == b.annotations
+                && a.deletion_timestamp == b.deletion_timestamp
+            {
+                Relevance::Status
+            } else {
+                Relevance::Full
+            }
+        }
+        _ => base_relevance(kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn route(generation: i64, status: &str) -> Lenient<HttpRoute> {
+        Lenient::from_value(json!({
+            "metadata": {"name": "r", "namespace": "n", "generation": generation},
+            "spec": {},
+            "status": {"parents": [{"controllerName": status, "parentRef": {"name": "g"}, "conditions": []}]},
+        }))
+    }
+
+    #[test]
+    fn a_status_only_update_needs_no_compile() {
+        let (a, b) = (route(1, "x/a"), route(1, "x/b"));
+        assert_eq!(relevance(Kind::HttpRoute, Some(&a), &b), Relevance::Status);
+        assert_eq!(
+            relevance(Kind::HttpRoute, Some(&a), &route(2, "x/a")),
+            Relevance::Full
+        );
+        assert_eq!(relevance(Kind::HttpRoute, None, &a), Relevance::Full);
+    }
+
+    #[test]
+    fn endpoint_slices_take_the_fast_way() {
+        let s: Lenient<EndpointSlice> = Lenient::from_value(
+            json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []}),
+        );
+        assert_eq!(
+            relevance(Kind::EndpointSlice, Some(&s), &s),
+            Relevance::Endpoints
+        );
+        let bad: Lenient<HttpRoute> = Lenient::from_value(json!({"spec": {"rules": 1}}));
+        assert_eq!(
+            relevance(Kind::HttpRoute, Some(&route(1, "a")), &bad),
+            Relevance::Full
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! `tollgate controller` against the real kube-apiserver of `e2e/cluster.sh`: exact statuses
+//! and reasons, no status writes after a restart, a rejected route alone, other controllers'
+//! route status entries kept, Events for rejections.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod k8s_support;
+
+use std::time::Duration;
+
+use gateway_api::gatewayclasses::GatewayClass;
+use gateway_api::gateways::Gateway;
+use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use k8s_openapi::api::core::v1::Event as CoreEvent;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use k8s_support::{TestEnv, conds, eventually, summary};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Our parent entries of a route, once it has any.
+async fn parents(env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
+    parents_in(env, env, route).await
+}
+
+/// Our (`env`'s controller) parent entries of a route of `in_env`'s namespace.
+async fn parents_in(env: &TestEnv, in_env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
+    let cn = env.controller_name.clone();
+    eventually(WAIT, || async {
+        let r: HttpRoute = in_env.get(route).await;
+        let ours: Vec<_> = r
+            .status?
+            .parents
+            .into_iter()
+            .filter(|p| p.controller_name == cn)
+            .collect();
+        (!ours.is_empty()).then_some(ours)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no status on route {route}"))
+}
+
+async fn gateway_written(env: &TestEnv, name: &str) -> Gateway {
+    eventually(WAIT, || async {
+        let g: Gateway = env.get(name).await;
+        let written = g
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.reason != "Pending");
+        written.then_some(g)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no status on gateway {name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_carry_exact_conditions_and_reasons() {
+    let env = TestEnv::new("status").await;
+    let other_ns = TestEnv::new("status-other").await;
+    env.gateway("gw", &[("http", 80), ("admin", 8080)]).await;
+    env.service("echo", 8080, "10.1.0.1").await;
+    env.route(
+        "ok",
+        json!([{"name": "gw", "sectionName": "http"}]),
+        "echo",
+        8080,
+    )
+    .await;
+    env.route("missing", json!([{"name": "gw"}]), "nope", 80)
+        .await;
+    let cross = json!([{"name": "gw", "namespace": env.ns}]);
+    other_ns.route("cross", cross, "echo", 8080).await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+
+    let ok = parents(&env, "ok").await;
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].parent_ref.name, "gw");
+    assert_eq!(ok[0].parent_ref.section_name.as_deref(), Some("http"));
+    assert_eq!(
+        summary(&ok[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    assert!(
+        ok[0]
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
+
+    let missing = parents(&env, "missing").await;
+    assert_eq!(
+        summary(&missing[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "False", "BackendNotFound")
+        ])
+    );
+
+    let cross = parents_in(&env, &other_ns, "cross").await;
+    assert_eq!(
+        summary(&cross[0].conditions)
+            .into_iter()
+            .find(|c| c.0 == "Accepted")
+            .unwrap(),
+        (
+            "Accepted".into(),
+            "False".into(),
+            "NotAllowedByListeners".into()
+        )
+    );
+
+    let gw = gateway_written(&env, "gw").await;
+    let st = gw.status.unwrap();
+    assert_eq!(
+        summary(st.conditions.as_deref().unwrap()),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("Programmed", "True", "Programmed")
+        ])
+    );
+    let attached: Vec<(String, i32)> = st
+        .listeners
+        .unwrap()
+        .iter()
+        .map(|l| (l.name.clone(), l.attached_routes))
+        .collect();
+    // "ok" attaches to http only; "missing" (no sectionName) to both; "cross" to none.
+    assert_eq!(attached, vec![("http".into(), 2), ("admin".into(), 1)]);
+
+    let class: GatewayClass = Api::all(env.client.clone()).get(&env.class).await.unwrap();
+    let cs = class.status.unwrap();
+    assert_eq!(
+        summary(cs.conditions.as_deref().unwrap()),
+        conds(&[("Accepted", "True", "Accepted")])
+    );
+    let features = cs.supported_features.unwrap_or_default();
+    assert!(
+        features.iter().any(|f| f.name == "HTTPRoute"),
+        "{features:?}"
+    );
+
+    // The rejection is an Event on the route, once.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let found = eventually(WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let evs: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("missing"))
+            .collect();
+        (!evs.is_empty()).then_some(evs)
+    })
+    .await
+    .expect("no Event for the rejected route");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].reason.as_deref(), Some("BackendNotFound"));
+    assert_eq!(found[0].type_.as_deref(), Some("Warning"));
+    let _ = Api::<CoreEvent>::namespaced(env.client.clone(), &env.ns);
+    drop(ctl);
+}
+
+async fn versions(env: &TestEnv) -> [Option<String>; 4] {
+    let g: Gateway = env.get("gw").await;
+    let r1: HttpRoute = env.get("r1").await;
+    let r2: HttpRoute = env.get("r2").await;
+    let c: GatewayClass = Api::all(env.client.clone()).get(&env.class).await.unwrap();
+    [
+        g.resource_version(),
+        r1.resource_version(),
+        r2.resource_version(),
+        c.resource_version(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_writes_no_status_for_unchanged_objects() {
+    let env = TestEnv::new("restart").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.1.0.2").await;
+    env.route("r1", json!([{"name": "gw"}]), "echo", 80).await;
+    env.route("r2", json!([{"name": "gw"}]), "missing", 80)
+        .await;
+    let mut first = env.controller("a", &[]);
+    first.wait_ready().await;
+    parents(&env, "r1").await;
+    parents(&env, "r2").await;
+    gateway_written(&env, "gw").await;
+    // Let the echo of our own writes come back, then stop.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(first.metric("tollgate_controller_status_writes_total", "result=\"ok\"") >= 4.0);
+    first.terminate();
+
+    let before = versions(&env).await;
+    let second = env.controller("b", &[]);
+    second.wait_ready().await;
+    // The first reconcile runs before /readyz turns ready; give any stray write time to land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(versions(&env).await, before, "{}", second.log());
+    assert_eq!(
+        second.metric("tollgate_controller_status_writes_total", ""),
+        0.0,
+        "{}",
+        second.log()
+    );
+    assert!(second.metric("tollgate_controller_reconciles_total", "") >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_route_is_rejected_alone() {
+    let env = TestEnv::new("reject").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.1.0.3").await;
+    env.route("good", json!([{"name": "gw"}]), "echo", 80).await;
+    env.apply::<HttpRoute>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "bad-regex"},
+        "spec": {"parentRefs": [{"name": "gw"}],
+                 "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "/(unclosed"}}],
+                            "backendRefs": [{"name": "echo", "port": 80}]}]},
+    }))
+    .await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+    let bad = parents(&env, "bad-regex").await;
+    let accepted = bad[0]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .unwrap();
+    assert_eq!(accepted.status, "False", "{accepted:?}");
+    assert_eq!(accepted.reason, "UnsupportedValue", "{accepted:?}");
+    let good = parents(&env, "good").await;
+    assert_eq!(
+        summary(&good[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    // Attachment depends only on parentRefs and allowedRoutes (Gateway API), so both count.
+    let gw = gateway_written(&env, "gw").await;
+    let l = &gw.status.unwrap().listeners.unwrap()[0];
+    assert_eq!(l.attached_routes, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_controllers_entries_are_kept_and_ours_removed_when_unreferenced() {
+    let env = TestEnv::new("share").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.1.0.4").await;
+    env.route("r", json!([{"name": "gw"}, {"name": "theirs"}]), "echo", 80)
+        .await;
+    // Another controller's entry, written before ours.
+    let theirs = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "r", "namespace": env.ns},
+        "status": {"parents": [{
+            "controllerName": "example.com/other",
+            "parentRef": {"name": "theirs"},
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                            "observedGeneration": 1}],
+        }]},
+    });
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    routes
+        .patch_status("r", &PatchParams::apply("other"), &Patch::Apply(theirs))
+        .await
+        .unwrap();
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+    parents(&env, "r").await;
+    let all = |r: HttpRoute| -> Vec<String> {
+        r.status
+            .map(|s| s.parents)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| format!("{}:{}", p.controller_name, p.parent_ref.name))
+            .collect()
+    };
+    let r: HttpRoute = env.get("r").await;
+    assert_eq!(
+        all(r),
+        vec![
+            "example.com/other:theirs".to_owned(),
+            format!("{}:gw", env.controller_name)
+        ]
+    );
+
+    // The route stops referencing our Gateway: our entry goes, theirs stays.
+    env.apply::<HttpRoute>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "r"},
+        "spec": {"parentRefs": [{"name": "theirs"}],
+                 "rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]},
+    }))
+    .await;
+    let left = eventually(WAIT, || async {
+        let r: HttpRoute = env.get("r").await;
+        let v = all(r);
+        (v.len() == 1).then_some(v)
+    })
+    .await
+    .unwrap_or_else(|| panic!("our entry stayed:\n{}", ctl.log()));
+    assert_eq!(left, vec!["example.com/other:theirs".to_owned()]);
+    // And the Gateway no longer counts it.
+    let n = eventually(WAIT, || async {
+        let g: Gateway = env.get("gw").await;
+        let n = g.status?.listeners?[0].attached_routes;
+        (n == 0).then_some(n)
+    })
+    .await;
+    assert_eq!(n, Some(0));
+}

@@ -1,0 +1,380 @@
+//! Helpers for tests against the real kube-apiserver of `e2e/cluster.sh`: bring the cluster
+//! up once per test binary (a failure to come up fails the test, with the script's output),
+//! a client from its kubeconfig, a fresh namespace and unique GatewayClass/controller names per
+//! test, server-side apply of JSON objects, and the `tollgate controller` binary as a child
+//! process with its own metrics port, killed on drop.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::fmt::Debug;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs `e2e/cluster.sh up` once per test binary and returns the kubeconfig path.
+pub fn kubeconfig() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        let script = workspace().join("e2e/cluster.sh");
+        let out = Command::new(&script).arg("up").output().unwrap();
+        assert!(
+            out.status.success(),
+            "e2e/cluster.sh up failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = Command::new(&script).arg("env").output().unwrap();
+        let text = String::from_utf8_lossy(&env.stdout);
+        let path = text
+            .lines()
+            .find_map(|l| l.strip_prefix("export KUBECONFIG="))
+            .unwrap_or_else(|| panic!("no KUBECONFIG in `cluster.sh env`: {text}"))
+            .trim_matches(['"', '\''])
+            .to_owned();
+        PathBuf::from(path)
+    })
+}
+
+/// A client for the test cluster.
+pub async fn client() -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// A random lowercase suffix.
+pub fn suffix() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let n = RandomState::new().hash_one((Instant::now(), std::thread::current().id()));
+    format!("{:08x}", n as u32)
+}
+
+/// One test's corner of the cluster.
+pub struct TestEnv {
+    pub client: Client,
+    /// A fresh namespace.
+    pub ns: String,
+    /// A GatewayClass name no other test uses (created by [`TestEnv::new`]).
+    pub class: String,
+    /// The controllerName of that class, owned by this test's controllers.
+    pub controller_name: String,
+    dir: PathBuf,
+}
+
+impl TestEnv {
+    /// Creates the namespace and the GatewayClass.
+    pub async fn new(name: &str) -> Self {
+        kubeconfig();
+        let client = client().await;
+        let s = suffix();
+        let ns = format!("{name}-{s}");
+        let env = Self {
+            client,
+            class: format!("tg-{name}-{s}"),
+            controller_name: format!("tollgate.dev/test-{name}-{s}"),
+            dir: std::env::temp_dir().join(format!("tollgate-k8s-{ns}")),
+            ns,
+        };
+        std::fs::create_dir_all(&env.dir).unwrap();
+        env.apply_cluster::<k8s_openapi::api::core::v1::Namespace>(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": env.ns},
+        }))
+        .await;
+        env.apply_cluster::<gateway_api::gatewayclasses::GatewayClass>(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": env.class},
+            "spec": {"controllerName": env.controller_name},
+        }))
+        .await;
+        env
+    }
+
+    /// Server-side applies a namespaced object into the test namespace (unless it names one).
+    pub async fn apply<K>(&self, mut obj: Value) -> K
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(&self.ns)
+            .to_owned();
+        obj["metadata"]["namespace"] = json!(ns);
+        let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        api.patch(
+            &name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {ns}/{name}: {e}"))
+    }
+
+    /// Server-side applies a cluster-scoped object.
+    pub async fn apply_cluster<K>(&self, obj: Value) -> K
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+        let api: Api<K> = Api::all(self.client.clone());
+        api.patch(
+            &name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {name}: {e}"))
+    }
+
+    /// Reads a namespaced object of the test namespace.
+    pub async fn get<K>(&self, name: &str) -> K
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        Api::<K>::namespaced(self.client.clone(), &self.ns)
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    /// A Gateway of the test class with one HTTP listener per `(name, port)`.
+    pub async fn gateway(&self, name: &str, listeners: &[(&str, u16)]) {
+        let ls: Vec<Value> = listeners
+            .iter()
+            .map(|(n, p)| json!({"name": n, "port": p, "protocol": "HTTP"}))
+            .collect();
+        self.apply::<gateway_api::gateways::Gateway>(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name},
+            "spec": {"gatewayClassName": self.class, "listeners": ls},
+        }))
+        .await;
+    }
+
+    /// A Service with one port and an EndpointSlice with one ready endpoint.
+    pub async fn service(&self, name: &str, port: u16, ip: &str) {
+        self.apply::<k8s_openapi::api::core::v1::Service>(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"ports": [{"port": port, "protocol": "TCP"}]},
+        }))
+        .await;
+        self.apply::<k8s_openapi::api::discovery::v1::EndpointSlice>(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        }))
+        .await;
+    }
+
+    /// An HTTPRoute with the given parentRefs and one rule to `backend:port` (path prefix
+    /// `path`).
+    pub async fn route(&self, name: &str, parents: Value, backend: &str, port: u16) {
+        self.apply::<gateway_api::httproutes::HttpRoute>(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name},
+            "spec": {"parentRefs": parents,
+                     "rules": [{"backendRefs": [{"name": backend, "port": port}]}]},
+        }))
+        .await;
+    }
+
+    /// Starts `tollgate controller` for this test's class with `extra` arguments.
+    pub fn controller(&self, id: &str, extra: &[&str]) -> ControllerProc {
+        ControllerProc::start(self, id, extra)
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `tollgate controller`, killed when dropped.
+pub struct ControllerProc {
+    child: Child,
+    log: PathBuf,
+    /// Its metrics port.
+    pub metrics_port: u16,
+}
+
+impl ControllerProc {
+    fn start(env: &TestEnv, id: &str, extra: &[&str]) -> Self {
+        let metrics_port = free_port();
+        let log = env.dir.join(format!("controller-{id}-{}.log", suffix()));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let kubeconfig = kubeconfig().to_str().unwrap().to_owned();
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let mut args = vec![
+            "controller",
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            &env.ns,
+            "--id",
+            id,
+            "--metrics-addr",
+            &metrics,
+            "--controller-name",
+            &env.controller_name,
+            "--provision=false",
+        ];
+        args.extend_from_slice(extra);
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(&args)
+            .env("RUST_LOG", "info,tollgate=debug")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            log,
+            metrics_port,
+        }
+    }
+
+    /// Everything the process has written so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET path` on the metrics port: (status, body).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).ok()?;
+        let status = raw.split(' ').nth(1)?.parse().ok()?;
+        let body = raw.split_once("\r\n\r\n")?.1.to_owned();
+        Some((status, body))
+    }
+
+    /// Waits until `/readyz` says ready.
+    pub async fn wait_ready(&self) {
+        let ok = eventually(Duration::from_secs(60), || async {
+            (self.http_get("/readyz")?.0 == 200).then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "controller not ready:\n{}", self.log());
+    }
+
+    /// The sum of every sample of metric `name` (any labels) whose label text contains
+    /// `filter`.
+    pub fn metric(&self, name: &str, filter: &str) -> f64 {
+        let (_, body) = self.http_get("/metrics").unwrap_or_default();
+        body.lines()
+            .filter(|l| {
+                l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(filter)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Kills the process at once (SIGKILL: no Lease release).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops the process with SIGTERM and waits for it.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for ControllerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The conditions of a status list as `(type, status, reason)`, sorted.
+pub fn summary(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = conds
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `(type, status, reason)` for literals.
+pub fn conds(list: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = list
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    v.sort();
+    v
+}
