@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# e2e/chart-test.sh — test the Helm chart charts/tollgate:
+#
+#   1. e2e/check-crds.sh: the chart's crds/ equals the repository's crds/
+#   2. `helm lint --strict`, with the default values and each variant below
+#   3. `helm template` renders each variant with the expected kinds
+#   4. values.schema.json rejects bad values
+#   5. the controller accepts every flag the chart passes (when a built
+#      `tollgate` binary is found: $TOLLGATE_BIN, or $CARGO_TARGET_DIR/debug)
+#   6. `helm template | kubectl apply --dry-run=server -f -` against the real
+#      kube-apiserver of e2e/cluster.sh: the API server validates every object
+#      (schemas, RBAC escalation checks, the GatewayClass against its CRD).
+#      A running cluster is used as it is; otherwise one is started and
+#      stopped again at the end.
+#
+# Helm comes from e2e/helm.sh (built from its Go module on first use, ~3 min).
+set -euo pipefail
+
+E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$E2E/.." && pwd)
+CHART=$ROOT/charts/tollgate
+NS=tollgate-chart-test
+SCOPED_NS=("$NS-a" "$NS-b")
+WORK=$(mktemp -d)
+STARTED_CLUSTER=0
+
+log() { printf '[chart-test] %s\n' "$*" >&2; }
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+
+cleanup() {
+  rm -rf "$WORK"
+  if ((STARTED_CLUSTER)); then
+    "$E2E/cluster.sh" down >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
+
+helm() { "$E2E/helm.sh" "$@"; }
+
+# Values variants: name, then `helm --set` arguments.
+declare -A VARIANTS=(
+  [default]=""
+  [scoped]="--set rbac.gatewayNamespaces={${SCOPED_NS[0]},${SCOPED_NS[1]}} --set gatewayClass.create=false --set controller.replicas=1 --set proxy.serviceType=ClusterIP"
+  [minimal]="--set provision.enabled=false --set controller.push.enabled=false --set gatewayClass.name=tollgate-chart-test --set controller.podDisruptionBudget.enabled=false --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=kubernetes.io/os --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=In --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values[0]=linux"
+)
+# Kinds each variant renders (sorted, with repeats).
+declare -A KINDS=(
+  [default]="ClusterRole ClusterRoleBinding Deployment GatewayClass PodDisruptionBudget Role RoleBinding Service ServiceAccount"
+  [scoped]="ClusterRole ClusterRole ClusterRoleBinding Deployment Role RoleBinding RoleBinding RoleBinding Service ServiceAccount"
+  [minimal]="ClusterRole ClusterRoleBinding Deployment GatewayClass Role RoleBinding Service ServiceAccount"
+)
+
+render() { # render VARIANT: helm template into $WORK/VARIANT.yaml
+  local args
+  read -r -a args <<<"${VARIANTS[$1]}"
+  helm template tollgate "$CHART" --namespace "$NS" "${args[@]}" >"$WORK/$1.yaml"
+}
+
+# --- 1. CRD copy ---------------------------------------------------------------
+"$E2E/check-crds.sh"
+
+# --- 2, 3. lint and render ------------------------------------------------------
+for v in default scoped minimal; do
+  read -r -a args <<<"${VARIANTS[$v]}"
+  helm lint --strict --namespace "$NS" "$CHART" "${args[@]}" >"$WORK/lint.txt" 2>&1 ||
+    { cat "$WORK/lint.txt" >&2; fail "helm lint ($v)"; }
+  render "$v"
+  kinds=$(awk '/^kind:/ { print $2 }' "$WORK/$v.yaml" | LC_ALL=C sort | xargs)
+  [[ $kinds == "${KINDS[$v]}" ]] || fail "variant $v rendered kinds '$kinds', expected '${KINDS[$v]}'"
+  log "lint and render ok: $v ($kinds)"
+done
+grep -q -- '--proxy-image=ghcr.io/tollgate-dev/tollgate-proxy:' "$WORK/default.yaml" || fail "no --proxy-image"
+grep -q -- '--controller-url=https://tollgate-controller.tollgate-chart-test.svc:9443' "$WORK/default.yaml" ||
+  fail "unexpected --controller-url"
+if grep -q 'kind: PodDisruptionBudget' "$WORK/scoped.yaml"; then fail "PDB with 1 replica"; fi
+
+# --- 4. schema rejections -------------------------------------------------------
+for bad in controller.replicas=0 controller.unknown=1 proxy.serviceType=External \
+  controller.metricsPort=70000 'rbac.gatewayNamespaces={Not_A_Namespace}' \
+  controller.image.pullPolicy=Sometimes gatewayClass.description="$(printf 'x%.0s' {1..65})"; do
+  if helm template tollgate "$CHART" --namespace "$NS" --set "$bad" >/dev/null 2>"$WORK/err.txt"; then
+    fail "the schema accepted --set $bad"
+  fi
+  grep -q "schema" "$WORK/err.txt" || { cat "$WORK/err.txt" >&2; fail "--set $bad failed, but not on the schema"; }
+done
+log "schema rejects bad values ok"
+
+# --- 5. flags the controller knows ---------------------------------------------
+bin=${TOLLGATE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/tollgate}
+if [[ -x $bin ]]; then
+  help=$("$bin" controller --help)
+  while read -r flag; do
+    grep -q -- "$flag" <<<"$help" || fail "tollgate controller has no $flag (binary $bin)"
+  done < <(grep -o -- ' - --[a-z-]*' "$WORK/default.yaml" | awk '{ print $2 }' | sort -u)
+  log "every controller flag is known to $bin"
+else
+  log "skip: no tollgate binary at $bin (set TOLLGATE_BIN) to check the controller flags"
+fi
+
+# --- 6. server-side validation ---------------------------------------------------
+if ! "$E2E/cluster.sh" status >/dev/null 2>&1; then
+  log "no cluster running: starting one (stopped at the end)"
+  STARTED_CLUSTER=1
+  "$E2E/cluster.sh" up
+fi
+kc() { "$E2E/cluster.sh" kubectl "$@"; }
+for ns in "$NS" "${SCOPED_NS[@]}"; do
+  kc create namespace "$ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
+done
+for v in default scoped minimal; do
+  kc apply --dry-run=server -f "$WORK/$v.yaml" >"$WORK/apply.txt" 2>&1 ||
+    { cat "$WORK/apply.txt" >&2; fail "kubectl apply --dry-run=server ($v)"; }
+  log "server-side dry run ok: $v ($(grep -c 'server dry run' "$WORK/apply.txt") objects)"
+done
+log "PASS"
