@@ -12,6 +12,9 @@
 #      (schemas, RBAC escalation checks, the GatewayClass against its CRD).
 #      A running cluster is used as it is; otherwise one is started and
 #      stopped again at the end.
+#   7. RBAC: the default render's ServiceAccount and RBAC objects are applied
+#      for real (release tollgate-chart-test), then `kubectl auth can-i --as`
+#      the controller's ServiceAccount checks what it may and may not do.
 #
 # Helm comes from e2e/helm.sh (built from its Go module on first use, ~3 min).
 set -euo pipefail
@@ -115,4 +118,64 @@ for v in default scoped minimal; do
     { cat "$WORK/apply.txt" >&2; fail "kubectl apply --dry-run=server ($v)"; }
   log "server-side dry run ok: $v ($(grep -c 'server dry run' "$WORK/apply.txt") objects)"
 done
+
+# --- 7. RBAC, as the controller ---------------------------------------------------
+helm template tollgate-chart-test "$CHART" --namespace "$NS" \
+  --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+kc apply --server-side --force-conflicts --field-manager tollgate-chart-test -f "$WORK/rbac.yaml" >/dev/null
+SA=system:serviceaccount:$NS:tollgate-chart-test-controller
+can() { # can yes|no VERB RESOURCE [kubectl auth can-i flags...]
+  local want=$1 got
+  shift
+  got=$(kc auth can-i --as "$SA" "$@" 2>/dev/null || true)
+  [[ $got == "$want" ]] || fail "can-i $* as the controller: got '$got', want '$want'"
+}
+GW=gateway.networking.k8s.io
+for r in gatewayclasses gateways httproutes grpcroutes referencegrants; do
+  for verb in get list watch; do can yes "$verb" "$r.$GW" -A; done
+  can no update "$r.$GW" -n apps
+done
+for r in gatewayclasses gateways httproutes grpcroutes; do
+  can yes patch "$r.$GW" --subresource=status -n apps
+  can yes update "$r.$GW" --subresource=status -n apps
+done
+can no patch "referencegrants.$GW" --subresource=status -n apps
+can yes update "gateways.$GW" --subresource=finalizers -n apps
+for r in services namespaces secrets endpointslices.discovery.k8s.io; do can yes watch "$r" -A; done
+for r in serviceaccounts services deployments.apps; do
+  for verb in get create patch update delete; do can yes "$verb" "$r" -n apps; done
+done
+can yes create secrets -n apps
+can yes patch secrets -n apps
+can no delete secrets -n apps
+can yes create events -n apps
+can yes create events.events.k8s.io -n apps
+can yes create leases.coordination.k8s.io -n "$NS"
+can yes update leases.coordination.k8s.io -n "$NS"
+can no update leases.coordination.k8s.io -n apps
+can no create pods -n apps
+can no create clusterroles.rbac.authorization.k8s.io
+can no create "gateways.$GW" -n apps
+can no delete "httproutes.$GW" -n apps
+log "RBAC as the controller ok"
+
+# With rbac.gatewayNamespaces, writes only there (and the CA Secret at home).
+helm template tollgate-chart-scoped "$CHART" --namespace "$NS" \
+  --set "rbac.gatewayNamespaces={${SCOPED_NS[0]},${SCOPED_NS[1]}}" \
+  --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac-scoped.yaml"
+kc apply --server-side --force-conflicts --field-manager tollgate-chart-test -f "$WORK/rbac-scoped.yaml" >/dev/null
+SA=system:serviceaccount:$NS:tollgate-chart-scoped-controller
+for ns in "${SCOPED_NS[@]}"; do
+  can yes create deployments.apps -n "$ns"
+  can yes patch services -n "$ns"
+  can yes create secrets -n "$ns"
+  can yes update "gateways.$GW" --subresource=finalizers -n "$ns"
+done
+can no create deployments.apps -n apps
+can no create secrets -n apps
+can no update "gateways.$GW" --subresource=finalizers -n apps
+can yes create secrets -n "$NS"
+can yes watch secrets -A
+can yes watch deployments.apps -n "${SCOPED_NS[0]}"
+log "scoped RBAC as the controller ok"
 log "PASS"
