@@ -80,7 +80,7 @@ struct ControllerArgs {
     #[arg(long)]
     push_addr: Option<SocketAddr>,
     /// Provision a ServiceAccount, Deployment and Service per accepted Gateway.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     provision: bool,
     /// Proxy image of provisioned Deployments.
     #[arg(long, default_value = "ghcr.io/tollgate-dev/tollgate-proxy:latest")]

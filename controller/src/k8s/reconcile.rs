@@ -50,9 +50,12 @@ pub struct Settings {
 #[derive(Debug, Clone)]
 struct Provisioned {
     fingerprint: String,
-    addresses: Vec<GatewayStatusAddresses>,
     at: Instant,
 }
+
+/// Provisioned objects are applied again at least this often (they are not watched: a
+/// deleted Deployment comes back within this period).
+const REPROVISION: Duration = Duration::from_secs(300);
 
 /// The reconciler's state between reconciles.
 pub struct Reconciler {
@@ -171,10 +174,9 @@ impl Reconciler {
         let mut connected = 0;
         let mut in_sync = 0;
         for (key, st) in &mut out.gateways {
-            if let Some(p) = self.provisioned.get(key)
-                && !p.addresses.is_empty()
-            {
-                st.addresses = Some(p.addresses.clone());
+            if self.settings.provision.is_some() {
+                let addresses = self.addresses(key);
+                st.addresses = (!addresses.is_empty()).then_some(addresses);
             }
             if let Some(push) = &self.settings.push {
                 let sync = push.sync(key);
@@ -193,6 +195,17 @@ impl Reconciler {
         self.metrics.connected_proxies.set(connected);
         self.metrics.in_sync_proxies.set(in_sync);
         out
+    }
+
+    /// `status.addresses` of a provisioned Gateway, from its proxy Service as watched.
+    fn addresses(&self, gateway: &ObjectKey) -> Vec<GatewayStatusAddresses> {
+        let name = provision::object_name(&gateway.name);
+        let r = ObjectRef::new(&name).within(&gateway.namespace);
+        self.stores
+            .services
+            .get(&r)
+            .and_then(|s| s.as_ok().map(provision::addresses))
+            .unwrap_or_default()
     }
 
     async fn write_statuses(&mut self) -> Outcome {
@@ -299,8 +312,10 @@ impl Reconciler {
         }
     }
 
-    /// Provisions accepted Gateways whose spec or metadata changed, retries those still
-    /// without addresses every 10 s, and deprovisions Gateways that lost their table.
+    /// Provisions accepted Gateways whose spec or metadata changed (and every Gateway every
+    /// [`REPROVISION`]), and deprovisions Gateways that lost their table. Addresses are read
+    /// from the watched Service at each status pass, so a load balancer's late address lands
+    /// without provisioning again.
     async fn provision(&mut self) {
         let Some(cfg) = self.settings.provision.clone() else {
             return;
@@ -323,10 +338,10 @@ impl Reconciler {
                 gw.metadata.labels,
                 gw.metadata.annotations
             );
-            let fresh = self.provisioned.get(&key).is_some_and(|p| {
-                p.fingerprint == fingerprint
-                    && (!p.addresses.is_empty() || p.at.elapsed() < Duration::from_secs(10))
-            });
+            let fresh = self
+                .provisioned
+                .get(&key)
+                .is_some_and(|p| p.fingerprint == fingerprint && p.at.elapsed() < REPROVISION);
             if fresh {
                 continue;
             }
@@ -337,7 +352,6 @@ impl Reconciler {
                         key,
                         Provisioned {
                             fingerprint,
-                            addresses,
                             at: Instant::now(),
                         },
                     );

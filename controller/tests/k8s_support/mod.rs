@@ -250,8 +250,10 @@ impl ControllerProc {
             &metrics,
             "--controller-name",
             &env.controller_name,
-            "--provision=false",
         ];
+        if !extra.iter().any(|a| a.starts_with("--provision")) {
+            args.push("--provision=false");
+        }
         args.extend_from_slice(extra);
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(&args)

@@ -1,0 +1,202 @@
+//! Two `tollgate controller` replicas on the real kube-apiserver: only the Lease holder
+//! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
+//! within 15 s; a clean shutdown hands over at once. Also: EndpointSlice-only changes take
+//! the fast way (no status pass), and provisioning is wired in.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod k8s_support;
+
+use std::time::{Duration, Instant};
+
+use gateway_api::gateways::Gateway;
+use gateway_api::httproutes::HttpRoute;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use serde_json::json;
+
+use k8s_support::{ControllerProc, TestEnv, eventually};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn holder(env: &TestEnv) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    leases
+        .get_opt("tollgate-controller")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+async fn has_status(env: &TestEnv, route: &str) -> bool {
+    let r: HttpRoute = env.get(route).await;
+    r.status.is_some_and(|s| {
+        s.parents
+            .iter()
+            .any(|p| p.controller_name == env.controller_name)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_other_replica_takes_over_within_15s_of_a_leader_dying() {
+    let env = TestEnv::new("leader").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.1").await;
+    env.route("r1", json!([{"name": "gw"}]), "echo", 80).await;
+    let mut a = Some(env.controller("a", &[]));
+    let mut b = Some(env.controller("b", &[]));
+    let first = eventually(WAIT, || holder(&env))
+        .await
+        .expect("no lease holder");
+    let ok = eventually(WAIT, || async {
+        has_status(&env, "r1").await.then_some(())
+    })
+    .await;
+    assert!(ok.is_some(), "no status written");
+    let (leader, follower) = if first == "a" {
+        (a.take().unwrap(), b.take().unwrap())
+    } else {
+        (b.take().unwrap(), a.take().unwrap())
+    };
+    follower.wait_ready().await;
+    assert_eq!(
+        follower.metric("tollgate_controller_status_writes_total", ""),
+        0.0,
+        "the follower wrote:\n{}",
+        follower.log()
+    );
+    assert_eq!(follower.metric("tollgate_controller_leader", ""), 0.0);
+    assert_eq!(leader.metric("tollgate_controller_leader", ""), 1.0);
+
+    let mut leader: ControllerProc = leader;
+    leader.kill();
+    let killed = Instant::now();
+    env.route("r2", json!([{"name": "gw"}]), "echo", 80).await;
+    let ok = eventually(Duration::from_secs(20), || async {
+        has_status(&env, "r2").await.then_some(())
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(ok.is_some(), "no failover:\n{}", follower.log());
+    assert!(took < Duration::from_secs(15), "failover took {took:?}");
+    assert_ne!(holder(&env).await.as_deref(), Some(first.as_str()));
+    assert_eq!(follower.metric("tollgate_controller_leader", ""), 1.0);
+    println!("failover: status written {took:?} after the leader was killed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_hands_the_lease_over_at_once() {
+    let env = TestEnv::new("handover").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    let mut a = env.controller("a", &[]);
+    a.wait_ready().await;
+    eventually(WAIT, || async {
+        (holder(&env).await? == "a").then_some(())
+    })
+    .await
+    .expect("a never led");
+    let b = env.controller("b", &[]);
+    b.wait_ready().await;
+    a.terminate();
+    let stopped = Instant::now();
+    eventually(WAIT, || async {
+        (holder(&env).await? == "b").then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("b never led:\n{}", b.log()));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopped.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_changes_skip_the_status_pass() {
+    let env = TestEnv::new("endpoints").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+    eventually(WAIT, || async { has_status(&env, "r").await.then_some(()) })
+        .await
+        .expect("no status");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes = ctl.metric("tollgate_controller_status_writes_total", "");
+    let full = ctl.metric("tollgate_controller_reconciles_total", "path=\"full\"");
+    for ip in ["10.2.0.3", "10.2.0.4"] {
+        env.apply::<EndpointSlice>(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "echo-1", "labels": {"kubernetes.io/service-name": "echo"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 80, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        }))
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let fast = eventually(WAIT, || async {
+        let n = ctl.metric("tollgate_controller_reconciles_total", "path=\"endpoints\"");
+        (n >= 1.0).then_some(n)
+    })
+    .await;
+    assert!(fast.is_some(), "{}", ctl.log());
+    assert_eq!(
+        ctl.metric("tollgate_controller_reconciles_total", "path=\"full\""),
+        full
+    );
+    assert_eq!(
+        ctl.metric("tollgate_controller_status_writes_total", ""),
+        writes
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_creates_the_proxy_and_fills_addresses() {
+    let env = TestEnv::new("prov").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    let ctl = env.controller(
+        "a",
+        &["--provision=true", "--proxy-image", "example/proxy:test"],
+    );
+    ctl.wait_ready().await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    let d = eventually(WAIT, || async {
+        deployments.get_opt("gw-tollgate").await.ok()?
+    })
+    .await
+    .unwrap_or_else(|| panic!("no Deployment:\n{}", ctl.log()));
+    let image = d.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("example/proxy:test"));
+    let addresses = eventually(WAIT, || async {
+        let g: Gateway = env.get("gw").await;
+        let a = g.status?.addresses?;
+        (!a.is_empty()).then_some(a)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no addresses:\n{}", ctl.log()));
+    // No load balancer fulfils the Service here: the cluster IP stands in.
+    let svc: k8s_openapi::api::core::v1::Service = env.get("gw-tollgate").await;
+    let ip = svc.spec.unwrap().cluster_ip.unwrap();
+    assert_eq!(addresses[0].value, ip);
+    assert_eq!(addresses[0].r#type.as_deref(), Some("IPAddress"));
+    // Deleting the Gateway deprovisions.
+    Api::<Gateway>::namespaced(env.client.clone(), &env.ns)
+        .delete("gw", &Default::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        deployments
+            .get_opt("gw-tollgate")
+            .await
+            .ok()
+            .and_then(|d| d.is_none().then_some(()))
+    })
+    .await;
+    assert!(gone.is_some(), "Deployment left behind:\n{}", ctl.log());
+}
