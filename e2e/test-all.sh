@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Every test of Tollgate: formatting, lints, unit tests, socket-level proxy tests, and the
-# `tollgate run` end-to-end tests. Works on a fresh machine with Rust installed; builds are
+# Every test of Tollgate: formatting, lints, unit tests, socket-level proxy tests, the
+# `tollgate run` end-to-end tests, and the controller tests on a real kube-apiserver
+# (e2e/cluster.sh: etcd + kube-apiserver built from Go modules; ~9 min cold, seconds warm,
+# stopped again on exit). Works on a fresh machine with Rust and Go installed; builds are
 # cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,11 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "e2e/cluster.sh up (real etcd + kube-apiserver for the k8s_* tests)"
+trap 'e2e/cluster.sh down || true' EXIT
+e2e/cluster.sh up
+eval "$(e2e/cluster.sh env)"
 
 step "cargo test"
 cargo test --workspace --locked
