@@ -4,7 +4,8 @@
 //!
 //! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
 //! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream` (balancing, pooled clients),
-//! `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`.
+//! `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`;
+//! [`subscribe`] feeds tables from the controller.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -42,6 +43,7 @@ mod mirror;
 mod proxy;
 pub mod router;
 mod service;
+pub mod subscribe;
 pub mod tls;
 mod upstream;
 

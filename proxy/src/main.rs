@@ -3,6 +3,11 @@
 //! `--table FILE` serves a route table (JSON, as `tollgate compile` writes it) and applies
 //! the file again whenever its content changes; a file that does not parse or a table that
 //! does not apply is logged and the previous table keeps serving.
+//!
+//! `--controller https://HOST:PORT --gateway NS/NAME --tls-dir DIR --state-dir DIR [--id ID]`
+//! subscribes to the controller instead (see `tollgate_proxy::subscribe`): the last known
+//! good table in `--state-dir` serves at once, then every version the controller streams.
+//! `/readyz` turns 200 once a table is applied.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -12,7 +17,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tollgate_api::RouteTable;
+use tollgate_api::{ObjectKey, RouteTable};
+use tollgate_proxy::subscribe::{self, SubscribeConfig};
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions, serve_admin};
 use tracing::{error, info, warn};
 
@@ -20,75 +26,158 @@ use tracing::{error, info, warn};
 #[command(name = "tollgate-proxy", version, about = "The Tollgate data plane")]
 struct Args {
     /// Route table to serve (JSON); re-read when it changes.
+    #[arg(
+        long,
+        conflicts_with = "controller",
+        required_unless_present = "controller"
+    )]
+    table: Option<PathBuf>,
+    /// The controller's push address (`https://HOST:PORT`) to subscribe to.
+    #[arg(long, requires_all = ["gateway", "tls_dir", "state_dir"])]
+    controller: Option<String>,
+    /// The Gateway (`NAMESPACE/NAME`) whose table to serve, with `--controller`.
     #[arg(long)]
-    table: PathBuf,
+    gateway: Option<String>,
+    /// Directory with tls.crt, tls.key and ca.crt, with `--controller`.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// Directory for the last known good table, with `--controller`.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// This proxy's id in the controller's sync status (default: $POD_NAME, else the host name).
+    #[arg(long)]
+    id: Option<String>,
     /// Admin address serving /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:9902")]
     admin: SocketAddr,
     /// Write one JSON access-log line per request to stdout.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     access_log: bool,
+    /// Runtime worker threads (default: one per core); 1 runs everything on one thread.
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 fn parse(path: &Path, text: &str) -> anyhow::Result<RouteTable> {
     serde_json::from_str(text).with_context(|| format!("parsing {}", path.display()))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = match args.workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n.max(1))
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Runtime::new(),
+    }
+    .context("starting the runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
     let metrics = Arc::new(Metrics::new());
     let proxy = Proxy::new(ProxyOptions {
         metrics: metrics.clone(),
         access_log: args.access_log,
         ..ProxyOptions::default()
     });
-    let mut last = std::fs::read_to_string(&args.table)
-        .with_context(|| format!("reading {}", args.table.display()))?;
-    proxy
-        .apply(parse(&args.table, &last)?)
-        .await
-        .context("applying the table")?;
-    info!(table = %args.table.display(), version = proxy.version(), "serving");
+    // The subscription, kept alive until shutdown.
+    let mut subscription = None;
+    let ready: Arc<dyn Fn() -> bool + Send + Sync> = match (&args.table, &args.controller) {
+        (Some(table), _) => {
+            let table = table.clone();
+            let live = proxy.clone();
+            let mut last = std::fs::read_to_string(&table)
+                .with_context(|| format!("reading {}", table.display()))?;
+            proxy
+                .apply(parse(&table, &last)?)
+                .await
+                .context("applying the table")?;
+            info!(table = %table.display(), version = proxy.version(), "serving");
+            let watched = proxy.clone();
+            tokio::spawn(async move { watch_file(&watched, &table, &mut last).await });
+            Arc::new(move || live.version() > 0)
+        }
+        (None, Some(controller)) => {
+            let config = subscribe_config(&args, controller)?;
+            let sub = subscribe::spawn(proxy.clone(), config).await;
+            let status = sub.status();
+            subscription = Some(sub);
+            Arc::new(move || status.ready())
+        }
+        (None, None) => anyhow::bail!("one of --table or --controller is required"),
+    };
 
     let admin = tokio::net::TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding the admin address {}", args.admin))?;
-    let live = proxy.clone();
     tokio::spawn(async move {
-        if let Err(e) = serve_admin(admin, metrics, move || live.version() > 0).await {
+        if let Err(e) = serve_admin(admin, metrics, move || ready()).await {
             warn!(error = %e, "admin server stopped");
         }
     });
 
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                // Each distinct content is tried once; failures are logged once.
-                let Ok(text) = std::fs::read_to_string(&args.table) else { continue };
-                if text == last {
-                    continue;
-                }
-                let outcome = match parse(&args.table, &text) {
-                    Ok(table) => proxy.apply(table).await.map_err(anyhow::Error::from),
-                    Err(e) => Err(e),
-                };
-                last = text;
-                match outcome {
-                    Ok(()) => info!(version = proxy.version(), "table applied"),
-                    Err(e) => error!(error = %format!("{e:#}"), "table not applied; the previous one keeps serving"),
-                }
-            }
-            _ = tokio::signal::ctrl_c() => break,
-        }
-    }
+    let _ = tokio::signal::ctrl_c().await;
+    drop(subscription);
     proxy.shutdown().await;
     Ok(())
+}
+
+fn subscribe_config(args: &Args, controller: &str) -> anyhow::Result<SubscribeConfig> {
+    let gateway = args.gateway.as_deref().unwrap_or_default();
+    let Some((ns, name)) = gateway.split_once('/') else {
+        anyhow::bail!("--gateway must be NAMESPACE/NAME, got {gateway:?}");
+    };
+    let id = args
+        .id
+        .clone()
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+    let (Some(tls_dir), Some(state_dir)) = (&args.tls_dir, &args.state_dir) else {
+        anyhow::bail!("--controller needs --tls-dir and --state-dir");
+    };
+    Ok(SubscribeConfig::new(
+        controller,
+        ObjectKey::new(ns, name),
+        id,
+        tls_dir,
+        state_dir,
+    ))
+}
+
+/// Applies `path` again whenever its content changes. Each distinct content is tried once;
+/// failures are logged once.
+async fn watch_file(proxy: &Proxy, path: &Path, last: &mut String) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        if text == *last {
+            continue;
+        }
+        let outcome = match parse(path, &text) {
+            Ok(table) => proxy.apply(table).await.map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        *last = text;
+        match outcome {
+            Ok(()) => info!(version = proxy.version(), "table applied"),
+            Err(e) => {
+                error!(error = %format!("{e:#}"), "table not applied; the previous one keeps serving")
+            }
+        }
+    }
 }
