@@ -9,7 +9,8 @@
 #      `tollgate` binary is found: $TOLLGATE_BIN, or $CARGO_TARGET_DIR/debug)
 #   6. `helm template | kubectl apply --dry-run=server -f -` against the real
 #      kube-apiserver of e2e/cluster.sh: the API server validates every object
-#      (schemas, RBAC escalation checks, the GatewayClass against its CRD).
+#      (schemas, RBAC escalation checks, the GatewayClass against its CRD), and
+#      must not warn (the namespace warns on the restricted Pod Security level).
 #      A running cluster is used as it is; otherwise one is started and
 #      stopped again at the end.
 #   7. RBAC: the default render's ServiceAccount and RBAC objects are applied
@@ -113,9 +114,12 @@ kc() { "$E2E/cluster.sh" kubectl "$@"; }
 for ns in "$NS" "${SCOPED_NS[@]}"; do
   kc create namespace "$ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
 done
+# The restricted Pod Security Standard warns about a violating pod template.
+kc label namespace "$NS" --overwrite pod-security.kubernetes.io/warn=restricted >/dev/null
 for v in default scoped minimal; do
   kc apply --dry-run=server -f "$WORK/$v.yaml" >"$WORK/apply.txt" 2>&1 ||
     { cat "$WORK/apply.txt" >&2; fail "kubectl apply --dry-run=server ($v)"; }
+  if grep -i 'warning' "$WORK/apply.txt" >&2; then fail "warnings from the API server ($v)"; fi
   log "server-side dry run ok: $v ($(grep -c 'server dry run' "$WORK/apply.txt") objects)"
 done
 

@@ -12,6 +12,11 @@
 # `nice -n 19` with GOFLAGS=-p=$TOLLGATE_BUILD_JOBS (default 1), CGO off, with
 # the version ldflags of Helm's own Makefile.
 #
+# Measured here (2 cores shared with Rust builds, load ~3): a cold build, with
+# an empty Go build cache and the modules already downloaded (`go mod tidy`
+# fetched them in ~8 s), took 177 s wall (138 s user, 27 s sys, 0.9 GB peak
+# RSS); the binary is 62 MB. Later calls reuse the cached binary at once.
+#
 # Environment (all optional): TOLLGATE_CACHE_DIR, TOLLGATE_BIN_DIR,
 # TOLLGATE_BUILD_JOBS (as for e2e/cluster.sh).
 set -euo pipefail
