@@ -67,7 +67,7 @@ impl Default for ProvisionConfig {
         Self {
             proxy_image: "ghcr.io/tollgate-dev/tollgate-proxy:latest".into(),
             service_type: "LoadBalancer".into(),
-            controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
+            controller_url: "https://tollgate-controller.tollgate-system.svc:9443".into(),
             controller_namespace: "tollgate-system".into(),
         }
     }
