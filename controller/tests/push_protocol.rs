@@ -278,3 +278,17 @@ async fn endpoint_changes_reach_the_proxy_latency() {
         pct(&mut acked, 99)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_with_a_certificate_of_the_previous_ca_connects_after_rotation() {
+    let old = Ca::generate().unwrap();
+    let new = old.rotate().unwrap();
+    let server = server(&new, 0).await;
+    server.publish(&gw(), table(&[echo("one").await]));
+    // Client certificate still from the old CA, bundle already refreshed.
+    let mut tls = old.issue_client(&proxy_identity("default", "gw")).unwrap();
+    tls.ca_pem = new.trust_bundle();
+    let (proxy, _sub) = subscriber_with(tls_dir(&tls), server.local_addr(), &temp_dir("s")).await;
+    wait_sync(&server, |s| s.in_sync == 1).await;
+    assert_eq!(get(&proxy).await, "one");
+}

@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tollgate_api::ObjectKey;
 
@@ -46,12 +46,15 @@ type RespBody = BoxBody<Bytes, Infallible>;
 pub(crate) struct Handle {
     pub local_addr: SocketAddr,
     config: Arc<Mutex<Arc<ServerConfig>>>,
-    stop: Arc<Notify>,
+    /// `true` once shut down; level-triggered so no session can miss it.
+    stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Handle {
+    /// The last clone of the server gone: stop like [`Handle::shutdown`].
     fn drop(&mut self) {
+        self.stop.send_replace(true);
         self.task.abort();
     }
 }
@@ -93,8 +96,13 @@ impl Handle {
         let local_addr = listener
             .local_addr()
             .map_err(|source| PushError::Bind { addr, source })?;
-        let stop = Arc::new(Notify::new());
-        let task = tokio::spawn(accept_loop(listener, config.clone(), state, stop.clone()));
+        let stop = watch::channel(false).0;
+        let task = tokio::spawn(accept_loop(
+            listener,
+            config.clone(),
+            state,
+            stop.subscribe(),
+        ));
         tracing::info!(%local_addr, "push server listening");
         Ok(Self {
             local_addr,
@@ -114,7 +122,7 @@ impl Handle {
     }
 
     pub(crate) fn shutdown(&self) {
-        self.stop.notify_waiters();
+        self.stop.send_replace(true);
         self.task.abort();
     }
 }
@@ -123,7 +131,7 @@ async fn accept_loop(
     listener: TcpListener,
     config: Arc<Mutex<Arc<ServerConfig>>>,
     state: Arc<State>,
-    stop: Arc<Notify>,
+    stop: watch::Receiver<bool>,
 ) {
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -160,6 +168,7 @@ async fn accept_loop(
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .and_then(|leaf| pki::common_name(leaf.as_ref()));
+            let mut conn_stop = stop.clone();
             let svc = service_fn(move |req| {
                 let (state, stop, identity) = (state.clone(), stop.clone(), identity.clone());
                 async move { Ok::<_, Infallible>(handle(req, peer, identity.as_deref(), state, stop)) }
@@ -172,8 +181,15 @@ async fn accept_loop(
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONN_WINDOW)
                 .max_concurrent_streams(16);
-            if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                tracing::debug!(%peer, error = %e, "push connection ended");
+            let conn = builder.serve_connection(TokioIo::new(tls), svc);
+            tokio::select! {
+                outcome = conn => {
+                    if let Err(e) = outcome {
+                        tracing::debug!(%peer, error = %e, "push connection ended");
+                    }
+                }
+                // Shut down: drop the connection (closes the socket).
+                _ = conn_stop.wait_for(|stopped| *stopped) => {}
             }
         });
     }
@@ -237,7 +253,7 @@ fn handle(
     peer: SocketAddr,
     identity: Option<&str>,
     state: Arc<State>,
-    stop: Arc<Notify>,
+    stop: watch::Receiver<bool>,
 ) -> Response<RespBody> {
     if req.uri().path() != "/v1/tables" {
         return text(StatusCode::NOT_FOUND, "not found\n");
@@ -302,7 +318,7 @@ async fn session(
     reg: super::Registration,
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
-    stop: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let super::Registration {
         conn,
@@ -361,7 +377,7 @@ async fn session(
                 }
             }
             () = kill.notified() => return,
-            () = stop.notified() => return,
+            _ = stop.wait_for(|stopped| *stopped) => return,
             () = tx.closed() => return,
         }
     }
