@@ -16,6 +16,9 @@
 #   7. RBAC: the default render's ServiceAccount and RBAC objects are applied
 #      for real (release tollgate-chart-test), then `kubectl auth can-i --as`
 #      the controller's ServiceAccount checks what it may and may not do.
+#   8. provisioning with only that RBAC: the Rust test
+#      provision_works_with_only_the_charts_rbac (controller/tests/k8s_provision.rs)
+#      impersonates the ServiceAccount (cargo; TOLLGATE_CHART_TEST_CARGO=0 skips).
 #
 # Helm comes from e2e/helm.sh (built from its Go module on first use, ~3 min).
 set -euo pipefail
@@ -182,4 +185,16 @@ can yes create secrets -n "$NS"
 can yes watch secrets -A
 can yes watch deployments.apps -n "${SCOPED_NS[0]}"
 log "scoped RBAC as the controller ok"
+
+# --- 8. provisioning as the controller ----------------------------------------------
+if [[ ${TOLLGATE_CHART_TEST_CARGO:-1} != 0 ]] && command -v cargo >/dev/null; then
+  (cd "$ROOT" && KUBECONFIG=$("$E2E/cluster.sh" env | sed -n "s/^export KUBECONFIG=//p") \
+    TOLLGATE_PROVISION_AS=system:serviceaccount:$NS:tollgate-chart-test-controller \
+    nice cargo test --quiet -p tollgate --test k8s_provision provision_works_with_only_the_charts_rbac \
+    >"$WORK/cargo.txt" 2>&1) || { tail -n 40 "$WORK/cargo.txt" >&2; fail "provisioning with the chart's RBAC"; }
+  grep -q '1 passed' "$WORK/cargo.txt" || { cat "$WORK/cargo.txt" >&2; fail "the RBAC provisioning test did not run"; }
+  log "provisioning with only the chart's RBAC ok"
+else
+  log "skip: provisioning with the chart's RBAC (no cargo, or TOLLGATE_CHART_TEST_CARGO=0)"
+fi
 log "PASS"

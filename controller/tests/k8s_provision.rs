@@ -419,3 +419,49 @@ async fn deprovision_leaves_objects_tollgate_did_not_create() {
             .is_some()
     );
 }
+
+/// Provisioning with nothing but the Helm chart's RBAC: with
+/// `TOLLGATE_PROVISION_AS=system:serviceaccount:NS:NAME` (e2e/chart-test.sh applies the
+/// chart's ServiceAccount and RBAC, then runs this test with it set) the provisioning calls
+/// run impersonating that ServiceAccount. Skipped without the variable.
+#[tokio::test]
+async fn provision_works_with_only_the_charts_rbac() {
+    let Some(admin) = client().await else { return };
+    let Ok(user) = std::env::var("TOLLGATE_PROVISION_AS") else {
+        eprintln!("TOLLGATE_PROVISION_AS unset: skipping (e2e/chart-test.sh sets it)");
+        return;
+    };
+    let mut kube_config = kube::Config::infer().await.unwrap();
+    kube_config.auth_info.impersonate = Some(user.clone());
+    let controller = Client::try_from(kube_config).unwrap();
+
+    let ns = TestNamespace::new(&admin, "rbac").await;
+    let gw = create_gateway(&ns, "edge").await;
+    // The impersonation works: this identity may not create Gateways.
+    let denied = Api::<Gateway>::namespaced(controller.clone(), &ns.name)
+        .create(&PostParams::default(), &gw)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.code == 403),
+        "{user}: {denied}"
+    );
+
+    let addresses = provision::provision(&controller, &config(), &gw)
+        .await
+        .unwrap_or_else(|e| panic!("provision as {user}: {e}"));
+    assert_eq!(addresses.len(), 1);
+    provision::provision(&controller, &config(), &gw)
+        .await
+        .unwrap();
+    provision::deprovision(&controller, &ns.name, "edge")
+        .await
+        .unwrap_or_else(|e| panic!("deprovision as {user}: {e}"));
+    assert!(
+        ns.api::<Service>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
