@@ -1,7 +1,7 @@
 //! The CA, server and client certificates of table distribution.
 //!
 //! In: nothing (a fresh CA) or the PEM stored in the CA Secret. Out: [`ServerTls`] for the
-//! [`super::PushServer`], [`ClientTls`] for each Gateway's proxies, and (in [`secrets`]) the
+//! [`super::PushServer`], [`ClientTls`] for each Gateway's proxies, and (in `secrets`) the
 //! Kubernetes Secrets holding them: [`ensure_ca`] and [`ensure_proxy_secret`].
 //!
 //! Keys are ECDSA P-256. Lifetimes: CA 365 days, rotated when it expires within 30 days;
@@ -11,10 +11,18 @@
 //! server checks against the Gateway a stream asks for.
 //!
 //! Rotation: the new CA keeps the old CA certificate as "previous" and the trust bundle
-//! ([`Ca::trust_bundle`]) holds both, so proxies with certificates of the old CA keep
-//! connecting while their Secrets are reissued, and proxies whose mounted `ca.crt` still
-//! holds only the old CA... get the new bundle with the reissued Secret (kubelet refreshes
-//! mounted Secrets within about a minute; the proxy reloads its files at every reconnect).
+//! ([`Ca::trust_bundle`]) holds both, so the push server keeps accepting proxies whose client
+//! certificates the old CA issued until [`ensure_proxy_secret`] reissues them. The new server
+//! certificate is signed by the new CA at once: a proxy whose mounted `ca.crt` predates the
+//! rotation cannot verify it until kubelet refreshes the reissued Secret (about a minute; the
+//! proxy re-reads its files at every reconnect and serves its last table meanwhile). Signing
+//! with the old key until every proxy has the new bundle would close that gap; it is not done.
+//!
+//! Use from the controller: at start `ensure_ca`, then `ca.issue_server(&[service DNS names])`
+//! and [`super::PushServer::start`]; per accepted Gateway [`ensure_proxy_secret`] (mount the
+//! Secret it names at the proxy's `--tls-dir`); periodically (say hourly) `ensure_ca` again
+//! and, when its certificate changed, [`super::PushServer::set_tls`] with a new server
+//! certificate and `ensure_proxy_secret` for every Gateway.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -212,3 +212,22 @@ pub async fn wait_sync(server: &PushServer, pred: impl Fn(&SyncState) -> bool) -
         }
     }
 }
+
+/// GET `url`: (status, body), or `None` when it cannot connect.
+pub async fn get_url(url: &str) -> Option<(u16, String)> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::get(url).body(Full::default()).unwrap();
+    let resp = client.request(req).await.ok()?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
