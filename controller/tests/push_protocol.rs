@@ -292,3 +292,31 @@ async fn proxy_with_a_certificate_of_the_previous_ca_connects_after_rotation() {
     wait_sync(&server, |s| s.in_sync == 1).await;
     assert_eq!(get(&proxy).await, "one");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_several_megabytes_streams_intact() {
+    let ca = Ca::generate().unwrap();
+    let server = server(&ca, 0).await;
+    let one = echo("one").await;
+    let (proxy, _sub) = subscriber(&ca, server.local_addr(), &temp_dir("s")).await;
+    let mut big = table(&[one]);
+    let endpoints: Vec<tollgate_api::Endpoint> = (0..200_000u32)
+        .map(|i| tollgate_api::Endpoint {
+            ip: format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
+            port: 8080,
+        })
+        .collect();
+    let mut extra = big.backends["b"].clone();
+    extra.endpoints = endpoints;
+    big.backends.insert("big".into(), extra);
+    let size = serde_json::to_vec(&big).unwrap().len();
+    assert!(size > 5_000_000, "{size} bytes");
+    let start = Instant::now();
+    let v = server.publish(&gw(), big);
+    wait_sync(&server, |s| s.version == v && s.in_sync == 1).await;
+    println!(
+        "{size}-byte table published->ACKed in {:?}",
+        start.elapsed()
+    );
+    assert_eq!(get(&proxy).await, "one");
+}
