@@ -19,6 +19,11 @@
 #   8. provisioning with only that RBAC: the Rust test
 #      provision_works_with_only_the_charts_rbac (controller/tests/k8s_provision.rs)
 #      impersonates the ServiceAccount (cargo; TOLLGATE_CHART_TEST_CARGO=0 skips).
+#   9. the real controller with only that RBAC (when a built `tollgate` binary
+#      is found, as in 5): `tollgate controller` with a kubeconfig that
+#      impersonates the ServiceAccount must take its Lease, accept a Gateway of
+#      its own GatewayClass, provision it and report an address, and log no
+#      "forbidden".
 #
 # Helm comes from e2e/helm.sh (built from its Go module on first use, ~3 min).
 set -euo pipefail
@@ -30,6 +35,7 @@ NS=tollgate-chart-test
 SCOPED_NS=("$NS-a" "$NS-b")
 WORK=$(mktemp -d)
 STARTED_CLUSTER=0
+CONTROLLER_PID=""
 
 log() { printf '[chart-test] %s\n' "$*" >&2; }
 fail() {
@@ -38,6 +44,10 @@ fail() {
 }
 
 cleanup() {
+  if [[ -n $CONTROLLER_PID ]]; then
+    kill "$CONTROLLER_PID" 2>/dev/null || true
+    wait "$CONTROLLER_PID" 2>/dev/null || true
+  fi
   rm -rf "$WORK"
   if ((STARTED_CLUSTER)); then
     "$E2E/cluster.sh" down >/dev/null 2>&1 || true
@@ -196,5 +206,57 @@ if [[ ${TOLLGATE_CHART_TEST_CARGO:-1} != 0 ]] && command -v cargo >/dev/null; th
   log "provisioning with only the chart's RBAC ok"
 else
   log "skip: provisioning with the chart's RBAC (no cargo, or TOLLGATE_CHART_TEST_CARGO=0)"
+fi
+
+# --- 9. the controller with only the chart's RBAC ------------------------------------
+if [[ -x $bin ]]; then
+  kubeconfig=$("$E2E/cluster.sh" env | sed -n "s/^export KUBECONFIG=//p")
+  # The cluster's admin user, acting as the controller's ServiceAccount.
+  awk -v as="system:serviceaccount:$NS:tollgate-chart-test-controller" \
+    '{ print } /^    client-key:/ { print "    as: " as }' "$kubeconfig" >"$WORK/kubeconfig"
+  grep -q '^    as: system:serviceaccount:' "$WORK/kubeconfig" || fail "could not write an impersonating kubeconfig"
+  run=ct$RANDOM
+  cat >"$WORK/gateway.yaml" <<YAML
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: chart-test-$run}
+spec: {controllerName: tollgate.dev/chart-test-$run}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: $run, namespace: ${SCOPED_NS[0]}}
+spec:
+  gatewayClassName: chart-test-$run
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+YAML
+  kc apply -f "$WORK/gateway.yaml" >/dev/null
+  RUST_LOG=info "$bin" controller --kubeconfig "$WORK/kubeconfig" --namespace "$NS" \
+    --lease-name "chart-test-$run" --metrics-addr 127.0.0.1:0 --provision=true \
+    --controller-name "tollgate.dev/chart-test-$run" --proxy-image example.com/tollgate-proxy:test \
+    >"$WORK/controller.log" 2>&1 &
+  CONTROLLER_PID=$!
+  ok=0
+  for _ in $(seq 1 60); do
+    accepted=$(kc get gateway -n "${SCOPED_NS[0]}" "$run" \
+      -o jsonpath='{.status.conditions[?(@.type=="Accepted")].status} {.status.addresses[0].value}' 2>/dev/null || true)
+    if [[ $accepted == "True "?* ]] && kc get deployment -n "${SCOPED_NS[0]}" "$run-tollgate" >/dev/null 2>&1; then
+      ok=1
+      break
+    fi
+    kill -0 "$CONTROLLER_PID" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ((!ok)); then
+    tail -n 30 "$WORK/controller.log" >&2
+    fail "the controller with the chart's RBAC did not accept and provision Gateway ${SCOPED_NS[0]}/$run"
+  fi
+  if grep -i 'forbidden' "$WORK/controller.log" >&2; then fail "the controller was forbidden something"; fi
+  kill "$CONTROLLER_PID" 2>/dev/null || true
+  wait "$CONTROLLER_PID" 2>/dev/null || true
+  CONTROLLER_PID=""
+  kc delete -f "$WORK/gateway.yaml" --wait=false >/dev/null
+  log "the controller with only the chart's RBAC accepted and provisioned a Gateway"
+else
+  log "skip: no tollgate binary at $bin to run the controller with the chart's RBAC"
 fi
 log "PASS"
