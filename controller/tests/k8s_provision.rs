@@ -268,6 +268,8 @@ async fn cluster_ip_service_type_reports_the_cluster_ip() {
     let Some(client) = client().await else { return };
     let ns = TestNamespace::new(&client, "cip").await;
     let gw = create_gateway(&ns, "edge").await;
+    // First a LoadBalancer (with node ports), then the operator switches to ClusterIP.
+    provision::provision(&client, &config(), &gw).await.unwrap();
     let config = ProvisionConfig {
         service_type: "ClusterIP".into(),
         ..config()
@@ -276,6 +278,13 @@ async fn cluster_ip_service_type_reports_the_cluster_ip() {
     let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
     let spec = svc.spec.unwrap();
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    let node_ports: Vec<_> = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.node_port)
+        .collect();
+    assert!(node_ports.is_empty(), "{node_ports:?}");
     assert_eq!(addresses.len(), 1);
     assert_eq!(Some(addresses[0].value.clone()), spec.cluster_ip);
 }
