@@ -123,7 +123,9 @@ async fn expiring_ca_rotates_and_keeps_the_previous_in_the_bundle() {
         "rotated once, then reused"
     );
 
-    // The proxy Secret moves to the new CA, with both CAs in its bundle.
+    // The proxy Secret moves to the new CA, with both CAs in its bundle, and (the Gateway
+    // now existing) is owned by the Gateway.
+    env.gateway("gw", &[("http", 80)]).await;
     ensure_proxy_secret(&env.client, &env.ns, "gw", &new)
         .await
         .unwrap();
@@ -134,4 +136,10 @@ async fn expiring_ca_rotates_and_keeps_the_previous_in_the_bundle() {
     let bundle = data(&reissued, "ca.crt").unwrap();
     assert_eq!(bundle, new.trust_bundle());
     assert!(bundle.contains(old.cert_pem().trim()) && bundle.contains(new.cert_pem().trim()));
+    let owners = reissued.metadata.owner_references.unwrap_or_default();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].name.as_str()),
+        ("Gateway", "gw")
+    );
 }

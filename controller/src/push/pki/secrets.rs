@@ -8,14 +8,17 @@
 //! read `resourceVersion`, so concurrent rotations converge on one new CA too.
 //!
 //! Proxy Secret (`kubernetes.io/tls`, [`proxy_secret_name`]): `tls.crt`, `tls.key` (client
-//! certificate with CN `NAMESPACE/NAME` of the Gateway) and `ca.crt` (the trust bundle).
+//! certificate with CN `NAMESPACE/NAME` of the Gateway) and `ca.crt` (the trust bundle);
+//! owner-referenced to the Gateway when it exists, so the garbage collector removes it with
+//! the Gateway.
 
 use std::collections::BTreeMap;
 
+use gateway_api::gateways::Gateway;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::{Client, Error as KubeError};
+use kube::{Client, Error as KubeError, Resource as _};
 
 use super::{CA_ROTATE_BEFORE, CLIENT_RENEW_BEFORE, Ca, PkiError, proxy_identity};
 
@@ -169,6 +172,16 @@ pub async fn ensure_proxy_secret(
     let identity = proxy_identity(gateway_ns, gateway_name);
     let bundle = ca.trust_bundle();
     let api: Api<Secret> = Api::namespaced(client.clone(), gateway_ns);
+    let owner = Api::<Gateway>::namespaced(client.clone(), gateway_ns)
+        .get_opt(gateway_name)
+        .await
+        .map_err(|source| PkiError::Api {
+            source: Box::new(source),
+            action: "reading Gateway for",
+            namespace: gateway_ns.to_owned(),
+            name: name.clone(),
+        })?
+        .and_then(|g| g.owner_ref(&()));
     let api_err = |action: &'static str| {
         let name = name.clone();
         move |source| PkiError::Api {
@@ -184,7 +197,15 @@ pub async fn ensure_proxy_secret(
             let current = text(secret, "tls.crt")
                 .is_some_and(|c| ca.is_current_client(&c, &identity, CLIENT_RENEW_BEFORE))
                 && text(secret, "tls.key").is_some()
-                && text(secret, "ca.crt").as_deref() == Some(bundle.as_str());
+                && text(secret, "ca.crt").as_deref() == Some(bundle.as_str())
+                && owner.as_ref().is_none_or(|o| {
+                    secret
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|r| r.uid == o.uid)
+                });
             if current {
                 return Ok(name);
             }
@@ -195,6 +216,7 @@ pub async fn ensure_proxy_secret(
                 name: Some(name.clone()),
                 namespace: Some(gateway_ns.to_owned()),
                 labels: Some(labels()),
+                owner_references: owner.clone().map(|o| vec![o]),
                 resource_version: existing
                     .as_ref()
                     .and_then(|s| s.metadata.resource_version.clone()),
