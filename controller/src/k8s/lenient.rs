@@ -16,6 +16,9 @@ use serde::{Deserialize, Deserializer};
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A watched object that may have failed to deserialize into `K`.
+// The store keeps each object behind an `Arc` already, and `Malformed` is the rare case:
+// boxing `K` would cost every object an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Lenient<K> {
     /// The typed object.
