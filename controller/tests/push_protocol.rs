@@ -320,3 +320,72 @@ async fn a_table_of_several_megabytes_streams_intact() {
     );
     assert_eq!(get(&proxy).await, "one");
 }
+
+/// A TCP relay to `upstream` that can freeze: stop forwarding without closing anything, as a
+/// proxy whose node vanished would look.
+async fn freezable_relay(
+    upstream: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let f = frozen.clone();
+    tokio::spawn(async move {
+        while let Ok((down, _)) = listener.accept().await {
+            let up = tokio::net::TcpStream::connect(upstream).await.unwrap();
+            let (dr, dw) = down.into_split();
+            let (ur, uw) = up.into_split();
+            for (mut r, mut w, f) in [
+                (
+                    Box::new(dr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                    Box::new(uw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    f.clone(),
+                ),
+                (Box::new(ur) as _, Box::new(dw) as _, f.clone()),
+            ] {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match r.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if f.load(Ordering::SeqCst) {
+                            // Hold both sockets open, forward nothing.
+                            std::future::pending::<()>().await;
+                        }
+                        if w.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    (addr, frozen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_stops_answering_pings_is_dropped_from_sync() {
+    let ca = Ca::generate().unwrap();
+    let tls = ca.issue_server(&[]).unwrap();
+    let options = tollgate::push::PushOptions {
+        keepalive_interval: Duration::from_millis(200),
+        keepalive_timeout: Duration::from_millis(500),
+    };
+    let server =
+        tollgate::push::PushServer::start_with("127.0.0.1:0".parse().unwrap(), tls, options)
+            .await
+            .unwrap();
+    let (relay, frozen) = freezable_relay(server.local_addr()).await;
+    server.publish(&gw(), table(&[echo("one").await]));
+    let (proxy, _sub) = subscriber(&ca, relay, &temp_dir("s")).await;
+    wait_sync(&server, |s| s.in_sync == 1).await;
+    frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    let start = Instant::now();
+    wait_sync(&server, |s| s.connected == 0).await;
+    println!("dead proxy dropped after {:?}", start.elapsed());
+    assert_eq!(get(&proxy).await, "one", "the proxy itself keeps serving");
+}

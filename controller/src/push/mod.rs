@@ -27,7 +27,8 @@
 //! contains a raw newline, so `\n` frames it. Errors before streaming: 400 (bad query), 403
 //! (certificate names another Gateway), 404/405 (other paths and methods).
 //!
-//! Liveness: HTTP/2 PING every 10 s, connection closed when unanswered for 20 s; a proxy
+//! Liveness: HTTP/2 PING every 10 s, connection closed when unanswered for 20 s (see
+//! [`PushOptions`]); a proxy
 //! whose connection ends is dropped from [`SyncState`]. A second stream with the same proxy
 //! id replaces the first (a reconnect that beat the dead-peer detection).
 //!
@@ -237,6 +238,25 @@ impl State {
     }
 }
 
+/// Tunables of the push server.
+#[derive(Debug, Clone, Copy)]
+pub struct PushOptions {
+    /// HTTP/2 PING interval on every connection. Default 10 s.
+    pub keepalive_interval: std::time::Duration,
+    /// A connection whose PING stays unanswered this long is closed and its proxy dropped
+    /// from [`SyncState`]. Default 20 s.
+    pub keepalive_timeout: std::time::Duration,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: std::time::Duration::from_secs(10),
+            keepalive_timeout: std::time::Duration::from_secs(20),
+        }
+    }
+}
+
 /// The controller side of table distribution. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct PushServer {
@@ -247,8 +267,17 @@ pub struct PushServer {
 impl PushServer {
     /// Binds `addr` and serves proxies whose client certificate chains to the CA in `tls`.
     pub async fn start(addr: SocketAddr, tls: pki::ServerTls) -> Result<Self, PushError> {
+        Self::start_with(addr, tls, PushOptions::default()).await
+    }
+
+    /// [`PushServer::start`] with explicit [`PushOptions`].
+    pub async fn start_with(
+        addr: SocketAddr,
+        tls: pki::ServerTls,
+        options: PushOptions,
+    ) -> Result<Self, PushError> {
         let state = Arc::new(State::new());
-        let server = server::Handle::start(addr, &tls, state.clone()).await?;
+        let server = server::Handle::start(addr, &tls, state.clone(), options).await?;
         Ok(Self {
             state,
             server: Arc::new(server),

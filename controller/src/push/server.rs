@@ -27,10 +27,6 @@ use tollgate_api::ObjectKey;
 use super::pki::{self, ServerTls};
 use super::{PushError, State};
 
-/// PING interval on every connection.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// A connection whose PING is unanswered this long is closed.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Limit for a TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest ACK/NACK line accepted.
@@ -88,6 +84,7 @@ impl Handle {
         addr: SocketAddr,
         tls: &ServerTls,
         state: Arc<State>,
+        options: super::PushOptions,
     ) -> Result<Self, PushError> {
         let config = Arc::new(Mutex::new(server_config(tls)?));
         let listener = TcpListener::bind(addr)
@@ -102,6 +99,7 @@ impl Handle {
             config.clone(),
             state,
             stop.subscribe(),
+            options,
         ));
         tracing::info!(%local_addr, "push server listening");
         Ok(Self {
@@ -132,6 +130,7 @@ async fn accept_loop(
     config: Arc<Mutex<Arc<ServerConfig>>>,
     state: Arc<State>,
     stop: watch::Receiver<bool>,
+    options: super::PushOptions,
 ) {
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -176,8 +175,8 @@ async fn accept_loop(
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
             builder
                 .timer(TokioTimer::new())
-                .keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_interval(options.keepalive_interval)
+                .keep_alive_timeout(options.keepalive_timeout)
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONN_WINDOW)
                 .max_concurrent_streams(16);
