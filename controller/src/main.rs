@@ -94,6 +94,13 @@ struct ControllerArgs {
         default_value = "https://tollgate-controller.tollgate-system.svc:9443"
     )]
     controller_url: String,
+    /// Secret (in --namespace) holding the push CA; created on first start.
+    #[arg(long, default_value = "tollgate-push-ca")]
+    push_ca_secret: String,
+    /// DNS name for the push server certificate (repeatable; the host of --controller-url
+    /// and localhost are always included).
+    #[arg(long)]
+    push_dns_name: Vec<String>,
     /// Name of the leader-election Lease (in --namespace).
     #[arg(long, default_value = "tollgate-controller")]
     lease_name: String,
@@ -290,7 +297,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "tollgate-system".to_owned());
-    let id = match args.id {
+    let id = match args.id.clone() {
         Some(id) => id,
         None => std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
@@ -310,9 +317,13 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     info!(address = %listener.local_addr()?, "metrics listening (/metrics, /healthz, /readyz)");
     tokio::spawn(metrics::serve(listener, metrics.clone()));
 
-    if let Some(addr) = args.push_addr {
-        anyhow::bail!("--push-addr {addr}: the push server is not part of this build yet");
-    }
+    let (push, pki) = match args.push_addr {
+        Some(addr) => {
+            let (push, pki) = start_push(&client, &args, &namespace, addr).await?;
+            (Some(push), Some(pki))
+        }
+        None => (None, None),
+    };
     let provision = args.provision.then(|| provision::ProvisionConfig {
         proxy_image: args.proxy_image.clone(),
         service_type: args.service_type.clone(),
@@ -322,8 +333,9 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let cfg = controller::ControllerConfig {
         settings: reconcile::Settings {
             controller_name: args.controller_name.clone(),
-            push: None,
+            push,
             provision,
+            pki,
         },
         leader: leader::LeaderConfig::new(&namespace, &args.lease_name, &id),
         debounce: Duration::from_millis(args.debounce_ms),
@@ -331,6 +343,67 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     info!(id = %id, namespace = %namespace, controller_name = %args.controller_name, "controller starting");
     controller::run(client, cfg, metrics, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Loads (or creates) the push CA, starts the push server, and rotates the CA hourly.
+async fn start_push(
+    client: &kube::Client,
+    args: &ControllerArgs,
+    namespace: &str,
+    addr: SocketAddr,
+) -> anyhow::Result<(
+    tollgate::push::PushServer,
+    tollgate::k8s::reconcile::PushPki,
+)> {
+    use tollgate::push::{PushServer, pki};
+    let ca = pki::ensure_ca(client, namespace, &args.push_ca_secret)
+        .await
+        .context("loading the push CA")?;
+    let mut dns = args.push_dns_name.clone();
+    let host = args
+        .controller_url
+        .split("://")
+        .last()
+        .unwrap_or_default()
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    dns.extend([host, "localhost".to_owned()]);
+    dns.retain(|d| !d.is_empty());
+    dns.sort();
+    dns.dedup();
+    let server = PushServer::start(addr, ca.issue_server(&dns)?)
+        .await
+        .with_context(|| format!("starting the push server on {addr}"))?;
+    info!(address = %server.local_addr(), "push server listening");
+    let shared = tollgate::k8s::reconcile::PushPki::new(ca);
+    let (client, ns, secret) = (
+        client.clone(),
+        namespace.to_owned(),
+        args.push_ca_secret.clone(),
+    );
+    let (s2, p2) = (server.clone(), shared.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            match pki::ensure_ca(&client, &ns, &secret).await {
+                Ok(ca) if ca.cert_pem() != p2.current().cert_pem() => {
+                    match ca.issue_server(&dns).map(|tls| s2.set_tls(tls)) {
+                        Ok(Ok(())) => {
+                            info!("push CA rotated");
+                            p2.replace(ca);
+                        }
+                        Ok(Err(e)) => warn!(error = %e, "push server TLS not replaced"),
+                        Err(e) => warn!(error = %e, "push server certificate not issued"),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "push CA check failed"),
+            }
+        }
+    });
+    Ok((server, shared))
 }
 
 /// Completes on SIGINT or SIGTERM.

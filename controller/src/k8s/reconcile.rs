@@ -13,7 +13,8 @@
 //! change in flight (e.g. new endpoints) does not flap it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -33,6 +34,7 @@ use super::status::{self, StatusWrite};
 use super::stores::{Relevance, Stores};
 use crate::compile::conditions::PROGRAMMED;
 use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
+use crate::push::pki::{Ca, ensure_proxy_secret};
 use crate::push::{PushServer, SyncState};
 
 /// What the reconciler needs besides the stores.
@@ -44,6 +46,43 @@ pub struct Settings {
     pub push: Option<PushServer>,
     /// Provisioning settings, when proxies are provisioned.
     pub provision: Option<ProvisionConfig>,
+    /// The push CA, when tables are pushed: each accepted Gateway gets its proxy Secret.
+    pub pki: Option<PushPki>,
+}
+
+/// The current push CA, replaced on rotation. Cheap to clone.
+#[derive(Clone)]
+pub struct PushPki {
+    ca: Arc<RwLock<Ca>>,
+    generation: Arc<AtomicU64>,
+}
+
+impl PushPki {
+    /// Shares `ca`.
+    pub fn new(ca: Ca) -> Self {
+        Self {
+            ca: Arc::new(RwLock::new(ca)),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The current CA.
+    pub fn current(&self) -> Ca {
+        self.ca
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Installs a rotated CA; proxy Secrets are reissued at the next reconcile.
+    pub fn replace(&self, ca: Ca) {
+        *self.ca.write().unwrap_or_else(PoisonError::into_inner) = ca;
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
 }
 
 /// A Gateway's provisioning as last done.
@@ -312,14 +351,17 @@ impl Reconciler {
         }
     }
 
-    /// Provisions accepted Gateways whose spec or metadata changed (and every Gateway every
-    /// [`REPROVISION`]), and deprovisions Gateways that lost their table. Addresses are read
-    /// from the watched Service at each status pass, so a load balancer's late address lands
-    /// without provisioning again.
+    /// Provisions accepted Gateways (and, with a push server, issues their proxy Secrets)
+    /// whose spec or metadata changed, after a CA rotation, and every [`REPROVISION`]; then
+    /// deprovisions Gateways that lost their table. Addresses are read from the watched
+    /// Service at each status pass, so a load balancer's late address lands without
+    /// provisioning again.
     async fn provision(&mut self) {
-        let Some(cfg) = self.settings.provision.clone() else {
+        let cfg = self.settings.provision.clone();
+        let pki = self.settings.pki.clone();
+        if cfg.is_none() && pki.is_none() {
             return;
-        };
+        }
         let keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
         for key in keys {
             let r = ObjectRef::new(&key.name).within(&key.namespace);
@@ -332,11 +374,12 @@ impl Reconciler {
                 continue;
             };
             let fingerprint = format!(
-                "{}/{:?}/{:?}/{:?}",
+                "{}/{:?}/{:?}/{:?}/{}",
                 gw.uid().unwrap_or_default(),
                 gw.metadata.generation,
                 gw.metadata.labels,
-                gw.metadata.annotations
+                gw.metadata.annotations,
+                pki.as_ref().map_or(0, PushPki::generation),
             );
             let fresh = self
                 .provisioned
@@ -345,18 +388,31 @@ impl Reconciler {
             if fresh {
                 continue;
             }
-            match provision::provision(&self.client, &cfg, &gw).await {
-                Ok(addresses) => {
-                    info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
-                    self.provisioned.insert(
-                        key,
-                        Provisioned {
-                            fingerprint,
-                            at: Instant::now(),
-                        },
-                    );
+            let mut done = true;
+            if let Some(pki) = &pki {
+                let ca = pki.current();
+                if let Err(e) =
+                    ensure_proxy_secret(&self.client, &key.namespace, &key.name, &ca).await
+                {
+                    warn!(gateway = %key, error = %e, "proxy TLS Secret not issued; will retry");
+                    done = false;
                 }
-                Err(e) => warn!(gateway = %key, error = %e, "provisioning failed; will retry"),
+            }
+            if let Some(cfg) = &cfg {
+                match provision::provision(&self.client, cfg, &gw).await {
+                    Ok(addresses) => {
+                        info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
+                    }
+                    Err(e) => {
+                        warn!(gateway = %key, error = %e, "provisioning failed; will retry");
+                        done = false;
+                    }
+                }
+            }
+            if done {
+                let at = Instant::now();
+                self.provisioned
+                    .insert(key, Provisioned { fingerprint, at });
             }
         }
         let gone: Vec<ObjectKey> = self
@@ -366,13 +422,15 @@ impl Reconciler {
             .cloned()
             .collect();
         for key in gone {
-            match provision::deprovision(&self.client, &key.namespace, &key.name).await {
-                Ok(()) => {
-                    info!(gateway = %key, "proxy deprovisioned");
-                    self.provisioned.remove(&key);
-                }
-                Err(e) => warn!(gateway = %key, error = %e, "deprovisioning failed; will retry"),
+            if cfg.is_some()
+                && let Err(e) =
+                    provision::deprovision(&self.client, &key.namespace, &key.name).await
+            {
+                warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
+                continue;
             }
+            info!(gateway = %key, "proxy deprovisioned");
+            self.provisioned.remove(&key);
         }
     }
 }
