@@ -90,7 +90,9 @@ pub async fn run(
 
     loop {
         let retry = async {
-            if outcome.retry {
+            if outcome.more {
+                tokio::task::yield_now().await;
+            } else if outcome.retry {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             } else {
                 std::future::pending::<()>().await;

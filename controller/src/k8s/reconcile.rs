@@ -106,6 +106,9 @@ pub struct Reconciler {
     compiled: Output,
     versions: BTreeMap<ObjectKey, u64>,
     provisioned: BTreeMap<ObjectKey, Provisioned>,
+    /// resourceVersion each written object had when we planned its write: until the watch
+    /// brings a newer one (the echo of our write), planning it again would be a duplicate.
+    written: BTreeMap<(&'static str, ObjectKey), String>,
 }
 
 /// What a reconcile asks of the loop.
@@ -113,7 +116,14 @@ pub struct Reconciler {
 pub struct Outcome {
     /// Some write failed or conflicted: reconcile statuses again soon.
     pub retry: bool,
+    /// More writes are due than one pass sends: run another status pass right away (after
+    /// the loop had a chance to handle other changes, e.g. endpoints).
+    pub more: bool,
 }
+
+/// Most status writes one pass sends, so that a mass update (10k routes on first start) never
+/// holds table publishing back for long: the loop interleaves other reconciles between passes.
+const WRITES_PER_PASS: usize = 256;
 
 impl Reconciler {
     /// A reconciler over `stores`; events are reported as `id`.
@@ -137,6 +147,7 @@ impl Reconciler {
             compiled: Output::default(),
             versions: BTreeMap::new(),
             provisioned: BTreeMap::new(),
+            written: BTreeMap::new(),
         }
     }
 
@@ -236,6 +247,27 @@ impl Reconciler {
         out
     }
 
+    /// The resourceVersion of an object of ours, as the store has it.
+    fn live_version(&self, kind: &str, key: &ObjectKey) -> Option<String> {
+        match kind {
+            "GatewayClass" => self
+                .stores
+                .gateway_classes
+                .get(&ObjectRef::new(&key.name))
+                .and_then(|o| o.resource_version()),
+            "Gateway" => self
+                .stores
+                .gateways
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
+            _ => self
+                .stores
+                .http_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
+        }
+    }
+
     /// `status.addresses` of a provisioned Gateway, from its proxy Service as watched.
     fn addresses(&self, gateway: &ObjectKey) -> Vec<GatewayStatusAddresses> {
         let name = provision::object_name(&gateway.name);
@@ -249,25 +281,56 @@ impl Reconciler {
 
     async fn write_statuses(&mut self) -> Outcome {
         let desired = self.desired();
-        let writes = status::plan(&desired, &self.stores, &self.settings.controller_name);
-        if writes.is_empty() {
+        let mut writes = status::plan(&desired, &self.stores, &self.settings.controller_name);
+        // Skip writes whose echo has not arrived yet; forget echoes that have.
+        let live: Vec<Option<String>> = writes
+            .iter()
+            .map(|w| self.live_version(w.kind(), &w.key()))
+            .collect();
+        let mut planned = Vec::with_capacity(writes.len());
+        for (w, rv) in writes.drain(..).zip(live) {
+            let id = (w.kind(), w.key());
+            match (self.written.get(&id), &rv) {
+                (Some(done), Some(rv)) if done == rv => continue,
+                (Some(_), _) => {
+                    self.written.remove(&id);
+                }
+                _ => {}
+            }
+            planned.push((w, rv));
+        }
+        // Keep only entries still waiting for their echo (bounded by recent writes).
+        let written = std::mem::take(&mut self.written);
+        self.written = written
+            .into_iter()
+            .filter(|((kind, key), rv)| self.live_version(kind, key).as_ref() == Some(rv))
+            .collect();
+        if planned.is_empty() {
             return Outcome::default();
         }
-        info!(writes = writes.len(), "writing statuses");
-        let jobs = writes.into_iter().map(|w| {
+        let mut outcome = Outcome {
+            retry: false,
+            more: planned.len() > WRITES_PER_PASS,
+        };
+        planned.truncate(WRITES_PER_PASS);
+        info!(
+            writes = planned.len(),
+            more = outcome.more,
+            "writing statuses"
+        );
+        let jobs = planned.into_iter().map(|(w, rv)| {
             let rejections = status::new_rejections(&w, &self.stores);
             let client = self.client.clone();
             async move {
                 let r = status::apply(&client, &w).await;
-                (w, rejections, r)
+                (w, rv, rejections, r)
             }
         });
         let results: Vec<_> = futures_util::stream::iter(jobs)
             .buffer_unordered(16)
             .collect()
             .await;
-        let mut outcome = Outcome::default();
-        for (w, rejections, r) in results {
+        for (w, rv, rejections, r) in results {
             let result = match &r {
                 Ok(()) => "ok",
                 Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
@@ -283,6 +346,9 @@ impl Reconciler {
             match r {
                 Ok(()) => {
                     debug!(kind = w.kind(), object = %w.key(), "status written");
+                    if let Some(rv) = rv {
+                        self.written.insert((w.kind(), w.key()), rv);
+                    }
                     self.publish_events(&w, &rejections).await;
                 }
                 Err(e) => {
@@ -494,5 +560,96 @@ pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool)
             "waiting for a proxy to run version {} ({} of {} in sync)",
             sync.version, sync.in_sync, sync.connected
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::compile::conditions::Conds;
+
+    fn gateway(programmed_ok: bool) -> GatewayStatus {
+        let now = Time(Timestamp::UNIX_EPOCH);
+        let c = Conds::new(Some(3), &now);
+        GatewayStatus {
+            conditions: Some(vec![c.make(PROGRAMMED, programmed_ok, "Programmed", "ok")]),
+            ..GatewayStatus::default()
+        }
+    }
+
+    fn sync(version: u64, connected: u32, in_sync: u32) -> SyncState {
+        SyncState {
+            version,
+            connected,
+            in_sync,
+            nacks: Vec::new(),
+        }
+    }
+
+    fn programmed_of(s: &GatewayStatus) -> (String, String, String) {
+        let c = &s.conditions.as_ref().unwrap()[0];
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    #[test]
+    fn programmed_waits_for_a_proxy_in_sync() {
+        let mut s = gateway(true);
+        programmed(&mut s, &sync(7, 2, 0), false);
+        let p = programmed_of(&s);
+        assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "Pending"));
+        assert_eq!(p.2, "waiting for a proxy to run version 7 (0 of 2 in sync)");
+        let mut s = gateway(true);
+        programmed(&mut s, &sync(7, 2, 1), false);
+        assert_eq!(programmed_of(&s).0, "True");
+        assert_eq!(programmed_of(&s).2, "programmed on 2 connected proxies");
+    }
+
+    #[test]
+    fn programmed_stays_true_while_a_new_version_rolls_out_but_not_on_a_nack() {
+        let mut s = gateway(true);
+        programmed(&mut s, &sync(8, 2, 0), true);
+        assert_eq!(programmed_of(&s).0, "True");
+        let mut s = gateway(true);
+        let mut st = sync(8, 1, 0);
+        st.nacks.push(("p1".into(), "bad regex".into()));
+        programmed(&mut s, &st, true);
+        let p = programmed_of(&s);
+        assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "Invalid"));
+        assert_eq!(p.2, "proxy p1 rejected version 8: bad regex");
+        // Disconnected: no longer programmed.
+        let mut s = gateway(true);
+        programmed(&mut s, &sync(8, 0, 0), true);
+        assert_eq!(programmed_of(&s).1, "Pending");
+    }
+
+    #[test]
+    fn a_compiler_rejection_is_left_alone() {
+        let mut s = gateway(false);
+        programmed(&mut s, &sync(1, 1, 1), true);
+        assert_eq!(programmed_of(&s).0, "False");
+    }
+
+    #[test]
+    fn only_classes_with_our_name_are_compiled_as_ours() {
+        let mut inputs = Inputs::default();
+        for (name, cn) in [
+            ("a", "x.dev/mine"),
+            ("b", CONTROLLER_NAME),
+            ("c", "y.dev/other"),
+        ] {
+            let mut c = gateway_api::gatewayclasses::GatewayClass::default();
+            c.metadata.name = Some(name.into());
+            c.spec.controller_name = cn.into();
+            inputs.gateway_classes.push(c);
+        }
+        own_classes(&mut inputs, "x.dev/mine");
+        let ours: Vec<_> = inputs
+            .gateway_classes
+            .iter()
+            .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(ours, vec!["a".to_owned()]);
     }
 }
