@@ -1,0 +1,88 @@
+//! Unit tests of the reconcile overlays (Programmed from push sync, class ownership).
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::compile::conditions::Conds;
+
+fn gateway(programmed_ok: bool) -> GatewayStatus {
+    let now = Time(Timestamp::UNIX_EPOCH);
+    let c = Conds::new(Some(3), &now);
+    GatewayStatus {
+        conditions: Some(vec![c.make(PROGRAMMED, programmed_ok, "Programmed", "ok")]),
+        ..GatewayStatus::default()
+    }
+}
+
+fn sync(version: u64, connected: u32, in_sync: u32) -> SyncState {
+    SyncState {
+        version,
+        connected,
+        in_sync,
+        nacks: Vec::new(),
+    }
+}
+
+fn programmed_of(s: &GatewayStatus) -> (String, String, String) {
+    let c = &s.conditions.as_ref().unwrap()[0];
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+#[test]
+fn programmed_waits_for_a_proxy_in_sync() {
+    let mut s = gateway(true);
+    programmed(&mut s, &sync(7, 2, 0), false);
+    let p = programmed_of(&s);
+    assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "Pending"));
+    assert_eq!(p.2, "waiting for a proxy to run version 7 (0 of 2 in sync)");
+    let mut s = gateway(true);
+    programmed(&mut s, &sync(7, 2, 1), false);
+    assert_eq!(programmed_of(&s).0, "True");
+    assert_eq!(programmed_of(&s).2, "programmed on 2 connected proxies");
+}
+
+#[test]
+fn programmed_stays_true_while_a_new_version_rolls_out_but_not_on_a_nack() {
+    let mut s = gateway(true);
+    programmed(&mut s, &sync(8, 2, 0), true);
+    assert_eq!(programmed_of(&s).0, "True");
+    let mut s = gateway(true);
+    let mut st = sync(8, 1, 0);
+    st.nacks.push(("p1".into(), "bad regex".into()));
+    programmed(&mut s, &st, true);
+    let p = programmed_of(&s);
+    assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "Invalid"));
+    assert_eq!(p.2, "proxy p1 rejected version 8: bad regex");
+    // Disconnected: no longer programmed.
+    let mut s = gateway(true);
+    programmed(&mut s, &sync(8, 0, 0), true);
+    assert_eq!(programmed_of(&s).1, "Pending");
+}
+
+#[test]
+fn a_compiler_rejection_is_left_alone() {
+    let mut s = gateway(false);
+    programmed(&mut s, &sync(1, 1, 1), true);
+    assert_eq!(programmed_of(&s).0, "False");
+}
+
+#[test]
+fn only_classes_with_our_name_are_compiled_as_ours() {
+    let mut inputs = Inputs::default();
+    for (name, cn) in [
+        ("a", "x.dev/mine"),
+        ("b", CONTROLLER_NAME),
+        ("c", "y.dev/other"),
+    ] {
+        let mut c = gateway_api::gatewayclasses::GatewayClass::default();
+        c.metadata.name = Some(name.into());
+        c.spec.controller_name = cn.into();
+        inputs.gateway_classes.push(c);
+    }
+    own_classes(&mut inputs, "x.dev/mine");
+    let ours: Vec<_> = inputs
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(ours, vec!["a".to_owned()]);
+}
