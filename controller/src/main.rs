@@ -266,7 +266,7 @@ async fn run(
                     warn!(error = %e, "reload failed; still serving the previous tables");
                 }
             }
-            _ = tokio::signal::ctrl_c() => {
+            () = tollgate_proxy::shutdown_signal() => {
                 info!("shutting down");
                 break;
             }
@@ -341,7 +341,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         debounce: Duration::from_millis(args.debounce_ms),
     };
     info!(id = %id, namespace = %namespace, controller_name = %args.controller_name, "controller starting");
-    controller::run(client, cfg, metrics, shutdown_signal()).await?;
+    controller::run(client, cfg, metrics, tollgate_proxy::shutdown_signal()).await?;
     Ok(())
 }
 
@@ -404,20 +404,4 @@ async fn start_push(
         }
     });
     Ok((server, shared))
-}
-
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
 }

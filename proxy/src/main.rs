@@ -127,7 +127,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     });
 
-    let _ = tokio::signal::ctrl_c().await;
+    tollgate_proxy::shutdown_signal().await;
     drop(subscription);
     proxy.shutdown().await;
     Ok(())

@@ -61,7 +61,7 @@ async fn binary_serves_and_reloads_its_table_file() {
         std::fs::write(&file, serde_json::to_string(&t).unwrap()).unwrap();
     };
     write("/one", 1);
-    let _proxy = Killed(
+    let proxy = Killed(
         Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
             .arg("--table")
             .arg(&file)
@@ -89,5 +89,25 @@ async fn binary_serves_and_reloads_its_table_file() {
 
     let ready = status_of(&client, &format!("http://127.0.0.1:{admin}/readyz")).await;
     assert_eq!(ready, Some(200));
+
+    // SIGTERM (what Kubernetes sends) shuts it down cleanly.
+    let mut proxy = proxy;
+    let pid = proxy.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut exited = None;
+    for _ in 0..200 {
+        if let Some(status) = proxy.0.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
