@@ -5,6 +5,20 @@
 //! [`controller`] (debounce) → [`reconcile`] (compile, publish to the push server, provision,
 //! [`status`] plan and server-side apply, Events) with [`leader`] gating every write, and
 //! [`metrics`] served on the admin address.
+//!
+//! Every replica watches, compiles and publishes tables (so any replica can serve proxies);
+//! only the Lease holder writes status, provisions and records Events. What a change costs:
+//!
+//! | change | compile + publish | status pass | provisioning |
+//! | --- | --- | --- | --- |
+//! | EndpointSlice only | yes | no (no condition depends on endpoints) | no |
+//! | status only (e.g. the echo of our own write) | no | yes (a comparison; writes only on a difference) | no |
+//! | anything else | yes | yes | yes (when the Gateway changed) |
+//!
+//! Known limits: the status of a Gateway or GatewayClass that stops being ours (class or
+//! controllerName changed) is left as we last wrote it; watches are cluster-wide for every
+//! kind but Secrets (TLS only), so Services and EndpointSlices of the whole cluster are held
+//! (stripped of managedFields).
 
 pub mod controller;
 pub mod leader;

@@ -166,11 +166,19 @@ impl Reconciler {
         };
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
+            let snapshot = started.elapsed();
             own_classes(&mut inputs, &self.settings.controller_name);
             let mut out = compile(&inputs);
+            drop(inputs);
             name_parents(&mut out, &self.settings.controller_name);
+            let compiled = started.elapsed();
             self.publish(&out);
             self.compiled = out;
+            debug!(
+                snapshot_ms = snapshot.as_millis(),
+                compile_ms = (compiled - snapshot).as_millis(),
+                "compiled"
+            );
         }
         let mut outcome = Outcome::default();
         if relevance != Relevance::Endpoints && leading {

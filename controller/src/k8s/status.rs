@@ -110,7 +110,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             status.conditions.as_deref_mut().unwrap_or_default(),
             old.conditions.as_deref().unwrap_or_default(),
         );
-        if !same(&status, &old) {
+        if status != old && !same(&status, &old) {
             writes.push(StatusWrite::GatewayClass {
                 name: name.clone(),
                 status,
@@ -124,7 +124,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
         };
         let old = live.status.clone().unwrap_or_default();
         let status = gateway_status(desired, &old);
-        if !same(&status, &old) {
+        if status != old && !same(&status, &old) {
             writes.push(StatusWrite::Gateway {
                 key: key.clone(),
                 status,
@@ -154,12 +154,16 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
         for p in &mut parents {
             let old = live_ours
                 .iter()
-                .find(|l| same(&l.parent_ref, &p.parent_ref));
+                .find(|l| l.parent_ref == p.parent_ref || same(&l.parent_ref, &p.parent_ref));
             if let Some(old) = old {
                 keep_times(&mut p.conditions, &old.conditions);
             }
         }
-        if same(&parents, &live_ours) {
+        // Typed equality first: it is what an unchanged route gives, and it costs no
+        // serialization (10k routes are compared on every pass).
+        let equal = parents.len() == live_ours.len()
+            && parents.iter().zip(&live_ours).all(|(a, b)| a == *b);
+        if equal || same(&parents, &live_ours) {
             continue;
         }
         let mut all: Vec<HttpRouteStatusParents> = live_parents
