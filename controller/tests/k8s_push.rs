@@ -71,7 +71,8 @@ async fn a_subscribed_proxy_programs_the_gateway_and_follows_endpoints() {
     // No proxy yet: Pending, with the version it waits for.
     let pending = eventually(WAIT, || async {
         let g: Gateway = env.get("gw").await;
-        programmed(&g).filter(|p| p.1 == "Pending")
+        // Not the CRD's default (Unknown/Pending) that every new Gateway starts with.
+        programmed(&g).filter(|p| p.0 == "False" && p.1 == "Pending")
     })
     .await
     .unwrap_or_else(|| panic!("not Pending:\n{}", ctl.log()));
