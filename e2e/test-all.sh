@@ -33,3 +33,6 @@ eval "$(e2e/cluster.sh env)"
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "e2e/chart-test.sh (helm lint/template, server-side dry run, RBAC as the chart grants it)"
+TOLLGATE_BIN="$CARGO_TARGET_DIR/debug/tollgate" e2e/chart-test.sh
