@@ -8,13 +8,18 @@
 # A server counts as serving once a routed request gets anything but 404 (the extra endpoints
 # are unused loopback addresses, so an answer may be a 502).
 # Usage: e2e/bench/table-memory.sh [N] [E]
+#   BIN=DIR uses tollgate and tollgate-proxy from DIR instead of building them (run.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=${1:-10000}
 e=${2:-100}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tollgate/target}"
-cargo build --release -q -p tollgate -p tollgate-proxy
-bin="$CARGO_TARGET_DIR/release"
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  cargo build --release -q -p tollgate -p tollgate-proxy
+  bin="$CARGO_TARGET_DIR/release"
+fi
 dir=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
