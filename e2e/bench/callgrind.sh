@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Instructions per request (user space, valgrind callgrind) for each contender of the `one`
+# scenario: a figure that does not move with the machine's load, for when wall time is too
+# noisy to decide. Each proxy runs under callgrind with instrumentation off, gets a warm-up,
+# then exactly N keep-alive requests (oha -n N -c 10) with instrumentation on.
+# Needs what run.sh installs, plus valgrind. Writes callgrind.out files to OUT (kept).
+# Usage: e2e/bench/callgrind.sh [N (default 5000)] [OUT (default a temp dir)]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bench=$PWD/e2e/bench
+n=${1:-5000}
+out=${2:-$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)}
+mkdir -p "$out"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tollgate/target}"
+bin=$CARGO_TARGET_DIR/release
+oha=$HOME/.cache/tollgate/cargo-bin/bin/oha
+command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+[ -x "$oha" ] || { echo "oha missing: run e2e/bench/run.sh once" >&2; exit 1; }
+cargo build --release -q -p tollgate -p tollgate-proxy
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+cat >"$out/backend.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $out/backend.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:19080; location / { return 200 "ok\n"; } }
+}
+EOF
+taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
+pids+=($!)
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
+  -subj /CN=bench.example.test -keyout "$out/key.pem" -out "$out/cert.pem" 2>/dev/null
+python3 "$bench/gen-configs.py" one "$out/cfg" --cert "$out/cert.pem" --key "$out/key.pem" >/dev/null
+"$bin/tollgate" compile "$out/cfg/manifests" --out "$out/cfg/table" >/dev/null
+# valgrind follows one process: nginx without a master.
+sed -i 's/^daemon off;/daemon off;\nmaster_process off;/' "$out/cfg/nginx.conf"
+
+measure() { # name port command...
+  local name=$1 port=$2 pid ir
+  shift 2
+  taskset -c 0 valgrind --tool=callgrind --instr-atstart=no \
+    --callgrind-out-file="$out/callgrind.out.$name" "$@" >"$out/$name.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  for _ in $(seq 1 600); do
+    curl -s -o /dev/null -H "Host: bench.example.test" "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+  taskset -c 1 "$oha" --no-tui -n 500 -c 10 -H "Host: bench.example.test" "http://127.0.0.1:$port/" >/dev/null
+  callgrind_control -i on "$pid" >/dev/null
+  taskset -c 1 "$oha" --no-tui -n "$n" -c 10 -H "Host: bench.example.test" "http://127.0.0.1:$port/" >/dev/null
+  callgrind_control -i off "$pid" >/dev/null
+  # tollgate-proxy stops on SIGINT; nginx and HAProxy under valgrind need SIGTERM.
+  kill -INT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ir=$(awk '/^totals:/ {print $2; exit}' "$out/callgrind.out.$name")
+  printf '%-8s %12s instructions per request\n' "$name" "$(awk -v i="$ir" -v n="$n" 'BEGIN {printf "%.0f", i / n}')"
+}
+measure tollgate 18080 "$bin/tollgate-proxy" --table "$out/cfg/table/default.bench.json" \
+  --admin 127.0.0.1:19901 --access-log false --workers 1
+measure nginx 18081 nginx -e "$out/cfg/nginx-error.log" -c "$out/cfg/nginx.conf"
+measure haproxy 18082 haproxy -db -f "$out/cfg/haproxy.cfg"
+echo "callgrind files in $out (callgrind_annotate FILE for the breakdown)"
