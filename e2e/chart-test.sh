@@ -200,7 +200,7 @@ log "scoped RBAC as the controller ok"
 if [[ ${TOLLGATE_CHART_TEST_CARGO:-1} != 0 ]] && command -v cargo >/dev/null; then
   (cd "$ROOT" && KUBECONFIG=$("$E2E/cluster.sh" env | sed -n "s/^export KUBECONFIG=//p") \
     TOLLGATE_PROVISION_AS=system:serviceaccount:$NS:tollgate-chart-test-controller \
-    nice cargo test --quiet -p tollgate --test k8s_provision provision_works_with_only_the_charts_rbac \
+    nice cargo test --quiet -p tollgate --test k8s_provision provision_works_with_only_the_charts_rbac -- --ignored \
     >"$WORK/cargo.txt" 2>&1) || { tail -n 40 "$WORK/cargo.txt" >&2; fail "provisioning with the chart's RBAC"; }
   grep -q '1 passed' "$WORK/cargo.txt" || { cat "$WORK/cargo.txt" >&2; fail "the RBAC provisioning test did not run"; }
   log "provisioning with only the chart's RBAC ok"
