@@ -14,9 +14,8 @@ use std::collections::BTreeSet;
 
 use gateway_api::httproutes::{
     HttpRouteRulesBackendRefsFilters, HttpRouteRulesFilters, HttpRouteRulesFiltersCors,
-    HttpRouteRulesFiltersRequestHeaderModifier, HttpRouteRulesFiltersRequestMirror,
-    HttpRouteRulesFiltersRequestRedirect, HttpRouteRulesFiltersRequestRedirectPathType,
-    HttpRouteRulesFiltersRequestRedirectScheme, HttpRouteRulesFiltersResponseHeaderModifier,
+    HttpRouteRulesFiltersRequestMirror, HttpRouteRulesFiltersRequestRedirect,
+    HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,
     HttpRouteRulesFiltersType, HttpRouteRulesFiltersUrlRewrite,
     HttpRouteRulesFiltersUrlRewritePathType,
 };
@@ -24,6 +23,27 @@ use tollgate_api::{Cors, Filter, HeaderModifier, Mirror, PathModifier, Redirect,
 
 use super::backends::{RefSpec, Resolver};
 use super::conditions::{Problem, reason};
+
+/// Converts a RequestHeaderModifier or ResponseHeaderModifier: the generated gateway-api types
+/// differ only in name, so one body serves both.
+macro_rules! header_modifier {
+    ($m:expr, $field:expr) => {{
+        let m = $m;
+        let set = m
+            .set
+            .iter()
+            .flatten()
+            .map(|h| (h.name.as_str(), h.value.as_str()))
+            .collect();
+        let add = m
+            .add
+            .iter()
+            .flatten()
+            .map(|h| (h.name.as_str(), h.value.as_str()))
+            .collect();
+        modifier(set, add, m.remove.as_deref().unwrap_or_default(), $field)
+    }};
+}
 
 /// What converting a filter list needs.
 pub struct FilterCtx<'r, 'i, 'a, 's> {
@@ -35,6 +55,21 @@ pub struct FilterCtx<'r, 'i, 'a, 's> {
     pub all_prefix: bool,
     /// ResolvedRefs problems found on the way (mirror backends).
     pub unresolved: &'r mut Vec<Problem>,
+}
+
+impl FilterCtx<'_, '_, '_, '_> {
+    /// Resolves a backend reference of this route; an unresolvable one is recorded as a
+    /// ResolvedRefs problem under `field` and gives `None` (its traffic share answers 500).
+    pub fn resolve_backend(&mut self, spec: &RefSpec<'_>, field: &str) -> Option<String> {
+        match self.resolver.resolve(self.route_ns, spec) {
+            Ok(k) => Some(k),
+            Err(p) => {
+                self.unresolved
+                    .push(Problem::new(p.reason, format!("{field}: {}", p.message)));
+                None
+            }
+        }
+    }
 }
 
 fn unsupported(field: &str, what: impl std::fmt::Display) -> Problem {
@@ -112,14 +147,20 @@ fn convert(
                 .request_header_modifier
                 .as_ref()
                 .ok_or_else(|| missing("requestHeaderModifier"))?;
-            Ok(Filter::RequestHeaderModifier(request_headers(m, field)?))
+            Ok(Filter::RequestHeaderModifier(header_modifier!(
+                m,
+                &format!("{field}.requestHeaderModifier")
+            )?))
         }
         T::ResponseHeaderModifier => {
             let m = f
                 .response_header_modifier
                 .as_ref()
                 .ok_or_else(|| missing("responseHeaderModifier"))?;
-            Ok(Filter::ResponseHeaderModifier(response_headers(m, field)?))
+            Ok(Filter::ResponseHeaderModifier(header_modifier!(
+                m,
+                &format!("{field}.responseHeaderModifier")
+            )?))
         }
         T::RequestRedirect => {
             let r = f
@@ -226,46 +267,6 @@ fn modifier(
             .collect(),
         remove,
     })
-}
-
-fn request_headers(
-    m: &HttpRouteRulesFiltersRequestHeaderModifier,
-    field: &str,
-) -> Result<HeaderModifier, Problem> {
-    let set = m
-        .set
-        .iter()
-        .flatten()
-        .map(|h| (h.name.as_str(), h.value.as_str()))
-        .collect();
-    let add = m
-        .add
-        .iter()
-        .flatten()
-        .map(|h| (h.name.as_str(), h.value.as_str()))
-        .collect();
-    let remove = m.remove.as_deref().unwrap_or_default();
-    modifier(set, add, remove, &format!("{field}.requestHeaderModifier"))
-}
-
-fn response_headers(
-    m: &HttpRouteRulesFiltersResponseHeaderModifier,
-    field: &str,
-) -> Result<HeaderModifier, Problem> {
-    let set = m
-        .set
-        .iter()
-        .flatten()
-        .map(|h| (h.name.as_str(), h.value.as_str()))
-        .collect();
-    let add = m
-        .add
-        .iter()
-        .flatten()
-        .map(|h| (h.name.as_str(), h.value.as_str()))
-        .collect();
-    let remove = m.remove.as_deref().unwrap_or_default();
-    modifier(set, add, remove, &format!("{field}.responseHeaderModifier"))
 }
 
 /// A path modifier: `full` for ReplaceFullPath, `prefix` for ReplacePrefixMatch.
@@ -428,16 +429,7 @@ fn mirror(
         namespace: b.namespace.as_deref(),
         port: b.port,
     };
-    let backend = match ctx.resolver.resolve(ctx.route_ns, &spec) {
-        Ok(k) => Some(k),
-        Err(p) => {
-            ctx.unresolved.push(Problem::new(
-                p.reason,
-                format!("{field}.backendRef: {}", p.message),
-            ));
-            None
-        }
-    };
+    let backend = ctx.resolve_backend(&spec, &format!("{field}.backendRef"));
     Ok(Mirror {
         backend,
         per_million,

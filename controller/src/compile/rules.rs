@@ -153,14 +153,7 @@ fn compile_rule(
             namespace: b.namespace.as_deref(),
             port: b.port,
         };
-        let backend = match ctx.resolver.resolve(ns, &spec) {
-            Ok(k) => Some(k),
-            Err(p) => {
-                ctx.unresolved
-                    .push(Problem::new(p.reason, format!("{bfield}: {}", p.message)));
-                None
-            }
-        };
+        let backend = ctx.resolve_backend(&spec, &bfield);
         backends.push(WeightedBackend {
             backend,
             weight,
