@@ -57,10 +57,12 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
             filters: vec![],
         }],
         timeouts: Timeouts::default(),
+        policy: None,
     };
     RouteTable {
         version: 1,
         gateway: ObjectKey::new("bench", "gw"),
+        policies: Default::default(),
         ports: vec![PortConfig {
             address: "127.0.0.1".into(),
             port: 0,

@@ -36,6 +36,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         filters: vec![],
         backends: vec![],
         timeouts: Timeouts::default(),
+        policy: None,
     }
 }
 
@@ -72,6 +73,7 @@ fn table(vhosts: Vec<VirtualHost>) -> RouteTable {
     RouteTable {
         version: 1,
         gateway: ObjectKey::new("bench", "gw"),
+        policies: Default::default(),
         ports: vec![PortConfig {
             address: "0.0.0.0".into(),
             port: 80,

@@ -40,6 +40,7 @@ mod forward;
 mod listener;
 pub mod metrics;
 mod mirror;
+pub mod policy;
 mod proxy;
 pub mod router;
 mod service;

@@ -82,6 +82,7 @@ pub fn build_tables(
             RouteTable {
                 version: 0,
                 gateway: gw.key.clone(),
+                policies: Default::default(),
                 ports,
                 backends,
             },
@@ -117,6 +118,7 @@ fn virtual_hosts(
                     filters: rule.filters.clone(),
                     backends: rule.backends.clone(),
                     timeouts: rule.timeouts.clone(),
+                    policy: None,
                 };
                 for h in &a.hostnames {
                     hosts

@@ -129,10 +129,12 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
             filters: vec![],
         }],
         timeouts: Timeouts::default(),
+        policy: None,
     };
     RouteTable {
         version: 0,
         gateway: gw(),
+        policies: BTreeMap::new(),
         ports: vec![PortConfig {
             address: "127.0.0.1".into(),
             port: 0,

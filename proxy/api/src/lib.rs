@@ -14,6 +14,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod policy;
+
+pub use policy::PolicySet;
+
 /// Version of this contract. Bumped on any incompatible change.
 pub const CONTRACT_VERSION: u32 = 1;
 
@@ -30,6 +34,9 @@ pub struct RouteTable {
     pub ports: Vec<PortConfig>,
     /// Backends by key (see [`BackendKey`]), referenced from routes.
     pub backends: BTreeMap<String, Backend>,
+    /// Effective policies by key (`namespace/route/rule-index`), referenced from routes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub policies: BTreeMap<String, PolicySet>,
 }
 
 /// A namespaced object name.
@@ -152,6 +159,9 @@ pub struct Route {
     /// Rule timeouts.
     #[serde(default, skip_serializing_if = "Timeouts::is_empty")]
     pub timeouts: Timeouts,
+    /// Key into [`RouteTable::policies`]; `None` = no policy applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// Request predicates of one match; all must hold.
@@ -446,6 +456,7 @@ mod tests {
             })],
             backends: vec![],
             timeouts: Timeouts::default(),
+            policy: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();

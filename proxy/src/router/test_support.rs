@@ -21,6 +21,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         filters: vec![],
         backends: vec![],
         timeouts: Timeouts::default(),
+        policy: None,
     }
 }
 
@@ -94,6 +95,7 @@ pub(crate) fn mk_table(ports: Vec<PortConfig>) -> RouteTable {
         gateway: ObjectKey::new("ns", "gw"),
         ports,
         backends: Default::default(),
+        policies: Default::default(),
     }
 }
 

@@ -214,6 +214,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         filters: vec![],
         backends,
         timeouts: Timeouts::default(),
+        policy: None,
     }
 }
 
@@ -244,6 +245,7 @@ pub fn table(version: u64, ports: Vec<PortConfig>, backends: Vec<(&str, Backend)
     RouteTable {
         version,
         gateway: ObjectKey::new("default", "gw"),
+        policies: BTreeMap::new(),
         ports,
         backends: backends
             .into_iter()

@@ -1,0 +1,279 @@
+//! Policies in the route table: what RateLimitPolicy and AuthPolicy compile into.
+//!
+//! In: nothing. Out: plain serde types. The compiler resolves targetRefs, applies the
+//! defaults/overrides hierarchy and validates every CEL expression; what lands here is the
+//! *effective* policy of one route rule, referenced from [`crate::Route::policy`] by key into
+//! [`crate::RouteTable::policies`]. The proxy compiles the CEL once per table and enforces in
+//! the order authentication, authorization, rate limit.
+//!
+//! Secrets never appear in clear: API keys travel as SHA-256 digests; the only secret material
+//! is an introspection client's credentials, which the proxy needs to call the endpoint.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ObjectKey;
+
+/// The effective policies of one route rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySet {
+    /// Authentication and authorization; `None` = open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
+    /// Rate limits; every applicable one must admit the request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_limits: Vec<RateLimit>,
+}
+
+impl PolicySet {
+    /// True when nothing is enforced.
+    pub fn is_empty(&self) -> bool {
+        self.auth.is_none() && self.rate_limits.is_empty()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rate limits
+
+/// One named limit of a RateLimitPolicy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimit {
+    /// Counter namespace: `namespace/policy/limit-name` of the policy that defined the limit.
+    /// Every replica and `tollgate run` key counters by it, so they count the same thing.
+    pub id: String,
+    /// At most `limit` per `window`; all rates must admit.
+    pub rates: Vec<Rate>,
+    /// Counting algorithm.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// CEL expressions whose values select the counter (one counter per distinct tuple);
+    /// empty = one shared counter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<String>,
+    /// CEL predicates; the limit applies only when all hold (policy-level `when` included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<String>,
+}
+
+/// At most `limit` requests per `window_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rate {
+    /// Requests admitted per window.
+    pub limit: u64,
+    /// Window length in milliseconds (> 0).
+    pub window_ms: u64,
+}
+
+/// Counting algorithm of a limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Algorithm {
+    /// Weighted previous + current fixed window (the default).
+    #[default]
+    SlidingWindow,
+    /// Capacity `limit`, refilled at `limit / window`.
+    TokenBucket,
+    /// Counter reset at each window boundary.
+    FixedWindow,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication and authorization
+
+/// The effective AuthPolicy rules of one route rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Auth {
+    /// Policies that contributed, for logs and metrics (`namespace/name`).
+    pub sources: Vec<ObjectKey>,
+    /// A request is authenticated when any method succeeds; tried in this order (by name).
+    /// Empty = anonymous (authorization rules may still apply).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authentication: Vec<AuthnMethod>,
+    /// Every applicable rule must hold, else 403.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorization: Vec<AuthzRule>,
+    /// Headers set on the upstream request after success: (lower-case name, CEL expression).
+    /// The same names are removed from the client's request first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub success_headers: Vec<(String, String)>,
+    /// Answer when no method authenticates (default 401).
+    #[serde(default = "DenyResponse::unauthenticated")]
+    pub unauthenticated: DenyResponse,
+    /// Answer when an authorization rule fails (default 403).
+    #[serde(default = "DenyResponse::unauthorized")]
+    pub unauthorized: DenyResponse,
+}
+
+/// One named authentication method.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthnMethod {
+    /// Name in the policy (`rules.authentication.<name>`).
+    pub name: String,
+    /// Where the credential is read from. Defaults per method: `Authorization: Bearer` for JWT
+    /// and introspection, `Authorization: APIKEY` for API keys; ignored for X.509.
+    pub credentials: Credentials,
+    /// What verifies it.
+    pub method: Method,
+    /// CEL predicates; the method is tried only when all hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<String>,
+}
+
+/// Where a credential is read from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Credentials {
+    /// `Authorization: <prefix> <credential>` (prefix compared case-insensitively).
+    AuthorizationHeader {
+        /// Scheme, e.g. `Bearer`.
+        prefix: String,
+    },
+    /// A request header carrying the bare credential (name lower-case).
+    CustomHeader {
+        /// Header name.
+        name: String,
+    },
+    /// A query parameter.
+    QueryString {
+        /// Parameter name.
+        name: String,
+    },
+    /// A cookie.
+    Cookie {
+        /// Cookie name.
+        name: String,
+    },
+}
+
+/// How a credential is verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Method {
+    /// API keys from Secrets.
+    ApiKey(ApiKeys),
+    /// A signed JWT.
+    Jwt(Jwt),
+    /// OAuth 2.0 token introspection (RFC 7662).
+    Introspection(Introspection),
+    /// The client certificate the listener verified.
+    X509,
+}
+
+/// API keys, held as SHA-256 digests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKeys {
+    /// One entry per Secret, sorted by Secret.
+    pub keys: Vec<ApiKey>,
+}
+
+/// One API key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKey {
+    /// Lower-case hex SHA-256 of the key bytes.
+    pub sha256: String,
+    /// The identity a caller with this key gets: the Secret's metadata (never the key):
+    /// `{"metadata": {"name", "namespace", "labels", "annotations"}}` as JSON.
+    pub identity: serde_json::Value,
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// JWT verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Jwt {
+    /// Required `iss`.
+    pub issuer: String,
+    /// `aud` must contain one of these; empty = not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audiences: Vec<String>,
+    /// Where keys are fetched (and cached) from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_uri: Option<String>,
+    /// Inline JWKS JSON (takes precedence over `jwks_uri`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<String>,
+}
+
+/// Token introspection.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Introspection {
+    /// Introspection endpoint URL.
+    pub endpoint: String,
+    /// Client id (from the credentials Secret's `clientID`).
+    pub client_id: String,
+    /// Client secret (from the credentials Secret's `clientSecret`).
+    pub client_secret: String,
+    /// How long an answer is cached, in milliseconds.
+    #[serde(default = "Introspection::default_cache_ms")]
+    pub cache_ms: u64,
+}
+
+impl Introspection {
+    /// Default answer cache lifetime: 10 s.
+    pub fn default_cache_ms() -> u64 {
+        10_000
+    }
+}
+
+impl std::fmt::Debug for Introspection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Introspection")
+            .field("endpoint", &self.endpoint)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One named authorization rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthzRule {
+    /// Name in the policy.
+    pub name: String,
+    /// CEL predicate that must hold.
+    pub predicate: String,
+    /// CEL predicates; the rule applies only when all hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<String>,
+}
+
+/// A denial answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DenyResponse {
+    /// Status code.
+    pub code: u16,
+    /// Body; `None` = a short default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl DenyResponse {
+    /// 401.
+    pub fn unauthenticated() -> Self {
+        Self {
+            code: 401,
+            message: None,
+        }
+    }
+    /// 403.
+    pub fn unauthorized() -> Self {
+        Self {
+            code: 403,
+            message: None,
+        }
+    }
+}
