@@ -23,6 +23,7 @@ pub mod index;
 pub mod listeners;
 pub mod load;
 pub mod output;
+pub mod policies;
 pub mod precedence;
 pub mod routes;
 pub mod rules;
@@ -40,6 +41,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
+
+use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 
 pub use load::{LoadError, LoadWarning, inputs_from_yaml};
 pub use output::Rejection;
@@ -66,6 +69,10 @@ pub struct Inputs {
     pub secrets: Vec<Secret>,
     /// Namespaces, for `allowedRoutes.namespaces.selector`.
     pub namespaces: Vec<Namespace>,
+    /// RateLimitPolicies.
+    pub rate_limit_policies: Vec<RateLimitPolicy>,
+    /// AuthPolicies.
+    pub auth_policies: Vec<AuthPolicy>,
     /// Stamped as `lastTransitionTime` on every condition; nothing else reads a clock.
     pub now: Time,
     /// Documents [`inputs_from_yaml`] skipped (kinds the compiler does not read). The compiler
@@ -92,6 +99,8 @@ impl Inputs {
             endpoint_slices: Vec::new(),
             secrets: Vec::new(),
             namespaces: Vec::new(),
+            rate_limit_policies: Vec::new(),
+            auth_policies: Vec::new(),
             now,
             warnings: Vec::new(),
         }
@@ -108,6 +117,8 @@ impl Inputs {
         self.endpoint_slices.extend(other.endpoint_slices);
         self.secrets.extend(other.secrets);
         self.namespaces.extend(other.namespaces);
+        self.rate_limit_policies.extend(other.rate_limit_policies);
+        self.auth_policies.extend(other.auth_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -128,6 +139,18 @@ pub struct Output {
     /// holds only the entries for our Gateways.
     #[serde(serialize_with = "output::keyed")]
     pub http_routes: BTreeMap<ObjectKey, HttpRouteStatus>,
+    /// Status of every RateLimitPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub rate_limit_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every AuthPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub auth_policies: BTreeMap<ObjectKey, PolicyStatus>,
 }
 
 /// Compiles `inputs`. Pure and deterministic.
@@ -147,23 +170,53 @@ pub fn compile(inputs: &Inputs) -> Output {
     gateways.sort_by(|a, b| a.key.cmp(&b.key));
 
     let routes = routes::compile_routes(&idx, &mut gateways, now);
-    let tables = table::build_tables(&gateways, &routes);
+    let policies = policies::compile_policies(
+        &inputs.rate_limit_policies,
+        &inputs.auth_policies,
+        &inputs.secrets,
+        &policy_gateways(&gateways),
+        &policy_routes(&gateways, &routes),
+        now,
+    );
+    let tables = table::build_tables(&gateways, &routes, &policies);
 
     let gateway_statuses = gateways
         .iter()
-        .map(|g| (g.key.clone(), g.status()))
+        .map(|g| {
+            let mut status = g.status();
+            if let Some(by) = policies.affecting_gateways.get(&g.key) {
+                affected(
+                    status.conditions.get_or_insert_with(Vec::new),
+                    by,
+                    g.gateway.metadata.generation,
+                    now,
+                );
+            }
+            (g.key.clone(), status)
+        })
         .collect();
     let http_routes = routes
         .routes
         .iter()
         .filter(|r| !r.parents.is_empty())
         .map(|r| {
-            (
-                r.key.clone(),
-                HttpRouteStatus {
-                    parents: r.parents.clone(),
-                },
-            )
+            let mut parents = r.parents.clone();
+            for p in &mut parents {
+                let gw = ObjectKey::new(
+                    p.parent_ref
+                        .namespace
+                        .as_deref()
+                        .unwrap_or(&r.key.namespace),
+                    p.parent_ref.name.as_str(),
+                );
+                if let Some(by) = policies
+                    .affecting_routes
+                    .get(&("HTTPRoute", r.key.clone(), gw))
+                {
+                    affected(&mut p.conditions, by, r.route.metadata.generation, now);
+                }
+            }
+            (r.key.clone(), HttpRouteStatus { parents })
         })
         .collect();
     Output {
@@ -174,5 +227,76 @@ pub fn compile(inputs: &Inputs) -> Output {
             .collect(),
         gateways: gateway_statuses,
         http_routes,
+        rate_limit_policies: policies.rate_limit_status,
+        auth_policies: policies.auth_status,
+    }
+}
+
+/// Policy attachment view of the Gateways.
+fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::GatewayTarget> {
+    gateways
+        .iter()
+        .filter(|g| g.accepted)
+        .map(|g| policies::GatewayTarget {
+            key: g.key.clone(),
+            listeners: g.listeners.iter().map(|l| l.spec.name.clone()).collect(),
+        })
+        .collect()
+}
+
+/// Policy attachment view of the served routes.
+fn policy_routes(
+    gateways: &[listeners::GatewayModel<'_>],
+    routes: &routes::Routes<'_>,
+) -> Vec<policies::RouteTarget> {
+    routes
+        .routes
+        .iter()
+        .filter_map(|r| {
+            let rules = r.compiled.rules.as_ref().ok()?;
+            let mut attachments: Vec<(ObjectKey, String)> = r
+                .attachments
+                .iter()
+                .map(|a| {
+                    let g = &gateways[a.gateway];
+                    (g.key.clone(), g.listeners[a.listener].spec.name.clone())
+                })
+                .collect();
+            attachments.sort();
+            attachments.dedup();
+            Some(policies::RouteTarget {
+                kind: "HTTPRoute",
+                key: r.key.clone(),
+                rules: rules
+                    .iter()
+                    .map(|rule| (rule.index, rule.name.clone()))
+                    .collect(),
+                attachments,
+            })
+        })
+        .collect()
+}
+
+/// Adds `tollgate.dev/<Kind>Affected` conditions naming the policies in `by`.
+fn affected(
+    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    by: &std::collections::BTreeSet<(&'static str, ObjectKey)>,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let conds = conditions::Conds::new(generation, now);
+    for kind in ["AuthPolicy", "RateLimitPolicy"] {
+        let names: Vec<String> = by
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, key)| key.to_string())
+            .collect();
+        if !names.is_empty() {
+            conditions.push(conds.yes(
+                &format!("tollgate.dev/{kind}Affected"),
+                "Accepted",
+                format!("affected by {kind} {}", names.join(", ")),
+            ));
+        }
     }
 }

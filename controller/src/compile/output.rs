@@ -18,7 +18,7 @@ use super::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rejection {
-    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `RateLimitPolicy` or `AuthPolicy`.
     pub kind: &'static str,
     /// The object (`namespace` empty for GatewayClass).
     pub key: ObjectKey,
@@ -118,6 +118,14 @@ impl Output {
                     part.push_str(&format!(":{port}"));
                 }
                 push(&mut out, "HTTPRoute", key, Some(part), &p.conditions);
+            }
+        }
+        for (kind, statuses) in [
+            ("RateLimitPolicy", &self.rate_limit_policies),
+            ("AuthPolicy", &self.auth_policies),
+        ] {
+            for (key, s) in statuses {
+                push(&mut out, kind, key, None, &s.conditions);
             }
         }
         out.sort();
