@@ -331,3 +331,33 @@ spec:
             .any(|n| n.contains("internal-defaults"))
     );
 }
+
+#[test]
+fn policies_on_another_controllers_gateway_get_no_status_from_us() {
+    let out = run(
+        &["policies"],
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: theirs, namespace: pol}
+spec:
+  gatewayClassName: someone-else
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: on-theirs, namespace: pol}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: theirs}]
+  limits: {a: {rates: [{limit: 1, window: 1s}]}}
+"#,
+    );
+    assert!(
+        !out.rate_limit_policies
+            .contains_key(&ObjectKey::new("pol", "on-theirs"))
+    );
+    assert!(
+        out.rate_limit_policies
+            .contains_key(&ObjectKey::new("pol", "missing-target"))
+    );
+}

@@ -176,6 +176,7 @@ pub fn compile(inputs: &Inputs) -> Output {
         &inputs.secrets,
         &policy_gateways(&gateways),
         &policy_routes(&gateways, &routes),
+        &existing_targets(inputs),
         now,
     );
     let tables = table::build_tables(&gateways, &routes, &policies);
@@ -230,6 +231,19 @@ pub fn compile(inputs: &Inputs) -> Output {
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
     }
+}
+
+/// Every Gateway and route in the inputs, as (kind, key).
+fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str, ObjectKey)> {
+    let gws = inputs
+        .gateways
+        .iter()
+        .map(|g| ("Gateway", index::key_of(&g.metadata)));
+    let routes = inputs
+        .http_routes
+        .iter()
+        .map(|r| ("HTTPRoute", index::key_of(&r.metadata)));
+    gws.chain(routes).collect()
 }
 
 /// Policy attachment view of the Gateways.

@@ -184,6 +184,8 @@ struct Resolved<T> {
     /// Per policy: targets found, missing refs, targets lost to an older policy.
     found: Vec<Vec<Target>>,
     missing: Vec<Vec<String>>,
+    /// Per policy: targets that exist but belong to another controller.
+    foreign: Vec<usize>,
     lost: Vec<Vec<(String, ObjectKey)>>,
     /// Target to winning policy index.
     holder: BTreeMap<Target, usize>,
@@ -198,6 +200,7 @@ impl<T: Entries> Resolved<T> {
         items: Vec<Item<T>>,
         gateways: &[GatewayTarget],
         routes: &[RouteTarget],
+        existing: &BTreeSet<(&str, ObjectKey)>,
     ) -> Self {
         let mut items = items;
         // Older first: the holder of a contested target is the oldest policy.
@@ -213,6 +216,7 @@ impl<T: Entries> Resolved<T> {
             contributions: Vec::with_capacity(n),
             found: vec![Vec::new(); n],
             missing: vec![Vec::new(); n],
+            foreign: vec![0; n],
             lost: vec![Vec::new(); n],
             holder: BTreeMap::new(),
             enforced_on: vec![BTreeSet::new(); n],
@@ -230,6 +234,9 @@ impl<T: Entries> Resolved<T> {
                                 r.holder.insert(target.clone(), i);
                                 r.found[i].push(target);
                             }
+                        }
+                        None if is_foreign(&key.namespace, t, gateways, routes, existing) => {
+                            r.foreign[i] += 1;
                         }
                         None => r.missing[i].push(describe(t)),
                     }
@@ -328,6 +335,15 @@ impl<T: Entries> Resolved<T> {
     fn statuses(&self, now: &Time) -> BTreeMap<ObjectKey, PolicyStatus> {
         let mut out = BTreeMap::new();
         for i in 0..self.keys.len() {
+            if self.contributions[i].is_ok()
+                && self.found[i].is_empty()
+                && self.lost[i].is_empty()
+                && self.missing[i].is_empty()
+                && self.foreign[i] > 0
+            {
+                // Every target is another controller's Gateway or route: not ours to judge.
+                continue;
+            }
             let conds = Conds::new(self.metas[i].generation, now);
             let mut conditions = Vec::new();
             let accepted = match &self.contributions[i] {
@@ -440,6 +456,23 @@ fn describe(t: &TargetRef) -> String {
     }
 }
 
+/// True when `t` names an object that exists but is not one of ours.
+fn is_foreign(
+    ns: &str,
+    t: &TargetRef,
+    gateways: &[GatewayTarget],
+    routes: &[RouteTarget],
+    existing: &BTreeSet<(&str, ObjectKey)>,
+) -> bool {
+    let key = ObjectKey::new(ns, t.name.as_str());
+    let ours = if t.kind == "Gateway" {
+        gateways.iter().any(|g| g.key == key)
+    } else {
+        routes.iter().any(|r| r.kind == t.kind && r.key == key)
+    };
+    !ours && existing.contains(&(t.kind.as_str(), key))
+}
+
 /// Resolves one targetRef of a policy in namespace `ns`.
 fn resolve(
     ns: &str,
@@ -472,13 +505,16 @@ fn resolve(
     }
 }
 
-/// Compiles every policy.
+/// Compiles every policy. `existing` holds every Gateway and route in the inputs, ours or
+/// not, as (kind, key): a policy whose targets all exist but are another controller's gets no
+/// status from us.
 pub fn compile_policies(
     rate_limit_policies: &[RateLimitPolicy],
     auth_policies: &[AuthPolicy],
     secrets: &[Secret],
     gateways: &[GatewayTarget],
     routes: &[RouteTarget],
+    existing: &BTreeSet<(&str, ObjectKey)>,
     now: &Time,
 ) -> Policies {
     let secrets: Vec<&Secret> = secrets.iter().collect();
@@ -497,6 +533,7 @@ pub fn compile_policies(
             .collect(),
         gateways,
         routes,
+        existing,
     );
     let mut ap = Resolved::new(
         "AuthPolicy",
@@ -513,6 +550,7 @@ pub fn compile_policies(
             .collect(),
         gateways,
         routes,
+        existing,
     );
     let mut out = Policies::default();
     for route in routes {
