@@ -4,4 +4,5 @@
 //! answer. Compiled once per table (CEL programs, key digests), enforced in the order route
 //! match, authentication, authorization, rate limit.
 
+pub mod auth;
 pub mod cel;
