@@ -208,3 +208,89 @@ async fn a_jwks_uri_that_is_not_http_is_a_build_error() {
         );
     }
 }
+
+#[tokio::test]
+async fn keys_are_fetched_over_https_trusting_the_configured_roots() {
+    let k1 = SigningKey::rsa(1, Algorithm::RS256);
+    let (acceptor, client) = loopback_tls();
+    let server = jwks_server_with(Some(acceptor), Arc::new(Mutex::new(jwks(&[&k1])))).await;
+    assert!(server.url("/jwks").starts_with("https://127.0.0.1:"));
+    let policy = auth(vec![method(
+        "jwt",
+        bearer(),
+        jwt_remote(&server.url("/jwks")),
+    )]);
+    let trusting = state_with(AuthOptions {
+        tls: Some(client),
+        ..AuthOptions::default()
+    });
+    let p = build(&policy, &trusting);
+    assert!(
+        check(&p, with_bearer(&k1.sign(&claims("a"))))
+            .await
+            .allowed()
+    );
+
+    // System roots do not include the test CA: the handshake fails, and that denies.
+    let system = state();
+    let p = build(&policy, &system);
+    let c = check(&p, with_bearer(&k1.sign(&claims("a")))).await;
+    assert_eq!(c.status(), 401);
+    assert_eq!(system.metrics().jwks_fetches(false), 1);
+    assert_eq!(server.hits(), 1, "no request got through without trust");
+}
+
+#[tokio::test]
+async fn stale_keys_are_refreshed_and_a_removed_key_stops_verifying() {
+    let (k1, k2) = (
+        SigningKey::rsa(1, Algorithm::RS256),
+        SigningKey::rsa(2, Algorithm::RS256),
+    );
+    let doc = Arc::new(Mutex::new(jwks(&[&k1, &k2])));
+    let server = jwks_server(doc.clone()).await;
+    // Every set is stale at once; refetches are not limited.
+    let s = state_with(AuthOptions {
+        jwks_max_age: Duration::ZERO,
+        jwks_min_refetch_interval: Duration::ZERO,
+        ..AuthOptions::default()
+    });
+    let p = build(
+        &auth(vec![method(
+            "jwt",
+            bearer(),
+            jwt_remote(&server.url("/jwks")),
+        )]),
+        &s,
+    );
+    let cached = k1.sign(&claims("a"));
+    assert!(check(&p, with_bearer(&cached)).await.allowed());
+    assert_eq!(s.metrics().jwks_fetches(true), 1);
+
+    // The issuer revokes rsa-1. Requests are still served from the keys at hand, and start
+    // a background refresh (when no other fetch holds the set).
+    *doc.lock().unwrap() = jwks(&[&k2]);
+    for i in 0..500 {
+        if s.metrics().jwks_fetches(true) > 1 {
+            break;
+        }
+        let _ = check(&p, with_bearer(&k1.sign(&claims(&format!("b{i}"))))).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        s.metrics().jwks_fetches(true) > 1,
+        "background refresh stored"
+    );
+
+    // rsa-1 is gone: new tokens and the once-cached one are refused; rsa-2 still works.
+    assert!(
+        !check(&p, with_bearer(&k1.sign(&claims("c"))))
+            .await
+            .allowed()
+    );
+    assert!(!check(&p, with_bearer(&cached)).await.allowed());
+    assert!(
+        check(&p, with_bearer(&k2.sign(&claims("d"))))
+            .await
+            .allowed()
+    );
+}

@@ -24,7 +24,12 @@ async fn accepted(p: &CompiledAuth, token: &str) -> bool {
 
 #[tokio::test]
 async fn rsa_ec_eddsa_and_hmac_tokens_are_accepted() {
-    for alg in [Algorithm::RS256, Algorithm::RS384, Algorithm::RS512] {
+    for alg in [
+        Algorithm::RS256,
+        Algorithm::RS384,
+        Algorithm::RS512,
+        Algorithm::PS256,
+    ] {
         let k = SigningKey::rsa(1, alg);
         let p = policy(&[&k]);
         let c = check(&p, with_bearer(&k.sign(&claims("alice")))).await;
@@ -37,6 +42,7 @@ async fn rsa_ec_eddsa_and_hmac_tokens_are_accepted() {
     }
     for k in [
         SigningKey::es256(),
+        SigningKey::es384(),
         SigningKey::eddsa(),
         SigningKey::hs256(),
     ] {
@@ -195,6 +201,11 @@ async fn the_algorithm_must_fit_the_key() {
     let hs_as_ec = SigningKey::hs256().with_kid("ec-1");
     let p = policy(&[&ec, &SigningKey::hs256()]);
     assert!(!accepted(&p, &hs_as_ec.sign(&claims("mallory"))).await);
+
+    // An ES256 token naming a P-384 key.
+    let p = policy(&[&SigningKey::es384()]);
+    let p256_as_p384 = SigningKey::es256().with_kid("ec-2");
+    assert!(!accepted(&p, &p256_as_p384.sign(&claims("mallory"))).await);
 
     // A key whose JWK pins RS384 does not verify RS256 (nor the reverse).
     let mut pinned = SigningKey::rsa(1, Algorithm::RS256);

@@ -21,6 +21,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tollgate_api::ObjectKey;
 use tollgate_api::policy::{
     ApiKey, ApiKeys, Auth, AuthnMethod, Credentials, DenyResponse, Introspection, Jwt, Method,
@@ -254,6 +255,15 @@ impl SigningKey {
         )
     }
 
+    pub fn es384() -> Self {
+        let pem = include_bytes!("../fixtures/auth/ec-p384.pem");
+        Self::new(
+            Algorithm::ES384,
+            "ec-2",
+            EncodingKey::from_ec_pem(pem).unwrap(),
+        )
+    }
+
     pub fn eddsa() -> Self {
         let pem = include_bytes!("../fixtures/auth/ed25519.pem");
         Self::new(
@@ -314,10 +324,12 @@ pub type Seen = (Option<String>, String);
 
 type Handler = dyn Fn(&Parts, &Bytes) -> (StatusCode, Value) + Send + Sync;
 
-/// A loopback HTTP/1.1 server answering JSON from a handler; counts and records requests.
+/// A loopback HTTP/1.1 server (plain or TLS) answering JSON from a handler; counts and
+/// records requests.
 #[derive(Clone)]
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub scheme: &'static str,
     pub hits: Arc<AtomicUsize>,
     /// (authorization header, body) of every request.
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -328,9 +340,18 @@ impl TestServer {
         delay: Duration,
         handler: impl Fn(&Parts, &Bytes) -> (StatusCode, Value) + Send + Sync + 'static,
     ) -> Self {
+        Self::start_with(None, delay, handler).await
+    }
+
+    pub async fn start_with(
+        tls: Option<TlsAcceptor>,
+        delay: Duration,
+        handler: impl Fn(&Parts, &Bytes) -> (StatusCode, Value) + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = Self {
             addr: listener.local_addr().unwrap(),
+            scheme: if tls.is_some() { "https" } else { "http" },
             hits: Arc::default(),
             seen: Arc::default(),
         };
@@ -338,37 +359,16 @@ impl TestServer {
         let state = server.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (state, handler) = (state.clone(), handler.clone());
+                let (state, handler, tls) = (state.clone(), handler.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let svc = service_fn(move |r: Request<Incoming>| {
-                        let (state, handler) = (state.clone(), handler.clone());
-                        async move {
-                            let (parts, body) = r.into_parts();
-                            let body = body.collect().await.unwrap().to_bytes();
-                            state.hits.fetch_add(1, Ordering::SeqCst);
-                            state.seen.lock().unwrap().push((
-                                parts
-                                    .headers
-                                    .get("authorization")
-                                    .map(|v| v.to_str().unwrap().to_owned()),
-                                String::from_utf8_lossy(&body).into_owned(),
-                            ));
-                            if !delay.is_zero() {
-                                tokio::time::sleep(delay).await;
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(s) = acceptor.accept(stream).await {
+                                serve(s, state, handler, delay).await;
                             }
-                            let (status, v) = handler(&parts, &body);
-                            Ok::<_, Infallible>(
-                                Response::builder()
-                                    .status(status)
-                                    .header("content-type", "application/json")
-                                    .body(Full::new(Bytes::from(v.to_string())))
-                                    .unwrap(),
-                            )
                         }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                        None => serve(stream, state, handler, delay).await,
+                    }
                 });
             }
         });
@@ -376,7 +376,7 @@ impl TestServer {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("{}://{}{path}", self.scheme, self.addr)
     }
 
     pub fn hits(&self) -> usize {
@@ -384,9 +384,83 @@ impl TestServer {
     }
 }
 
+async fn serve<S>(io: S, state: TestServer, handler: Arc<Handler>, delay: Duration)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |r: Request<Incoming>| {
+        let (state, handler) = (state.clone(), handler.clone());
+        async move {
+            let (parts, body) = r.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            state.hits.fetch_add(1, Ordering::SeqCst);
+            state.seen.lock().unwrap().push((
+                parts
+                    .headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                String::from_utf8_lossy(&body).into_owned(),
+            ));
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let (status, v) = handler(&parts, &body);
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(v.to_string())))
+                    .unwrap(),
+            )
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
+}
+
+/// A test CA, a server certificate for 127.0.0.1 signed by it, the acceptor serving that
+/// certificate, and a client config trusting only the CA.
+pub fn loopback_tls() -> (TlsAcceptor, Arc<rustls::ClientConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    (TlsAcceptor::from(Arc::new(server)), Arc::new(client))
+}
+
 /// A JWKS endpoint serving whatever document is in `doc`; `Value::Null` answers 503.
 pub async fn jwks_server(doc: Arc<Mutex<Value>>) -> TestServer {
-    TestServer::start(Duration::ZERO, move |_, _| {
+    jwks_server_with(None, doc).await
+}
+
+/// [`jwks_server`], over TLS when an acceptor is given.
+pub async fn jwks_server_with(tls: Option<TlsAcceptor>, doc: Arc<Mutex<Value>>) -> TestServer {
+    TestServer::start_with(tls, Duration::ZERO, move |_, _| {
         let d = doc.lock().unwrap().clone();
         if d.is_null() {
             (StatusCode::SERVICE_UNAVAILABLE, json!({}))

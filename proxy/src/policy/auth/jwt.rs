@@ -10,12 +10,13 @@
 //!   claim of the wrong JSON type is refused (not ignored);
 //! - `iss` must equal the issuer; `aud` must contain one of the audiences when any are set.
 //!
-//! A verified token is cached until its `exp`, keyed by a SHA-256 of the verifier's
-//! configuration and the token, so a repeat caller costs a hash and a lookup, and a token
-//! verified for one issuer/audience/key source is never accepted for another.
+//! A verified token is cached until its `exp`, and at most
+//! [`super::AuthOptions::jwks_max_age`], keyed by a SHA-256 of the verifier's configuration
+//! and the token, so a repeat caller costs a hash and a lookup, and a token verified for one
+//! issuer/audience/key source is never accepted for another.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, Validation};
 use sha2::{Digest, Sha256};
@@ -45,6 +46,9 @@ pub(crate) struct CachedToken {
     claims: Arc<serde_json::Value>,
     /// `exp`, seconds since the epoch.
     exp: u64,
+    /// Verified at most `jwks_max_age` ago: a key removed from the JWKS stops being honoured
+    /// through the cache within the same bound as through the key set.
+    until: Instant,
 }
 
 /// The compiled JWT method.
@@ -136,7 +140,7 @@ impl JwtVerifier {
         let cache_key = self.cache_key(token);
         let now = unix_now();
         if let Some(hit) = shared.tokens.get(&cache_key) {
-            if now < hit.exp {
+            if now < hit.exp && Instant::now() < hit.until {
                 shared
                     .metrics
                     .cache_lookup(super::metrics::Cache::Jwt, true);
@@ -173,6 +177,7 @@ impl JwtVerifier {
                             CachedToken {
                                 claims: claims.clone(),
                                 exp,
+                                until: Instant::now() + shared.options.jwks_max_age,
                             },
                         );
                     }
