@@ -94,7 +94,7 @@ impl Introspector {
         let answer = self.call(token, shared).await;
         shared.metrics.introspection(answer.is_ok());
         let answer = answer.map_err(|e| {
-            tracing::warn!(endpoint = %self.endpoint, error = %e, "auth: token introspection failed");
+            tracing::debug!(endpoint = %self.endpoint, error = %e, "auth: token introspection failed");
             Failure::Unavailable(e)
         })?;
         let active = answer.get("active") == Some(&serde_json::Value::Bool(true));

@@ -74,6 +74,8 @@ impl Key {
 #[derive(Default)]
 pub(crate) struct KeySet {
     keys: Vec<Key>,
+    /// When a remote set was fetched (its age is checked without locking).
+    fetched: Option<Instant>,
 }
 
 impl std::fmt::Debug for KeySet {
@@ -107,7 +109,10 @@ impl KeySet {
         if keys.is_empty() {
             return Err(JwksParseError::NoUsableKey);
         }
-        Ok(Self { keys })
+        Ok(Self {
+            keys,
+            fetched: None,
+        })
     }
 
     /// Keys that may verify a token with this header `kid` and `alg`. With a `kid`, only keys
@@ -223,7 +228,12 @@ impl RemoteJwks {
     ) -> Result<Arc<KeySet>, JwksUnavailable> {
         let current = self.keys.load_full();
         if current.knows(kid) {
-            self.refresh_if_stale(shared);
+            if current
+                .fetched
+                .is_none_or(|t| t.elapsed() >= shared.options.jwks_max_age)
+            {
+                self.refresh_if_stale(shared);
+            }
             return Ok(current);
         }
         let mut state = self.fetch.lock().await;
@@ -290,7 +300,8 @@ impl RemoteJwks {
     }
 
     /// Starts a background refresh when the keys are older than the maximum age and no
-    /// fetch is running or was attempted within the refetch interval.
+    /// fetch is running or was attempted within the refetch interval. Called only for a set
+    /// already seen to be stale, so fresh sets cost no lock.
     fn refresh_if_stale(self: &Arc<Self>, shared: &Arc<AuthShared>) {
         let Ok(mut state) = self.fetch.try_lock() else {
             return;
@@ -320,8 +331,9 @@ impl RemoteJwks {
     async fn fetch_into(&self, state: &mut FetchState, shared: &AuthShared) {
         state.last_attempt = Some(Instant::now());
         match self.fetch_once(shared).await {
-            Ok(set) => {
+            Ok(mut set) => {
                 tracing::debug!(uri = %self.uri, keys = set.keys.len(), "auth: JWKS fetched");
+                set.fetched = Some(Instant::now());
                 self.keys.store(Arc::new(set));
                 state.last_success = Some(Instant::now());
                 state.last_error = None;

@@ -290,6 +290,9 @@ impl CompiledAuth {
             })
             .collect::<Result<Vec<_>, AuthBuildError>>()?;
         let challenges = challenges(&methods, &shared.options.realm);
+        let unauthenticated = DenyTemplate::new(&auth.unauthenticated, &challenges)?;
+        let unauthorized = DenyTemplate::new(&auth.unauthorized, &[])?;
+        // Only a policy that compiled fetches anything.
         for m in &methods {
             if let Verifier::Jwt(v) = &m.verifier {
                 v.prefetch(shared);
@@ -307,8 +310,8 @@ impl CompiledAuth {
             methods,
             rules,
             success_headers,
-            unauthenticated: DenyTemplate::new(&auth.unauthenticated, &challenges)?,
-            unauthorized: DenyTemplate::new(&auth.unauthorized, &[])?,
+            unauthenticated,
+            unauthorized,
         })
     }
 
@@ -420,7 +423,9 @@ impl CompiledAuth {
                     tracing::debug!(policy = %self.sources, method = %m.name, reason, "auth: credential refused");
                 }
                 Err(Failure::Unavailable(e)) => {
-                    tracing::warn!(policy = %self.sources, method = %m.name, error = %e, "auth: verification unavailable; denying");
+                    // Per request, so debug: `tollgate_auth_requests_total{outcome="error"}`
+                    // and the fetch/introspection counters are the signal.
+                    tracing::debug!(policy = %self.sources, method = %m.name, error = %e, "auth: verification unavailable; denying");
                     error.get_or_insert(m.kind);
                 }
             }
