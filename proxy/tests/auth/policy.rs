@@ -6,6 +6,7 @@ use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use serde_json::json;
 use tollgate_api::policy::{AuthzRule, Credentials, DenyResponse, Method};
 use tollgate_proxy::policy::auth::{AuthOutcome, CompiledAuth, MethodKind, Outcome};
+use tollgate_proxy::policy::cel::{Activation, Attrs, Expr};
 
 use crate::support::*;
 
@@ -295,22 +296,32 @@ async fn bad_configuration_is_a_build_error() {
     assert_eq!(e, "deny response code 1000 is not a valid HTTP status");
 }
 
+/// The way the request path calls it: the activation built from the request head (it copies
+/// what it needs), then the head handed to `check` mutably; the future can cross threads.
 #[tokio::test]
 async fn the_check_future_is_send() {
     fn assert_send<T: Send>(_: &T) {}
-    let p = build(&auth(vec![]), &state());
-    let mut parts = get(&[]);
-    let headers = parts.headers.clone();
-    let mut act =
-        tollgate_proxy::policy::cel::Activation::new(&tollgate_proxy::policy::cel::Attrs {
-            method: "GET",
-            host: "h",
-            path: "/",
-            scheme: "http",
-            headers: &headers,
-            source: "127.0.0.1:1".parse().unwrap(),
-        });
+    let mut a = auth(vec![method("keys", x_api_key(), api_keys(&[("k", "svc")]))]);
+    a.success_headers = vec![("x-user".into(), "auth.identity.metadata.name".into())];
+    let p = build(&a, &state());
+    let mut parts = get(&[("x-api-key", "k"), ("x-user", "spoofed")]);
+    p.strip_success_headers(&mut parts.headers);
+    let mut act = Activation::new(&Attrs {
+        method: parts.method.as_str(),
+        host: "shop.example.com",
+        path: "/orders?page=1",
+        scheme: "https",
+        headers: &parts.headers,
+        source: "127.0.0.1:1".parse().unwrap(),
+    });
     let fut = p.check(&mut parts, None, &mut act);
     assert_send(&fut);
     assert!(matches!(fut.await, AuthOutcome::Allowed(_)));
+    assert_eq!(parts.headers["x-user"], "svc");
+    let header = Expr::compile("request.headers['x-user']").unwrap();
+    assert_eq!(
+        header.eval_string(&act),
+        None,
+        "expressions never saw the spoofed value"
+    );
 }
