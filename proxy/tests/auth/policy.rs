@@ -79,6 +79,29 @@ async fn a_policy_whose_every_method_is_skipped_denies() {
 }
 
 #[tokio::test]
+async fn a_policy_whose_when_does_not_hold_neither_authenticates_nor_denies() {
+    let mut a = auth(vec![method("keys", x_api_key(), api_keys(&[("k", "svc")]))]);
+    a.when = vec!["request.url_path.startsWith('/api')".into()];
+    a.authorization = vec![rule("never", "false", &[])];
+    a.success_headers = vec![("x-user".into(), "'svc'".into())];
+    let s = state();
+    let p = build(&a, &s);
+    let c = check(&p, req("GET", "/public", &[("x-user", "spoofed")])).await;
+    assert!(c.allowed(), "outside /api the policy does not apply");
+    assert_eq!(c.identity(), serde_json::Value::Null);
+    assert!(
+        c.parts.headers.get("x-user").is_none(),
+        "spoofed headers still go"
+    );
+    assert_eq!(check(&p, req("GET", "/api/x", &[])).await.status(), 401);
+    assert_eq!(
+        s.metrics()
+            .outcome_count(MethodKind::None, Outcome::Skipped),
+        1
+    );
+}
+
+#[tokio::test]
 async fn authorization_rules_apply_when_their_when_holds() {
     let k = SigningKey::rsa(1, Algorithm::RS256);
     let mut a = auth(vec![method("jwt", bearer(), jwt_inline(&jwks(&[&k]), &[]))]);

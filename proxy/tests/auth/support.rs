@@ -38,6 +38,7 @@ pub const ISSUER: &str = "https://issuer.test";
 pub fn auth(methods: Vec<AuthnMethod>) -> Auth {
     Auth {
         sources: vec![ObjectKey::new("shop", "auth")],
+        when: vec![],
         authentication: methods,
         authorization: vec![],
         success_headers: vec![],

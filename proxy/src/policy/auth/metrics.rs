@@ -51,6 +51,8 @@ pub enum Outcome {
     /// Denied because verification could not run (keys unavailable, introspection endpoint
     /// unreachable or timing out): authentication never fails open.
     Error,
+    /// The policy's own `when` did not hold: neither authenticated nor denied by it.
+    Skipped,
 }
 
 impl Outcome {
@@ -61,6 +63,7 @@ impl Outcome {
             Self::Unauthenticated => "unauthenticated",
             Self::Forbidden => "forbidden",
             Self::Error => "error",
+            Self::Skipped => "skipped",
         }
     }
 }

@@ -8,7 +8,8 @@
 //! AuthState::new(metrics)                    once per proxy: HTTP client, JWKS sets, caches
 //!   └─ CompiledAuth::build(&auth, &state)     once per table and policy: CEL, keys, digests
 //!        └─ check(&mut parts, cert, &mut act)  per request
-//!             1. strip every success header name from the client's request
+//!             1. strip every success header name from the client's request; when the
+//!                policy's own `when` does not hold, stop here: allowed, anonymous
 //!             2. authenticate: methods in order, skipping those whose `when` does not hold;
 //!                the first that verifies its credential wins → `auth.identity`
 //!                none → `unauthenticated` (default 401) with WWW-Authenticate
@@ -67,7 +68,8 @@ pub enum AuthBuildError {
     /// A CEL expression does not compile.
     #[error("{context}: {source}")]
     Cel {
-        /// Where: `authentication.<name>.when`, `authorization.<name>`, `successHeaders.<name>`.
+        /// Where: `when`, `authentication.<name>.when`, `authorization.<name>`,
+        /// `successHeaders.<name>`.
         context: String,
         /// The CEL error.
         source: CelError,
@@ -143,6 +145,16 @@ pub struct Authenticated {
     pub kind: MethodKind,
     /// `auth.identity`.
     pub identity: Arc<serde_json::Value>,
+}
+
+impl Authenticated {
+    fn anonymous() -> Self {
+        Self {
+            method: None,
+            kind: MethodKind::None,
+            identity: Arc::new(serde_json::Value::Null),
+        }
+    }
 }
 
 /// A denial, ready to send.
@@ -239,6 +251,8 @@ pub struct CompiledAuth {
     shared: Arc<AuthShared>,
     /// `ns/name,…` of the contributing policies, for logs.
     sources: Arc<str>,
+    /// The policy applies only when all hold.
+    when: Vec<Expr>,
     methods: Vec<CompiledMethod>,
     rules: Vec<CompiledRule>,
     success_headers: Vec<(HeaderName, Expr)>,
@@ -263,6 +277,7 @@ impl CompiledAuth {
     /// background so the first request finds them).
     pub fn build(auth: &Auth, state: &AuthState) -> Result<Self, AuthBuildError> {
         let shared = &state.shared;
+        let when = compile_all(&auth.when, "when")?;
         let methods = auth
             .authentication
             .iter()
@@ -307,6 +322,7 @@ impl CompiledAuth {
         Ok(Self {
             shared: shared.clone(),
             sources: sources.into(),
+            when,
             methods,
             rules,
             success_headers,
@@ -335,6 +351,12 @@ impl CompiledAuth {
         act: &mut Activation<'_>,
     ) -> AuthOutcome {
         self.strip_success_headers(&mut parts.headers);
+        if !self.when.iter().all(|w| w.eval_bool(act)) {
+            self.shared
+                .metrics
+                .outcome(MethodKind::None, Outcome::Skipped);
+            return AuthOutcome::Allowed(Authenticated::anonymous());
+        }
         let who = match self.authenticate(parts, peer_cert, act).await {
             Ok(who) => who,
             Err((kind, outcome)) => {
@@ -372,11 +394,7 @@ impl CompiledAuth {
         act: &Activation<'_>,
     ) -> Result<Authenticated, (MethodKind, Outcome)> {
         if self.methods.is_empty() {
-            return Ok(Authenticated {
-                method: None,
-                kind: MethodKind::None,
-                identity: Arc::new(serde_json::Value::Null),
-            });
+            return Ok(Authenticated::anonymous());
         }
         let query = parts.uri.query();
         // What a failure is counted as: an error wins, then the first method that was shown
