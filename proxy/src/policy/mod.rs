@@ -5,3 +5,4 @@
 //! match, authentication, authorization, rate limit.
 
 pub mod cel;
+pub mod ratelimit;
