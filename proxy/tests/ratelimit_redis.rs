@@ -6,141 +6,16 @@
 //! bounds how long a test waits for a background reconnection before it gives up.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+mod ratelimit_support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_api::policy::{Algorithm, Rate, RateLimit};
+use ratelimit_support::{Redis, T0, admitted, encoded, limit, options, wait_shared};
+use tollgate_api::policy::Algorithm;
 use tollgate_proxy::policy::ratelimit::{
-    Clock, CompiledLimit, Decision, KEY_PREFIX, ManualClock, RateLimiter, RedisOptions, Storage,
+    Clock, Decision, KEY_PREFIX, ManualClock, RateLimiter, RedisOptions, Storage,
 };
-
-const REDIS_SERVER: &str = "/usr/bin/redis-server";
-/// 2023-11-14T22:14:00Z: a multiple of every window used here, so windows start at T0.
-const T0: u64 = 1_700_000_040_000;
-
-/// A `redis-server` of this test's own, killed on drop.
-struct Redis {
-    port: u16,
-    child: Child,
-}
-
-impl Redis {
-    fn start() -> Self {
-        assert!(
-            std::path::Path::new(REDIS_SERVER).exists(),
-            "{REDIS_SERVER} is missing: install Debian's redis-server (apt-get install redis-server); \
-             the rate-limit Redis tests need a real server"
-        );
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            if let Some(r) = Self::start_on(port) {
-                return r;
-            }
-        }
-        panic!("redis-server did not start on any free port");
-    }
-
-    /// Starts a server on `port`; `None` if it did not come up (port taken meanwhile).
-    fn start_on(port: u16) -> Option<Self> {
-        let child = Command::new(REDIS_SERVER)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        let mut r = Redis { port, child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = r.child.try_wait() {
-                return None;
-            }
-            if let Ok(mut c) = redis::Client::open(r.url()).and_then(|c| c.get_connection())
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                return Some(r);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        r.kill();
-        None
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig}");
-    }
-
-    /// Calls of every command since the last `CONFIG RESETSTAT`, this test's own excluded.
-    fn commands_since_reset(&self) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.conn())
-            .unwrap();
-        info.lines()
-            .filter_map(|l| l.strip_prefix("cmdstat_"))
-            .filter(|l| !l.starts_with("info:") && !l.starts_with("config|"))
-            .map(|l| {
-                let calls = l.split("calls=").nth(1).unwrap();
-                calls.split(',').next().unwrap().parse::<u64>().unwrap()
-            })
-            .sum()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn limit(id: &str, alg: Algorithm, rates: &[(u64, u64)]) -> CompiledLimit {
-    CompiledLimit::new(&RateLimit {
-        id: id.into(),
-        rates: rates
-            .iter()
-            .map(|&(limit, window_ms)| Rate { limit, window_ms })
-            .collect(),
-        algorithm: alg,
-        counters: vec![],
-        when: vec![],
-    })
-    .unwrap()
-}
-
-fn options(call_timeout_ms: u64) -> RedisOptions {
-    RedisOptions {
-        call_timeout: Duration::from_millis(call_timeout_ms),
-        connect_timeout: Duration::from_millis(500),
-        probe_interval: Duration::from_millis(50),
-    }
-}
 
 fn shared(redis: &Redis, clock: &Arc<ManualClock>, opts: RedisOptions) -> RateLimiter {
     let storage = Storage::Redis {
@@ -157,32 +32,6 @@ fn cached(redis: &Redis, clock: &Arc<ManualClock>, flush: Duration) -> RateLimit
         options: options(2_000),
     };
     RateLimiter::with_clock(storage, clock.clone()).unwrap()
-}
-
-async fn admitted(rl: &RateLimiter, l: &CompiledLimit, n: usize) -> usize {
-    let mut ok = 0;
-    for _ in 0..n {
-        ok += usize::from(rl.check(l, l.id()).await.allowed);
-    }
-    ok
-}
-
-/// Waits (bounded) until `rl` is back on Redis. Not a timing assertion: the bound only turns
-/// a hang into a failure.
-async fn wait_shared(rl: &RateLimiter) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while rl.in_fallback() {
-        assert!(Instant::now() < deadline, "never reconnected to Redis");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn encoded(rl: &RateLimiter) -> String {
-    let mut registry = prometheus_client::registry::Registry::with_prefix("tollgate");
-    rl.metrics().register(&mut registry);
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
