@@ -177,20 +177,27 @@ impl CachedStore {
                 }
             }
         };
-        if self.needs_sync(&entry, specs, now) && !self.backend.is_down() {
+        {
+            let mut view = entry.view();
+            if view.specs != specs {
+                // The limit was reconfigured: a new counter, loaded below like any new one
+                // (pending hits of the old rates are dropped: nothing reads those any more).
+                *view = View::new(specs, now);
+            }
+        }
+        if self.needs_sync(&entry, now) && !self.backend.is_down() {
             let _gate = entry.gate.lock().await;
             // Another request may have synced it while this one waited.
-            if self.needs_sync(&entry, specs, now) && !self.backend.is_down() {
+            if self.needs_sync(&entry, now) && !self.backend.is_down() {
                 self.sync(key, &entry, now).await;
             }
         }
         let mut view = entry.view();
+        let view = &mut *view;
         if view.specs != specs {
-            // The limit was reconfigured: a new counter (its pending hits were for the old
-            // rates, whose Redis fields are separate anyway).
+            // Reconfigured again meanwhile (two tables in flight): decide on a new counter.
             *view = View::new(specs, now);
         }
-        let view = &mut *view;
         let allowed = algo::decide(&view.specs, &mut view.states, now);
         if allowed {
             view.push_hit(now);
@@ -199,12 +206,11 @@ impl CachedStore {
         algo::decision(&view.specs, &view.states, now, allowed)
     }
 
-    fn needs_sync(&self, entry: &Entry, specs: &[Spec], now: i64) -> bool {
-        let view = entry.view();
-        view.specs != specs
-            || view
-                .synced_at
-                .is_none_or(|at| now - at > self.stale_after_ms())
+    fn needs_sync(&self, entry: &Entry, now: i64) -> bool {
+        entry
+            .view()
+            .synced_at
+            .is_none_or(|at| now - at > self.stale_after_ms())
     }
 
     /// Sends the pending hits of `key` and takes the global state as the new view. The
