@@ -20,7 +20,8 @@
 //! Replicas admit against views that miss the other replicas' recent admits, so the global
 //! count can pass the limit. With `R` replicas and `A` the most requests one replica admits
 //! on one counter during three flush intervals, a counter never exceeds
-//! `limit + (R − 1) × A` (and never `R × limit`, each replica seeing its own admits): a view
+//! `limit + (R − 1) × A`, and never `R × limit` whatever the traffic (each replica's view
+//! counts all of its own admits). Why: a view
 //! is at most two intervals old when used, and another replica's admits reach Redis within
 //! one interval, so a view misses at most three intervals of each other replica's admits.
 //! When every replica flushes at the same instants (the integration test), a view misses at

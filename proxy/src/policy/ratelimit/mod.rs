@@ -91,13 +91,25 @@ pub enum Storage {
     Memory,
     /// In Redis, one atomic script call per decision (replicas share exact counts).
     Redis {
-        /// Address; see the accepted forms in `redis_url.rs` (single, cluster, sentinel).
+        /// Address, one of:
+        /// - `redis://[[user]:password@]host[:6379][/db]`, `redis+unix:///path[?db=N]`: one
+        ///   server;
+        /// - `redis+cluster://[[user]:password@]host1[:6379],host2[:6379],...`, or several
+        ///   `redis://` URLs separated by commas: Redis Cluster, through these seed nodes;
+        /// - `redis+sentinel://[[user]:password@]host1[:26379],host2,.../service[/db]`: the
+        ///   master the sentinels name for `service` (asked again on every reconnection);
+        ///   the credentials are the Redis servers', the sentinels are contacted without.
+        ///
+        /// `rediss://` (TLS) is not supported. Passwords are never logged.
         url: String,
         /// Timeouts.
         options: RedisOptions,
     },
-    /// Decided locally, shared through Redis every `flush_interval` (fewer Redis calls,
-    /// bounded overshoot).
+    /// Decided locally, shared through Redis every `flush_interval`: about one Redis call
+    /// per active counter per interval instead of one per request. The price is overshoot:
+    /// with `R` replicas, a counter never exceeds `limit + (R − 1) × A`, where `A` is the
+    /// most requests one replica admits on it during three flush intervals (and never
+    /// `R × limit`).
     RedisCached {
         /// Address, as for [`Storage::Redis`].
         url: String,
