@@ -6,3 +6,4 @@
 
 pub mod auth;
 pub mod cel;
+pub mod ratelimit;

@@ -1,0 +1,231 @@
+//! Counters in this process: the default storage, and the fallback of the Redis storages.
+//!
+//! In: the rates of a limit, a counter key and `now`. Out: a [`Decision`]. The map is split
+//! in [`SHARDS`] shards, each behind its own mutex, chosen by a hash of the key; a decision
+//! holds one shard's lock for one hash lookup and a few integer operations, and never across
+//! an `.await`, so replicas of the same key serialise (which is what makes the count exact)
+//! while different keys rarely contend.
+//!
+//! Memory stays bounded by the keys in use: each entry carries the time from which it is as
+//! good as fresh ([`super::algo::idle_ttl`]), and a shard drops such entries whenever it has
+//! doubled in size since its last sweep or a sweep is [`SWEEP_EVERY_MS`] old. An expired
+//! entry that is looked up again before a sweep is simply started afresh.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::algo::{self, RateState, Spec};
+use super::decision::Decision;
+
+/// Number of shards (a power of two).
+pub(crate) const SHARDS: usize = 64;
+/// A shard is swept at least this often (in its own time: when it is used).
+pub(crate) const SWEEP_EVERY_MS: i64 = 10_000;
+/// Below this many entries a shard does not sweep on growth.
+const MIN_SWEEP_LEN: usize = 256;
+
+/// One counter: the rates it was counted for, their states, and when it expires.
+#[derive(Debug)]
+struct Entry {
+    specs: Vec<Spec>,
+    states: Vec<RateState>,
+    expires_at: i64,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    sweep_at_len: usize,
+    last_sweep: i64,
+}
+
+impl Shard {
+    fn sweep_if_due(&mut self, now: i64) {
+        if self.map.len() >= self.sweep_at_len.max(MIN_SWEEP_LEN)
+            || now - self.last_sweep >= SWEEP_EVERY_MS
+        {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: i64) {
+        self.map.retain(|_, e| e.expires_at > now);
+        self.sweep_at_len = 2 * self.map.len();
+        self.last_sweep = now;
+    }
+}
+
+/// The sharded in-memory counters.
+#[derive(Debug)]
+pub(crate) struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        // The length is a power of two; the low bits of the hash pick the shard.
+        let i = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        // A panic while holding the lock cannot leave a counter half-written in a way that
+        // matters (a few integers), so a poisoned shard is used as it is.
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Decides one request on the counter `key`.
+    pub fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
+        let mut shard = self.shard(key);
+        shard.sweep_if_due(now);
+        match shard.map.get_mut(key) {
+            Some(entry) => {
+                // Other rates (the limit was reconfigured), or idle long enough to be
+                // fresh: start over.
+                if entry.specs != specs || entry.expires_at <= now {
+                    *entry = fresh_entry(specs, now);
+                }
+                decide(entry, now)
+            }
+            None => {
+                let mut entry = fresh_entry(specs, now);
+                let d = decide(&mut entry, now);
+                shard.map.insert(key.to_owned(), entry);
+                d
+            }
+        }
+    }
+
+    /// Entries held (expired ones included until swept).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
+            .sum()
+    }
+
+    /// Drops every expired entry now.
+    #[cfg(test)]
+    pub fn sweep(&self, now: i64) {
+        for s in self.shards.iter() {
+            s.lock().unwrap_or_else(PoisonError::into_inner).sweep(now);
+        }
+    }
+}
+
+fn decide(entry: &mut Entry, now: i64) -> Decision {
+    let allowed = algo::decide(&entry.specs, &mut entry.states, now);
+    entry.expires_at = now + algo::idle_ttl(&entry.specs, &entry.states, now);
+    algo::decision(&entry.specs, &entry.states, now, allowed)
+}
+
+fn fresh_entry(specs: &[Spec], now: i64) -> Entry {
+    Entry {
+        specs: specs.to_vec(),
+        states: specs.iter().map(|s| s.fresh(now)).collect(),
+        expires_at: now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate_api::policy::{Algorithm, Rate};
+
+    use super::*;
+
+    fn specs(alg: Algorithm, limit: u64, window_ms: u64) -> Vec<Spec> {
+        vec![Spec::new(alg, &Rate { limit, window_ms }).unwrap()]
+    }
+
+    #[test]
+    fn counts_per_key() {
+        let m = MemoryStore::new();
+        let s = specs(Algorithm::FixedWindow, 2, 1_000);
+        let admitted = |key: &str| (0..5).filter(|_| m.check(&s, key, 100).allowed).count();
+        assert_eq!(admitted("a"), 2);
+        assert_eq!(admitted("b"), 2);
+        assert_eq!(admitted("a"), 0);
+    }
+
+    #[test]
+    fn a_reconfigured_limit_starts_its_counters_afresh() {
+        let m = MemoryStore::new();
+        let s2 = specs(Algorithm::FixedWindow, 2, 1_000);
+        let s3 = specs(Algorithm::FixedWindow, 3, 1_000);
+        assert_eq!((0..5).filter(|_| m.check(&s2, "k", 0).allowed).count(), 2);
+        assert_eq!((0..5).filter(|_| m.check(&s3, "k", 0).allowed).count(), 3);
+    }
+
+    #[test]
+    fn idle_keys_are_dropped_so_memory_stays_bounded() {
+        let m = MemoryStore::new();
+        let s = specs(Algorithm::SlidingWindow, 5, 1_000);
+        for i in 0..10_000 {
+            m.check(&s, &format!("client-{i}"), 0);
+        }
+        assert_eq!(m.len(), 10_000);
+        // Two windows later every one of them is as good as fresh; new traffic sweeps them
+        // out as it comes (a shard whose last sweep is old sweeps on its next use; with 50
+        // keys per shard on average, every shard is used).
+        let later = SHARDS * 50;
+        for i in 0..later {
+            m.check(&s, &format!("later-{i}"), 2_000 + SWEEP_EVERY_MS);
+        }
+        assert_eq!(m.len(), later, "only the keys in use remain");
+        m.sweep(10 * SWEEP_EVERY_MS);
+        assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn growth_alone_triggers_sweeps() {
+        let m = MemoryStore::new();
+        let s = specs(Algorithm::FixedWindow, 5, 1_000);
+        // Same time throughout (no age-based sweep): each key expires at the next window,
+        // at t = 1000; keys are added at t = 1000 in the next window, so the old ones are
+        // dropped as shards double.
+        for i in 0..20_000 {
+            m.check(&s, &format!("a{i}"), 999);
+        }
+        for i in 0..20_000 {
+            m.check(&s, &format!("b{i}"), 1_000);
+        }
+        assert!(
+            m.len() < 40_000,
+            "old keys were swept on growth: {}",
+            m.len()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_tasks_on_one_key_admit_exactly_the_limit() {
+        let m = Arc::new(MemoryStore::new());
+        let s: Arc<[Spec]> = specs(Algorithm::TokenBucket, 37, 60_000).into();
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let (m, s) = (m.clone(), s.clone());
+                tokio::spawn(async move { m.check(&s, "hot", 5).allowed })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += usize::from(t.await.unwrap());
+        }
+        assert_eq!(admitted, 37);
+    }
+}

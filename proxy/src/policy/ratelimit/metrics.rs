@@ -1,0 +1,184 @@
+//! Prometheus metrics of the rate limiter.
+//!
+//! In: one observation per decision and per Redis call. Out: metric handles that
+//! [`RateLimitMetrics::register`] adds to a registry (the proxy's, prefixed `tollgate`):
+//!
+//! - `tollgate_ratelimit_decisions_total{policy, outcome}`: decisions by `namespace/policy`
+//!   (bounded by the configuration, never by traffic) and `allowed` / `limited`;
+//! - `tollgate_ratelimit_redis_duration_seconds`: latency of Redis calls that answered;
+//! - `tollgate_ratelimit_redis_errors_total{kind}`: failed Redis calls, `kind` one of
+//!   `timeout`, `error` (connection, protocol or script), `connect`;
+//! - `tollgate_ratelimit_redis_fallback`: 1 while decisions are made with local counters
+//!   because Redis is unreachable or slow, else 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of `ratelimit_decisions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    policy: Arc<str>,
+    outcome: &'static str,
+}
+
+/// Labels of `ratelimit_redis_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: &'static str,
+}
+
+/// Why a Redis call failed (the `kind` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RedisErrorKind {
+    /// No answer within the call timeout.
+    Timeout,
+    /// Connection, protocol or script error.
+    Error,
+    /// Could not (re)connect.
+    Connect,
+}
+
+impl RedisErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Error => "error",
+            Self::Connect => "connect",
+        }
+    }
+}
+
+/// The rate limiter's metric handles. Cloning shares them.
+#[derive(Clone, Debug)]
+pub struct RateLimitMetrics {
+    decisions: Family<DecisionLabels, Counter>,
+    redis_duration: Histogram,
+    redis_errors: Family<ErrorLabels, Counter>,
+    fallback: Gauge,
+}
+
+impl Default for RateLimitMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RateLimitMetrics {
+    /// Fresh, unregistered handles.
+    pub fn new() -> Self {
+        Self {
+            decisions: Family::default(),
+            // 0.1 ms .. ~0.8 s: a healthy call is well under a millisecond on a LAN, and the
+            // call timeout caps it anyway.
+            redis_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 14)),
+            redis_errors: Family::default(),
+            fallback: Gauge::default(),
+        }
+    }
+
+    /// Adds every metric to `registry` under `ratelimit_*` (the proxy's registry prefixes
+    /// `tollgate_`). Handles are shared, so this may be called before or after use.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "ratelimit_decisions",
+            "Rate limit decisions, by policy and outcome (allowed, limited)",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "ratelimit_redis_duration_seconds",
+            "Latency of rate-limit Redis calls that answered",
+            self.redis_duration.clone(),
+        );
+        registry.register(
+            "ratelimit_redis_errors",
+            "Rate-limit Redis calls that failed, by kind (timeout, error, connect)",
+            self.redis_errors.clone(),
+        );
+        registry.register(
+            "ratelimit_redis_fallback",
+            "1 while rate limits are enforced with local counters because Redis is unavailable",
+            self.fallback.clone(),
+        );
+    }
+
+    /// Counts one decision.
+    pub(crate) fn decision(&self, policy: &Arc<str>, allowed: bool) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                policy: policy.clone(),
+                outcome: if allowed { "allowed" } else { "limited" },
+            })
+            .inc();
+    }
+
+    pub(crate) fn redis_latency(&self, d: Duration) {
+        self.redis_duration.observe(d.as_secs_f64());
+    }
+
+    pub(crate) fn redis_error(&self, kind: RedisErrorKind) {
+        self.redis_errors
+            .get_or_create(&ErrorLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn set_fallback(&self, on: bool) {
+        self.fallback.set(i64::from(on));
+    }
+
+    /// The fallback gauge's value (1 = local counters).
+    pub fn fallback(&self) -> i64 {
+        self.fallback.get()
+    }
+
+    /// Decisions counted for `policy` with `allowed`, for tests and diagnostics.
+    pub fn decisions(&self, policy: &str, allowed: bool) -> u64 {
+        self.decisions
+            .get(&DecisionLabels {
+                policy: policy.into(),
+                outcome: if allowed { "allowed" } else { "limited" },
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_and_encodes_under_the_tollgate_prefix() {
+        let m = RateLimitMetrics::new();
+        let mut registry = Registry::with_prefix("tollgate");
+        m.register(&mut registry);
+        let policy: Arc<str> = "shop/per-user".into();
+        m.decision(&policy, true);
+        m.decision(&policy, true);
+        m.decision(&policy, false);
+        m.redis_latency(Duration::from_micros(300));
+        m.redis_error(RedisErrorKind::Timeout);
+        m.set_fallback(true);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for want in [
+            r#"tollgate_ratelimit_decisions_total{policy="shop/per-user",outcome="allowed"} 2"#,
+            r#"tollgate_ratelimit_decisions_total{policy="shop/per-user",outcome="limited"} 1"#,
+            "tollgate_ratelimit_redis_duration_seconds_count 1",
+            r#"tollgate_ratelimit_redis_errors_total{kind="timeout"} 1"#,
+            "tollgate_ratelimit_redis_fallback 1",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        assert_eq!(m.decisions("shop/per-user", true), 2);
+        assert_eq!(m.fallback(), 1);
+    }
+}

@@ -1,0 +1,321 @@
+//! Rate limits: RateLimitPolicy limits enforced per request, counted in this process or in
+//! Redis shared by every replica.
+//!
+//! In: a table's [`tollgate_api::policy::RateLimit`]s, compiled once into
+//! [`CompiledLimit`]s; per request, the request's CEL [`Activation`](crate::policy::cel::Activation)
+//! (to decide whether a limit [applies](CompiledLimit::applies) and which counter it
+//! [falls in](CompiledLimit::key)). Out: a [`Decision`] per applicable limit (admitted or not,
+//! with the numbers for the `X-RateLimit-*` and `Retry-After` headers), and
+//! [metrics](RateLimitMetrics).
+//!
+//! ```no_run
+//! # async fn per_request(
+//! #     table_limits: &[tollgate_api::policy::RateLimit],
+//! #     act: &tollgate_proxy::policy::cel::Activation<'_>,
+//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate_proxy::policy::ratelimit::{CompiledLimit, RateLimiter, Storage};
+//!
+//! // Once per deployment (the storage is a proxy setting, not a policy field):
+//! let limiter = RateLimiter::new(Storage::redis("redis://redis.tollgate:6379"))?;
+//! let mut registry = prometheus_client::registry::Registry::with_prefix("tollgate");
+//! limiter.metrics().register(&mut registry);
+//! // Once per table:
+//! let limits = table_limits.iter().map(CompiledLimit::new).collect::<Result<Vec<_>, _>>()?;
+//! // Per request, after authentication (keys are computed before any await, so the
+//! // activation is never held across one):
+//! let checks: Vec<(&CompiledLimit, String)> = limits
+//!     .iter()
+//!     .filter(|l| l.applies(act))
+//!     .map(|l| (l, l.key(act)))
+//!     .collect();
+//! let checks: Vec<(&CompiledLimit, &str)> = checks.iter().map(|(l, k)| (*l, k.as_str())).collect();
+//! if let Some(decision) = limiter.check_all(&checks).await {
+//!     if !decision.allowed {
+//!         // answer 429 with decision.headers()
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Storage is chosen per deployment ([`Storage`]): in memory (default), in Redis with one
+//! atomic script call per decision, or cached (decided locally, shared through Redis in
+//! batches; see `cached.rs` for the overshoot bound). Whatever happens to Redis, a request
+//! gets a decision, never an error and never "unlimited": an unreachable or slow Redis
+//! (bounded by [`RedisOptions::call_timeout`]) switches to local counters until it answers
+//! again. Counters are keyed by the limit id and the counter values only (`tollgate:rl:` +
+//! [`CompiledLimit::key`]), and windows are aligned on the epoch, so replicas sharing Redis
+//! count the same thing. Time is each replica's wall clock in milliseconds: clock skew
+//! between replicas moves window edges by the skew and never makes a counter run backwards.
+
+mod algo;
+mod cached;
+mod decision;
+mod limit;
+mod memory;
+mod metrics;
+mod redis;
+mod redis_url;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use decision::{Decision, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
+pub use limit::{CompiledLimit, LimitError};
+pub use metrics::RateLimitMetrics;
+pub use redis::{KEY_PREFIX, RedisOptions};
+
+use cached::CachedStore;
+use memory::MemoryStore;
+use redis::{Op, RedisBackend};
+
+/// Why a rate limiter could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateLimitError {
+    /// The Redis address is not one of the accepted forms (password redacted).
+    #[error("invalid Redis address `{url}`: {reason}")]
+    RedisUrl {
+        /// The address, password replaced by `***`.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Where counters live; one choice per proxy deployment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Storage {
+    /// In this process (each replica counts alone). The default.
+    #[default]
+    Memory,
+    /// In Redis, one atomic script call per decision (replicas share exact counts).
+    Redis {
+        /// Address, one of:
+        /// - `redis://[[user]:password@]host[:6379][/db]`, `redis+unix:///path[?db=N]`: one
+        ///   server;
+        /// - `redis+cluster://[[user]:password@]host1[:6379],host2[:6379],...`, or several
+        ///   `redis://` URLs separated by commas: Redis Cluster, through these seed nodes;
+        /// - `redis+sentinel://[[user]:password@]host1[:26379],host2,.../service[/db]`: the
+        ///   master the sentinels name for `service` (asked again on every reconnection);
+        ///   the credentials are the Redis servers', the sentinels are contacted without.
+        ///
+        /// `rediss://` (TLS) is not supported. Passwords are never logged.
+        url: String,
+        /// Timeouts.
+        options: RedisOptions,
+    },
+    /// Decided locally, shared through Redis every `flush_interval`: about one Redis call
+    /// per active counter per interval instead of one per request. The price is overshoot:
+    /// with `R` replicas, a counter never exceeds `limit + (R − 1) × A`, where `A` is the
+    /// most requests one replica admits on it during three flush intervals (and never
+    /// `R × limit`).
+    RedisCached {
+        /// Address, as for [`Storage::Redis`].
+        url: String,
+        /// How often local counts are pushed and global counts pulled.
+        flush_interval: Duration,
+        /// Timeouts.
+        options: RedisOptions,
+    },
+}
+
+impl Storage {
+    /// [`Storage::Redis`] with default timeouts.
+    pub fn redis(url: impl Into<String>) -> Self {
+        Self::Redis {
+            url: url.into(),
+            options: RedisOptions::default(),
+        }
+    }
+
+    /// [`Storage::RedisCached`] with default timeouts.
+    pub fn redis_cached(url: impl Into<String>, flush_interval: Duration) -> Self {
+        Self::RedisCached {
+            url: url.into(),
+            flush_interval,
+            options: RedisOptions::default(),
+        }
+    }
+}
+
+/// Wall-clock time in unix milliseconds; replaced by a [`ManualClock`] in tests.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Milliseconds since the unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock showing `ms`.
+    pub fn new(ms: u64) -> Self {
+        Self(AtomicU64::new(ms))
+    }
+
+    /// Sets the time.
+    pub fn set(&self, ms: u64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward.
+    pub fn advance(&self, d: Duration) {
+        self.0.fetch_add(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug)]
+enum Store {
+    Memory(MemoryStore),
+    Redis {
+        backend: Arc<RedisBackend>,
+        /// Counters used while Redis is down; forgotten as they expire once it is back.
+        fallback: MemoryStore,
+    },
+    Cached(Arc<CachedStore>),
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    metrics: RateLimitMetrics,
+}
+
+/// Decides requests against compiled limits. Cheap to clone (shared state).
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+impl RateLimiter {
+    /// A limiter on `storage`, with the system clock. Redis is connected in the background
+    /// (or on the first decision); an unreachable Redis is not an error here, only a
+    /// malformed address is.
+    pub fn new(storage: Storage) -> Result<Self, RateLimitError> {
+        Self::with_clock(storage, Arc::new(SystemClock))
+    }
+
+    /// A limiter reading time from `clock`.
+    pub fn with_clock(storage: Storage, clock: Arc<dyn Clock>) -> Result<Self, RateLimitError> {
+        let metrics = RateLimitMetrics::new();
+        let store = match storage {
+            Storage::Memory => Store::Memory(MemoryStore::new()),
+            Storage::Redis { url, options } => Store::Redis {
+                backend: RedisBackend::new(&url, options, metrics.clone())?,
+                fallback: MemoryStore::new(),
+            },
+            Storage::RedisCached {
+                url,
+                flush_interval,
+                options,
+            } => Store::Cached(CachedStore::new(
+                RedisBackend::new(&url, options, metrics.clone())?,
+                flush_interval,
+                clock.clone(),
+            )),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                metrics,
+            }),
+        })
+    }
+
+    /// The limiter's metrics, to [register](RateLimitMetrics::register) with the proxy's.
+    pub fn metrics(&self) -> &RateLimitMetrics {
+        &self.inner.metrics
+    }
+
+    /// Decides one request on the counter `key` of `limit` (`key` from
+    /// [`CompiledLimit::key`]): counts it if admitted. Never fails: without Redis the
+    /// decision is taken on local counters.
+    pub async fn check(&self, limit: &CompiledLimit, key: &str) -> Decision {
+        let now = self.inner.clock.now_ms();
+        self.check_at(limit, key, now).await
+    }
+
+    /// [`Self::check`] at an explicit time (unix ms), for tests and replays.
+    pub async fn check_at(&self, limit: &CompiledLimit, key: &str, now_ms: u64) -> Decision {
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        let specs = limit.specs();
+        let decision = match &self.inner.store {
+            Store::Memory(memory) => memory.check(specs, key, now),
+            Store::Redis { backend, fallback } => {
+                match backend.call(key, specs, now, Op::Check).await {
+                    Some(reply) => algo::decision(specs, &reply.states, now, reply.allowed),
+                    None => fallback.check(specs, key, now),
+                }
+            }
+            Store::Cached(cached) => cached.check(specs, key, now).await,
+        };
+        self.inner
+            .metrics
+            .decision(limit.policy_label(), decision.allowed);
+        decision
+    }
+
+    /// Decides one request against every applicable limit, in order, stopping at the first
+    /// refusal; `None` when `checks` is empty. Limits checked before a refusing one have
+    /// counted the request (each limit is atomic on its own, not the set).
+    pub async fn check_all(&self, checks: &[(&CompiledLimit, &str)]) -> Option<Decision> {
+        let mut out: Option<Decision> = None;
+        for (limit, key) in checks {
+            let d = self.check(limit, key).await;
+            out = Some(match out {
+                Some(prev) => prev.merge(d),
+                None => d,
+            });
+            if !d.allowed {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Cached storage: pushes pending counts to Redis and pulls global ones now (the
+    /// background flusher does this every flush interval). Other storages: nothing.
+    pub async fn flush(&self) {
+        if let Store::Cached(cached) = &self.inner.store {
+            cached.flush().await;
+        }
+    }
+
+    /// True while decisions fall back to local counters because Redis is unavailable.
+    pub fn in_fallback(&self) -> bool {
+        match &self.inner.store {
+            Store::Memory(_) => false,
+            Store::Redis { backend, .. } => backend.is_down(),
+            Store::Cached(cached) => cached.backend().is_down(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
