@@ -13,6 +13,9 @@ pub enum ProxyError {
     /// The router rejected the table (e.g. a regex that does not compile).
     #[error(transparent)]
     Router(#[from] RouterError),
+    /// A policy of the table does not compile.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
     /// A port's `address` is not an IP address.
     #[error("port {port}: invalid bind address {address:?}")]
     Address {

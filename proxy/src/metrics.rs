@@ -16,6 +16,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::policy::auth::AuthMetrics;
+use crate::policy::ratelimit::RateLimitMetrics;
+
 /// Labels of `tollgate_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -55,6 +58,8 @@ pub struct Metrics {
     /// Handles per route label, kept across snapshots.
     routes: Mutex<HashMap<String, Arc<RouteMetrics>>>,
     no_route: Arc<RouteMetrics>,
+    auth: AuthMetrics,
+    rate_limit: RateLimitMetrics,
 }
 
 /// The metric handles of one route label, resolved once so a request records its outcome
@@ -191,8 +196,14 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        let auth = AuthMetrics::new();
+        auth.register(&mut registry);
+        let rate_limit = RateLimitMetrics::new();
+        rate_limit.register(&mut registry);
         let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
+            auth,
+            rate_limit,
             registry,
             no_route,
             routes: Mutex::new(HashMap::new()),
@@ -203,6 +214,16 @@ impl Metrics {
             table_version,
             access_log_dropped,
         }
+    }
+
+    /// Authentication metrics (shared handles, registered here).
+    pub fn auth(&self) -> &AuthMetrics {
+        &self.auth
+    }
+
+    /// Rate-limit metrics (shared handles, registered here).
+    pub fn rate_limit(&self) -> &RateLimitMetrics {
+        &self.rate_limit
     }
 
     /// Encodes every metric as OpenMetrics text.

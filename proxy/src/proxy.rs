@@ -25,6 +25,9 @@ use crate::access_log::AccessLog;
 use crate::error::{ProxyError, Result};
 use crate::listener::{self, ListenerHandle};
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::policy::auth::AuthState;
+use crate::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
+use crate::policy::{Enforcer, PolicyRuntime};
 use crate::router::Router;
 use crate::upstream::{Balancer, Upstream, build_balancers};
 
@@ -42,6 +45,24 @@ pub struct ProxyOptions {
     pub max_header_bytes: usize,
     /// Largest request body; more is answered 413. Default 10 MiB.
     pub max_body_bytes: u64,
+    /// Where rate-limit counters live (built with [`Metrics::rate_limit`]'s handles by
+    /// [`ProxyOptions::rate_limiter`]); `None` = in memory.
+    pub rate_limiter: Option<RateLimiter>,
+}
+
+impl ProxyOptions {
+    /// A rate limiter on `storage` recording into this proxy's metrics. Fails only on a
+    /// malformed Redis address.
+    pub fn rate_limiter(
+        &self,
+        storage: Storage,
+    ) -> std::result::Result<RateLimiter, RateLimitError> {
+        RateLimiter::with_metrics(
+            storage,
+            Arc::new(SystemClock),
+            self.metrics.rate_limit().clone(),
+        )
+    }
 }
 
 impl Default for ProxyOptions {
@@ -51,6 +72,7 @@ impl Default for ProxyOptions {
             access_log: false,
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
+            rate_limiter: None,
         }
     }
 }
@@ -82,6 +104,8 @@ pub(crate) struct Snapshot {
     pub ports: HashMap<u16, PortState>,
     /// Metric handles by route label (`namespace/name`).
     pub route_metrics: HashMap<Arc<str>, Arc<RouteMetrics>>,
+    /// Compiled policies by the table's policy key.
+    pub policies: HashMap<String, Arc<Enforcer>>,
 }
 
 /// State shared by the handle, the listeners and every request.
@@ -97,6 +121,8 @@ pub(crate) struct Shared {
     pub connections: AtomicUsize,
     /// Notified when `connections` drops to zero.
     pub idle: Notify,
+    /// Auth caches and rate-limit counters, shared by every snapshot.
+    pub policy: PolicyRuntime,
 }
 
 #[derive(Debug)]
@@ -122,7 +148,16 @@ impl Proxy {
             max_header_bytes: opts.max_header_bytes,
             max_body_bytes: opts.max_body_bytes,
         };
+        let limiter = match opts.rate_limiter.clone() {
+            Some(l) => l,
+            None => RateLimiter::in_memory(opts.metrics.rate_limit().clone()),
+        };
+        let policy = PolicyRuntime {
+            auth: AuthState::new(opts.metrics.auth().clone()),
+            limiter,
+        };
         let shared = Shared {
+            policy,
             snapshot: ArcSwapOption::empty(),
             limits,
             access_log: AccessLog::new(opts.access_log, opts.metrics.clone()),
@@ -162,6 +197,7 @@ impl Proxy {
 
         // Build everything before touching anything live.
         let router = Router::build(&table)?;
+        let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?;
         let mut ports = HashMap::with_capacity(table.ports.len());
         let mut wanted = Vec::with_capacity(table.ports.len());
         for p in &table.ports {
@@ -211,6 +247,7 @@ impl Proxy {
             backends,
             ports,
             route_metrics,
+            policies,
         })));
         shared.metrics.set_table_version(version);
 

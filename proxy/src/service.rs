@@ -3,7 +3,9 @@
 //!
 //! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
 //!    `max_body_bytes` → 413.
-//! 2. `route`: the router over (listener port, host, method, target, headers) → 404.
+//! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
+//!    the route's policies (module `policy::enforce`): authentication → 401, authorization
+//!    → 403, rate limit → 429 (CORS preflights on a CORS route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
@@ -35,6 +37,7 @@ use crate::forward;
 use crate::forward::X_REQUEST_ID;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
 use crate::mirror;
+use crate::policy::enforce::RequestInfo;
 use crate::proxy::{Shared, Snapshot};
 use crate::upstream::{Balancer, EndpointGuard};
 
@@ -275,6 +278,28 @@ async fn proxy(
         None => shared.metrics.route(&hit.route.label),
     };
 
+    // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
+    // preflight the route answers itself (browsers send those without credentials).
+    let mut policy_headers = Vec::new();
+    if let Some(key) = route.policy.as_deref()
+        && !is_cors_preflight(&route.filters, &parts)
+    {
+        let Some(enforcer) = snapshot.policies.get(key) else {
+            // A table whose route names a missing policy set: never serve it open.
+            return status(StatusCode::INTERNAL_SERVER_ERROR);
+        };
+        let info = RequestInfo {
+            host: strip_port(original_host),
+            target,
+            scheme: conn.scheme,
+            peer: conn.peer,
+        };
+        match enforcer.enforce(&shared.policy, &mut parts, info).await {
+            Ok(headers) => policy_headers = headers,
+            Err(resp) => return resp.map(full),
+        }
+    }
+
     // Phase 3: request filters, in table order.
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -350,7 +375,7 @@ async fn proxy(
         None => call.send(parts, body).await,
     };
     done.guard = Some(guard);
-    match result {
+    let mut resp = match result {
         // Phase 6.
         Ok(resp) => response_filters(
             resp,
@@ -360,7 +385,22 @@ async fn proxy(
             client_upgrade,
         ),
         Err(f) => failure_response(shared, f, &exceeded),
+    };
+    for (name, value) in policy_headers {
+        resp.headers_mut().insert(name, value);
     }
+    resp
+}
+
+/// True for a CORS preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`)
+/// on a route with a CORS filter.
+fn is_cors_preflight(filters: &[Filter], parts: &Parts) -> bool {
+    parts.method == Method::OPTIONS
+        && parts.headers.contains_key(ORIGIN)
+        && parts
+            .headers
+            .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
+        && filters.iter().any(|f| matches!(f, Filter::Cors(_)))
 }
 
 /// Phase 3: the rule's filters in order; `Some` answers the request.

@@ -6,4 +6,7 @@
 
 pub mod auth;
 pub mod cel;
+pub mod enforce;
 pub mod ratelimit;
+
+pub use enforce::{Enforcer, PolicyError, PolicyRuntime};

@@ -222,7 +222,27 @@ impl RateLimiter {
 
     /// A limiter reading time from `clock`.
     pub fn with_clock(storage: Storage, clock: Arc<dyn Clock>) -> Result<Self, RateLimitError> {
-        let metrics = RateLimitMetrics::new();
+        Self::with_metrics(storage, clock, RateLimitMetrics::new())
+    }
+
+    /// An in-memory limiter on the system clock recording into `metrics` (cannot fail: there
+    /// is no address to parse).
+    pub fn in_memory(metrics: RateLimitMetrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store: Store::Memory(MemoryStore::new()),
+                clock: Arc::new(SystemClock),
+                metrics,
+            }),
+        }
+    }
+
+    /// A limiter recording into `metrics` (handles already registered with the proxy's).
+    pub fn with_metrics(
+        storage: Storage,
+        clock: Arc<dyn Clock>,
+        metrics: RateLimitMetrics,
+    ) -> Result<Self, RateLimitError> {
         let store = match storage {
             Storage::Memory => Store::Memory(MemoryStore::new()),
             Storage::Redis { url, options } => Store::Redis {

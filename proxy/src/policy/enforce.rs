@@ -1,0 +1,169 @@
+//! The policy phase of a request: authentication, authorization, then rate limits.
+//!
+//! In: a table's [`PolicySet`]s (compiled once per snapshot into [`Enforcer`]s) and, per
+//! request, the matched route's enforcer and the request head. Out: either the headers to add
+//! to the eventual response (`X-RateLimit-*`) or the answer that ends the request: the
+//! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`.
+//!
+//! The proxy-wide [`PolicyRuntime`] outlives snapshots: JWKS and token caches, the rate
+//! limiter's counters (in memory or in Redis), so a table swap neither refetches keys nor
+//! resets limits.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use tollgate_api::PolicySet;
+
+use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
+use super::cel::{Activation, Attrs};
+use super::ratelimit::{CompiledLimit, LimitError, RateLimiter};
+
+/// Why a table's policies could not be compiled (the compiler validates the same things).
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The auth rules of a policy set.
+    #[error("policy {key}: {source}")]
+    Auth {
+        /// The table's policy key.
+        key: String,
+        /// What failed.
+        source: AuthBuildError,
+    },
+    /// A rate limit.
+    #[error("policy {key}: {source}")]
+    Limit {
+        /// The table's policy key.
+        key: String,
+        /// What failed.
+        source: LimitError,
+    },
+}
+
+/// State shared by every snapshot of a proxy.
+#[derive(Debug, Clone)]
+pub struct PolicyRuntime {
+    /// JWKS, verified-token and introspection caches, HTTP client.
+    pub auth: AuthState,
+    /// Counters.
+    pub limiter: RateLimiter,
+}
+
+/// One route rule's compiled policies.
+#[derive(Debug)]
+pub struct Enforcer {
+    auth: Option<CompiledAuth>,
+    limits: Vec<CompiledLimit>,
+}
+
+/// Compiles every policy set of a table.
+pub fn build_all(
+    policies: &std::collections::BTreeMap<String, PolicySet>,
+    rt: &PolicyRuntime,
+) -> Result<HashMap<String, Arc<Enforcer>>, PolicyError> {
+    policies
+        .iter()
+        .map(|(k, set)| Enforcer::build(k, set, rt).map(|e| (k.clone(), Arc::new(e))))
+        .collect()
+}
+
+/// What a request carries into the policy phase besides its head.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestInfo<'a> {
+    /// Host without port.
+    pub host: &'a str,
+    /// Path with query, as received.
+    pub target: &'a str,
+    /// `http` or `https`.
+    pub scheme: &'a str,
+    /// The client.
+    pub peer: SocketAddr,
+}
+
+/// Headers to add to the response of an admitted request.
+pub type ResponseHeaders = Vec<(HeaderName, HeaderValue)>;
+
+impl Enforcer {
+    /// Compiles one policy set.
+    pub fn build(key: &str, set: &PolicySet, rt: &PolicyRuntime) -> Result<Self, PolicyError> {
+        let auth = set
+            .auth
+            .as_ref()
+            .map(|a| CompiledAuth::build(a, &rt.auth))
+            .transpose()
+            .map_err(|source| PolicyError::Auth {
+                key: key.to_owned(),
+                source,
+            })?;
+        let limits = set
+            .rate_limits
+            .iter()
+            .map(CompiledLimit::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| PolicyError::Limit {
+                key: key.to_owned(),
+                source,
+            })?;
+        Ok(Self { auth, limits })
+    }
+
+    /// Runs authentication, authorization and rate limits for one request, in that order.
+    /// `Ok` carries the rate-limit headers for the response; `Err` is the answer.
+    pub async fn enforce(
+        &self,
+        rt: &PolicyRuntime,
+        parts: &mut Parts,
+        info: RequestInfo<'_>,
+    ) -> Result<ResponseHeaders, Response<Bytes>> {
+        if let Some(auth) = &self.auth {
+            // Expressions must never see the client's own values of the identity headers.
+            auth.strip_success_headers(&mut parts.headers);
+        }
+        let mut act = Activation::new(&Attrs {
+            method: parts.method.as_str(),
+            host: info.host,
+            path: info.target,
+            scheme: info.scheme,
+            headers: &parts.headers,
+            source: info.peer,
+        });
+        if let Some(auth) = &self.auth
+            && let AuthOutcome::Denied(d) = auth.check(parts, None, &mut act).await
+        {
+            return Err(d.into_response());
+        }
+        if self.limits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<(&CompiledLimit, String)> = self
+            .limits
+            .iter()
+            .filter(|l| l.applies(&act))
+            .map(|l| (l, l.key(&act)))
+            .collect();
+        drop(act);
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let checks: Vec<(&CompiledLimit, &str)> =
+            keys.iter().map(|(l, k)| (*l, k.as_str())).collect();
+        let Some(decision) = rt.limiter.check_all(&checks).await else {
+            return Ok(Vec::new());
+        };
+        if decision.allowed {
+            return Ok(decision.headers());
+        }
+        let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        decision.insert_headers(resp.headers_mut());
+        Err(resp)
+    }
+}
