@@ -104,12 +104,13 @@ fn virtual_hosts(
             continue;
         };
         let a = &r.attachments[ai];
-        let created = r.route.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
         for rule in rules {
             note_backends(&rule.backends, &rule.filters, used);
-            for (mi, m) in rule.matches.iter().enumerate() {
-                let key =
-                    Precedence::new(m, created, &r.key.namespace, &r.key.name, rule.index, mi);
+            let matches = rule.matches.iter().zip(&rule.specificity);
+            for (mi, (m, specificity)) in matches.enumerate() {
+                let (ns, name) = (&r.key.namespace, &r.key.name);
+                let key = Precedence::new(specificity.clone(), created, ns, name, rule.index, mi);
                 let entry = Route {
                     route: r.key.clone(),
                     rule_index: rule.index,
