@@ -14,8 +14,8 @@
 //! | RegularExpression               | RegularExpression `/(?:{service})/(?:{method})`, an absent part `[^/]+` |
 //!
 //! No method predicate is added: the spec matches on service, method and headers only. Each
-//! match carries its GRPCRoute [`Specificity`] (service characters, method characters, header
-//! count) for precedence. Filters and backendRefs have the HTTPRoute schema (a subset of its
+//! match carries its GRPCRoute [`Specificity`] (service named, method named, header count,
+//! regular expression) for precedence. Filters and backendRefs have the HTTPRoute schema (a subset of its
 //! filter types) and are compiled by [`compile_actions`], with backends spoken to over h2c.
 //!
 //! Rejected (`UnsupportedValue`), mirroring the CRD's validation for files `tollgate run`
@@ -69,7 +69,7 @@ fn compile_rule(
     let compiled: Vec<(RouteMatch, Specificity)> = match rule.matches.as_deref() {
         None | Some([]) => vec![(
             any_call(PathMatch::PathPrefix("/".to_owned()), Vec::new()),
-            Specificity::grpc(0, 0, 0),
+            Specificity::grpc(false, false, 0, false),
         )],
         Some(ms) => ms
             .iter()
@@ -114,8 +114,8 @@ fn convert_match(
     m: &GrpcRouteRulesMatches,
     field: &str,
 ) -> Result<(RouteMatch, Specificity), Problem> {
-    let (path, service_len, method_len) = match &m.method {
-        None => (PathMatch::PathPrefix("/".to_owned()), 0, 0),
+    let (path, named) = match &m.method {
+        None => (PathMatch::PathPrefix("/".to_owned()), Named::default()),
         Some(mm) => method_path(mm, &format!("{field}.method"))?,
     };
     let headers = header_matches(
@@ -125,15 +125,23 @@ fn convert_match(
         }),
         field,
     )?;
-    let specificity = Specificity::grpc(service_len, method_len, headers.len());
+    let specificity = Specificity::grpc(named.service, named.method, headers.len(), named.regex);
     Ok((any_call(path, headers), specificity))
 }
 
-/// The path match of a method match, with the characters of its service and method.
+/// What a method match names.
+#[derive(Debug, Default, Clone, Copy)]
+struct Named {
+    service: bool,
+    method: bool,
+    regex: bool,
+}
+
+/// The path match of a method match, and what it names.
 fn method_path(
     mm: &GrpcRouteRulesMatchesMethod,
     field: &str,
-) -> Result<(PathMatch, usize, usize), Problem> {
+) -> Result<(PathMatch, Named), Problem> {
     let service = mm.service.as_deref().filter(|s| !s.is_empty());
     let method = mm.method.as_deref().filter(|m| !m.is_empty());
     let regex = mm.r#type == Some(GrpcRouteRulesMatchesMethodType::RegularExpression);
@@ -142,26 +150,18 @@ fn method_path(
     } else {
         (service, method)
     };
-    let len = |s: Option<&str>| s.map_or(0, |s| s.chars().count());
-    let (service_len, method_len) = (len(service), len(method));
-    if service.is_none() && method.is_none() {
-        return Err(unsupported(
-            field,
-            "one or both of service and method must be specified",
-        ));
-    }
-    let path = if regex {
+    let named = Named {
+        service: service.is_some(),
+        method: method.is_some(),
+        regex,
+    };
+    if regex {
         if let Some(s) = service {
             check_regex(s, &format!("{field}.service"))?;
         }
         if let Some(m) = method {
             check_regex(m, &format!("{field}.method"))?;
         }
-        PathMatch::RegularExpression(format!(
-            "/(?:{})/(?:{})",
-            service.unwrap_or(ANY_SEGMENT),
-            method.unwrap_or(ANY_SEGMENT)
-        ))
     } else {
         if let Some(s) = service.filter(|s| !is_service_name(s)) {
             return Err(unsupported(
@@ -177,15 +177,25 @@ fn method_path(
                 format!("{m:?} is not a gRPC method name (^[A-Za-z_][A-Za-z_0-9]*$)"),
             ));
         }
-        match (service, method) {
-            (Some(s), Some(m)) => PathMatch::Exact(format!("/{s}/{m}")),
-            (Some(s), None) => PathMatch::PathPrefix(format!("/{s}")),
-            // Method names are identifiers: nothing to escape.
-            (None, Some(m)) => PathMatch::RegularExpression(format!("/{ANY_SEGMENT}/{m}")),
-            (None, None) => PathMatch::PathPrefix("/".to_owned()),
+    }
+    let path = match (regex, service, method) {
+        (_, None, None) => {
+            return Err(unsupported(
+                field,
+                "one or both of service and method must be specified",
+            ));
         }
+        (true, s, m) => PathMatch::RegularExpression(format!(
+            "/(?:{})/(?:{})",
+            s.unwrap_or(ANY_SEGMENT),
+            m.unwrap_or(ANY_SEGMENT)
+        )),
+        (false, Some(s), Some(m)) => PathMatch::Exact(format!("/{s}/{m}")),
+        (false, Some(s), None) => PathMatch::PathPrefix(format!("/{s}")),
+        // Method names are identifiers: nothing to escape.
+        (false, None, Some(m)) => PathMatch::RegularExpression(format!("/{ANY_SEGMENT}/{m}")),
     };
-    Ok((path, service_len, method_len))
+    Ok((path, named))
 }
 
 /// A pattern without one leading `^` and one trailing (unescaped) `$`: the compiled path

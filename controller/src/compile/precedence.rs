@@ -16,11 +16,15 @@
 //! 7. Rule index, then match index, within the route.
 //!
 //! GRPCRoute matches replace 1-4 with the GRPCRouteRule criteria: more characters in the
-//! service, then in the method (for RegularExpression matches: in the pattern), then more
-//! header matches; 5-7 are the same. The spec forbids merging GRPCRoutes and HTTPRoutes (a
-//! listener serves a hostname with one kind or the other, see [`super::crossserve`]), so the
-//! two kinds never compete in one virtual host; an HTTPRoute entry sorts before a GRPCRoute one
-//! only to keep the order total.
+//! matching service, then in the matching method, then more header matches; 5-7 are the same.
+//! Every match that names a service and matches a call matched that call's service (an Exact
+//! one literally, a RegularExpression one in full), so for one call the character counts of
+//! the candidates differ only between naming a service and not: we rank a service before none,
+//! then a method before none, then more headers, then (the spec leaves RegularExpression
+//! precedence to implementations) Exact before RegularExpression. The spec forbids merging
+//! GRPCRoutes and HTTPRoutes (a listener serves a hostname with one kind or the other, see
+//! [`super::crossserve`]), so the two kinds never compete in one virtual host; an HTTPRoute
+//! entry sorts before a GRPCRoute one only to keep the order total.
 
 use std::cmp::Reverse;
 
@@ -45,12 +49,14 @@ pub enum Specificity {
     },
     /// A GRPCRoute match.
     Grpc {
-        /// Characters in the service (0 = any service).
-        service: Reverse<usize>,
-        /// Characters in the method (0 = any method).
-        method: Reverse<usize>,
+        /// No service named (any service).
+        no_service: bool,
+        /// No method named (any method).
+        no_method: bool,
         /// Header matches.
         headers: Reverse<usize>,
+        /// A RegularExpression method match.
+        regex: bool,
     },
 }
 
@@ -71,12 +77,14 @@ impl Specificity {
         }
     }
 
-    /// The specificity of a GRPCRoute match with `service` and `method` characters.
-    pub fn grpc(service: usize, method: usize, headers: usize) -> Self {
+    /// The specificity of a GRPCRoute match: whether it names a service and a method, its
+    /// header matches, whether its method match is a RegularExpression.
+    pub fn grpc(service: bool, method: bool, headers: usize, regex: bool) -> Self {
         Self::Grpc {
-            service: Reverse(service),
-            method: Reverse(method),
+            no_service: !service,
+            no_method: !method,
             headers: Reverse(headers),
+            regex,
         }
     }
 }
@@ -157,15 +165,19 @@ mod tests {
     }
 
     #[test]
-    fn grpc_service_characters_before_method_characters() {
-        let exact = Specificity::grpc(7, 6, 0);
-        let service_only = Specificity::grpc(7, 0, 0);
-        let method_only = Specificity::grpc(0, 6, 0);
-        let headers_only = Specificity::grpc(0, 0, 1);
-        let any = Specificity::grpc(0, 0, 0);
-        assert!(exact < service_only);
+    fn grpc_service_then_method_then_headers_then_exact() {
+        let exact = Specificity::grpc(true, true, 0, false);
+        let regex = Specificity::grpc(true, true, 0, true);
+        let service_only = Specificity::grpc(true, false, 0, false);
+        let method_only = Specificity::grpc(false, true, 0, false);
+        let headers_only = Specificity::grpc(false, false, 1, false);
+        let any = Specificity::grpc(false, false, 0, false);
+        assert!(exact < regex);
+        assert!(regex < service_only);
         assert!(service_only < method_only);
         assert!(method_only < headers_only);
         assert!(headers_only < any);
+        let more_headers = Specificity::grpc(true, true, 1, true);
+        assert!(more_headers < exact);
     }
 }
