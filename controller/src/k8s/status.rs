@@ -8,22 +8,27 @@
 //! [`apply`] sends one write as a server-side apply of the status subresource, field manager
 //! [`FIELD_MANAGER`], forced.
 //!
-//! HTTPRoute `status.parents` is an atomic list in the Gateway API CRDs and is shared with
-//! other controllers: we send the live entries of other controllers unchanged followed by ours,
-//! with the live `resourceVersion` as a precondition, so a concurrent write by another
-//! controller makes ours fail with 409 (retried from a fresher store) instead of erasing theirs.
-//! Our entry for a Gateway the route no longer references is dropped.
+//! Route (HTTPRoute, GRPCRoute) `status.parents` is an atomic list in the Gateway API CRDs and
+//! is shared with other controllers: we send the live entries of other controllers unchanged
+//! followed by ours, with the live `resourceVersion` as a precondition, so a concurrent write by
+//! another controller makes ours fail with 409 (retried from a fresher store) instead of
+//! erasing theirs. Our entry for a Gateway the route no longer references is dropped. Both
+//! route kinds go through the same code ([`RouteStatusKind`]).
 
 use std::collections::BTreeSet;
+use std::fmt::Debug;
 
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tollgate_api::ObjectKey;
 
@@ -31,6 +36,7 @@ use super::lenient::Lenient;
 use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
+use crate::compile::kinds::RouteParent;
 
 /// Field manager of every status write.
 pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
@@ -63,7 +69,86 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<HttpRouteStatusParents>,
     },
+    /// A GRPCRoute status.
+    GrpcRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<GrpcRouteStatusParents>,
+    },
 }
+
+/// A route kind as the status writer handles it: the live entries, the desired ones, the write.
+pub trait RouteStatusKind:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + 'static
+{
+    /// Its `status.parents[]` entry type.
+    type Parent: RouteParent;
+    /// The Kubernetes kind name.
+    const KIND: &'static str;
+    /// The watched objects of this kind.
+    fn store(stores: &Stores) -> &Store<Lenient<Self>>;
+    /// The live `status.parents`.
+    fn live_parents(&self) -> &[Self::Parent];
+    /// The compiler's entries for the route `key`, if it names one of our Gateways.
+    fn desired<'o>(out: &'o Output, key: &ObjectKey) -> Option<&'o [Self::Parent]>;
+    /// The write of `parents` over `resource_version`.
+    fn write(key: ObjectKey, resource_version: String, parents: Vec<Self::Parent>) -> StatusWrite;
+}
+
+/// Implements [`RouteStatusKind`] (the generated types differ only in name).
+macro_rules! route_status_kind {
+    ($route:ty, $parent:ty, $kind:literal, $field:ident, $variant:ident) => {
+        impl RouteStatusKind for $route {
+            type Parent = $parent;
+            const KIND: &'static str = $kind;
+            fn store(stores: &Stores) -> &Store<Lenient<Self>> {
+                &stores.$field
+            }
+            fn live_parents(&self) -> &[$parent] {
+                self.status
+                    .as_ref()
+                    .map(|s| s.parents.as_slice())
+                    .unwrap_or_default()
+            }
+            fn desired<'o>(out: &'o Output, key: &ObjectKey) -> Option<&'o [$parent]> {
+                out.$field.get(key).map(|s| s.parents.as_slice())
+            }
+            fn write(
+                key: ObjectKey,
+                resource_version: String,
+                parents: Vec<$parent>,
+            ) -> StatusWrite {
+                StatusWrite::$variant {
+                    key,
+                    resource_version,
+                    parents,
+                }
+            }
+        }
+    };
+}
+
+route_status_kind!(
+    HttpRoute,
+    HttpRouteStatusParents,
+    "HTTPRoute",
+    http_routes,
+    HttpRoute
+);
+route_status_kind!(
+    GrpcRoute,
+    GrpcRouteStatusParents,
+    "GRPCRoute",
+    grpc_routes,
+    GrpcRoute
+);
 
 /// A condition that says an object (or part of it) is rejected, new in a write.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,12 +164,13 @@ pub struct NewRejection {
 }
 
 impl StatusWrite {
-    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute` or `GRPCRoute`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
             Self::Gateway { .. } => "Gateway",
-            Self::HttpRoute { .. } => "HTTPRoute",
+            Self::HttpRoute { .. } => HttpRoute::KIND,
+            Self::GrpcRoute { .. } => GrpcRoute::KIND,
         }
     }
 
@@ -92,7 +178,9 @@ impl StatusWrite {
     pub fn key(&self) -> ObjectKey {
         match self {
             Self::GatewayClass { name, .. } => ObjectKey::new("", name.as_str()),
-            Self::Gateway { key, .. } | Self::HttpRoute { key, .. } => key.clone(),
+            Self::Gateway { key, .. }
+            | Self::HttpRoute { key, .. }
+            | Self::GrpcRoute { key, .. } => key.clone(),
         }
     }
 }
@@ -131,7 +219,19 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             });
         }
     }
-    for obj in stores.http_routes.state() {
+    plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
+    plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
+    writes
+}
+
+/// The writes of every route of kind `K` whose entries of ours differ from the desired ones.
+fn plan_routes<K: RouteStatusKind>(
+    out: &Output,
+    stores: &Stores,
+    controller_name: &str,
+    writes: &mut Vec<StatusWrite>,
+) {
+    for obj in K::store(stores).state() {
         let Lenient::Ok(route) = obj.as_ref() else {
             continue;
         };
@@ -139,24 +239,20 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             route.namespace().unwrap_or_default(),
             route.name_any().as_str(),
         );
-        let live_parents = route
-            .status
-            .as_ref()
-            .map(|s| s.parents.as_slice())
-            .unwrap_or_default();
-        let ours = |p: &&HttpRouteStatusParents| p.controller_name == controller_name;
-        let live_ours: Vec<&HttpRouteStatusParents> = live_parents.iter().filter(ours).collect();
-        let desired = out.http_routes.get(&key).map(|s| s.parents.as_slice());
+        let live_parents = route.live_parents();
+        let ours = |p: &&K::Parent| p.controller_name() == controller_name;
+        let live_ours: Vec<&K::Parent> = live_parents.iter().filter(ours).collect();
+        let desired = K::desired(out, &key);
         if live_ours.is_empty() && desired.is_none_or(<[_]>::is_empty) {
             continue;
         }
-        let mut parents: Vec<HttpRouteStatusParents> = desired.unwrap_or_default().to_vec();
+        let mut parents: Vec<K::Parent> = desired.unwrap_or_default().to_vec();
         for p in &mut parents {
             let old = live_ours
                 .iter()
-                .find(|l| l.parent_ref == p.parent_ref || same(&l.parent_ref, &p.parent_ref));
+                .find(|l| l.same_parent(p) || same(&l.parent_ref_json(), &p.parent_ref_json()));
             if let Some(old) = old {
-                keep_times(&mut p.conditions, &old.conditions);
+                keep_times(p.conditions_mut(), old.conditions());
             }
         }
         // Typed equality first: it is what an unchanged route gives, and it costs no
@@ -166,19 +262,18 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
         if equal || same(&parents, &live_ours) {
             continue;
         }
-        let mut all: Vec<HttpRouteStatusParents> = live_parents
+        let mut all: Vec<K::Parent> = live_parents
             .iter()
-            .filter(|p| p.controller_name != controller_name)
+            .filter(|p| p.controller_name() != controller_name)
             .cloned()
             .collect();
         all.extend(parents);
-        writes.push(StatusWrite::HttpRoute {
+        writes.push(K::write(
             key,
-            resource_version: route.resource_version().unwrap_or_default(),
-            parents: all,
-        });
+            route.resource_version().unwrap_or_default(),
+            all,
+        ));
     }
-    writes
 }
 
 fn live<K: Resource<DynamicType = ()> + Clone>(
@@ -298,22 +393,34 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
             }
         }
         StatusWrite::HttpRoute { key, parents, .. } => {
-            let r = ObjectRef::new(&key.name).within(&key.namespace);
-            let old = live(&stores.http_routes, r)
-                .and_then(|o| o.status)
-                .map(|s| s.parents)
-                .unwrap_or_default();
-            for p in parents {
-                let o = old.iter().find(|o| {
-                    o.controller_name == p.controller_name && same(&o.parent_ref, &p.parent_ref)
-                });
-                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
-                let part = format!("parent {}", p.parent_ref.name);
-                diff(Some(part), &p.conditions, oc);
-            }
+            route_rejections::<HttpRoute>(stores, key, parents, &mut diff);
+        }
+        StatusWrite::GrpcRoute { key, parents, .. } => {
+            route_rejections::<GrpcRoute>(stores, key, parents, &mut diff);
         }
     }
     out.into_iter().collect()
+}
+
+/// Feeds `diff` each parent entry of a route write with the live entry it replaces.
+fn route_rejections<K: RouteStatusKind>(
+    stores: &Stores,
+    key: &ObjectKey,
+    parents: &[K::Parent],
+    diff: &mut impl FnMut(Option<String>, &[Condition], &[Condition]),
+) {
+    let r = ObjectRef::new(&key.name).within(&key.namespace);
+    let live = live(K::store(stores), r);
+    let old = live.as_ref().map(K::live_parents).unwrap_or_default();
+    for p in parents {
+        let o = old.iter().find(|o| {
+            o.controller_name() == p.controller_name()
+                && same(&o.parent_ref_json(), &p.parent_ref_json())
+        });
+        let oc = o.map(|o| o.conditions()).unwrap_or_default();
+        let part = format!("parent {}", p.parent().1);
+        diff(Some(part), p.conditions(), oc);
+    }
 }
 
 /// Sends one write: server-side apply of the status subresource, forced.
@@ -344,18 +451,33 @@ pub async fn apply(client: &Client, write: &StatusWrite) -> Result<(), kube::Err
             key,
             resource_version,
             parents,
-        } => {
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": "HTTPRoute",
-                "metadata": {"name": key.name, "namespace": key.namespace,
-                             "resourceVersion": resource_version},
-                "status": {"parents": parents},
-            });
-            Api::<HttpRoute>::namespaced(client.clone(), &key.namespace)
-                .patch_status(&key.name, &pp, &Patch::Apply(body))
-                .await?;
-        }
+        } => apply_route::<HttpRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::GrpcRoute {
+            key,
+            resource_version,
+            parents,
+        } => apply_route::<GrpcRoute>(client, &pp, key, resource_version, parents).await?,
     }
+    Ok(())
+}
+
+/// Applies a route's `status.parents` over `resource_version`.
+async fn apply_route<K: RouteStatusKind>(
+    client: &Client,
+    pp: &PatchParams,
+    key: &ObjectKey,
+    resource_version: &str,
+    parents: &[K::Parent],
+) -> Result<(), kube::Error> {
+    let body = json!({
+        "apiVersion": API_VERSION, "kind": K::KIND,
+        "metadata": {"name": key.name, "namespace": key.namespace,
+                     "resourceVersion": resource_version},
+        "status": {"parents": parents},
+    });
+    Api::<K>::namespaced(client.clone(), &key.namespace)
+        .patch_status(&key.name, pp, &Patch::Apply(body))
+        .await?;
     Ok(())
 }
 
