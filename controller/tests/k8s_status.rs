@@ -16,31 +16,42 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tollgate::compile::kinds::RouteParent;
+use tollgate::k8s::status::RouteStatusKind;
 
 use k8s_support::{TestEnv, conds, eventually, summary};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Our parent entries of a route, once it has any.
+/// Our parent entries of an HTTPRoute, once it has any.
 async fn parents(env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
-    parents_in(env, env, route).await
+    parents_in::<HttpRoute>(env, env, route).await
 }
 
-/// Our (`env`'s controller) parent entries of a route of `in_env`'s namespace.
-async fn parents_in(env: &TestEnv, in_env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
+/// Our parent entries of a GRPCRoute, once it has any.
+async fn grpc_parents(env: &TestEnv, route: &str) -> Vec<GrpcRouteStatusParents> {
+    parents_in::<GrpcRoute>(env, env, route).await
+}
+
+/// Our (`env`'s controller) parent entries of a route of kind `K` in `in_env`'s namespace.
+async fn parents_in<K: RouteStatusKind>(
+    env: &TestEnv,
+    in_env: &TestEnv,
+    route: &str,
+) -> Vec<K::Parent> {
     let cn = env.controller_name.clone();
     eventually(WAIT, || async {
-        let r: HttpRoute = in_env.get(route).await;
+        let r: K = in_env.get(route).await;
         let ours: Vec<_> = r
-            .status?
-            .parents
-            .into_iter()
-            .filter(|p| p.controller_name == cn)
+            .live_parents()
+            .iter()
+            .filter(|p| p.controller_name() == cn)
+            .cloned()
             .collect();
         (!ours.is_empty()).then_some(ours)
     })
     .await
-    .unwrap_or_else(|| panic!("no status on route {route}"))
+    .unwrap_or_else(|| panic!("no status on {} {route}", K::KIND))
 }
 
 async fn gateway_written(env: &TestEnv, name: &str) -> Gateway {
@@ -106,7 +117,7 @@ async fn statuses_carry_exact_conditions_and_reasons() {
         ])
     );
 
-    let cross = parents_in(&env, &other_ns, "cross").await;
+    let cross = parents_in::<HttpRoute>(&env, &other_ns, "cross").await;
     assert_eq!(
         summary(&cross[0].conditions)
             .into_iter()
@@ -321,23 +332,6 @@ async fn other_controllers_entries_are_kept_and_ours_removed_when_unreferenced()
     })
     .await;
     assert_eq!(n, Some(0));
-}
-
-/// Our parent entries of a GRPCRoute, once it has any.
-async fn grpc_parents(env: &TestEnv, route: &str) -> Vec<GrpcRouteStatusParents> {
-    let cn = env.controller_name.clone();
-    eventually(WAIT, || async {
-        let r: GrpcRoute = env.get(route).await;
-        let ours: Vec<_> = r
-            .status?
-            .parents
-            .into_iter()
-            .filter(|p| p.controller_name == cn)
-            .collect();
-        (!ours.is_empty()).then_some(ours)
-    })
-    .await
-    .unwrap_or_else(|| panic!("no status on GRPCRoute {route}"))
 }
 
 async fn grpc_route(env: &TestEnv, name: &str, section: &str, host: &str, backend: &str) {

@@ -134,6 +134,13 @@ fn traffic_split() {
     }
 }
 
+/// A unary gRPC call as a client sends it: an h2c POST carrying one empty message frame.
+fn grpc_call(port: u16, path: &str) -> Option<support::Resp> {
+    let headers = [("content-type", "application/grpc"), ("te", "trailers")];
+    // One gRPC message frame: not compressed, length 0.
+    post_h2c(port, path, &headers, &[0u8; 5])
+}
+
 /// A GRPCRoute served to an h2c backend: an HTTP/2 prior-knowledge POST to
 /// `/service/method`, as a gRPC client sends it, reaches the backend over HTTP/2.
 fn grpc() {
@@ -149,10 +156,7 @@ fn grpc() {
         ],
         &logs,
     );
-    let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
-    // One gRPC message frame: not compressed, length 0.
-    let frame = [0u8; 5];
-    let call = |path: &str| post_h2c(8083, path, &grpc, &frame);
+    let call = |path: &str| grpc_call(8083, path);
     let hello = eventually(WAIT, || {
         call("/helloworld.Greeter/SayHello").filter(|r| r.status == 200)
     })
@@ -250,8 +254,7 @@ spec:
     std::fs::write(dir.join("backend.yaml"), backend_yaml(upstream)).unwrap();
     std::fs::write(dir.join("route.yaml"), route).unwrap();
     let tg = Tollgate::start(&["run", dir.to_str().unwrap(), "--admin", "off"], &logs);
-    let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
-    let call = |path: &str| post_h2c(gw_port, path, &grpc, &[0u8; 5]);
+    let call = |path: &str| grpc_call(gw_port, path);
     let resp = eventually(WAIT, || {
         call("/helloworld.Greeter/SayHello").filter(|r| r.status == 200)
     })

@@ -21,6 +21,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use super::backends::Resolver;
 use super::rules::{CompiledRoute, compile_route};
 
+/// Builds a parentRef-shaped generated type from another (they share these six fields).
+macro_rules! parent_ref_as {
+    ($t:ident, $p:expr) => {{
+        let p = $p;
+        $t {
+            group: p.group.clone(),
+            kind: p.kind.clone(),
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            port: p.port,
+            section_name: p.section_name.clone(),
+        }
+    }};
+}
+
 /// The route kinds we serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RouteKind {
@@ -98,14 +113,7 @@ impl<'a> RouteSource<'a> {
                     .parent_refs
                     .iter()
                     .flatten()
-                    .map(|p| HttpRouteParentRefs {
-                        group: p.group.clone(),
-                        kind: p.kind.clone(),
-                        name: p.name.clone(),
-                        namespace: p.namespace.clone(),
-                        port: p.port,
-                        section_name: p.section_name.clone(),
-                    })
+                    .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
                     .collect(),
             ),
         }
@@ -122,18 +130,10 @@ impl<'a> RouteSource<'a> {
 
 /// A GRPCRoute `status.parents[]` entry from the compiler's (HTTPRoute-typed) one.
 pub fn grpc_parent(p: HttpRouteStatusParents) -> GrpcRouteStatusParents {
-    let r = p.parent_ref;
     GrpcRouteStatusParents {
+        parent_ref: parent_ref_as!(GrpcRouteStatusParentsParentRef, &p.parent_ref),
         conditions: p.conditions,
         controller_name: p.controller_name,
-        parent_ref: GrpcRouteStatusParentsParentRef {
-            group: r.group,
-            kind: r.kind,
-            name: r.name,
-            namespace: r.namespace,
-            port: r.port,
-            section_name: r.section_name,
-        },
     }
 }
 
@@ -195,14 +195,7 @@ route_parent!(GrpcRouteStatusParents);
 
 /// The parentRef of a status entry, built from a (HTTPRoute-typed) parentRef.
 pub fn status_parent_ref(p: &HttpRouteParentRefs) -> HttpRouteStatusParentsParentRef {
-    HttpRouteStatusParentsParentRef {
-        group: p.group.clone(),
-        kind: p.kind.clone(),
-        name: p.name.clone(),
-        namespace: p.namespace.clone(),
-        port: p.port,
-        section_name: p.section_name.clone(),
-    }
+    parent_ref_as!(HttpRouteStatusParentsParentRef, p)
 }
 
 #[cfg(test)]
