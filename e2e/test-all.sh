@@ -26,6 +26,14 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+if ! command -v redis-server >/dev/null 2>&1; then
+  step "installing redis-server (Debian) for the rate-limit tests"
+  if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q redis-server >/dev/null ||
+    { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q redis-server >/dev/null; }
+fi
+# The tests start their own redis-server on loopback; a system one is not needed.
+
 step "e2e/cluster.sh up (real etcd + kube-apiserver for the k8s_* tests)"
 trap 'e2e/cluster.sh down || true' EXIT
 e2e/cluster.sh up

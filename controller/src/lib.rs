@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod compile;
+pub mod crds;
 pub mod demo;
 pub mod k8s;
 pub mod manifests;

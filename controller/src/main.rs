@@ -58,6 +58,16 @@ enum Command {
         #[arg(long, short)]
         out: PathBuf,
     },
+    /// Write the CRDs of Tollgate's own kinds (RateLimitPolicy, AuthPolicy), generated from
+    /// the Rust types, to DIR; with --check, exit 1 if DIR differs instead of writing.
+    Crdgen {
+        /// Output directory.
+        #[arg(default_value = "crds")]
+        dir: PathBuf,
+        /// Compare instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -134,6 +144,14 @@ fn main() -> ExitCode {
             }
         },
         Command::Compile { dir, out } => match compile_to(&dir, &out) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Crdgen { dir, check } => match crdgen(&dir, check) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -404,4 +422,34 @@ async fn start_push(
         }
     });
     Ok((server, shared))
+}
+
+/// `tollgate crdgen`: writes (or with `check`, compares) the CRD files. Returns false when
+/// checking found a difference.
+fn crdgen(dir: &std::path::Path, check: bool) -> anyhow::Result<bool> {
+    use anyhow::Context as _;
+    let files = tollgate::crds::crd_yaml().context("serializing the CRDs")?;
+    if check {
+        let mut fresh = true;
+        for (name, yaml) in &files {
+            let path = dir.join(name);
+            let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+            if on_disk != *yaml {
+                eprintln!(
+                    "{} is stale: run `tollgate crdgen {}`",
+                    path.display(),
+                    dir.display()
+                );
+                fresh = false;
+            }
+        }
+        return Ok(fresh);
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, yaml) in &files {
+        let path = dir.join(name);
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(true)
 }

@@ -136,6 +136,30 @@ impl<'a> Index<'a> {
 }
 
 /// Sorts objects by (namespace, name) and drops duplicates deterministically.
+/// Label-selector semantics: every `match_labels` pair and every `(key, operator, values)`
+/// expression must hold; an unknown operator matches nothing.
+pub fn labels_match<'s>(
+    match_labels: impl IntoIterator<Item = (&'s String, &'s String)>,
+    expressions: impl IntoIterator<Item = (&'s str, &'s str, Option<&'s [String]>)>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    match_labels
+        .into_iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && expressions.into_iter().all(|(key, op, values)| {
+            let values = values.unwrap_or_default();
+            let value = labels.get(key);
+            match op {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                // An operator the API server would have refused: match nothing.
+                _ => false,
+            }
+        })
+}
+
 fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) -> Vec<&'a T> {
     let mut v: Vec<&'a T> = items.iter().collect();
     let key = |t: &T| {

@@ -144,24 +144,14 @@ fn selector_matches(
     sel: &GatewayListenersAllowedRoutesNamespacesSelector,
     labels: &BTreeMap<String, String>,
 ) -> bool {
-    let labels_ok = sel
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = sel.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.as_deref().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            // An operator the API server would have refused: match nothing.
-            _ => false,
-        }
-    });
-    labels_ok && exprs_ok
+    super::index::labels_match(
+        sel.match_labels.iter().flatten(),
+        sel.match_expressions
+            .iter()
+            .flatten()
+            .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
+        labels,
+    )
 }
 
 /// Validates one Gateway of our class.

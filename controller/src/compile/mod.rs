@@ -28,6 +28,7 @@ pub mod kinds;
 pub mod listeners;
 pub mod load;
 pub mod output;
+pub mod policies;
 pub mod precedence;
 pub mod routes;
 pub mod rules;
@@ -46,6 +47,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
+
+use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 
 pub use kinds::RouteKind;
 pub use load::{LoadError, LoadWarning, inputs_from_yaml};
@@ -75,6 +78,10 @@ pub struct Inputs {
     pub secrets: Vec<Secret>,
     /// Namespaces, for `allowedRoutes.namespaces.selector`.
     pub namespaces: Vec<Namespace>,
+    /// RateLimitPolicies.
+    pub rate_limit_policies: Vec<RateLimitPolicy>,
+    /// AuthPolicies.
+    pub auth_policies: Vec<AuthPolicy>,
     /// Stamped as `lastTransitionTime` on every condition; nothing else reads a clock.
     pub now: Time,
     /// Documents [`inputs_from_yaml`] skipped (kinds the compiler does not read). The compiler
@@ -102,6 +109,8 @@ impl Inputs {
             endpoint_slices: Vec::new(),
             secrets: Vec::new(),
             namespaces: Vec::new(),
+            rate_limit_policies: Vec::new(),
+            auth_policies: Vec::new(),
             now,
             warnings: Vec::new(),
         }
@@ -119,6 +128,8 @@ impl Inputs {
         self.endpoint_slices.extend(other.endpoint_slices);
         self.secrets.extend(other.secrets);
         self.namespaces.extend(other.namespaces);
+        self.rate_limit_policies.extend(other.rate_limit_policies);
+        self.auth_policies.extend(other.auth_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -143,6 +154,18 @@ pub struct Output {
     /// HTTPRoutes.
     #[serde(serialize_with = "output::keyed")]
     pub grpc_routes: BTreeMap<ObjectKey, GrpcRouteStatus>,
+    /// Status of every RateLimitPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub rate_limit_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every AuthPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub auth_policies: BTreeMap<ObjectKey, PolicyStatus>,
 }
 
 /// Compiles `inputs`. Pure and deterministic.
@@ -162,16 +185,51 @@ pub fn compile(inputs: &Inputs) -> Output {
     gateways.sort_by(|a, b| a.key.cmp(&b.key));
 
     let routes = routes::compile_routes(&idx, &mut gateways, now);
-    let tables = table::build_tables(&gateways, &routes);
+    let policies = policies::compile_policies(
+        &inputs.rate_limit_policies,
+        &inputs.auth_policies,
+        &inputs.secrets,
+        &policy_gateways(&gateways),
+        &policy_routes(&gateways, &routes),
+        &existing_targets(inputs),
+        now,
+    );
+    let tables = table::build_tables(&gateways, &routes, &policies);
 
     let gateway_statuses = gateways
         .iter()
-        .map(|g| (g.key.clone(), g.status()))
+        .map(|g| {
+            let mut status = g.status();
+            if let Some(by) = policies.affecting_gateways.get(&g.key) {
+                affected(
+                    status.conditions.get_or_insert_with(Vec::new),
+                    by,
+                    g.gateway.metadata.generation,
+                    now,
+                );
+            }
+            (g.key.clone(), status)
+        })
         .collect();
     let mut http_routes = BTreeMap::new();
     let mut grpc_routes = BTreeMap::new();
     for r in routes.routes.iter().filter(|r| !r.parents.is_empty()) {
-        let parents = r.parents.clone();
+        let mut parents = r.parents.clone();
+        for p in &mut parents {
+            let gw = ObjectKey::new(
+                p.parent_ref
+                    .namespace
+                    .as_deref()
+                    .unwrap_or(&r.key.namespace),
+                p.parent_ref.name.as_str(),
+            );
+            if let Some(by) = policies
+                .affecting_routes
+                .get(&(r.kind.as_str(), r.key.clone(), gw))
+            {
+                affected(&mut p.conditions, by, r.meta.generation, now);
+            }
+        }
         match r.kind {
             RouteKind::Http => {
                 http_routes.insert(r.key.clone(), HttpRouteStatus { parents });
@@ -191,5 +249,93 @@ pub fn compile(inputs: &Inputs) -> Output {
         gateways: gateway_statuses,
         http_routes,
         grpc_routes,
+        rate_limit_policies: policies.rate_limit_status,
+        auth_policies: policies.auth_status,
+    }
+}
+
+/// Every Gateway and route in the inputs, as (kind, key).
+fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str, ObjectKey)> {
+    let gws = inputs
+        .gateways
+        .iter()
+        .map(|g| ("Gateway", index::key_of(&g.metadata)));
+    let routes = inputs
+        .http_routes
+        .iter()
+        .map(|r| ("HTTPRoute", index::key_of(&r.metadata)));
+    let grpc_routes = inputs
+        .grpc_routes
+        .iter()
+        .map(|r| ("GRPCRoute", index::key_of(&r.metadata)));
+    gws.chain(routes).chain(grpc_routes).collect()
+}
+
+/// Policy attachment view of the Gateways.
+fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::GatewayTarget> {
+    gateways
+        .iter()
+        .filter(|g| g.accepted)
+        .map(|g| policies::GatewayTarget {
+            key: g.key.clone(),
+            listeners: g.listeners.iter().map(|l| l.spec.name.clone()).collect(),
+        })
+        .collect()
+}
+
+/// Policy attachment view of the served routes.
+fn policy_routes(
+    gateways: &[listeners::GatewayModel<'_>],
+    routes: &routes::Routes<'_>,
+) -> Vec<policies::RouteTarget> {
+    routes
+        .routes
+        .iter()
+        .filter_map(|r| {
+            let rules = r.compiled.rules.as_ref().ok()?;
+            let mut attachments: Vec<(ObjectKey, String)> = r
+                .attachments
+                .iter()
+                .map(|a| {
+                    let g = &gateways[a.gateway];
+                    (g.key.clone(), g.listeners[a.listener].spec.name.clone())
+                })
+                .collect();
+            attachments.sort();
+            attachments.dedup();
+            Some(policies::RouteTarget {
+                kind: r.kind.as_str(),
+                key: r.key.clone(),
+                rules: rules
+                    .iter()
+                    .map(|rule| (rule.index, rule.name.clone()))
+                    .collect(),
+                attachments,
+            })
+        })
+        .collect()
+}
+
+/// Adds `tollgate.dev/<Kind>Affected` conditions naming the policies in `by`.
+fn affected(
+    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    by: &std::collections::BTreeSet<(&'static str, ObjectKey)>,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let conds = conditions::Conds::new(generation, now);
+    for kind in ["AuthPolicy", "RateLimitPolicy"] {
+        let names: Vec<String> = by
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, key)| key.to_string())
+            .collect();
+        if !names.is_empty() {
+            conditions.push(conds.yes(
+                &format!("tollgate.dev/{kind}Affected"),
+                "Accepted",
+                format!("affected by {kind} {}", names.join(", ")),
+            ));
+        }
     }
 }

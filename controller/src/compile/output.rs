@@ -20,7 +20,7 @@ use super::kinds::{RouteKind, RouteParent};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rejection {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute` or `GRPCRoute`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy` or `AuthPolicy`.
     pub kind: &'static str,
     /// The object (`namespace` empty for GatewayClass).
     pub key: ObjectKey,
@@ -109,6 +109,14 @@ impl Output {
         }
         for (key, s) in &self.grpc_routes {
             push_route(&mut out, RouteKind::Grpc, key, &s.parents);
+        }
+        for (kind, statuses) in [
+            ("RateLimitPolicy", &self.rate_limit_policies),
+            ("AuthPolicy", &self.auth_policies),
+        ] {
+            for (key, s) in statuses {
+                push(&mut out, kind, key, None, &s.conditions);
+            }
         }
         out.sort();
         out.dedup();

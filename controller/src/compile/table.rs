@@ -11,11 +11,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tollgate_api::{
-    Filter, ListenerConfig, ObjectKey, PortConfig, Route, RouteTable, VirtualHost, WeightedBackend,
+    Filter, ListenerConfig, ObjectKey, PolicySet, PortConfig, Route, RouteTable, VirtualHost,
+    WeightedBackend,
 };
 
 use super::hostnames::{listener_order, vhost_order};
+use super::kinds::RouteKind;
 use super::listeners::GatewayModel;
+use super::policies::Policies;
 use super::precedence::Precedence;
 use super::routes::Routes;
 
@@ -23,6 +26,7 @@ use super::routes::Routes;
 pub fn build_tables(
     gateways: &[GatewayModel<'_>],
     routes: &Routes<'_>,
+    policies: &Policies,
 ) -> BTreeMap<ObjectKey, RouteTable> {
     // (gateway, listener) -> [(route index, attachment index)]
     let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
@@ -41,6 +45,7 @@ pub fn build_tables(
         }
         let mut ports: BTreeMap<u16, PortConfig> = BTreeMap::new();
         let mut used = BTreeSet::new();
+        let mut table_policies: BTreeMap<String, PolicySet> = BTreeMap::new();
         for (li, l) in gw.listeners.iter().enumerate() {
             let (true, Some(port), Some(protocol)) = (l.programmed, l.port, l.protocol) else {
                 continue;
@@ -49,7 +54,22 @@ pub fn build_tables(
                 .get(&(gi, li))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let virtual_hosts = virtual_hosts(routes, attached, &mut used);
+            let mut policy_for = |kind: RouteKind, route: &ObjectKey, rule: u32| {
+                let set = policies.effective.get(&(
+                    gw.key.clone(),
+                    l.spec.name.clone(),
+                    kind.as_str(),
+                    route.clone(),
+                    rule,
+                ))?;
+                Some(policy_key(
+                    &mut table_policies,
+                    (kind, route, rule),
+                    &l.spec.name,
+                    set,
+                ))
+            };
+            let virtual_hosts = virtual_hosts(routes, attached, &mut used, &mut policy_for);
             ports
                 .entry(port)
                 .or_insert_with(|| PortConfig {
@@ -82,7 +102,7 @@ pub fn build_tables(
             RouteTable {
                 version: 0,
                 gateway: gw.key.clone(),
-                policies: Default::default(),
+                policies: table_policies,
                 ports,
                 backends,
             },
@@ -96,6 +116,7 @@ fn virtual_hosts(
     routes: &Routes<'_>,
     attached: &[(usize, usize)],
     used: &mut BTreeSet<String>,
+    policy_for: &mut dyn FnMut(RouteKind, &ObjectKey, u32) -> Option<String>,
 ) -> Vec<VirtualHost> {
     let mut hosts: BTreeMap<&str, Vec<(Precedence, Route)>> = BTreeMap::new();
     for &(ri, ai) in attached {
@@ -107,6 +128,7 @@ fn virtual_hosts(
         let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
         for rule in rules {
             note_backends(&rule.backends, &rule.filters, used);
+            let policy = policy_for(r.kind, &r.key, rule.index);
             let matches = rule.matches.iter().zip(&rule.specificity);
             for (mi, (m, specificity)) in matches.enumerate() {
                 let (ns, name) = (&r.key.namespace, &r.key.name);
@@ -119,7 +141,7 @@ fn virtual_hosts(
                     filters: rule.filters.clone(),
                     backends: rule.backends.clone(),
                     timeouts: rule.timeouts.clone(),
-                    policy: None,
+                    policy: policy.clone(),
                 };
                 for h in &a.hostnames {
                     hosts
@@ -144,6 +166,27 @@ fn virtual_hosts(
         .collect();
     out.sort_by(|a, b| vhost_order(&a.hostname, &b.hostname));
     out
+}
+
+/// The key of `set` in the table's policy map: `namespace/route/rule` (`#grpc` appended for a
+/// GRPCRoute, which may share an HTTPRoute's name), or with `@listener` when another listener
+/// already holds a different set for the same rule.
+fn policy_key(
+    map: &mut BTreeMap<String, PolicySet>,
+    (kind, route, rule): (RouteKind, &ObjectKey, u32),
+    listener: &str,
+    set: &PolicySet,
+) -> String {
+    let mut base = format!("{}/{}/{rule}", route.namespace, route.name);
+    if kind == RouteKind::Grpc {
+        base.push_str("#grpc");
+    }
+    let key = match map.get(&base) {
+        Some(existing) if existing != set => format!("{base}@{listener}"),
+        _ => base,
+    };
+    map.entry(key.clone()).or_insert_with(|| set.clone());
+    key
 }
 
 fn note_backends(backends: &[WeightedBackend], filters: &[Filter], used: &mut BTreeSet<String>) {

@@ -24,6 +24,7 @@ pub mod controller;
 pub mod leader;
 pub mod lenient;
 pub mod metrics;
+pub mod overlay;
 pub mod provision;
 pub mod reconcile;
 pub mod status;

@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use gateway_api::gateways::{GatewayStatus, GatewayStatusAddresses};
+use gateway_api::gateways::GatewayStatusAddresses;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -29,14 +29,14 @@ use tollgate_api::ObjectKey;
 use tracing::{debug, info, warn};
 
 use super::metrics::{KindResult, Metrics, PathLabel, kind as kind_label};
+pub use super::overlay::{enforced, programmed, programmed_true};
 use super::provision::{self, ProvisionConfig};
 use super::status::{self, StatusWrite};
 use super::stores::{Relevance, Stores};
-use crate::compile::conditions::PROGRAMMED;
 use crate::compile::kinds::RouteParent;
 use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
+use crate::push::PushServer;
 use crate::push::pki::{Ca, ensure_proxy_secret};
-use crate::push::{PushServer, SyncState};
 
 /// What the reconciler needs besides the stores.
 #[derive(Clone)]
@@ -253,6 +253,21 @@ impl Reconciler {
         }
         self.metrics.connected_proxies.set(connected);
         self.metrics.in_sync_proxies.set(in_sync);
+        if self.settings.push.is_some() {
+            let programmed: std::collections::BTreeSet<ObjectKey> = out
+                .gateways
+                .iter()
+                .filter(|(_, s)| programmed_true(s))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for st in out
+                .rate_limit_policies
+                .values_mut()
+                .chain(out.auth_policies.values_mut())
+            {
+                enforced(st, &programmed);
+            }
+        }
         out
     }
 
@@ -272,6 +287,16 @@ impl Reconciler {
             "GRPCRoute" => self
                 .stores
                 .grpc_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
+            "RateLimitPolicy" => self
+                .stores
+                .rate_limit_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
+            "AuthPolicy" => self
+                .stores
+                .auth_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
             _ => self
@@ -400,9 +425,26 @@ impl Reconciler {
                 .grpc_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
+            StatusWrite::Policy { kind, .. } => {
+                let (name, ns) = (key.name.as_str(), key.namespace.as_str());
+                if *kind == "RateLimitPolicy" {
+                    let r = ObjectRef::new(name).within(ns);
+                    self.stores
+                        .rate_limit_policies
+                        .get(&r)
+                        .and_then(|o| o.uid())
+                } else {
+                    let r = ObjectRef::new(name).within(ns);
+                    self.stores.auth_policies.get(&r).and_then(|o| o.uid())
+                }
+            }
+        };
+        let api_version = match w {
+            StatusWrite::Policy { .. } => "tollgate.dev/v1alpha1",
+            _ => "gateway.networking.k8s.io/v1",
         };
         let reference = ObjectReference {
-            api_version: Some("gateway.networking.k8s.io/v1".to_owned()),
+            api_version: Some(api_version.to_owned()),
             kind: Some(w.kind().to_owned()),
             name: Some(key.name.clone()),
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
@@ -543,43 +585,6 @@ pub fn name_parents(out: &mut Output, controller_name: &str) {
     }
     for p in out.grpc_routes.values_mut().flat_map(|s| &mut s.parents) {
         p.set_controller_name(controller_name);
-    }
-}
-
-fn programmed_true(s: &GatewayStatus) -> bool {
-    s.conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == PROGRAMMED && c.status == "True")
-}
-
-/// Overlays the push sync state on a Gateway's `Programmed` condition (left alone when the
-/// compiler already says False).
-pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool) {
-    let Some(c) = status
-        .conditions
-        .iter_mut()
-        .flatten()
-        .find(|c| c.type_ == PROGRAMMED && c.status == "True")
-    else {
-        return;
-    };
-    let nacked = !sync.nacks.is_empty();
-    if sync.in_sync > 0 || (live_true && sync.connected > 0 && !nacked) {
-        c.reason = "Programmed".to_owned();
-        c.message = format!("programmed on {} connected proxies", sync.connected);
-        return;
-    }
-    c.status = "False".to_owned();
-    if let Some((proxy, msg)) = sync.nacks.first() {
-        c.reason = "Invalid".to_owned();
-        c.message = format!("proxy {proxy} rejected version {}: {msg}", sync.version);
-    } else {
-        c.reason = "Pending".to_owned();
-        c.message = format!(
-            "waiting for a proxy to run version {} ({} of {} in sync)",
-            sync.version, sync.in_sync, sync.connected
-        );
     }
 }
 

@@ -1,7 +1,11 @@
 //! Unit tests of the reconcile overlays (Programmed from push sync, class ownership).
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::compile::conditions::Conds;
+use crate::compile::conditions::{Conds, PROGRAMMED};
+use crate::crds::PolicyStatus;
+use crate::crds::common::{AncestorRef, PolicyAncestorStatus};
+use crate::push::SyncState;
+use gateway_api::gateways::GatewayStatus;
 
 fn gateway(programmed_ok: bool) -> GatewayStatus {
     let now = Time(Timestamp::UNIX_EPOCH);
@@ -85,4 +89,47 @@ fn only_classes_with_our_name_are_compiled_as_ours() {
         .map(|c| c.metadata.name.clone().unwrap())
         .collect();
     assert_eq!(ours, vec!["a".to_owned()]);
+}
+
+fn policy_on(gateways: &[&str]) -> PolicyStatus {
+    let now = Time(Timestamp::UNIX_EPOCH);
+    let c = Conds::new(Some(1), &now);
+    let enforced = c.yes("Enforced", "Enforced", "enforced");
+    PolicyStatus {
+        observed_generation: Some(1),
+        conditions: vec![c.yes("Accepted", "Accepted", "ok"), enforced.clone()],
+        ancestors: gateways
+            .iter()
+            .map(|g| PolicyAncestorStatus {
+                ancestor_ref: AncestorRef {
+                    group: "gateway.networking.k8s.io".into(),
+                    kind: "Gateway".into(),
+                    namespace: "ns".into(),
+                    name: (*g).into(),
+                },
+                controller_name: "x".into(),
+                conditions: vec![enforced.clone()],
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn policy_is_enforced_only_where_the_gateway_is_programmed() {
+    let programmed: std::collections::BTreeSet<ObjectKey> = [ObjectKey::new("ns", "a")].into();
+    let mut s = policy_on(&["a", "b"]);
+    enforced(&mut s, &programmed);
+    assert_eq!(s.conditions[1].status, "True");
+    assert_eq!(s.ancestors[0].conditions[0].status, "True");
+    let b = &s.ancestors[1].conditions[0];
+    assert_eq!((b.status.as_str(), b.reason.as_str()), ("False", "Unknown"));
+    assert!(b.message.contains("ns/b"), "{}", b.message);
+
+    let mut s = policy_on(&["b"]);
+    enforced(&mut s, &programmed);
+    let top = &s.conditions[1];
+    assert_eq!(
+        (top.status.as_str(), top.reason.as_str()),
+        ("False", "Unknown")
+    );
 }

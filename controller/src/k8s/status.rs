@@ -15,7 +15,7 @@
 //! erasing theirs. Our entry for a Gateway the route no longer references is dropped. Both
 //! route kinds go through the same code ([`RouteStatusKind`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
@@ -37,6 +37,7 @@ use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::compile::kinds::RouteParent;
+use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 
 /// Field manager of every status write.
 pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
@@ -77,6 +78,15 @@ pub enum StatusWrite {
         resource_version: String,
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<GrpcRouteStatusParents>,
+    },
+    /// A RateLimitPolicy or AuthPolicy status (ours alone: only Tollgate reads our CRDs).
+    Policy {
+        /// `RateLimitPolicy` or `AuthPolicy`.
+        kind: &'static str,
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The whole status.
+        status: PolicyStatus,
     },
 }
 
@@ -171,6 +181,7 @@ impl StatusWrite {
             Self::Gateway { .. } => "Gateway",
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
+            Self::Policy { kind, .. } => kind,
         }
     }
 
@@ -180,7 +191,8 @@ impl StatusWrite {
             Self::GatewayClass { name, .. } => ObjectKey::new("", name.as_str()),
             Self::Gateway { key, .. }
             | Self::HttpRoute { key, .. }
-            | Self::GrpcRoute { key, .. } => key.clone(),
+            | Self::GrpcRoute { key, .. }
+            | Self::Policy { key, .. } => key.clone(),
         }
     }
 }
@@ -221,6 +233,32 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     }
     plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
+    for (kind, desired_all, store) in [
+        (
+            "RateLimitPolicy",
+            &out.rate_limit_policies,
+            policy_statuses(&stores.rate_limit_policies),
+        ),
+        (
+            "AuthPolicy",
+            &out.auth_policies,
+            policy_statuses(&stores.auth_policies),
+        ),
+    ] {
+        for (key, desired) in desired_all {
+            let Some(old) = store.get(key) else {
+                continue;
+            };
+            let status = policy_status(desired, old);
+            if status != *old && !same(&status, old) {
+                writes.push(StatusWrite::Policy {
+                    kind,
+                    key: key.clone(),
+                    status,
+                });
+            }
+        }
+    }
     writes
 }
 
@@ -281,6 +319,62 @@ fn live<K: Resource<DynamicType = ()> + Clone>(
     r: ObjectRef<Lenient<K>>,
 ) -> Option<K> {
     store.get(&r).and_then(|o| o.as_ok().cloned())
+}
+
+/// Live statuses of one policy kind by key (an object without status maps to the default).
+fn policy_statuses<K>(store: &Store<Lenient<K>>) -> BTreeMap<ObjectKey, PolicyStatus>
+where
+    K: Resource<DynamicType = ()> + Clone + HasPolicyStatus,
+{
+    store
+        .state()
+        .iter()
+        .filter_map(|o| o.as_ok())
+        .map(|o| {
+            let m = o.meta();
+            (
+                ObjectKey::new(
+                    m.namespace.as_deref().unwrap_or_default(),
+                    m.name.as_deref().unwrap_or_default(),
+                ),
+                o.policy_status().cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Our policy kinds' status accessor.
+pub trait HasPolicyStatus {
+    /// The status, when set.
+    fn policy_status(&self) -> Option<&PolicyStatus>;
+}
+
+impl HasPolicyStatus for RateLimitPolicy {
+    fn policy_status(&self) -> Option<&PolicyStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl HasPolicyStatus for AuthPolicy {
+    fn policy_status(&self) -> Option<&PolicyStatus> {
+        self.status.as_ref()
+    }
+}
+
+/// The desired policy status with the live condition times kept.
+fn policy_status(desired: &PolicyStatus, old: &PolicyStatus) -> PolicyStatus {
+    let mut status = desired.clone();
+    keep_times(&mut status.conditions, &old.conditions);
+    for a in &mut status.ancestors {
+        if let Some(o) = old
+            .ancestors
+            .iter()
+            .find(|o| o.ancestor_ref == a.ancestor_ref)
+        {
+            keep_times(&mut a.conditions, &o.conditions);
+        }
+    }
+    status
 }
 
 /// The desired Gateway status with the live condition times kept.
@@ -398,6 +492,14 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::GrpcRoute { key, parents, .. } => {
             route_rejections::<GrpcRoute>(stores, key, parents, &mut diff);
         }
+        StatusWrite::Policy { kind, key, status } => {
+            let old = match *kind {
+                "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
+                _ => policy_statuses(&stores.auth_policies).remove(key),
+            }
+            .unwrap_or_default();
+            diff(None, &status.conditions, &old.conditions);
+        }
     }
     out.into_iter().collect()
 }
@@ -457,6 +559,23 @@ pub async fn apply(client: &Client, write: &StatusWrite) -> Result<(), kube::Err
             resource_version,
             parents,
         } => apply_route::<GrpcRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::Policy { kind, key, status } => {
+            let body = json!({
+                "apiVersion": "tollgate.dev/v1alpha1", "kind": kind,
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": status,
+            });
+            let patch = Patch::Apply(body);
+            if *kind == "RateLimitPolicy" {
+                Api::<RateLimitPolicy>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            } else {
+                Api::<AuthPolicy>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            }
+        }
     }
     Ok(())
 }

@@ -6,9 +6,10 @@
 //! for every event after a kind's first full list, saying what a recompile must redo.
 //!
 //! Memory: `managedFields` and the client-side-apply annotation are dropped from every object.
-//! Secrets are watched with the field selector `type=kubernetes.io/tls`: the compiler reads
-//! only TLS Secrets (listener certificates), so Opaque, token and docker-config Secrets, usually
-//! the bulk of a cluster's Secrets, never reach the controller. A tighter bound (only the Secrets
+//! Secrets are watched twice, narrowly: with the field selector `type=kubernetes.io/tls`
+//! (listener certificates) and with the label selector `tollgate.dev/credential` (API keys and
+//! introspection clients that policies read), so unlabelled Opaque, token and docker-config
+//! Secrets, usually the bulk of a cluster's Secrets, never reach the controller. A tighter bound (only the Secrets
 //! Gateways reference) would need a watch per referenced name and a re-list whenever a Gateway
 //! gains a reference; the field selector is one watch and is bounded by what users mark as TLS.
 //!
@@ -40,6 +41,8 @@ use tracing::{debug, warn};
 use super::lenient::Lenient;
 use super::metrics::{Metrics, kind as kind_label};
 use crate::compile::Inputs;
+use crate::compile::policies::auth::CREDENTIAL_LABEL;
+use crate::crds::{AuthPolicy, RateLimitPolicy};
 
 /// The kinds the controller watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -62,6 +65,12 @@ pub enum Kind {
     Secret,
     /// core Namespace.
     Namespace,
+    /// tollgate.dev RateLimitPolicy.
+    RateLimitPolicy,
+    /// tollgate.dev AuthPolicy.
+    AuthPolicy,
+    /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
+    CredentialSecret,
 }
 
 impl Kind {
@@ -77,6 +86,9 @@ impl Kind {
             Self::EndpointSlice => "EndpointSlice",
             Self::Secret => "Secret",
             Self::Namespace => "Namespace",
+            Self::RateLimitPolicy => "RateLimitPolicy",
+            Self::AuthPolicy => "AuthPolicy",
+            Self::CredentialSecret => "CredentialSecret",
         }
     }
 }
@@ -124,6 +136,12 @@ pub struct Stores {
     pub secrets: Store<Lenient<Secret>>,
     /// Namespaces.
     pub namespaces: Store<Lenient<Namespace>>,
+    /// RateLimitPolicies.
+    pub rate_limit_policies: Store<Lenient<RateLimitPolicy>>,
+    /// AuthPolicies.
+    pub auth_policies: Store<Lenient<AuthPolicy>>,
+    /// Secrets labelled [`CREDENTIAL_LABEL`].
+    pub credential_secrets: Store<Lenient<Secret>>,
 }
 
 impl Stores {
@@ -161,6 +179,14 @@ impl Stores {
         tasks.push(t);
         let (namespaces, t) = w(Kind::Namespace).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
+        let (rate_limit_policies, t) =
+            w(Kind::RateLimitPolicy).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (auth_policies, t) = w(Kind::AuthPolicy).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
+        let (credential_secrets, t) = w(Kind::CredentialSecret)
+            .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
+        tasks.push(t);
         let stores = Self {
             gateway_classes,
             gateways,
@@ -171,6 +197,9 @@ impl Stores {
             endpoint_slices,
             secrets,
             namespaces,
+            rate_limit_policies,
+            auth_policies,
+            credential_secrets,
         };
         (stores, tasks)
     }
@@ -185,7 +214,10 @@ impl Stores {
         self.services.wait_until_ready().await?;
         self.endpoint_slices.wait_until_ready().await?;
         self.secrets.wait_until_ready().await?;
-        self.namespaces.wait_until_ready().await
+        self.namespaces.wait_until_ready().await?;
+        self.rate_limit_policies.wait_until_ready().await?;
+        self.auth_policies.wait_until_ready().await?;
+        self.credential_secrets.wait_until_ready().await
     }
 
     /// A snapshot of every well-formed object, for the compiler.
@@ -199,7 +231,22 @@ impl Stores {
         inputs.services = well_formed(&self.services);
         inputs.endpoint_slices = well_formed(&self.endpoint_slices);
         inputs.secrets = well_formed(&self.secrets);
+        // A labelled TLS Secret is in both stores: keep one copy.
+        let tls: std::collections::BTreeSet<(Option<String>, Option<String>)> = inputs
+            .secrets
+            .iter()
+            .map(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()))
+            .collect();
+        inputs.secrets.extend(
+            well_formed(&self.credential_secrets)
+                .into_iter()
+                .filter(|s| {
+                    !tls.contains(&(s.metadata.namespace.clone(), s.metadata.name.clone()))
+                }),
+        );
         inputs.namespaces = well_formed(&self.namespaces);
+        inputs.rate_limit_policies = well_formed(&self.rate_limit_policies);
+        inputs.auth_policies = well_formed(&self.auth_policies);
         inputs
     }
 }
@@ -263,6 +310,18 @@ impl Watch {
                     }
                 };
                 writer.apply_watcher_event(&event);
+                if let (true, Some(relevance), Event::Apply(o) | Event::Delete(o)) =
+                    (listed, relevance, &event)
+                {
+                    let m = o.meta();
+                    debug!(
+                        kind = self.kind.as_str(),
+                        namespace = m.namespace.as_deref().unwrap_or(""),
+                        name = m.name.as_deref().unwrap_or(""),
+                        ?relevance,
+                        "changed"
+                    );
+                }
                 if let (true, Some(relevance)) = (listed, relevance) {
                     let change = Change {
                         kind: self.kind,
@@ -315,6 +374,8 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::HttpRoute
             | Kind::GrpcRoute
             | Kind::ReferenceGrant
+            | Kind::RateLimitPolicy
+            | Kind::AuthPolicy
     );
     match old {
         Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {

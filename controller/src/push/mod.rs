@@ -308,10 +308,19 @@ impl PushServer {
             let gw = gateways
                 .entry(gateway.clone())
                 .or_insert_with(GatewayState::new);
+            // Every field but the version: destructured so a new field cannot be forgotten.
+            let RouteTable {
+                version: _,
+                gateway: new_gateway,
+                ports,
+                backends,
+                policies,
+            } = &table;
             if let Some(old) = &gw.table
-                && old.gateway == table.gateway
-                && old.ports == table.ports
-                && old.backends == table.backends
+                && old.gateway == *new_gateway
+                && old.ports == *ports
+                && old.backends == *backends
+                && old.policies == *policies
             {
                 return gw.version;
             }

@@ -34,7 +34,8 @@ pub struct RouteTable {
     pub ports: Vec<PortConfig>,
     /// Backends by key (see [`BackendKey`]), referenced from routes.
     pub backends: BTreeMap<String, Backend>,
-    /// Effective policies by key (`namespace/route/rule-index`), referenced from routes.
+    /// Effective policies by key (`namespace/route/rule-index`, `#grpc` appended for a
+    /// GRPCRoute's rule, `@listener` appended when listeners differ), referenced from routes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub policies: BTreeMap<String, PolicySet>,
 }

@@ -87,6 +87,10 @@ pub enum Algorithm {
 pub struct Auth {
     /// Policies that contributed, for logs and metrics (`namespace/name`).
     pub sources: Vec<ObjectKey>,
+    /// CEL predicates; when one does not hold the auth rules do not apply (the request is
+    /// neither authenticated nor denied by them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<String>,
     /// A request is authenticated when any method succeeds; tried in this order (by name).
     /// Empty = anonymous (authorization rules may still apply).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
