@@ -435,3 +435,44 @@ fn grpc_routes_change_no_other_gateway() {
         assert_eq!(&with.tables[k], t, "{k}");
     }
 }
+
+/// Two RateLimitPolicies, one on the HTTPRoute `twin` and one on the GRPCRoute `twin`.
+const TWIN_POLICIES: &str = r"
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: http-twin, namespace: apps}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: twin}]
+  limits:
+    all: {rates: [{limit: 10, window: 1m}]}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: grpc-twin, namespace: apps}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: GRPCRoute, name: twin}]
+  limits:
+    all: {rates: [{limit: 20, window: 1m}]}
+";
+
+#[test]
+fn policies_target_grpcroutes_apart_from_a_same_named_httproute() {
+    let out = run(&["grpc"], TWIN_POLICIES);
+    for name in ["http-twin", "grpc-twin"] {
+        let c = &out.rate_limit_policies[&tollgate_api::ObjectKey::new("apps", name)].conditions;
+        assert_cond(c, "Accepted", "True", "Accepted");
+    }
+    let twins = table_listener(gw(&out), "twins");
+    let key_of = |host: &str| vhost(twins, host).routes[0].policy.clone().unwrap();
+    let (http_key, grpc_key) = (key_of("twin-http.test"), key_of("twin-grpc.test"));
+    assert_eq!(http_key, "apps/twin/0");
+    assert_eq!(grpc_key, "apps/twin/0#grpc");
+    let limit = |key: &str| gw(&out).policies[key].rate_limits[0].rates[0].limit;
+    assert_eq!((limit(&http_key), limit(&grpc_key)), (10, 20));
+    let c = grpc_parent_conds(&out, "apps", "twin", 0);
+    let m = &cond(c, "tollgate.dev/RateLimitPolicyAffected").message;
+    assert!(
+        m.contains("apps/grpc-twin") && !m.contains("apps/http-twin"),
+        "{m}"
+    );
+}
