@@ -8,7 +8,9 @@
 use std::fmt::Write as _;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tollgate_api::ObjectKey;
 
+use crate::compile::kinds::{RouteKind, RouteParent};
 use crate::compile::{Output, Rejection, compile};
 use crate::manifests::{ManifestDir, ManifestError};
 
@@ -89,21 +91,25 @@ pub fn render(out: &Output) -> String {
         }
     }
     for (key, st) in &out.http_routes {
-        let _ = writeln!(text, "HTTPRoute {key}");
-        if st.parents.is_empty() {
-            let _ = writeln!(text, "  not attached to any Tollgate Gateway");
-        }
-        for p in &st.parents {
-            let ns = p.parent_ref.namespace.as_deref().unwrap_or(&key.namespace);
-            let section = p
-                .parent_ref
-                .section_name
-                .as_deref()
-                .map(|s| format!(" section {s}"))
-                .unwrap_or_default();
-            let _ = writeln!(text, "  parent Gateway {ns}/{}{section}", p.parent_ref.name);
-            conditions(&mut text, "    ", &p.conditions);
-        }
+        route(&mut text, RouteKind::Http, key, &st.parents);
+    }
+    for (key, st) in &out.grpc_routes {
+        route(&mut text, RouteKind::Grpc, key, &st.parents);
     }
     text
+}
+
+/// Renders one route's parent entries.
+fn route<P: RouteParent>(text: &mut String, kind: RouteKind, key: &ObjectKey, parents: &[P]) {
+    let _ = writeln!(text, "{kind} {key}");
+    if parents.is_empty() {
+        let _ = writeln!(text, "  not attached to any Tollgate Gateway");
+    }
+    for p in parents {
+        let (ns, name, section, _) = p.parent();
+        let ns = ns.unwrap_or(&key.namespace);
+        let section = section.map(|s| format!(" section {s}")).unwrap_or_default();
+        let _ = writeln!(text, "  parent Gateway {ns}/{name}{section}");
+        conditions(text, "    ", p.conditions());
+    }
 }

@@ -74,6 +74,7 @@ fn shuffled(mut i: Inputs) -> Inputs {
     shuffle(&mut i.gateway_classes);
     shuffle(&mut i.gateways);
     shuffle(&mut i.http_routes);
+    shuffle(&mut i.grpc_routes);
     shuffle(&mut i.reference_grants);
     shuffle(&mut i.services);
     shuffle(&mut i.endpoint_slices);
@@ -87,13 +88,13 @@ fn shuffled(mut i: Inputs) -> Inputs {
 
 #[test]
 fn determinism_compile_twice() {
-    let inputs = inputs(&["listeners", "attachment", "rules", "golden"], "");
+    let inputs = inputs(&["listeners", "attachment", "rules", "golden", "grpc"], "");
     assert_eq!(json(&compile(&inputs)), json(&compile(&inputs)));
 }
 
 #[test]
 fn determinism_shuffled_inputs() {
-    let inputs = inputs(&["listeners", "attachment", "rules", "golden"], "");
+    let inputs = inputs(&["listeners", "attachment", "rules", "golden", "grpc"], "");
     let a = json(&compile(&inputs));
     let once = shuffled(inputs.clone());
     assert_ne!(

@@ -28,8 +28,9 @@ fn gateway_class_accepted_with_sorted_features() {
     let mut sorted = names.clone();
     sorted.sort_unstable();
     assert_eq!(names, sorted);
-    assert_eq!(names.len(), 27);
+    assert_eq!(names.len(), 29);
     assert!(names.contains(&"HTTPRouteCORS") && names.contains(&"GatewayHTTPListenerIsolation"));
+    assert!(names.contains(&"GRPCRoute"));
 }
 
 #[test]

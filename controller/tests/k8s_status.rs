@@ -1,6 +1,6 @@
 //! `tollgate controller` against the real kube-apiserver of `e2e/cluster.sh`: exact statuses
-//! and reasons, no status writes after a restart, a rejected route alone, other controllers'
-//! route status entries kept, Events for rejections.
+//! and reasons (HTTPRoute and GRPCRoute), no status writes after a restart, a rejected route
+//! alone, other controllers' route status entries kept, Events for rejections.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -9,37 +9,49 @@ use std::time::Duration;
 
 use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
 use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tollgate::compile::kinds::RouteParent;
+use tollgate::k8s::status::RouteStatusKind;
 
 use k8s_support::{TestEnv, conds, eventually, summary};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Our parent entries of a route, once it has any.
+/// Our parent entries of an HTTPRoute, once it has any.
 async fn parents(env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
-    parents_in(env, env, route).await
+    parents_in::<HttpRoute>(env, env, route).await
 }
 
-/// Our (`env`'s controller) parent entries of a route of `in_env`'s namespace.
-async fn parents_in(env: &TestEnv, in_env: &TestEnv, route: &str) -> Vec<HttpRouteStatusParents> {
+/// Our parent entries of a GRPCRoute, once it has any.
+async fn grpc_parents(env: &TestEnv, route: &str) -> Vec<GrpcRouteStatusParents> {
+    parents_in::<GrpcRoute>(env, env, route).await
+}
+
+/// Our (`env`'s controller) parent entries of a route of kind `K` in `in_env`'s namespace.
+async fn parents_in<K: RouteStatusKind>(
+    env: &TestEnv,
+    in_env: &TestEnv,
+    route: &str,
+) -> Vec<K::Parent> {
     let cn = env.controller_name.clone();
     eventually(WAIT, || async {
-        let r: HttpRoute = in_env.get(route).await;
+        let r: K = in_env.get(route).await;
         let ours: Vec<_> = r
-            .status?
-            .parents
-            .into_iter()
-            .filter(|p| p.controller_name == cn)
+            .live_parents()
+            .iter()
+            .filter(|p| p.controller_name() == cn)
+            .cloned()
             .collect();
         (!ours.is_empty()).then_some(ours)
     })
     .await
-    .unwrap_or_else(|| panic!("no status on route {route}"))
+    .unwrap_or_else(|| panic!("no status on {} {route}", K::KIND))
 }
 
 async fn gateway_written(env: &TestEnv, name: &str) -> Gateway {
@@ -105,7 +117,7 @@ async fn statuses_carry_exact_conditions_and_reasons() {
         ])
     );
 
-    let cross = parents_in(&env, &other_ns, "cross").await;
+    let cross = parents_in::<HttpRoute>(&env, &other_ns, "cross").await;
     assert_eq!(
         summary(&cross[0].conditions)
             .into_iter()
@@ -320,4 +332,136 @@ async fn other_controllers_entries_are_kept_and_ours_removed_when_unreferenced()
     })
     .await;
     assert_eq!(n, Some(0));
+}
+
+async fn grpc_route(env: &TestEnv, name: &str, section: &str, host: &str, backend: &str) {
+    env.apply::<GrpcRoute>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"name": name},
+        "spec": {"parentRefs": [{"name": "gw", "sectionName": section}],
+                 "hostnames": [host],
+                 "rules": [{"matches": [{"method": {"service": "pkg.Svc", "method": "Get"}}],
+                            "backendRefs": [{"name": backend, "port": 8080}]}]},
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcroute_statuses_carry_exact_conditions_and_reasons() {
+    let env = TestEnv::new("grpc").await;
+    env.apply::<Gateway>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": env.class, "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP"},
+            {"name": "http-only", "port": 8080, "protocol": "HTTP",
+             "allowedRoutes": {"kinds": [{"kind": "HTTPRoute"}]}},
+        ]},
+    }))
+    .await;
+    env.service("echo", 8080, "10.1.0.5").await;
+    grpc_route(&env, "ok", "http", "ok.test", "echo").await;
+    grpc_route(&env, "missing", "http", "missing.test", "nope").await;
+    grpc_route(&env, "kinds", "http-only", "kinds.test", "echo").await;
+    // Cross serving: the HTTPRoute is created first (and sorts first should both carry the
+    // same creation second), so the GRPCRoute on its hostname is the one rejected.
+    env.apply::<HttpRoute>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "a-http"},
+        "spec": {"parentRefs": [{"name": "gw", "sectionName": "http"}],
+                 "hostnames": ["both.test"],
+                 "rules": [{"backendRefs": [{"name": "echo", "port": 8080}]}]},
+    }))
+    .await;
+    grpc_route(&env, "b-grpc", "http", "both.test", "echo").await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+
+    let ok = grpc_parents(&env, "ok").await;
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].parent_ref.name, "gw");
+    assert_eq!(ok[0].parent_ref.section_name.as_deref(), Some("http"));
+    assert_eq!(
+        summary(&ok[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    assert!(
+        ok[0]
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
+    assert_eq!(
+        summary(&grpc_parents(&env, "missing").await[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "False", "BackendNotFound")
+        ])
+    );
+    assert_eq!(
+        summary(&grpc_parents(&env, "kinds").await[0].conditions),
+        conds(&[
+            ("Accepted", "False", "NotAllowedByListeners"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    assert_eq!(
+        summary(&grpc_parents(&env, "b-grpc").await[0].conditions),
+        conds(&[
+            ("Accepted", "False", "HostnameConflict"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    assert_eq!(
+        summary(&parents(&env, "a-http").await[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+
+    let gw = gateway_written(&env, "gw").await;
+    let listeners = gw.status.unwrap().listeners.unwrap();
+    let attached: Vec<(String, i32)> = listeners
+        .iter()
+        .map(|l| (l.name.clone(), l.attached_routes))
+        .collect();
+    // Every route but "kinds" attaches to http (the conflict does not change the count).
+    assert_eq!(attached, vec![("http".into(), 4), ("http-only".into(), 0)]);
+    let kinds: Vec<&str> = listeners[0]
+        .supported_kinds
+        .iter()
+        .flatten()
+        .map(|k| k.kind.as_str())
+        .collect();
+    assert_eq!(kinds, vec!["HTTPRoute", "GRPCRoute"]);
+    let class: GatewayClass = Api::all(env.client.clone()).get(&env.class).await.unwrap();
+    let features = class.status.unwrap().supported_features.unwrap_or_default();
+    assert!(
+        features.iter().any(|f| f.name == "GRPCRoute"),
+        "{features:?}"
+    );
+
+    // No churn: with nothing changing, the written GRPCRoute is not written again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before: GrpcRoute = env.get("ok").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: GrpcRoute = env.get("ok").await;
+    assert_eq!(
+        before.resource_version(),
+        after.resource_version(),
+        "{}",
+        ctl.log()
+    );
+    assert!(
+        ctl.metric(
+            "tollgate_controller_status_writes_total",
+            "kind=\"GRPCRoute\",result=\"ok\""
+        ) >= 4.0,
+        "{}",
+        ctl.log()
+    );
 }

@@ -1,12 +1,15 @@
 //! End-to-end tests of the `tollgate` binary: `run` on the quickstart exactly as the README
-//! says, `run` applying file changes without a restart, and `validate`'s verdicts.
+//! says (and every other example, gRPC over h2c included), `run` applying file changes without
+//! a restart, and `validate`'s verdicts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use std::time::Duration;
 
-use support::{Tollgate, eventually, free_port, get, get_tls, get_with, temp_dir, workspace};
+use support::{
+    Tollgate, eventually, free_port, get, get_tls, get_with, post_h2c, temp_dir, workspace,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -17,6 +20,7 @@ fn examples_serve_as_documented() {
     quickstart();
     https();
     traffic_split();
+    grpc();
 }
 
 /// The README's first command: the quickstart with its demo backend, on the ports it documents.
@@ -128,6 +132,147 @@ fn traffic_split() {
         let r = get_with(8082, "shop", "/", &[("x-canary", "always")]).unwrap();
         assert_eq!(r.json()["headers"]["x-version"], "v2");
     }
+}
+
+/// A unary gRPC call as a client sends it: an h2c POST carrying one empty message frame.
+fn grpc_call(port: u16, path: &str) -> Option<support::Resp> {
+    let headers = [("content-type", "application/grpc"), ("te", "trailers")];
+    // One gRPC message frame: not compressed, length 0.
+    post_h2c(port, path, &headers, &[0u8; 5])
+}
+
+/// A GRPCRoute served to an h2c backend: an HTTP/2 prior-knowledge POST to
+/// `/service/method`, as a gRPC client sends it, reaches the backend over HTTP/2.
+fn grpc() {
+    let logs = temp_dir("grpc");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/grpc",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let call = |path: &str| grpc_call(8083, path);
+    let hello = eventually(WAIT, || {
+        call("/helloworld.Greeter/SayHello").filter(|r| r.status == 200)
+    })
+    .unwrap_or_else(|| panic!("gRPC never served; log:\n{}", tg.log()));
+    let doc = hello.json();
+    assert_eq!(
+        doc["protocol"], "HTTP/2.0",
+        "the backend is spoken to over h2c: {doc}"
+    );
+    assert_eq!(doc["method"], "POST");
+    assert_eq!(doc["path"], "/helloworld.Greeter/SayHello");
+    assert_eq!(doc["headers"]["content-type"], "application/grpc");
+    assert_eq!(doc["headers"]["x-rule"], "say-hello");
+    assert_eq!(doc["bodyBytes"], 5);
+    // A service-only match takes every method of the service.
+    let health = call("/grpc.health.v1.Health/Watch").unwrap();
+    assert_eq!(health.status, 200, "{health:?}");
+    assert_eq!(health.json()["headers"]["x-rule"], "health");
+    // Another method of Greeter has no route; a service whose name extends Health's neither.
+    assert_eq!(call("/helloworld.Greeter/SayGoodbye").unwrap().status, 404);
+    assert_eq!(call("/grpc.health.v1.HealthX/Check").unwrap().status, 404);
+}
+
+/// An h2c upstream answering every call like a gRPC server: one message frame, then
+/// `grpc-status` in the trailers. Returns its port; it serves until `rt` is dropped.
+fn grpc_upstream(rt: &tokio::runtime::Runtime) -> u16 {
+    use std::convert::Infallible;
+
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    rt.spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| {
+                let path = req.uri().path().to_owned();
+                async move {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    trailers.insert("grpc-message", http::HeaderValue::from_str(&path).unwrap());
+                    let frames = vec![
+                        Ok::<_, Infallible>(Frame::data(bytes::Bytes::from_static(&[
+                            0, 0, 0, 0, 0,
+                        ]))),
+                        Ok(Frame::trailers(trailers)),
+                    ];
+                    let body = StreamBody::new(futures_util::stream::iter(frames));
+                    let mut resp = http::Response::new(body);
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc"),
+                    );
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc),
+            );
+        }
+    });
+    port
+}
+
+/// gRPC needs trailers: `grpc-status` from an h2c upstream reaches the client through
+/// `tollgate run`.
+#[test]
+fn run_serves_grpc_with_trailers() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let upstream = grpc_upstream(&rt);
+    let dir = temp_dir("grpc-trailers");
+    let logs = temp_dir("grpc-trailers-logs");
+    let gw_port = free_port();
+    let route = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: greeter, namespace: default}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - matches: [{method: {service: helloworld.Greeter}}]
+    backendRefs: [{name: echo, port: 80}]
+"#;
+    std::fs::write(dir.join("gateway.yaml"), gateway_yaml(gw_port)).unwrap();
+    std::fs::write(dir.join("backend.yaml"), backend_yaml(upstream)).unwrap();
+    std::fs::write(dir.join("route.yaml"), route).unwrap();
+    let tg = Tollgate::start(&["run", dir.to_str().unwrap(), "--admin", "off"], &logs);
+    let call = |path: &str| grpc_call(gw_port, path);
+    let resp = eventually(WAIT, || {
+        call("/helloworld.Greeter/SayHello").filter(|r| r.status == 200)
+    })
+    .unwrap_or_else(|| panic!("gRPC never served; log:\n{}", tg.log()));
+    assert_eq!(resp.header("content-type"), Some("application/grpc"));
+    assert_eq!(resp.body.len(), 5);
+    let trailer = |name: &str| {
+        resp.trailers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(trailer("grpc-status"), Some("0"), "{resp:?}");
+    assert_eq!(
+        trailer("grpc-message"),
+        Some("/helloworld.Greeter/SayHello")
+    );
+    drop(rt);
 }
 
 fn gateway_yaml(port: u16) -> String {

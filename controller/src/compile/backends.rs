@@ -13,6 +13,12 @@
 //! `ExternalName` Services are refused with `BackendNotFound`: they have no EndpointSlices, and
 //! resolving DNS would put I/O in the compiler. Service ports with an `appProtocol` we cannot
 //! speak get `UnsupportedProtocol`.
+//!
+//! A GRPCRoute's backends are always spoken to over HTTP/2 with prior knowledge (h2c), under
+//! their own key ([`BackendKey::h2c`]), so an HTTPRoute to the same Service port keeps the
+//! protocol its `appProtocol` names. For a GRPCRoute the port's `appProtocol` may be unset,
+//! `http`, `grpc` or `kubernetes.io/h2c`; anything else (WebSocket, TLS) is
+//! `UnsupportedProtocol`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +28,7 @@ use tollgate_api::{Backend, BackendKey, BackendProtocol, Endpoint, LoadBalancer}
 use super::conditions::{Problem, reason};
 use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
 use super::index::{Index, ns_of};
+use super::kinds::RouteKind;
 
 /// Service annotation choosing the balancing algorithm.
 pub const LOAD_BALANCER_ANNOTATION: &str = "tollgate.dev/load-balancer";
@@ -58,8 +65,13 @@ impl<'i, 'a> Resolver<'i, 'a> {
         }
     }
 
-    /// Resolves `r`, held by an HTTPRoute in `route_ns`, to a backend key.
-    pub fn resolve(&mut self, route_ns: &str, r: &RefSpec<'_>) -> Result<String, Problem> {
+    /// Resolves `r`, held by a route of `route_kind` in `route_ns`, to a backend key.
+    pub fn resolve(
+        &mut self,
+        route_ns: &str,
+        route_kind: RouteKind,
+        r: &RefSpec<'_>,
+    ) -> Result<String, Problem> {
         let group = r.group.unwrap_or("");
         let kind = r.kind.unwrap_or("Service");
         let ns = r.namespace.unwrap_or(route_ns);
@@ -74,7 +86,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
         }
         let cross = CrossRef {
             from_group: GATEWAY_GROUP,
-            from_kind: "HTTPRoute",
+            from_kind: route_kind.as_str(),
             from_namespace: route_ns,
             to_group: "",
             to_kind: "Service",
@@ -101,7 +113,10 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("backendRef to Service {ns}/{name}: port {port} is out of range"),
             )
         })?;
-        let key = BackendKey::of(ns, name, port16);
+        let key = match route_kind {
+            RouteKind::Http => BackendKey::of(ns, name, port16),
+            RouteKind::Grpc => BackendKey::h2c(ns, name, port16),
+        };
         if self.backends.contains_key(&key) {
             return Ok(key);
         }
@@ -111,12 +126,12 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("Service {ns}/{name} not found"),
             ));
         };
-        let backend = self.build(svc, port)?;
+        let backend = self.build(svc, port, route_kind)?;
         self.backends.insert(key.clone(), backend);
         Ok(key)
     }
 
-    fn build(&self, svc: &Service, port: i32) -> Result<Backend, Problem> {
+    fn build(&self, svc: &Service, port: i32, kind: RouteKind) -> Result<Backend, Problem> {
         let ns = ns_of(&svc.metadata);
         let name = svc.metadata.name.as_deref().unwrap_or_default();
         let spec = svc.spec.as_ref();
@@ -141,7 +156,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("Service {ns}/{name} port {port} is {proto}, not TCP"),
             ));
         }
-        let protocol = backend_protocol(sp).ok_or_else(|| {
+        let protocol = backend_protocol(sp, kind).ok_or_else(|| {
             Problem::new(
                 reason::UNSUPPORTED_PROTOCOL_BACKEND,
                 format!(
@@ -212,13 +227,16 @@ impl<'i, 'a> Resolver<'i, 'a> {
     }
 }
 
-/// Protocol for a Service port's appProtocol; `None` when we cannot speak it.
-fn backend_protocol(sp: &ServicePort) -> Option<BackendProtocol> {
-    match sp.app_protocol.as_deref() {
-        None | Some("" | "http" | "HTTP" | "kubernetes.io/ws" | "kubernetes.io/wss") => {
-            Some(BackendProtocol::Http1)
-        }
-        Some("kubernetes.io/h2c") => Some(BackendProtocol::H2c),
-        Some(_) => None,
+/// Protocol for a Service port's appProtocol as a route of `kind` uses it; `None` when we
+/// cannot speak it.
+fn backend_protocol(sp: &ServicePort, kind: RouteKind) -> Option<BackendProtocol> {
+    match (kind, sp.app_protocol.as_deref()) {
+        (
+            RouteKind::Http,
+            None | Some("" | "http" | "HTTP" | "kubernetes.io/ws" | "kubernetes.io/wss"),
+        ) => Some(BackendProtocol::Http1),
+        (RouteKind::Grpc, None | Some("" | "http" | "HTTP" | "grpc"))
+        | (_, Some("kubernetes.io/h2c")) => Some(BackendProtocol::H2c),
+        (_, Some(_)) => None,
     }
 }

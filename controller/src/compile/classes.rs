@@ -43,6 +43,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GatewayPort8080",
     "GatewayHTTPListenerIsolation",
     "HTTPRouteBackendRequestHeaderModification",
+    "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
 ];
 
 /// One of our GatewayClasses.

@@ -37,7 +37,8 @@ pub mod reason {
     pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
     /// Listener `Conflicted=False`.
     pub const NO_CONFLICTS: &str = "NoConflicts";
-    /// Two listeners share port and hostname.
+    /// Two listeners share port and hostname; also a route's `Accepted=False` when an
+    /// HTTPRoute and a GRPCRoute share a hostname on a listener and the other one is older.
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
     /// Two listeners share a port with different protocols.
     pub const PROTOCOL_CONFLICT: &str = "ProtocolConflict";

@@ -1,7 +1,8 @@
-//! HTTPRoute filters to route-table filters.
+//! HTTPRoute (and GRPCRoute) filters to route-table filters.
 //!
 //! In: a rule's (or a backendRef's) filters, whether every match of the rule is a PathPrefix,
-//! and a backend [`Resolver`] for RequestMirror. Out: [`Filter`]s with header names lower-case
+//! and a backend [`Resolver`] for RequestMirror. GRPCRoute filters (a subset of HTTPRoute's,
+//! same schema) arrive here converted by [`super::grpc`]. Out: [`Filter`]s with header names lower-case
 //! and mirror shares in millionths, or an `UnsupportedValue` [`Problem`] naming the field when
 //! the filter cannot be honoured (which rejects the route). An unresolvable mirror backend does
 //! not reject: it is recorded as a ResolvedRefs problem and the mirror is skipped at runtime.
@@ -23,6 +24,7 @@ use tollgate_api::{Cors, Filter, HeaderModifier, Mirror, PathModifier, Redirect,
 
 use super::backends::{RefSpec, Resolver};
 use super::conditions::{Problem, reason};
+use super::kinds::RouteKind;
 
 /// Converts a RequestHeaderModifier or ResponseHeaderModifier: the generated gateway-api types
 /// differ only in name, so one body serves both.
@@ -51,6 +53,8 @@ pub struct FilterCtx<'r, 'i, 'a, 's> {
     pub resolver: &'r mut Resolver<'i, 'a>,
     /// Namespace of the route.
     pub route_ns: &'s str,
+    /// Kind of the route (backend protocol, ReferenceGrant `from`).
+    pub kind: RouteKind,
     /// Every match of the rule is a PathPrefix (ReplacePrefixMatch allowed).
     pub all_prefix: bool,
     /// ResolvedRefs problems found on the way (mirror backends).
@@ -61,7 +65,7 @@ impl FilterCtx<'_, '_, '_, '_> {
     /// Resolves a backend reference of this route; an unresolvable one is recorded as a
     /// ResolvedRefs problem under `field` and gives `None` (its traffic share answers 500).
     pub fn resolve_backend(&mut self, spec: &RefSpec<'_>, field: &str) -> Option<String> {
-        match self.resolver.resolve(self.route_ns, spec) {
+        match self.resolver.resolve(self.route_ns, self.kind, spec) {
             Ok(k) => Some(k),
             Err(p) => {
                 self.unresolved

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use gateway_api::gateways::Gateway;
+use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -52,6 +53,8 @@ pub struct Index<'a> {
     pub gateways: Vec<&'a Gateway>,
     /// HTTPRoutes sorted by key.
     pub routes: Vec<&'a HttpRoute>,
+    /// GRPCRoutes sorted by key.
+    pub grpc_routes: Vec<&'a GrpcRoute>,
     /// Services by key.
     pub services: BTreeMap<Ref<'a>, &'a Service>,
     /// EndpointSlices by (namespace, service name), sorted by slice name.
@@ -69,6 +72,7 @@ impl<'a> Index<'a> {
     pub fn new(inputs: &'a Inputs) -> Self {
         let gateways = by_key(&inputs.gateways, |g| &g.metadata);
         let routes = by_key(&inputs.http_routes, |r| &r.metadata);
+        let grpc_routes = by_key(&inputs.grpc_routes, |r| &r.metadata);
         let services = by_key(&inputs.services, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
@@ -109,6 +113,7 @@ impl<'a> Index<'a> {
         Self {
             gateways,
             routes,
+            grpc_routes,
             services,
             slices,
             secrets,

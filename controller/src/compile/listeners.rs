@@ -6,7 +6,9 @@
 //! Gateway's own conditions. Routes are attached later by [`super::routes`], which fills
 //! `attached` on each listener; [`GatewayModel::status`] then renders the status.
 //!
-//! Listener rules (Gateway API v1.5): HTTP and HTTPS only (`UnsupportedProtocol`); HTTPS needs
+//! Listener rules (Gateway API v1.5): HTTP and HTTPS only (`UnsupportedProtocol`), serving
+//! HTTPRoutes and GRPCRoutes (`supportedKinds` lists both unless `allowedRoutes.kinds` narrows
+//! it; other kinds there are `InvalidRouteKinds`); HTTPS needs
 //! `tls.mode: Terminate` and certificates ([`super::certs`]); listeners sharing a port with
 //! different protocols are `ProtocolConflict`, with the same hostname `HostnameConflict`; both
 //! are then neither accepted nor programmed. A listener whose HTTPS certificates all fail, or
@@ -29,12 +31,11 @@ use tollgate_api::{Certificate, ObjectKey, Protocol};
 use super::conditions::{ACCEPTED, CONFLICTED, Conds, PROGRAMMED, Problem, RESOLVED_REFS, reason};
 use super::grants::GATEWAY_GROUP;
 use super::index::{Index, key_of, ns_of};
+use super::kinds::RouteKind;
 use super::{certs, tls};
 
 /// Bind address when the Gateway names none.
 pub const DEFAULT_ADDRESS: &str = "0.0.0.0";
-/// The only route kind we serve.
-pub const HTTP_ROUTE_KIND: &str = "HTTPRoute";
 
 /// Which namespaces a listener accepts routes from.
 #[derive(Debug, Clone)]
@@ -62,8 +63,8 @@ pub struct ListenerModel<'a> {
     pub accepted: bool,
     /// Served by the proxy.
     pub programmed: bool,
-    /// HTTPRoute is among the allowed kinds.
-    pub allows_http_route: bool,
+    /// Route kinds we serve that allowedRoutes admits (none for an unsupported protocol).
+    pub allowed_kinds: BTreeSet<RouteKind>,
     /// Namespace policy.
     pub namespaces: AllowedNamespaces<'a>,
     /// Certificates (HTTPS).
@@ -76,8 +77,8 @@ pub struct ListenerModel<'a> {
     pub conditions: Vec<Condition>,
     /// Valid entries of allowedRoutes.kinds (or the default).
     pub supported_kinds: Vec<GatewayStatusListenersSupportedKinds>,
-    /// Routes attached (filled by route attachment).
-    pub attached: BTreeSet<ObjectKey>,
+    /// Routes attached, by kind and key (filled by route attachment).
+    pub attached: BTreeSet<(RouteKind, ObjectKey)>,
 }
 
 /// One Gateway of our class after validation.
@@ -120,6 +121,11 @@ impl GatewayModel<'_> {
 }
 
 impl ListenerModel<'_> {
+    /// Whether routes of `kind` may attach, by allowedRoutes.kinds.
+    pub fn allows(&self, kind: RouteKind) -> bool {
+        self.allowed_kinds.contains(&kind)
+    }
+
     /// Whether a route in `route_ns` may attach, by namespace.
     pub fn allows_namespace(&self, idx: &Index<'_>, gateway_ns: &str, route_ns: &str) -> bool {
         match &self.namespaces {
@@ -395,7 +401,7 @@ fn validate_listener<'a>(
             .map(str::to_ascii_lowercase),
         accepted: false,
         programmed: false,
-        allows_http_route: false,
+        allowed_kinds: BTreeSet::new(),
         namespaces,
         certificates,
         cert_problems,
@@ -421,21 +427,20 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         Some(list) if !list.is_empty() => {
             for k in list {
                 let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                if group == GATEWAY_GROUP && k.kind == HTTP_ROUTE_KIND {
-                    kinds.push(http_route_kind());
-                } else {
-                    kind_problems.push(format!("{group}/{}", k.kind));
+                match RouteKind::from_name(&k.kind).filter(|_| group == GATEWAY_GROUP) {
+                    Some(kind) if !kinds.contains(&kind) => kinds.push(kind),
+                    Some(_) => {}
+                    None => kind_problems.push(format!("{group}/{}", k.kind)),
                 }
             }
-            kinds.dedup();
         }
-        _ => kinds.push(http_route_kind()),
+        _ => kinds.extend(RouteKind::ALL),
     }
     if l.protocol.is_none() {
         kinds.clear();
     }
-    l.allows_http_route = !kinds.is_empty();
-    l.supported_kinds = kinds;
+    l.allowed_kinds = kinds.iter().copied().collect();
+    l.supported_kinds = kinds.into_iter().map(supported_kind).collect();
 
     // Accepted.
     let tls_mode_problem = match (
@@ -497,7 +502,7 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
     };
 
     let has_certs = l.protocol != Some(Protocol::Https) || !l.certificates.is_empty();
-    l.programmed = l.accepted && has_certs && l.allows_http_route;
+    l.programmed = l.accepted && has_certs && !l.allowed_kinds.is_empty();
     let programmed_cond = if l.programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "listener is programmed")
     } else if !l.accepted {
@@ -526,9 +531,9 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
     ];
 }
 
-fn http_route_kind() -> GatewayStatusListenersSupportedKinds {
+fn supported_kind(kind: RouteKind) -> GatewayStatusListenersSupportedKinds {
     GatewayStatusListenersSupportedKinds {
         group: Some(GATEWAY_GROUP.to_owned()),
-        kind: HTTP_ROUTE_KIND.to_owned(),
+        kind: kind.as_str().to_owned(),
     }
 }

@@ -2,24 +2,29 @@
 //!
 //! In: [`Inputs`], plain gateway-api and k8s-openapi objects plus the time to stamp on
 //! conditions. Out: [`Output`], one [`RouteTable`] per accepted Gateway of our class and the
-//! status every GatewayClass, Gateway and HTTPRoute of ours should carry. No I/O, no clock, no
+//! status every GatewayClass, Gateway, HTTPRoute and GRPCRoute of ours should carry. No I/O, no clock, no
 //! hash-map iteration: the same input gives byte-identical output whatever the input order.
 //!
 //! The pipeline, one module per concern:
 //! [`classes`] (GatewayClass acceptance) → [`listeners`] (Gateway and listener validation,
 //! conflicts, [`certs`], unsupported [`tls`] settings) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
-//! [`rules`] (matches, [`filters`], timeouts) and [`backends`] (Services, EndpointSlices,
-//! [`grants`]) → [`table`] (virtual hosts sorted by [`precedence`]) → statuses.
+//! [`rules`] (matches, [`filters`], timeouts), [`grpc`] (GRPCRoute matches) and [`backends`]
+//! (Services, EndpointSlices, [`grants`]), [`crossserve`] (HTTPRoute/GRPCRoute hostname
+//! conflicts) → [`table`] (virtual hosts sorted by [`precedence`]) → statuses. [`kinds`] holds
+//! what the two route kinds share.
 //! Fault isolation: an invalid object only rejects itself.
 
 pub mod backends;
 pub mod certs;
 pub mod classes;
 pub mod conditions;
+pub mod crossserve;
 pub mod filters;
 pub mod grants;
+pub mod grpc;
 pub mod hostnames;
 pub mod index;
+pub mod kinds;
 pub mod listeners;
 pub mod load;
 pub mod output;
@@ -34,6 +39,7 @@ use std::collections::BTreeMap;
 
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -44,6 +50,7 @@ use tollgate_api::{ObjectKey, RouteTable};
 
 use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 
+pub use kinds::RouteKind;
 pub use load::{LoadError, LoadWarning, inputs_from_yaml};
 pub use output::Rejection;
 
@@ -59,6 +66,8 @@ pub struct Inputs {
     pub gateways: Vec<Gateway>,
     /// HTTPRoutes.
     pub http_routes: Vec<HttpRoute>,
+    /// GRPCRoutes.
+    pub grpc_routes: Vec<GrpcRoute>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -94,6 +103,7 @@ impl Inputs {
             gateway_classes: Vec::new(),
             gateways: Vec::new(),
             http_routes: Vec::new(),
+            grpc_routes: Vec::new(),
             reference_grants: Vec::new(),
             services: Vec::new(),
             endpoint_slices: Vec::new(),
@@ -112,6 +122,7 @@ impl Inputs {
         self.gateway_classes.extend(other.gateway_classes);
         self.gateways.extend(other.gateways);
         self.http_routes.extend(other.http_routes);
+        self.grpc_routes.extend(other.grpc_routes);
         self.reference_grants.extend(other.reference_grants);
         self.services.extend(other.services);
         self.endpoint_slices.extend(other.endpoint_slices);
@@ -139,6 +150,10 @@ pub struct Output {
     /// holds only the entries for our Gateways.
     #[serde(serialize_with = "output::keyed")]
     pub http_routes: BTreeMap<ObjectKey, HttpRouteStatus>,
+    /// Status of every GRPCRoute with at least one parentRef to one of our Gateways, as for
+    /// HTTPRoutes.
+    #[serde(serialize_with = "output::keyed")]
+    pub grpc_routes: BTreeMap<ObjectKey, GrpcRouteStatus>,
     /// Status of every RateLimitPolicy.
     #[serde(
         serialize_with = "output::keyed",
@@ -196,30 +211,35 @@ pub fn compile(inputs: &Inputs) -> Output {
             (g.key.clone(), status)
         })
         .collect();
-    let http_routes = routes
-        .routes
-        .iter()
-        .filter(|r| !r.parents.is_empty())
-        .map(|r| {
-            let mut parents = r.parents.clone();
-            for p in &mut parents {
-                let gw = ObjectKey::new(
-                    p.parent_ref
-                        .namespace
-                        .as_deref()
-                        .unwrap_or(&r.key.namespace),
-                    p.parent_ref.name.as_str(),
-                );
-                if let Some(by) = policies
-                    .affecting_routes
-                    .get(&("HTTPRoute", r.key.clone(), gw))
-                {
-                    affected(&mut p.conditions, by, r.route.metadata.generation, now);
-                }
+    let mut http_routes = BTreeMap::new();
+    let mut grpc_routes = BTreeMap::new();
+    for r in routes.routes.iter().filter(|r| !r.parents.is_empty()) {
+        let mut parents = r.parents.clone();
+        for p in &mut parents {
+            let gw = ObjectKey::new(
+                p.parent_ref
+                    .namespace
+                    .as_deref()
+                    .unwrap_or(&r.key.namespace),
+                p.parent_ref.name.as_str(),
+            );
+            if let Some(by) = policies
+                .affecting_routes
+                .get(&(r.kind.as_str(), r.key.clone(), gw))
+            {
+                affected(&mut p.conditions, by, r.meta.generation, now);
             }
-            (r.key.clone(), HttpRouteStatus { parents })
-        })
-        .collect();
+        }
+        match r.kind {
+            RouteKind::Http => {
+                http_routes.insert(r.key.clone(), HttpRouteStatus { parents });
+            }
+            RouteKind::Grpc => {
+                let parents = parents.into_iter().map(kinds::grpc_parent).collect();
+                grpc_routes.insert(r.key.clone(), GrpcRouteStatus { parents });
+            }
+        }
+    }
     Output {
         tables,
         gateway_classes: classes
@@ -228,6 +248,7 @@ pub fn compile(inputs: &Inputs) -> Output {
             .collect(),
         gateways: gateway_statuses,
         http_routes,
+        grpc_routes,
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
     }
@@ -243,7 +264,11 @@ fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str
         .http_routes
         .iter()
         .map(|r| ("HTTPRoute", index::key_of(&r.metadata)));
-    gws.chain(routes).collect()
+    let grpc_routes = inputs
+        .grpc_routes
+        .iter()
+        .map(|r| ("GRPCRoute", index::key_of(&r.metadata)));
+    gws.chain(routes).chain(grpc_routes).collect()
 }
 
 /// Policy attachment view of the Gateways.
@@ -279,7 +304,7 @@ fn policy_routes(
             attachments.sort();
             attachments.dedup();
             Some(policies::RouteTarget {
-                kind: "HTTPRoute",
+                kind: r.kind.as_str(),
                 key: r.key.clone(),
                 rules: rules
                     .iter()

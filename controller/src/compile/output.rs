@@ -1,7 +1,8 @@
 //! Reading the compiler's output: rejections and serialization.
 //!
 //! In: an [`Output`]. Out: the list of [`Rejection`]s (every negative Accepted, ResolvedRefs
-//! or Programmed condition, with the object and listener/parent it belongs to) that
+//! or Programmed condition, with the object and listener/parent it belongs to; routes of every
+//! kind) that
 //! `tollgate validate` prints and exits non-zero on; and a serializer that writes maps keyed by
 //! [`ObjectKey`] as `"namespace/name"` JSON keys.
 
@@ -13,16 +14,17 @@ use tollgate_api::ObjectKey;
 
 use super::Output;
 use super::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
+use super::kinds::{RouteKind, RouteParent};
 
 /// One condition saying an object (or part of it) is rejected.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rejection {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `RateLimitPolicy` or `AuthPolicy`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy` or `AuthPolicy`.
     pub kind: &'static str,
     /// The object (`namespace` empty for GatewayClass).
     pub key: ObjectKey,
-    /// Listener name (Gateway) or parent Gateway `namespace/name[/section]` (HTTPRoute).
+    /// Listener name (Gateway) or parent Gateway `namespace/name[/section][:port]` (routes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub part: Option<String>,
     /// Condition type.
@@ -103,22 +105,10 @@ impl Output {
             }
         }
         for (key, s) in &self.http_routes {
-            for p in &s.parents {
-                let r = &p.parent_ref;
-                let mut part = format!(
-                    "parent {}/{}",
-                    r.namespace.as_deref().unwrap_or(&key.namespace),
-                    r.name
-                );
-                if let Some(sn) = &r.section_name {
-                    part.push('/');
-                    part.push_str(sn);
-                }
-                if let Some(port) = r.port {
-                    part.push_str(&format!(":{port}"));
-                }
-                push(&mut out, "HTTPRoute", key, Some(part), &p.conditions);
-            }
+            push_route(&mut out, RouteKind::Http, key, &s.parents);
+        }
+        for (key, s) in &self.grpc_routes {
+            push_route(&mut out, RouteKind::Grpc, key, &s.parents);
         }
         for (kind, statuses) in [
             ("RateLimitPolicy", &self.rate_limit_policies),
@@ -131,6 +121,27 @@ impl Output {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+/// Pushes the rejections of one route's parent entries.
+fn push_route<P: RouteParent>(
+    out: &mut Vec<Rejection>,
+    kind: RouteKind,
+    key: &ObjectKey,
+    parents: &[P],
+) {
+    for p in parents {
+        let (ns, name, section, port) = p.parent();
+        let mut part = format!("parent {}/{name}", ns.unwrap_or(&key.namespace));
+        if let Some(sn) = section {
+            part.push('/');
+            part.push_str(sn);
+        }
+        if let Some(port) = port {
+            part.push_str(&format!(":{port}"));
+        }
+        push(out, kind.as_str(), key, Some(part), p.conditions());
     }
 }
 

@@ -1,9 +1,9 @@
-//! HTTPRoute attachment and status.
+//! Route attachment and status, for every route kind ([`RouteSource`]).
 //!
-//! In: every HTTPRoute, the validated [`GatewayModel`]s, a backend [`Resolver`]. Out: per
-//! route that names one of our Gateways, the `status.parents[]` entries for those Gateways and
-//! the listeners (with effective hostnames) it is attached to; each listener's `attached` set
-//! is filled for `attachedRoutes`.
+//! In: every HTTPRoute and GRPCRoute, the validated [`GatewayModel`]s, a backend [`Resolver`].
+//! Out: per route that names one of our Gateways, the `status.parents[]` entries for those
+//! Gateways and the listeners (with effective hostnames) it is attached to; each listener's
+//! `attached` set is filled for `attachedRoutes`.
 //!
 //! A parentRef (kind Gateway, group gateway.networking.k8s.io) to a Gateway that is not ours,
 //! or that does not exist, gets no entry: we cannot know whose it is. For ours: candidates are
@@ -12,24 +12,25 @@
 //! `NotAllowedByListeners`); of those, the ones whose hostname intersects the route's (none:
 //! `NoMatchingListenerHostname`). Attachment counts for `attachedRoutes` even when the route's
 //! rules are invalid (the spec bases it on allowedRoutes and parentRefs only); such a route is
-//! `Accepted=False UnsupportedValue` and stays out of the tables.
+//! `Accepted=False UnsupportedValue` and stays out of the tables. Last, [`crossserve`] keeps
+//! HTTPRoutes and GRPCRoutes from sharing a hostname on a listener.
 
 use std::collections::BTreeMap;
 
-use gateway_api::httproutes::{
-    HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use gateway_api::httproutes::{HttpRouteParentRefs, HttpRouteStatusParents};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
 
 use super::CONTROLLER_NAME;
 use super::backends::Resolver;
 use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
+use super::crossserve;
 use super::grants::GATEWAY_GROUP;
 use super::hostnames;
 use super::index::{Index, key_of, ns_of};
+use super::kinds::{RouteKind, RouteSource, status_parent_ref};
 use super::listeners::GatewayModel;
-use super::rules::{CompiledRoute, compile_route};
+use super::rules::CompiledRoute;
 
 /// Where a valid route is served.
 #[derive(Debug, Clone)]
@@ -40,18 +41,23 @@ pub struct Attachment {
     pub listener: usize,
     /// Effective hostnames (lower-case, `*` = any).
     pub hostnames: Vec<String>,
+    /// Index into the route's `parents` of the parentRef that attached it.
+    pub parent: usize,
 }
 
-/// One HTTPRoute that names at least one of our Gateways.
+/// One route (of any kind) that names at least one of our Gateways.
 #[derive(Debug)]
 pub struct RouteModel<'a> {
-    /// The route.
-    pub route: &'a HttpRoute,
+    /// HTTPRoute or GRPCRoute.
+    pub kind: RouteKind,
+    /// The route's metadata.
+    pub meta: &'a ObjectMeta,
     /// Its key.
     pub key: ObjectKey,
     /// Compiled rules.
     pub compiled: CompiledRoute,
-    /// Status entries for our Gateways.
+    /// Status entries for our Gateways (HTTPRoute-typed; GRPCRoute ones are converted on
+    /// output).
     pub parents: Vec<HttpRouteStatusParents>,
     /// Listeners the route is served on (only when its rules are valid).
     pub attachments: Vec<Attachment>,
@@ -60,7 +66,7 @@ pub struct RouteModel<'a> {
 /// Routes plus every backend they resolved.
 #[derive(Debug)]
 pub struct Routes<'a> {
-    /// Routes sorted by key.
+    /// HTTPRoutes sorted by key, then GRPCRoutes sorted by key.
     pub routes: Vec<RouteModel<'a>>,
     /// Resolved backends by key.
     pub backends: BTreeMap<String, Backend>,
@@ -84,10 +90,17 @@ pub fn compile_routes<'a>(
         .collect();
     let mut resolver = Resolver::new(idx);
     let mut routes = Vec::new();
-    for route in &idx.routes {
-        let route_ns = ns_of(&route.metadata);
+    let sources = idx
+        .routes
+        .iter()
+        .map(|r| RouteSource::Http(r))
+        .chain(idx.grpc_routes.iter().map(|r| RouteSource::Grpc(r)));
+    for route in sources {
+        let meta = route.meta();
+        let route_ns = ns_of(meta);
+        let refs = route.parent_refs();
         let mut ours: Vec<(&HttpRouteParentRefs, usize)> = Vec::new();
-        for p in route.spec.parent_refs.iter().flatten() {
+        for p in refs.iter() {
             if !is_gateway_ref(p) || ours.iter().any(|(q, _)| *q == p) {
                 continue;
             }
@@ -99,13 +112,13 @@ pub fn compile_routes<'a>(
         if ours.is_empty() {
             continue;
         }
-        let compiled = compile_route(route, &mut resolver);
-        let key = key_of(&route.metadata);
-        let conds = Conds::new(route.metadata.generation, now);
+        let compiled = route.compile(&mut resolver);
+        let key = key_of(meta);
+        let conds = Conds::new(meta.generation, now);
         let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
         let mut parents = Vec::new();
         let mut attachments = Vec::new();
-        for (p, gi) in ours {
+        for (pi, (p, gi)) in ours.into_iter().enumerate() {
             let accepted = match attach(idx, route, p, &mut gateways[gi]) {
                 Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
                 Ok(found) => match &compiled.rules {
@@ -114,6 +127,7 @@ pub fn compile_routes<'a>(
                             gateway: gi,
                             listener: li,
                             hostnames,
+                            parent: pi,
                         }));
                         conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
                     }
@@ -123,28 +137,24 @@ pub fn compile_routes<'a>(
             parents.push(HttpRouteStatusParents {
                 conditions: vec![accepted, resolved_cond.clone()],
                 controller_name: CONTROLLER_NAME.to_owned(),
-                parent_ref: HttpRouteStatusParentsParentRef {
-                    group: p.group.clone(),
-                    kind: p.kind.clone(),
-                    name: p.name.clone(),
-                    namespace: p.namespace.clone(),
-                    port: p.port,
-                    section_name: p.section_name.clone(),
-                },
+                parent_ref: status_parent_ref(p),
             });
         }
         routes.push(RouteModel {
-            route,
+            kind: route.kind(),
+            meta,
             key,
             compiled,
             parents,
             attachments,
         });
     }
-    Routes {
+    let mut routes = Routes {
         routes,
         backends: resolver.backends,
-    }
+    };
+    crossserve::resolve(&mut routes, gateways, now);
+    routes
 }
 
 fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
@@ -164,7 +174,7 @@ fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
 /// Listeners (index, effective hostnames) a parentRef attaches to, or why none.
 fn attach(
     idx: &Index<'_>,
-    route: &HttpRoute,
+    route: RouteSource<'_>,
     p: &HttpRouteParentRefs,
     gw: &mut GatewayModel<'_>,
 ) -> Result<Vec<(usize, Vec<String>)>, Problem> {
@@ -176,7 +186,7 @@ fn attach(
         ));
     }
     let gw_ns = ns_of(&gw.gateway.metadata).to_owned();
-    let route_ns = ns_of(&route.metadata);
+    let (kind, route_ns) = (route.kind(), ns_of(route.meta()));
     let candidates: Vec<usize> = gw
         .listeners
         .iter()
@@ -211,16 +221,16 @@ fn attach(
         .into_iter()
         .filter(|&i| {
             let l = &gw.listeners[i];
-            l.allows_http_route && l.allows_namespace(idx, &gw_ns, route_ns)
+            l.allows(kind) && l.allows_namespace(idx, &gw_ns, route_ns)
         })
         .collect();
     if allowed.is_empty() {
         return Err(Problem::new(
             reason::NOT_ALLOWED_BY_LISTENERS,
-            format!("Gateway {gw_key}: no listener allows HTTPRoutes from namespace {route_ns}"),
+            format!("Gateway {gw_key}: no listener allows {kind}s from namespace {route_ns}"),
         ));
     }
-    let route_hosts = route.spec.hostnames.as_deref().unwrap_or_default();
+    let route_hosts = route.hostnames();
     let mut found = Vec::new();
     for i in allowed {
         let hosts = hostnames::effective(gw.listeners[i].hostname.as_deref(), route_hosts);
@@ -234,9 +244,9 @@ fn attach(
             format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
         ));
     }
-    let key = key_of(&route.metadata);
+    let key = key_of(route.meta());
     for (i, _) in &found {
-        gw.listeners[*i].attached.insert(key.clone());
+        gw.listeners[*i].attached.insert((kind, key.clone()));
     }
     Ok(found)
 }

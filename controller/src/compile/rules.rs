@@ -4,6 +4,8 @@
 //! matches (defaulted to PathPrefix `/`), filters, weighted backends and timeouts, or the
 //! `UnsupportedValue` [`Problem`] that rejects the whole route; plus the ResolvedRefs problems
 //! of backends that did not resolve (those keep the route, with their share answered 500).
+//! [`super::grpc`] compiles GRPCRoute matches itself and hands the rest of each rule (filters,
+//! backendRefs) to [`compile_actions`], so both kinds share one definition of those.
 //!
 //! Rejected here: a path that does not start with `/` (or holds `//`, `/./`, `/../`, `%2f`,
 //! `#`), a RegularExpression the `regex` crate refuses, a blank header or query name, a
@@ -25,6 +27,8 @@ use super::backends::{RefSpec, Resolver};
 use super::conditions::{Problem, reason};
 use super::filters::{self, FilterCtx};
 use super::index::ns_of;
+use super::kinds::RouteKind;
+use super::precedence::Specificity;
 
 /// One compiled rule.
 #[derive(Debug, Clone)]
@@ -35,6 +39,8 @@ pub struct CompiledRule {
     pub name: Option<String>,
     /// Matches (at least one).
     pub matches: Vec<RouteMatch>,
+    /// How specific each match is, for precedence (parallel to `matches`).
+    pub specificity: Vec<Specificity>,
     /// Rule filters.
     pub filters: Vec<tollgate_api::Filter>,
     /// Weighted backends.
@@ -43,7 +49,7 @@ pub struct CompiledRule {
     pub timeouts: Timeouts,
 }
 
-/// One compiled HTTPRoute.
+/// One compiled route.
 #[derive(Debug, Clone)]
 pub struct CompiledRoute {
     /// Rules, or the problem that rejects the route.
@@ -52,22 +58,37 @@ pub struct CompiledRoute {
     pub unresolved: Vec<Problem>,
 }
 
-fn unsupported(field: &str, what: impl std::fmt::Display) -> Problem {
+/// An `UnsupportedValue` problem naming `field`.
+pub fn unsupported(field: &str, what: impl std::fmt::Display) -> Problem {
     Problem::new(reason::UNSUPPORTED_VALUE, format!("{field}: {what}"))
 }
 
 /// Compiles the rules of `route`.
 pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> CompiledRoute {
     let ns = ns_of(&route.metadata);
-    let mut unresolved = Vec::new();
-    let mut rules = Vec::new();
-    let mut first_err = check_hostnames(route.spec.hostnames.as_deref().unwrap_or_default()).err();
     // The CRD defaults an absent `rules` to one rule matching every path (no backends: 500);
     // files read by `tollgate run` never went through that defaulting, so apply it here.
     let default_rules = [HttpRouteRules::default()];
     let rules_spec = route.spec.rules.as_deref().unwrap_or(&default_rules);
+    collect_rules(
+        route.spec.hostnames.as_deref().unwrap_or_default(),
+        rules_spec,
+        |i, rule, unresolved| compile_rule(i, rule, ns, resolver, unresolved),
+    )
+}
+
+/// Checks a route's hostnames and compiles each rule with `each` (index, rule, where to record
+/// unresolved backends); the first problem rejects the route.
+pub fn collect_rules<R>(
+    hostnames: &[String],
+    rules_spec: &[R],
+    mut each: impl FnMut(usize, &R, &mut Vec<Problem>) -> Result<CompiledRule, Problem>,
+) -> CompiledRoute {
+    let mut unresolved = Vec::new();
+    let mut rules = Vec::new();
+    let mut first_err = check_hostnames(hostnames).err();
     for (i, rule) in rules_spec.iter().enumerate() {
-        match compile_rule(i, rule, ns, resolver, &mut unresolved) {
+        match each(i, rule, &mut unresolved) {
             Ok(r) => rules.push(r),
             Err(p) => {
                 first_err.get_or_insert(p);
@@ -121,6 +142,50 @@ fn compile_rule(
             .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
             .collect::<Result<_, _>>()?,
     };
+    let specificity = matches.iter().map(Specificity::http).collect();
+    let input = RuleInput {
+        index: i,
+        rule,
+        matches,
+        specificity,
+        kind: RouteKind::Http,
+        ns,
+    };
+    compile_actions(input, resolver, unresolved)
+}
+
+/// A rule whose matches are compiled, ready for [`compile_actions`].
+#[derive(Debug)]
+pub struct RuleInput<'r> {
+    /// Index in `spec.rules`.
+    pub index: usize,
+    /// The rule in HTTPRoute form: its `matches` are ignored (given compiled below).
+    pub rule: &'r HttpRouteRules,
+    /// Compiled matches (at least one).
+    pub matches: Vec<RouteMatch>,
+    /// Their specificity, parallel to `matches`.
+    pub specificity: Vec<Specificity>,
+    /// Kind of the route holding the rule (backend protocol, ReferenceGrant `from`).
+    pub kind: RouteKind,
+    /// Namespace of the route.
+    pub ns: &'r str,
+}
+
+/// Compiles what a rule does once matched: timeouts, filters and weighted backends.
+pub fn compile_actions(
+    input: RuleInput<'_>,
+    resolver: &mut Resolver<'_, '_>,
+    unresolved: &mut Vec<Problem>,
+) -> Result<CompiledRule, Problem> {
+    let RuleInput {
+        index: i,
+        rule,
+        matches,
+        specificity,
+        kind,
+        ns,
+    } = input;
+    let field = format!("spec.rules[{i}]");
     let all_prefix = matches
         .iter()
         .all(|m| matches!(m.path, PathMatch::PathPrefix(_)));
@@ -128,6 +193,7 @@ fn compile_rule(
     let mut ctx = FilterCtx {
         resolver,
         route_ns: ns,
+        kind,
         all_prefix,
         unresolved,
     };
@@ -164,6 +230,7 @@ fn compile_rule(
         index: u32::try_from(i).unwrap_or(u32::MAX),
         name: rule.name.clone(),
         matches,
+        specificity,
         filters,
         backends,
         timeouts,
@@ -181,7 +248,7 @@ fn default_match() -> RouteMatch {
 }
 
 /// Checks an anchored regular expression.
-fn check_regex(pattern: &str, field: &str) -> Result<(), Problem> {
+pub fn check_regex(pattern: &str, field: &str) -> Result<(), Problem> {
     regex::Regex::new(&format!("^(?:{pattern})$"))
         .map(|_| ())
         .map_err(|e| {
@@ -192,7 +259,8 @@ fn check_regex(pattern: &str, field: &str) -> Result<(), Problem> {
         })
 }
 
-fn check_path(value: &str, field: &str) -> Result<(), Problem> {
+/// Checks a path for an Exact or PathPrefix match.
+pub fn check_path(value: &str, field: &str) -> Result<(), Problem> {
     if !value.starts_with('/') {
         return Err(unsupported(
             field,
@@ -242,28 +310,13 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<RouteMatch, P
             PathMatch::RegularExpression(value.to_owned())
         }
     };
-    let mut headers = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (k, h) in m.headers.iter().flatten().enumerate() {
-        let hfield = format!("{field}.headers[{k}]");
-        let name = h.name.trim().to_ascii_lowercase();
-        if !filters::is_header_name(&name) {
-            return Err(unsupported(
-                &hfield,
-                format!("{name:?} is not a valid header name"),
-            ));
-        }
-        let value = match h.r#type {
-            Some(HttpRouteRulesMatchesHeadersType::RegularExpression) => {
-                check_regex(&h.value, &hfield)?;
-                StringMatch::RegularExpression(h.value.clone())
-            }
-            _ => StringMatch::Exact(h.value.clone()),
-        };
-        if seen.insert(name.clone()) {
-            headers.push(HeaderMatch { name, value });
-        }
-    }
+    let headers = header_matches(
+        m.headers.iter().flatten().map(|h| {
+            let regex = h.r#type == Some(HttpRouteRulesMatchesHeadersType::RegularExpression);
+            (h.name.as_str(), regex, h.value.as_str())
+        }),
+        field,
+    )?;
     let mut query_params = Vec::new();
     let mut seen = BTreeSet::new();
     for (k, q) in m.query_params.iter().flatten().enumerate() {
@@ -291,6 +344,36 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<RouteMatch, P
         headers,
         query_params,
     })
+}
+
+/// Header matches from `(name, is_regex, value)`: names lower-cased and checked, regexes
+/// checked, a repeated name keeps the first (both route kinds' specs say so).
+pub fn header_matches<'h>(
+    headers: impl Iterator<Item = (&'h str, bool, &'h str)>,
+    field: &str,
+) -> Result<Vec<HeaderMatch>, Problem> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (k, (name, regex, value)) in headers.enumerate() {
+        let hfield = format!("{field}.headers[{k}]");
+        let name = name.trim().to_ascii_lowercase();
+        if !filters::is_header_name(&name) {
+            return Err(unsupported(
+                &hfield,
+                format!("{name:?} is not a valid header name"),
+            ));
+        }
+        let value = if regex {
+            check_regex(value, &hfield)?;
+            StringMatch::RegularExpression(value.to_owned())
+        } else {
+            StringMatch::Exact(value.to_owned())
+        };
+        if seen.insert(name.clone()) {
+            out.push(HeaderMatch { name, value });
+        }
+    }
+    Ok(out)
 }
 
 fn method(m: &HttpRouteRulesMatchesMethod) -> &'static str {

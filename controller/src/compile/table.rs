@@ -16,6 +16,7 @@ use tollgate_api::{
 };
 
 use super::hostnames::{listener_order, vhost_order};
+use super::kinds::RouteKind;
 use super::listeners::GatewayModel;
 use super::policies::Policies;
 use super::precedence::Precedence;
@@ -53,18 +54,17 @@ pub fn build_tables(
                 .get(&(gi, li))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let mut policy_for = |kind: &'static str, route: &ObjectKey, rule: u32| {
+            let mut policy_for = |kind: RouteKind, route: &ObjectKey, rule: u32| {
                 let set = policies.effective.get(&(
                     gw.key.clone(),
                     l.spec.name.clone(),
-                    kind,
+                    kind.as_str(),
                     route.clone(),
                     rule,
                 ))?;
                 Some(policy_key(
                     &mut table_policies,
-                    route,
-                    rule,
+                    (kind, route, rule),
                     &l.spec.name,
                     set,
                 ))
@@ -116,7 +116,7 @@ fn virtual_hosts(
     routes: &Routes<'_>,
     attached: &[(usize, usize)],
     used: &mut BTreeSet<String>,
-    policy_for: &mut dyn FnMut(&'static str, &ObjectKey, u32) -> Option<String>,
+    policy_for: &mut dyn FnMut(RouteKind, &ObjectKey, u32) -> Option<String>,
 ) -> Vec<VirtualHost> {
     let mut hosts: BTreeMap<&str, Vec<(Precedence, Route)>> = BTreeMap::new();
     for &(ri, ai) in attached {
@@ -125,13 +125,14 @@ fn virtual_hosts(
             continue;
         };
         let a = &r.attachments[ai];
-        let created = r.route.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
         for rule in rules {
             note_backends(&rule.backends, &rule.filters, used);
-            let policy = policy_for("HTTPRoute", &r.key, rule.index);
-            for (mi, m) in rule.matches.iter().enumerate() {
-                let key =
-                    Precedence::new(m, created, &r.key.namespace, &r.key.name, rule.index, mi);
+            let policy = policy_for(r.kind, &r.key, rule.index);
+            let matches = rule.matches.iter().zip(&rule.specificity);
+            for (mi, (m, specificity)) in matches.enumerate() {
+                let (ns, name) = (&r.key.namespace, &r.key.name);
+                let key = Precedence::new(specificity.clone(), created, ns, name, rule.index, mi);
                 let entry = Route {
                     route: r.key.clone(),
                     rule_index: rule.index,
@@ -167,16 +168,19 @@ fn virtual_hosts(
     out
 }
 
-/// The key of `set` in the table's policy map: `namespace/route/rule`, or with `@listener`
-/// when another listener already holds a different set for the same rule.
+/// The key of `set` in the table's policy map: `namespace/route/rule` (`#grpc` appended for a
+/// GRPCRoute, which may share an HTTPRoute's name), or with `@listener` when another listener
+/// already holds a different set for the same rule.
 fn policy_key(
     map: &mut BTreeMap<String, PolicySet>,
-    route: &ObjectKey,
-    rule: u32,
+    (kind, route, rule): (RouteKind, &ObjectKey, u32),
     listener: &str,
     set: &PolicySet,
 ) -> String {
-    let base = format!("{}/{}/{rule}", route.namespace, route.name);
+    let mut base = format!("{}/{}/{rule}", route.namespace, route.name);
+    if kind == RouteKind::Grpc {
+        base.push_str("#grpc");
+    }
     let key = match map.get(&base) {
         Some(existing) if existing != set => format!("{base}@{listener}"),
         _ => base,

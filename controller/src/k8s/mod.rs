@@ -3,7 +3,7 @@
 //!
 //! Flow: [`stores`] (one watcher per kind, per-object deserialization through [`lenient`]) →
 //! [`controller`] (debounce) → [`reconcile`] (compile, publish to the push server, provision,
-//! [`status`] plan and server-side apply, Events) with [`leader`] gating every write, and
+//! [`status`] plan and server-side apply, [`route_status`] for both route kinds, Events) with [`leader`] gating every write, and
 //! [`metrics`] served on the admin address.
 //!
 //! Every replica watches, compiles and publishes tables (so any replica can serve proxies);
@@ -27,5 +27,6 @@ pub mod metrics;
 pub mod overlay;
 pub mod provision;
 pub mod reconcile;
+pub mod route_status;
 pub mod status;
 pub mod stores;

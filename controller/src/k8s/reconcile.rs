@@ -6,7 +6,7 @@
 //! reconciles, so a status-only change (often the echo of our own write) costs a comparison,
 //! not a compile, and an EndpointSlice-only change skips statuses and provisioning.
 //!
-//! Overlays on the compiler's statuses, in this order: our controller name on HTTPRoute
+//! Overlays on the compiler's statuses, in this order: our controller name on route
 //! parents; `status.addresses` from provisioning; Gateway `Programmed` from the push server's
 //! sync state (when one is configured): it turns True only when a proxy ACKed the current
 //! version; once True it stays True while proxies are connected and none NACKed, so a table
@@ -33,6 +33,7 @@ pub use super::overlay::{enforced, programmed, programmed_true};
 use super::provision::{self, ProvisionConfig};
 use super::status::{self, StatusWrite};
 use super::stores::{Relevance, Stores};
+use crate::compile::kinds::RouteParent;
 use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
 use crate::push::PushServer;
 use crate::push::pki::{Ca, ensure_proxy_secret};
@@ -283,6 +284,11 @@ impl Reconciler {
                 .gateways
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "GRPCRoute" => self
+                .stores
+                .grpc_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "RateLimitPolicy" => self
                 .stores
                 .rate_limit_policies
@@ -412,6 +418,11 @@ impl Reconciler {
             StatusWrite::HttpRoute { .. } => self
                 .stores
                 .http_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::GrpcRoute { .. } => self
+                .stores
+                .grpc_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::Policy { kind, .. } => {
@@ -567,12 +578,13 @@ pub fn own_classes(inputs: &mut Inputs, controller_name: &str) {
     }
 }
 
-/// Writes `controller_name` into every HTTPRoute parent entry of `out`.
+/// Writes `controller_name` into every route parent entry of `out`.
 pub fn name_parents(out: &mut Output, controller_name: &str) {
-    for s in out.http_routes.values_mut() {
-        for p in &mut s.parents {
-            p.controller_name = controller_name.to_owned();
-        }
+    for p in out.http_routes.values_mut().flat_map(|s| &mut s.parents) {
+        p.set_controller_name(controller_name);
+    }
+    for p in out.grpc_routes.values_mut().flat_map(|s| &mut s.parents) {
+        p.set_controller_name(controller_name);
     }
 }
 

@@ -8,26 +8,31 @@
 //! [`apply`] sends one write as a server-side apply of the status subresource, field manager
 //! [`FIELD_MANAGER`], forced.
 //!
-//! HTTPRoute `status.parents` is an atomic list in the Gateway API CRDs and is shared with
-//! other controllers: we send the live entries of other controllers unchanged followed by ours,
-//! with the live `resourceVersion` as a precondition, so a concurrent write by another
-//! controller makes ours fail with 409 (retried from a fresher store) instead of erasing theirs.
-//! Our entry for a Gateway the route no longer references is dropped.
+//! Route (HTTPRoute, GRPCRoute) `status.parents` is an atomic list in the Gateway API CRDs and
+//! is shared with other controllers: we send the live entries of other controllers unchanged
+//! followed by ours, with the live `resourceVersion` as a precondition, so a concurrent write by
+//! another controller makes ours fail with 409 (retried from a fresher store) instead of
+//! erasing theirs. Our entry for a Gateway the route no longer references is dropped. Both
+//! route kinds go through the same code ([`super::route_status`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
 
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tollgate_api::ObjectKey;
 
 use super::lenient::Lenient;
+pub use super::route_status::RouteStatusKind;
+use super::route_status::{apply_route, plan_routes, route_rejections};
 use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
@@ -36,7 +41,8 @@ use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 /// Field manager of every status write.
 pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
 
-const API_VERSION: &str = "gateway.networking.k8s.io/v1";
+/// `apiVersion` of the Gateway API objects we write.
+pub(super) const API_VERSION: &str = "gateway.networking.k8s.io/v1";
 
 /// One status that must be written.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +70,15 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<HttpRouteStatusParents>,
     },
+    /// A GRPCRoute status.
+    GrpcRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<GrpcRouteStatusParents>,
+    },
     /// A RateLimitPolicy or AuthPolicy status (ours alone: only Tollgate reads our CRDs).
     Policy {
         /// `RateLimitPolicy` or `AuthPolicy`.
@@ -89,12 +104,13 @@ pub struct NewRejection {
 }
 
 impl StatusWrite {
-    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute` or `GRPCRoute`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
             Self::Gateway { .. } => "Gateway",
-            Self::HttpRoute { .. } => "HTTPRoute",
+            Self::HttpRoute { .. } => HttpRoute::KIND,
+            Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::Policy { kind, .. } => kind,
         }
     }
@@ -103,9 +119,10 @@ impl StatusWrite {
     pub fn key(&self) -> ObjectKey {
         match self {
             Self::GatewayClass { name, .. } => ObjectKey::new("", name.as_str()),
-            Self::Gateway { key, .. } | Self::HttpRoute { key, .. } | Self::Policy { key, .. } => {
-                key.clone()
-            }
+            Self::Gateway { key, .. }
+            | Self::HttpRoute { key, .. }
+            | Self::GrpcRoute { key, .. }
+            | Self::Policy { key, .. } => key.clone(),
         }
     }
 }
@@ -144,53 +161,8 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             });
         }
     }
-    for obj in stores.http_routes.state() {
-        let Lenient::Ok(route) = obj.as_ref() else {
-            continue;
-        };
-        let key = ObjectKey::new(
-            route.namespace().unwrap_or_default(),
-            route.name_any().as_str(),
-        );
-        let live_parents = route
-            .status
-            .as_ref()
-            .map(|s| s.parents.as_slice())
-            .unwrap_or_default();
-        let ours = |p: &&HttpRouteStatusParents| p.controller_name == controller_name;
-        let live_ours: Vec<&HttpRouteStatusParents> = live_parents.iter().filter(ours).collect();
-        let desired = out.http_routes.get(&key).map(|s| s.parents.as_slice());
-        if live_ours.is_empty() && desired.is_none_or(<[_]>::is_empty) {
-            continue;
-        }
-        let mut parents: Vec<HttpRouteStatusParents> = desired.unwrap_or_default().to_vec();
-        for p in &mut parents {
-            let old = live_ours
-                .iter()
-                .find(|l| l.parent_ref == p.parent_ref || same(&l.parent_ref, &p.parent_ref));
-            if let Some(old) = old {
-                keep_times(&mut p.conditions, &old.conditions);
-            }
-        }
-        // Typed equality first: it is what an unchanged route gives, and it costs no
-        // serialization (10k routes are compared on every pass).
-        let equal = parents.len() == live_ours.len()
-            && parents.iter().zip(&live_ours).all(|(a, b)| a == *b);
-        if equal || same(&parents, &live_ours) {
-            continue;
-        }
-        let mut all: Vec<HttpRouteStatusParents> = live_parents
-            .iter()
-            .filter(|p| p.controller_name != controller_name)
-            .cloned()
-            .collect();
-        all.extend(parents);
-        writes.push(StatusWrite::HttpRoute {
-            key,
-            resource_version: route.resource_version().unwrap_or_default(),
-            parents: all,
-        });
-    }
+    plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
+    plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     for (kind, desired_all, store) in [
         (
             "RateLimitPolicy",
@@ -220,7 +192,8 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     writes
 }
 
-fn live<K: Resource<DynamicType = ()> + Clone>(
+/// The live object of `r`, if it deserialized.
+pub(super) fn live<K: Resource<DynamicType = ()> + Clone>(
     store: &Store<Lenient<K>>,
     r: ObjectRef<Lenient<K>>,
 ) -> Option<K> {
@@ -393,19 +366,10 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
             }
         }
         StatusWrite::HttpRoute { key, parents, .. } => {
-            let r = ObjectRef::new(&key.name).within(&key.namespace);
-            let old = live(&stores.http_routes, r)
-                .and_then(|o| o.status)
-                .map(|s| s.parents)
-                .unwrap_or_default();
-            for p in parents {
-                let o = old.iter().find(|o| {
-                    o.controller_name == p.controller_name && same(&o.parent_ref, &p.parent_ref)
-                });
-                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
-                let part = format!("parent {}", p.parent_ref.name);
-                diff(Some(part), &p.conditions, oc);
-            }
+            route_rejections::<HttpRoute>(stores, key, parents, &mut diff);
+        }
+        StatusWrite::GrpcRoute { key, parents, .. } => {
+            route_rejections::<GrpcRoute>(stores, key, parents, &mut diff);
         }
         StatusWrite::Policy { kind, key, status } => {
             let old = match *kind {
@@ -447,17 +411,12 @@ pub async fn apply(client: &Client, write: &StatusWrite) -> Result<(), kube::Err
             key,
             resource_version,
             parents,
-        } => {
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": "HTTPRoute",
-                "metadata": {"name": key.name, "namespace": key.namespace,
-                             "resourceVersion": resource_version},
-                "status": {"parents": parents},
-            });
-            Api::<HttpRoute>::namespaced(client.clone(), &key.namespace)
-                .patch_status(&key.name, &pp, &Patch::Apply(body))
-                .await?;
-        }
+        } => apply_route::<HttpRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::GrpcRoute {
+            key,
+            resource_version,
+            parents,
+        } => apply_route::<GrpcRoute>(client, &pp, key, resource_version, parents).await?,
         StatusWrite::Policy { kind, key, status } => {
             let body = json!({
                 "apiVersion": "tollgate.dev/v1alpha1", "kind": kind,

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
+use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -52,6 +53,8 @@ pub enum Kind {
     Gateway,
     /// gateway.networking.k8s.io HTTPRoute.
     HttpRoute,
+    /// gateway.networking.k8s.io GRPCRoute.
+    GrpcRoute,
     /// gateway.networking.k8s.io ReferenceGrant.
     ReferenceGrant,
     /// core Service.
@@ -77,6 +80,7 @@ impl Kind {
             Self::GatewayClass => "GatewayClass",
             Self::Gateway => "Gateway",
             Self::HttpRoute => "HTTPRoute",
+            Self::GrpcRoute => "GRPCRoute",
             Self::ReferenceGrant => "ReferenceGrant",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
@@ -120,6 +124,8 @@ pub struct Stores {
     pub gateways: Store<Lenient<Gateway>>,
     /// HTTPRoutes.
     pub http_routes: Store<Lenient<HttpRoute>>,
+    /// GRPCRoutes.
+    pub grpc_routes: Store<Lenient<GrpcRoute>>,
     /// ReferenceGrants.
     pub reference_grants: Store<Lenient<ReferenceGrant>>,
     /// Services.
@@ -158,6 +164,8 @@ impl Stores {
         tasks.push(t);
         let (http_routes, t) = w(Kind::HttpRoute).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
+        let (grpc_routes, t) = w(Kind::GrpcRoute).spawn(Api::all(client.clone()), cfg());
+        tasks.push(t);
         let (reference_grants, t) = w(Kind::ReferenceGrant).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
         let (services, t) = w(Kind::Service).spawn(Api::all(client.clone()), cfg());
@@ -183,6 +191,7 @@ impl Stores {
             gateway_classes,
             gateways,
             http_routes,
+            grpc_routes,
             reference_grants,
             services,
             endpoint_slices,
@@ -200,6 +209,7 @@ impl Stores {
         self.gateway_classes.wait_until_ready().await?;
         self.gateways.wait_until_ready().await?;
         self.http_routes.wait_until_ready().await?;
+        self.grpc_routes.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
         self.endpoint_slices.wait_until_ready().await?;
@@ -216,6 +226,7 @@ impl Stores {
         inputs.gateway_classes = well_formed(&self.gateway_classes);
         inputs.gateways = well_formed(&self.gateways);
         inputs.http_routes = well_formed(&self.http_routes);
+        inputs.grpc_routes = well_formed(&self.grpc_routes);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
         inputs.endpoint_slices = well_formed(&self.endpoint_slices);
@@ -361,6 +372,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
         Kind::GatewayClass
             | Kind::Gateway
             | Kind::HttpRoute
+            | Kind::GrpcRoute
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy
             | Kind::AuthPolicy
@@ -405,6 +417,15 @@ mod tests {
             Relevance::Full
         );
         assert_eq!(relevance(Kind::HttpRoute, None, &a), Relevance::Full);
+        let grpc = |generation: i64, status: &str| -> Lenient<GrpcRoute> {
+            Lenient::from_value(json!({
+                "metadata": {"name": "g", "namespace": "n", "generation": generation},
+                "spec": {},
+                "status": {"parents": [{"controllerName": status, "parentRef": {"name": "g"}, "conditions": []}]},
+            }))
+        };
+        let (a, b) = (grpc(1, "x/a"), grpc(1, "x/b"));
+        assert_eq!(relevance(Kind::GrpcRoute, Some(&a), &b), Relevance::Status);
     }
 
     #[test]

@@ -96,6 +96,15 @@ pub fn parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> &'a 
         .conditions
 }
 
+/// Conditions of the `i`th parents[] entry of a GRPCRoute.
+pub fn grpc_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> &'a [Condition] {
+    &out.grpc_routes
+        .get(&ObjectKey::new(ns, name))
+        .unwrap_or_else(|| panic!("no status for GRPCRoute {ns}/{name}"))
+        .parents[i]
+        .conditions
+}
+
 /// Asserts the route's single parent is Accepted=True and ResolvedRefs=True.
 #[track_caller]
 pub fn assert_route_ok(out: &Output, ns: &str, name: &str) {

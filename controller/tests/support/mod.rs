@@ -1,5 +1,6 @@
 //! Helpers for tests that run the `tollgate` binary: a child process killed on drop, free
-//! ports, and a tiny HTTP/1.1 client over loopback.
+//! ports, a tiny HTTP/1.1 client over loopback, and an HTTP/2 prior-knowledge (h2c) POST as a
+//! gRPC client sends it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
@@ -68,6 +69,8 @@ pub struct Resp {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
+    /// Trailers (HTTP/2 responses only).
+    pub trailers: Vec<(String, String)>,
 }
 
 impl Resp {
@@ -121,6 +124,7 @@ fn parse(raw: &[u8]) -> Option<Resp> {
         status,
         headers,
         body,
+        trailers: Vec::new(),
     })
 }
 
@@ -214,4 +218,71 @@ pub fn get_with(port: u16, host: &str, path: &str, headers: &[(&str, &str)]) -> 
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     parse(&raw)
+}
+
+/// Sends one HTTP/2 prior-knowledge (h2c) `POST path` to `127.0.0.1:port` with `headers` and
+/// `body`, as a gRPC client does. `None` when nothing listens or the exchange fails.
+pub fn post_h2c(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<Resp> {
+    use http_body_util::BodyExt;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .ok()?;
+        tokio::spawn(conn);
+        let mut req = http::Request::post(format!("http://127.0.0.1:{port}{path}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
+                body,
+            )))
+            .ok()?;
+        let resp = send.send_request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let collected = resp.into_body().collect().await.ok()?;
+        let trailers = collected
+            .trailers()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = collected.to_bytes();
+        Some(Resp {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            trailers,
+        })
+    };
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), exchange)
+            .await
+            .ok()?
+    })
 }

@@ -34,7 +34,8 @@ pub struct RouteTable {
     pub ports: Vec<PortConfig>,
     /// Backends by key (see [`BackendKey`]), referenced from routes.
     pub backends: BTreeMap<String, Backend>,
-    /// Effective policies by key (`namespace/route/rule-index`), referenced from routes.
+    /// Effective policies by key (`namespace/route/rule-index`, `#grpc` appended for a
+    /// GRPCRoute's rule, `@listener` appended when listeners differ), referenced from routes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub policies: BTreeMap<String, PolicySet>,
 }
@@ -136,13 +137,14 @@ pub struct VirtualHost {
     pub routes: Vec<Route>,
 }
 
-/// One HTTPRoute match with the rule it belongs to.
+/// One HTTPRoute or GRPCRoute match with the rule it belongs to (a GRPCRoute's service and
+/// method are compiled into a path match on `/service/method`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Route {
-    /// The HTTPRoute (a metrics label and log field).
+    /// The HTTPRoute or GRPCRoute (a metrics label and log field).
     pub route: ObjectKey,
-    /// Index of the rule in the HTTPRoute.
+    /// Index of the rule in the route.
     pub rule_index: u32,
     /// Optional rule name (`rules[].name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -406,13 +408,26 @@ pub struct Endpoint {
     pub port: u16,
 }
 
-/// Builds the key of a backend: `namespace/service:port`.
+/// Builds the key of a backend.
+///
+/// - `namespace/service:port`: a Service port referenced by an HTTPRoute, spoken to with the
+///   protocol its `appProtocol` names.
+/// - `namespace/service:port#h2c`: the same Service port referenced by a GRPCRoute, always
+///   spoken to over HTTP/2 with prior knowledge. The suffix keeps the two apart when an
+///   HTTPRoute and a GRPCRoute share a Service port (each needs its own protocol).
+///
+/// The proxy treats keys as opaque: it only looks them up in [`RouteTable::backends`].
 pub struct BackendKey;
 
 impl BackendKey {
     /// `namespace/service:port`.
     pub fn of(namespace: &str, service: &str, port: u16) -> String {
         format!("{namespace}/{service}:{port}")
+    }
+
+    /// `namespace/service:port#h2c`: a Service port referenced by a GRPCRoute.
+    pub fn h2c(namespace: &str, service: &str, port: u16) -> String {
+        format!("{namespace}/{service}:{port}#h2c")
     }
 }
 

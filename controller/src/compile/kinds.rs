@@ -1,0 +1,212 @@
+//! Route kinds: what HTTPRoute and GRPCRoute share, so attachment, status and rejections are
+//! written once.
+//!
+//! In: an HTTPRoute or a GRPCRoute. Out: a [`RouteSource`] giving attachment what it reads
+//! (kind, metadata, hostnames, parentRefs) and the compiled rules; and [`RouteParent`], the
+//! accessors of a `status.parents[]` entry that both generated status types share, so the
+//! status writer, `validate` and the rejection list handle both kinds with one body.
+//!
+//! The compiler keeps parentRefs and parent statuses in the HTTPRoute types internally (the
+//! generated GRPCRoute types have the same fields under other names) and converts GRPCRoute
+//! ones at the edges: parentRefs on the way in, statuses on the way out.
+
+use std::borrow::Cow;
+
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
+use gateway_api::httproutes::{
+    HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+
+use super::backends::Resolver;
+use super::rules::{CompiledRoute, compile_route};
+
+/// Builds a parentRef-shaped generated type from another (they share these six fields).
+macro_rules! parent_ref_as {
+    ($t:ident, $p:expr) => {{
+        let p = $p;
+        $t {
+            group: p.group.clone(),
+            kind: p.kind.clone(),
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            port: p.port,
+            section_name: p.section_name.clone(),
+        }
+    }};
+}
+
+/// The route kinds we serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RouteKind {
+    /// gateway.networking.k8s.io HTTPRoute.
+    Http,
+    /// gateway.networking.k8s.io GRPCRoute: backends always spoken to over h2c.
+    Grpc,
+}
+
+impl RouteKind {
+    /// Every kind, in the order listeners advertise them in `supportedKinds`.
+    pub const ALL: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
+
+    /// The Kubernetes kind name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "HTTPRoute",
+            Self::Grpc => "GRPCRoute",
+        }
+    }
+
+    /// The kind named `name` (gateway.networking.k8s.io group), if we serve it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for RouteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A route of either kind, as attachment reads it.
+#[derive(Debug, Clone, Copy)]
+pub enum RouteSource<'a> {
+    /// An HTTPRoute.
+    Http(&'a HttpRoute),
+    /// A GRPCRoute.
+    Grpc(&'a GrpcRoute),
+}
+
+impl<'a> RouteSource<'a> {
+    /// Its kind.
+    pub fn kind(self) -> RouteKind {
+        match self {
+            Self::Http(_) => RouteKind::Http,
+            Self::Grpc(_) => RouteKind::Grpc,
+        }
+    }
+
+    /// Its metadata.
+    pub fn meta(self) -> &'a ObjectMeta {
+        match self {
+            Self::Http(r) => &r.metadata,
+            Self::Grpc(r) => &r.metadata,
+        }
+    }
+
+    /// `spec.hostnames`.
+    pub fn hostnames(self) -> &'a [String] {
+        match self {
+            Self::Http(r) => r.spec.hostnames.as_deref(),
+            Self::Grpc(r) => r.spec.hostnames.as_deref(),
+        }
+        .unwrap_or_default()
+    }
+
+    /// `spec.parentRefs`, GRPCRoute ones converted to the HTTPRoute type (same fields).
+    pub fn parent_refs(self) -> Cow<'a, [HttpRouteParentRefs]> {
+        match self {
+            Self::Http(r) => Cow::Borrowed(r.spec.parent_refs.as_deref().unwrap_or_default()),
+            Self::Grpc(r) => Cow::Owned(
+                r.spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Compiles its rules.
+    pub fn compile(self, resolver: &mut Resolver<'_, '_>) -> CompiledRoute {
+        match self {
+            Self::Http(r) => compile_route(r, resolver),
+            Self::Grpc(r) => super::grpc::compile_grpc_route(r, resolver),
+        }
+    }
+}
+
+/// A GRPCRoute `status.parents[]` entry from the compiler's (HTTPRoute-typed) one.
+pub fn grpc_parent(p: HttpRouteStatusParents) -> GrpcRouteStatusParents {
+    GrpcRouteStatusParents {
+        parent_ref: parent_ref_as!(GrpcRouteStatusParentsParentRef, &p.parent_ref),
+        conditions: p.conditions,
+        controller_name: p.controller_name,
+    }
+}
+
+/// A `status.parents[]` entry of any route kind.
+pub trait RouteParent: Clone + PartialEq + serde::Serialize {
+    /// `controllerName`.
+    fn controller_name(&self) -> &str;
+    /// Sets `controllerName`.
+    fn set_controller_name(&mut self, name: &str);
+    /// `conditions`.
+    fn conditions(&self) -> &[Condition];
+    /// `conditions`, mutable.
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+    /// `parentRef` as (namespace, name, sectionName, port).
+    fn parent(&self) -> (Option<&str>, &str, Option<&str>, Option<i32>);
+    /// Whether both entries are for the same parentRef (typed equality).
+    fn same_parent(&self, other: &Self) -> bool;
+    /// `parentRef` alone, for comparing in serialized form.
+    fn parent_ref_json(&self) -> serde_json::Value;
+}
+
+/// Implements [`RouteParent`] for a generated status type (the types differ only in name).
+macro_rules! route_parent {
+    ($t:ty) => {
+        impl RouteParent for $t {
+            fn controller_name(&self) -> &str {
+                &self.controller_name
+            }
+            fn set_controller_name(&mut self, name: &str) {
+                name.clone_into(&mut self.controller_name);
+            }
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
+            fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+                &mut self.conditions
+            }
+            fn parent(&self) -> (Option<&str>, &str, Option<&str>, Option<i32>) {
+                let r = &self.parent_ref;
+                (
+                    r.namespace.as_deref(),
+                    &r.name,
+                    r.section_name.as_deref(),
+                    r.port,
+                )
+            }
+            fn same_parent(&self, other: &Self) -> bool {
+                self.parent_ref == other.parent_ref
+            }
+            fn parent_ref_json(&self) -> serde_json::Value {
+                serde_json::to_value(&self.parent_ref).unwrap_or_default()
+            }
+        }
+    };
+}
+
+route_parent!(HttpRouteStatusParents);
+route_parent!(GrpcRouteStatusParents);
+
+/// The parentRef of a status entry, built from a (HTTPRoute-typed) parentRef.
+pub fn status_parent_ref(p: &HttpRouteParentRefs) -> HttpRouteStatusParentsParentRef {
+    parent_ref_as!(HttpRouteStatusParentsParentRef, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_their_names() {
+        for k in RouteKind::ALL {
+            assert_eq!(RouteKind::from_name(k.as_str()), Some(k));
+        }
+        assert_eq!(RouteKind::from_name("TCPRoute"), None);
+    }
+}
