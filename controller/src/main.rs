@@ -13,7 +13,8 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use tollgate::run::{RunOptions, Runner, next_change, watch};
-use tollgate_proxy::Metrics;
+use tollgate_proxy::policy::RateLimitArgs;
+use tollgate_proxy::{Metrics, ProxyOptions};
 use tracing::{info, warn};
 
 #[derive(Parser)]
@@ -39,6 +40,9 @@ enum Command {
         /// Write one JSON access-log line per request to stdout.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         access_log: bool,
+        /// Rate-limit storage.
+        #[command(flatten)]
+        rate_limit: RateLimitArgs,
     },
     /// Print the status each object in DIR would get; exit 1 if any is rejected.
     Validate {
@@ -95,6 +99,9 @@ struct ControllerArgs {
     /// Proxy image of provisioned Deployments.
     #[arg(long, default_value = "ghcr.io/tollgate-dev/tollgate-proxy:latest")]
     proxy_image: String,
+    /// Rate-limit storage of the provisioned proxies (passed on to them).
+    #[command(flatten)]
+    rate_limit: RateLimitArgs,
     /// Type of provisioned Services.
     #[arg(long, default_value = "LoadBalancer")]
     service_type: String,
@@ -181,6 +188,7 @@ fn main() -> ExitCode {
             admin,
             demo_backend,
             access_log,
+            rate_limit,
         } => {
             init_tracing();
             let rt = match tokio::runtime::Runtime::new() {
@@ -190,7 +198,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(run(dir, admin, demo_backend, access_log)) {
+            match rt.block_on(run(dir, admin, demo_backend, access_log, rate_limit)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
@@ -238,6 +246,7 @@ async fn run(
     admin: String,
     demo_backend: Option<SocketAddr>,
     access_log: bool,
+    rate_limit: RateLimitArgs,
 ) -> anyhow::Result<()> {
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
@@ -248,9 +257,16 @@ async fn run(
         std::mem::forget(_task);
     }
     let metrics = Arc::new(Metrics::new());
+    let storage = rate_limit.storage()?;
+    let limiter = ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    }
+    .rate_limiter(storage)?;
     let opts = RunOptions {
         dir: dir.clone(),
         access_log,
+        rate_limiter: Some(limiter),
     };
     let mut runner = Runner::new(&opts, metrics.clone());
     runner
@@ -347,7 +363,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         service_type: args.service_type.clone(),
         controller_url: args.controller_url.clone(),
         controller_namespace: namespace.clone(),
+        proxy_args: args.rate_limit.to_flags(),
     });
+    // Refuse inconsistent storage flags here rather than in every proxy.
+    args.rate_limit.storage()?;
     let cfg = controller::ControllerConfig {
         settings: reconcile::Settings {
             controller_name: args.controller_name.clone(),

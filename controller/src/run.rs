@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::{ObjectKey, RouteTable};
+use tollgate_proxy::policy::ratelimit::RateLimiter;
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
 use tracing::{error, info, warn};
 
@@ -36,6 +37,8 @@ pub struct RunOptions {
     pub dir: PathBuf,
     /// Write one JSON access-log line per request.
     pub access_log: bool,
+    /// Rate-limit counters shared by every served Gateway (`None` = in memory).
+    pub rate_limiter: Option<RateLimiter>,
 }
 
 /// One served Gateway.
@@ -51,6 +54,7 @@ pub struct Runner {
     manifests: ManifestDir,
     metrics: Arc<Metrics>,
     access_log: bool,
+    rate_limiter: RateLimiter,
     served: BTreeMap<ObjectKey, Served>,
     reported: BTreeSet<String>,
 }
@@ -60,6 +64,10 @@ impl Runner {
     pub fn new(opts: &RunOptions, metrics: Arc<Metrics>) -> Self {
         Self {
             manifests: ManifestDir::new(&opts.dir),
+            rate_limiter: opts
+                .rate_limiter
+                .clone()
+                .unwrap_or_else(|| RateLimiter::in_memory(metrics.rate_limit().clone())),
             metrics,
             access_log: opts.access_log,
             served: BTreeMap::new(),
@@ -105,6 +113,7 @@ impl Runner {
                 proxy: Proxy::new(ProxyOptions {
                     metrics: self.metrics.clone(),
                     access_log: self.access_log,
+                    rate_limiter: Some(self.rate_limiter.clone()),
                     ..ProxyOptions::default()
                 }),
                 applied: RouteTable::default(),

@@ -70,6 +70,7 @@ fn config() -> ProvisionConfig {
         service_type: "LoadBalancer".into(),
         controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
         controller_namespace: "tollgate-system".into(),
+        proxy_args: vec!["--redis-url=redis://redis.cache:6379".into()],
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use tollgate_api::{ObjectKey, RouteTable};
+use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::subscribe::{self, SubscribeConfig};
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions, serve_admin};
 use tracing::{error, info, warn};
@@ -56,6 +57,9 @@ struct Args {
     /// Runtime worker threads (default: one per core); 1 runs everything on one thread.
     #[arg(long)]
     workers: Option<usize>,
+    /// Rate-limit storage.
+    #[command(flatten)]
+    rate_limit: RateLimitArgs,
 }
 
 fn parse(path: &Path, text: &str) -> anyhow::Result<RouteTable> {
@@ -86,11 +90,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::new(ProxyOptions {
+    let mut options = ProxyOptions {
         metrics: metrics.clone(),
         access_log: args.access_log,
         ..ProxyOptions::default()
-    });
+    };
+    options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
+    let proxy = Proxy::new(options);
     // The subscription, kept alive until shutdown.
     let mut subscription = None;
     let ready: Arc<dyn Fn() -> bool + Send + Sync> = match (&args.table, &args.controller) {

@@ -60,6 +60,8 @@ pub struct ProvisionConfig {
     pub controller_url: String,
     /// Namespace the controller runs in (where its CA Secret lives).
     pub controller_namespace: String,
+    /// Extra arguments for every provisioned proxy (the rate-limit storage flags).
+    pub proxy_args: Vec<String>,
 }
 
 impl Default for ProvisionConfig {
@@ -69,6 +71,7 @@ impl Default for ProvisionConfig {
             service_type: "LoadBalancer".into(),
             controller_url: "https://tollgate-controller.tollgate-system.svc:9443".into(),
             controller_namespace: "tollgate-system".into(),
+            proxy_args: Vec::new(),
         }
     }
 }

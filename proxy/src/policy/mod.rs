@@ -10,3 +10,6 @@ pub mod enforce;
 pub mod ratelimit;
 
 pub use enforce::{Enforcer, PolicyError, PolicyRuntime};
+pub mod storage_args;
+
+pub use storage_args::RateLimitArgs;

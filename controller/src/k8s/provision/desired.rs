@@ -360,7 +360,9 @@ fn pod_spec(
                 &format!("0.0.0.0:{ADMIN_PORT}"),
             ]
             .map(String::from)
-            .to_vec(),
+            .into_iter()
+            .chain(config.proxy_args.iter().cloned())
+            .collect(),
         ),
         env: Some(vec![
             field_env("POD_NAME", "metadata.name"),

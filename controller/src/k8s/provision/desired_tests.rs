@@ -14,6 +14,7 @@ fn mk_config() -> ProvisionConfig {
         service_type: "LoadBalancer".into(),
         controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
         controller_namespace: "tollgate-system".into(),
+        proxy_args: vec!["--redis-url=redis://redis.cache:6379".into()],
     }
 }
 
@@ -262,6 +263,7 @@ fn proxy_container_runs_the_gateway_with_the_controller_url() {
             "/var/lib/tollgate",
             "--admin",
             "0.0.0.0:9902",
+            "--redis-url=redis://redis.cache:6379",
         ]
     );
     let env = c.env.as_ref().unwrap();
