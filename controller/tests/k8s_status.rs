@@ -465,3 +465,67 @@ async fn grpcroute_statuses_carry_exact_conditions_and_reasons() {
         ctl.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_leaves_our_class_loses_our_status() {
+    let env = TestEnv::new("release").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+    let g = gateway_written(&env, "gw").await;
+    assert!(g.status.unwrap().listeners.is_some_and(|l| !l.is_empty()));
+
+    // Move the Gateway to a class no controller here owns.
+    env.apply::<Gateway>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": "nobody-owns-this", "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP"}]},
+    }))
+    .await;
+    let released = eventually(WAIT, || async {
+        let g: Gateway = env.get("gw").await;
+        let s = g.status.unwrap_or_default();
+        let ours_left = s.listeners.as_ref().is_some_and(|l| !l.is_empty())
+            || s.conditions.iter().flatten().any(|c| c.status != "Unknown");
+        (!ours_left).then_some(s)
+    })
+    .await
+    .unwrap_or_else(|| panic!("status not released:\n{}", ctl.log()));
+    // What remains is the CRD's default (Unknown/Pending), if anything.
+    for c in released.conditions.iter().flatten() {
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", "Pending")
+        );
+    }
+    let managers: Vec<String> = env
+        .get::<Gateway>("gw")
+        .await
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:status")?.as_object().map(|o| !o.is_empty()))
+                .unwrap_or(false)
+        })
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        !managers.contains(&env.controller_name),
+        "still owns status fields: {managers:?}"
+    );
+    // Nothing more to write: no churn once released.
+    let writes = ctl.metric("tollgate_controller_status_writes_total", "Gateway");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        ctl.metric("tollgate_controller_status_writes_total", "Gateway"),
+        writes,
+        "{}",
+        ctl.log()
+    );
+}

@@ -63,7 +63,18 @@ impl<K: Resource<DynamicType = ()>> Lenient<K> {
     /// client-side-apply annotation.
     pub fn strip(&mut self) {
         let meta = self.meta_mut();
-        meta.managed_fields = None;
+        // Keep who manages the status subresource (the small status field sets only): the
+        // status writer releases a status it owned once the object is no longer ours.
+        meta.managed_fields = meta
+            .managed_fields
+            .take()
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .filter(|e| e.subresource.as_deref() == Some("status"))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|v| !v.is_empty());
         if let Some(a) = meta.annotations.as_mut() {
             a.remove(LAST_APPLIED);
             if a.is_empty() {

@@ -360,8 +360,9 @@ impl Reconciler {
         let jobs = planned.into_iter().map(|(w, rv)| {
             let rejections = status::new_rejections(&w, &self.stores);
             let client = self.client.clone();
+            let manager = self.settings.controller_name.clone();
             async move {
-                let r = status::apply(&client, &w).await;
+                let r = status::apply(&client, &w, &manager).await;
                 (w, rv, rejections, r)
             }
         });
@@ -410,6 +411,7 @@ impl Reconciler {
                 .gateway_classes
                 .get(&ObjectRef::new(name))
                 .and_then(|o| o.uid()),
+            StatusWrite::Release { .. } => None,
             StatusWrite::Gateway { .. } => self
                 .stores
                 .gateways

@@ -38,7 +38,9 @@ use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
 
-/// Field manager of every status write.
+/// Field manager of status writes of the default controller; every controller writes status
+/// as its own controller name (see [`apply`]), so two Tollgate controllers with different
+/// names never take each other's fields.
 pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
 
 /// `apiVersion` of the Gateway API objects we write.
@@ -79,6 +81,14 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<GrpcRouteStatusParents>,
     },
+    /// Our status on a Gateway or GatewayClass that is no longer ours: applying an empty
+    /// status as our field manager removes every field we own.
+    Release {
+        /// `Gateway` or `GatewayClass`.
+        kind: &'static str,
+        /// Namespace (empty for a GatewayClass) and name.
+        key: ObjectKey,
+    },
     /// A RateLimitPolicy or AuthPolicy status (ours alone: only Tollgate reads our CRDs).
     Policy {
         /// `RateLimitPolicy` or `AuthPolicy`.
@@ -111,7 +121,7 @@ impl StatusWrite {
             Self::Gateway { .. } => "Gateway",
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
-            Self::Policy { kind, .. } => kind,
+            Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
         }
     }
 
@@ -122,7 +132,8 @@ impl StatusWrite {
             Self::Gateway { key, .. }
             | Self::HttpRoute { key, .. }
             | Self::GrpcRoute { key, .. }
-            | Self::Policy { key, .. } => key.clone(),
+            | Self::Policy { key, .. }
+            | Self::Release { key, .. } => key.clone(),
         }
     }
 }
@@ -189,6 +200,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             }
         }
     }
+    release_stale(out, stores, controller_name, &mut writes);
     writes
 }
 
@@ -198,6 +210,48 @@ pub(super) fn live<K: Resource<DynamicType = ()> + Clone>(
     r: ObjectRef<Lenient<K>>,
 ) -> Option<K> {
     store.get(&r).and_then(|o| o.as_ok().cloned())
+}
+
+/// Releases our status on Gateways and GatewayClasses that are no longer ours (class changed
+/// to another controller's, or its controllerName changed): those whose status subresource
+/// still lists `manager` among its field managers but that the compiler gave no status.
+fn release_stale(out: &Output, stores: &Stores, manager: &str, writes: &mut Vec<StatusWrite>) {
+    // The API server keeps a manager's entry after it released everything (`f:status: {}`):
+    // only a non-empty field set under status counts.
+    let owns = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.managed_fields.iter().flatten().any(|e| {
+            e.manager.as_deref() == Some(manager)
+                && e.subresource.as_deref() == Some("status")
+                && e.fields_v1.as_ref().is_some_and(|f| {
+                    f.0.get("f:status")
+                        .and_then(serde_json::Value::as_object)
+                        .is_some_and(|o| !o.is_empty())
+                })
+        })
+    };
+    for o in stores.gateway_classes.state() {
+        let Lenient::Ok(c) = o.as_ref() else { continue };
+        let name = c.metadata.name.clone().unwrap_or_default();
+        if !out.gateway_classes.contains_key(&name) && owns(&c.metadata) {
+            writes.push(StatusWrite::Release {
+                kind: "GatewayClass",
+                key: ObjectKey::new("", name),
+            });
+        }
+    }
+    for o in stores.gateways.state() {
+        let Lenient::Ok(g) = o.as_ref() else { continue };
+        let key = ObjectKey::new(
+            g.metadata.namespace.as_deref().unwrap_or_default(),
+            g.metadata.name.as_deref().unwrap_or_default(),
+        );
+        if !out.gateways.contains_key(&key) && owns(&g.metadata) {
+            writes.push(StatusWrite::Release {
+                kind: "Gateway",
+                key,
+            });
+        }
+    }
 }
 
 /// Live statuses of one policy kind by key (an object without status maps to the default).
@@ -339,6 +393,7 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         }
     };
     match write {
+        StatusWrite::Release { .. } => {}
         StatusWrite::GatewayClass { name, status } => {
             let old = live(&stores.gateway_classes, ObjectRef::new(name))
                 .and_then(|o| o.status)
@@ -384,9 +439,28 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
 }
 
 /// Sends one write: server-side apply of the status subresource, forced.
-pub async fn apply(client: &Client, write: &StatusWrite) -> Result<(), kube::Error> {
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
+pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Result<(), kube::Error> {
+    let pp = PatchParams::apply(manager).force();
     match write {
+        StatusWrite::Release { kind, key } => {
+            let mut meta = json!({"name": key.name});
+            if !key.namespace.is_empty() {
+                meta["namespace"] = json!(key.namespace);
+            }
+            let body = json!({
+                "apiVersion": API_VERSION, "kind": kind, "metadata": meta, "status": {},
+            });
+            let patch = Patch::Apply(body);
+            if *kind == "GatewayClass" {
+                Api::<GatewayClass>::all(client.clone())
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            } else {
+                Api::<Gateway>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            }
+        }
         StatusWrite::GatewayClass { name, status } => {
             let body = json!({
                 "apiVersion": API_VERSION, "kind": "GatewayClass",
