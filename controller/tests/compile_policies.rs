@@ -88,6 +88,7 @@ fn invalid_cel_and_window_and_methods() {
         (ap(&out, "no-creds"), "Secret pol/missing not found"),
     ] {
         assert_cond(c, "Accepted", "False", "Invalid");
+        assert_cond(c, "Stalled", "True", "Invalid");
         let m = &cond(c, "Accepted").message;
         assert!(m.contains(needle), "{m}");
     }

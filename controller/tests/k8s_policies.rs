@@ -109,11 +109,20 @@ async fn policies_reach_accepted_and_rejections_carry_their_reasons() {
     assert_eq!(s.ancestors[0].ancestor_ref.namespace, env.ns);
 
     let bad = rlp_conds(&env, "bad-cel", has("Accepted", "False")).await;
-    assert_eq!(bad, [("Accepted".into(), "False".into(), "Invalid".into())]);
+    assert_eq!(
+        bad,
+        [
+            ("Accepted".into(), "False".into(), "Invalid".into()),
+            ("Stalled".into(), "True".into(), "Invalid".into()),
+        ]
+    );
     let lost = rlp_conds(&env, "lost", has("Accepted", "False")).await;
     assert_eq!(
         lost,
-        [("Accepted".into(), "False".into(), "TargetNotFound".into())]
+        [
+            ("Accepted".into(), "False".into(), "TargetNotFound".into()),
+            ("Stalled".into(), "True".into(), "TargetNotFound".into()),
+        ]
     );
 
     // The route shows the policy affecting it.
@@ -195,6 +204,13 @@ async fn enforced_waits_for_a_proxy_and_api_key_secrets_follow_their_labels() {
         .await
         .unwrap_or_else(|| panic!("Enforced never False:\n{}", ctl.log()));
     assert_eq!(pending.reason, "Unknown", "{}", pending.message);
+    let p: AuthPolicy = env.get("keys").await;
+    let c = p.status.unwrap().conditions;
+    let r = find(&c, "Reconciling").expect("Reconciling while proxies catch up");
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "WaitingForProxies")
+    );
 
     // Subscribe a proxy with the certificate the controller issued.
     let secret: Secret = eventually(WAIT, || async {
@@ -232,6 +248,11 @@ async fn enforced_waits_for_a_proxy_and_api_key_secrets_follow_their_labels() {
         .await
         .unwrap_or_else(|| panic!("never Enforced:\n{}", ctl.log()));
     assert_eq!(enforced.reason, "Enforced");
+    let p: AuthPolicy = env.get("keys").await;
+    assert!(
+        find(&p.status.unwrap().conditions, "Reconciling").is_none(),
+        "no Reconciling once enforced"
+    );
 
     // Unlabelling the Secret revokes the key: the next table lacks its digest.
     env.apply::<Secret>(json!({

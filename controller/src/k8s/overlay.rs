@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate_api::ObjectKey;
 
 use crate::compile::conditions::PROGRAMMED;
-use crate::compile::policies::{ENFORCED, reason as policy_reason};
+use crate::compile::policies::{ENFORCED, RECONCILING, reason as policy_reason};
 use crate::crds::PolicyStatus;
 use crate::push::SyncState;
 
@@ -58,6 +58,7 @@ pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool)
 pub fn enforced(status: &mut PolicyStatus, programmed: &BTreeSet<ObjectKey>) {
     let is_true = |c: &Condition| c.type_ == ENFORCED && c.status == "True";
     let mut any = false;
+    let mut waiting = false;
     for a in &mut status.ancestors {
         let gw = ObjectKey::new(
             a.ancestor_ref.namespace.as_str(),
@@ -67,6 +68,7 @@ pub fn enforced(status: &mut PolicyStatus, programmed: &BTreeSet<ObjectKey>) {
             if programmed.contains(&gw) {
                 any = true;
             } else {
+                waiting = true;
                 c.status = "False".to_owned();
                 c.reason = policy_reason::UNKNOWN.to_owned();
                 c.message =
@@ -79,6 +81,17 @@ pub fn enforced(status: &mut PolicyStatus, programmed: &BTreeSet<ObjectKey>) {
             c.status = "False".to_owned();
             c.reason = policy_reason::UNKNOWN.to_owned();
             c.message = "waiting for proxies to run a table with this policy".to_owned();
+        }
+    }
+    // kstatus reads Reconciling=True as InProgress: some Gateway's proxies still catch up.
+    if waiting {
+        let template = status.conditions.first().cloned();
+        if let Some(mut c) = template {
+            c.type_ = RECONCILING.to_owned();
+            c.status = "True".to_owned();
+            c.reason = "WaitingForProxies".to_owned();
+            c.message = "waiting for proxies to run a table with this policy".to_owned();
+            status.conditions.push(c);
         }
     }
 }

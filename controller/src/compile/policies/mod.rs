@@ -39,6 +39,10 @@ use ratelimit::Limits;
 
 /// Condition type `Enforced`.
 pub const ENFORCED: &str = "Enforced";
+/// Condition type `Stalled` (kstatus: Failed), set while a policy is not accepted.
+pub const STALLED: &str = "Stalled";
+/// Condition type `Reconciling` (kstatus: InProgress), set while proxies catch up.
+pub const RECONCILING: &str = "Reconciling";
 
 /// Policy condition reasons.
 pub mod reason {
@@ -388,6 +392,10 @@ impl<T: Entries> Resolved<T> {
             };
             let is_accepted = accepted.status == "True";
             conditions.push(accepted.clone());
+            if !is_accepted {
+                // kstatus (Flux, Argo CD's kstatus-based checks) reads Stalled=True as Failed.
+                conditions.push(conds.yes(STALLED, &accepted.reason, accepted.message.clone()));
+            }
             let mut ancestors = Vec::new();
             if is_accepted {
                 conditions.push(self.enforced(i, None, &conds));
