@@ -1,8 +1,9 @@
 //! End-to-end tests of the `tollgate` binary: `run` on the quickstart exactly as the README
-//! says (and every other example, gRPC over h2c included), `run` applying file changes without
-//! a restart, and `validate`'s verdicts.
+//! says (and every other example, gRPC over h2c and the policy examples included), `run`
+//! applying file changes without a restart, and `validate`'s verdicts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod policy_examples;
 mod support;
 
 use std::time::Duration;
@@ -21,6 +22,9 @@ fn examples_serve_as_documented() {
     https();
     traffic_split();
     grpc();
+    policy_examples::rate_limit();
+    policy_examples::api_key();
+    policy_examples::jwt();
 }
 
 /// The README's first command: the quickstart with its demo backend, on the ports it documents.
@@ -422,6 +426,37 @@ fn validate_accepts_every_example() {
         let (code, out) = validate(&dir);
         assert_eq!(code, 0, "{}:\n{out}", dir.display());
         assert!(out.contains("Accepted=True"), "{out}");
+    }
+}
+
+/// `validate` prints "the status every object would get": policies are objects too, and a
+/// user checking a policy example should see it Accepted, not only learn of it when rejected.
+#[test]
+#[ignore = "bug: validate::render prints no RateLimitPolicy/AuthPolicy status; policies appear only in the rejected list"]
+fn validate_prints_policy_status() {
+    for (dir, header) in [
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/api-per-client",
+        ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/gateway-default",
+        ),
+        ("examples/api-key", "AuthPolicy default/orders-auth"),
+    ] {
+        let (code, out) = validate(&workspace().join(dir));
+        assert_eq!(code, 0, "{out}");
+        let mut lines = out.lines().skip_while(|l| *l != header);
+        assert_eq!(
+            lines.next(),
+            Some(header),
+            "{dir}: no {header} block:\n{out}"
+        );
+        assert!(
+            lines.next().is_some_and(|l| l.contains("Accepted=True")),
+            "{dir}:\n{out}"
+        );
     }
 }
 
