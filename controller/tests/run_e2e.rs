@@ -432,7 +432,6 @@ fn validate_accepts_every_example() {
 /// `validate` prints "the status every object would get": policies are objects too, and a
 /// user checking a policy example should see it Accepted, not only learn of it when rejected.
 #[test]
-#[ignore = "bug: validate::render prints no RateLimitPolicy/AuthPolicy status; policies appear only in the rejected list"]
 fn validate_prints_policy_status() {
     for (dir, header) in [
         (

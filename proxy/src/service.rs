@@ -288,15 +288,34 @@ async fn proxy(
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
+        // Lower-case, as routing matched it: a predicate on the host must not be escaped by
+        // sending it in another case.
+        let host = strip_port(original_host);
+        let host: std::borrow::Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            host.to_ascii_lowercase().into()
+        } else {
+            host.into()
+        };
         let info = RequestInfo {
-            host: strip_port(original_host),
+            host: &host,
             target,
             scheme: conn.scheme,
             peer: conn.peer,
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(headers) => policy_headers = headers,
-            Err(resp) => return resp.map(full),
+            Err(resp) => {
+                // A browser must be able to read the denial (status, Retry-After): decorate it
+                // as the route's CORS filters would decorate an upstream answer.
+                let mut resp = resp.map(full);
+                let origin = parts.headers.get(ORIGIN);
+                for f in &route.filters {
+                    if let Filter::Cors(c) = f {
+                        filters::cors_decorate(c, origin, resp.headers_mut());
+                    }
+                }
+                return resp;
+            }
         }
     }
 

@@ -266,7 +266,6 @@ async fn auth_whose_policy_level_when_does_not_hold_lets_the_request_through_ano
 /// `request.host` is documented (cel.rs `Attrs::host`) as lower-case, and routing ignores the
 /// case of the Host header; a policy keyed on the host must not be escaped by changing case.
 #[tokio::test]
-#[ignore = "bug: request.host is the Host header as sent, not lower-cased (service.rs passes strip_port(original_host))"]
 async fn request_host_is_lower_case_so_a_host_predicate_cannot_be_escaped() {
     let app = echo_backend("app").await;
     let mut a = api_key_auth();

@@ -170,7 +170,6 @@ async fn a_preflight_on_a_route_without_cors_is_authenticated_like_any_request()
 /// the upstream's answers get (as Envoy's CORS filter does for local replies). Without them
 /// the page sees an opaque network error and cannot read `Retry-After` or react to 401.
 #[tokio::test]
-#[ignore = "bug: policy denials on a CORS route carry no Access-Control-Allow-Origin (service.rs phase 2b returns before the CORS filter)"]
 async fn policy_denials_on_a_cors_route_carry_the_cors_headers() {
     let app = echo_backend("app").await;
     let mut r = guarded("api", "/", "p");
