@@ -39,6 +39,9 @@ trap 'e2e/cluster.sh down || true' EXIT
 e2e/cluster.sh up
 eval "$(e2e/cluster.sh env)"
 
+step "e2e/kstatus.sh build (kstatus-check for k8s_kstatus; cached, minutes the first time)"
+e2e/kstatus.sh build >/dev/null
+
 step "cargo test"
 cargo test --workspace --locked
 
