@@ -77,7 +77,7 @@ pub fn build_tables(
                     port,
                     protocol,
                     listeners: Vec::new(),
-                    client_validation: None,
+                    client_validation: l.client_validation.clone(),
                 })
                 .listeners
                 .push(ListenerConfig {
