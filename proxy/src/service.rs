@@ -4,8 +4,9 @@
 //! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
 //!    `max_body_bytes` → 413.
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
-//!    the route's policies (module `policy::enforce`): authentication → 401, authorization
-//!    → 403, rate limit → 429 (CORS preflights on a CORS route skip them).
+//!    the route's policies (module `policy::enforce`): authentication (X.509 with the
+//!    connection's verified client certificate) → 401, authorization → 403, rate limit →
+//!    429 (CORS preflights on a CORS route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
@@ -52,6 +53,9 @@ pub(crate) struct ConnCtx {
     pub table_port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
+    /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
+    /// authentication).
+    pub peer_cert: Option<Arc<[u8]>>,
 }
 
 /// The response type of the service.
@@ -301,6 +305,7 @@ async fn proxy(
             target,
             scheme: conn.scheme,
             peer: conn.peer,
+            peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(headers) => policy_headers = headers,

@@ -1,7 +1,8 @@
 //! The policy phase of a request: authentication, authorization, then rate limits.
 //!
 //! In: a table's [`PolicySet`]s (compiled once per snapshot into [`Enforcer`]s) and, per
-//! request, the matched route's enforcer and the request head. Out: either the headers to add
+//! request, the matched route's enforcer, the request head and [`RequestInfo`] (with the
+//! connection's verified client certificate, for X.509). Out: either the headers to add
 //! to the eventual response (`X-RateLimit-*`) or the answer that ends the request: the
 //! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`.
 //!
@@ -82,6 +83,9 @@ pub struct RequestInfo<'a> {
     pub scheme: &'a str,
     /// The client.
     pub peer: SocketAddr,
+    /// DER of the client certificate the TLS layer verified against the port's CAs; `None`
+    /// without one (X.509 authentication then fails).
+    pub peer_cert: Option<&'a [u8]>,
 }
 
 /// Headers to add to the response of an admitted request.
@@ -132,7 +136,7 @@ impl Enforcer {
             source: info.peer,
         });
         if let Some(auth) = &self.auth
-            && let AuthOutcome::Denied(d) = auth.check(parts, None, &mut act).await
+            && let AuthOutcome::Denied(d) = auth.check(parts, info.peer_cert, &mut act).await
         {
             return Err(d.into_response());
         }
