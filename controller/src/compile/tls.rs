@@ -240,11 +240,16 @@ fn ca_bundle(
             format!("{what}: {CA_KEY} holds no PEM certificate"),
         ));
     }
-    for c in &certs {
-        x509_parser::parse_x509_certificate(c).map_err(|e| {
+    // The proxy builds its trust anchors with rustls: accept exactly what it accepts, so a
+    // bad CA rejects this listener here instead of the whole table there.
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots.add(c).map_err(|e| {
             Problem::new(
                 reason::INVALID_CA_CERTIFICATE_REF,
-                format!("{what}: {CA_KEY} holds a certificate that does not parse: {e}"),
+                format!(
+                    "{what}: {CA_KEY} holds a certificate that is not a usable trust anchor: {e}"
+                ),
             )
         })?;
     }
