@@ -25,6 +25,8 @@ fn examples_serve_as_documented() {
     policy_examples::rate_limit();
     policy_examples::api_key();
     policy_examples::jwt();
+    policy_examples::introspection();
+    policy_examples::mtls();
 }
 
 /// The README's first command: the quickstart with its demo backend, on the ports it documents.
@@ -442,7 +444,17 @@ fn validate_prints_policy_status() {
             "examples/rate-limit",
             "RateLimitPolicy default/gateway-default",
         ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/exports-token-bucket",
+        ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/reports-fixed-window",
+        ),
         ("examples/api-key", "AuthPolicy default/orders-auth"),
+        ("examples/introspection", "AuthPolicy default/accounts-auth"),
+        ("examples/mtls", "AuthPolicy default/api-auth"),
     ] {
         let (code, out) = validate(&workspace().join(dir));
         assert_eq!(code, 0, "{out}");
