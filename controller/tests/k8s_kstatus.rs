@@ -26,10 +26,10 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use kube::{Api, Resource};
 use serde_json::{Value, json};
 use tollgate::crds::{AuthPolicy, RateLimitPolicy};
-use tollgate_api::ObjectKey;
-use tollgate_proxy::{Proxy, ProxyOptions};
 
-use k8s_support::{ControllerProc, TestEnv, eventually, free_port, kubeconfig, workspace};
+use k8s_support::{
+    ControllerProc, SubscribedProxy, TestEnv, eventually, free_port, kubeconfig, workspace,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 const RLP: &str = "tollgate.dev/v1alpha1/ratelimitpolicies";
@@ -359,28 +359,7 @@ async fn an_auth_policy_is_in_progress_until_a_proxy_runs_it() {
     );
 
     // A proxy subscribes with the certificate the controller issued and runs the table.
-    let secret: Secret = eventually(WAIT, || async {
-        let api: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
-        api.get_opt("gw-tollgate-proxy-tls").await.ok()?
-    })
-    .await
-    .unwrap();
-    let dir = std::env::temp_dir().join(format!("tollgate-kstatus-{}", env.ns));
-    let tls = dir.join("tls");
-    std::fs::create_dir_all(&tls).unwrap();
-    for (k, v) in secret.data.unwrap() {
-        std::fs::write(tls.join(k), v.0).unwrap();
-    }
-    let proxy = Proxy::new(ProxyOptions::default());
-    let cfg = tollgate_proxy::subscribe::SubscribeConfig::new(
-        url.clone(),
-        ObjectKey::new(env.ns.as_str(), "gw"),
-        "proxy-1",
-        &tls,
-        dir.join("state"),
-    );
-    let _sub = tollgate_proxy::subscribe::spawn(proxy.clone(), cfg).await;
-
+    let sub = SubscribedProxy::start(&env, &url, "gw").await;
     kstatus(&env, AP, "keys", "Current", WAIT, &log).await;
     let enforced = live::<AuthPolicy>(&env, "keys").await;
     argo(
@@ -390,7 +369,7 @@ async fn an_auth_policy_is_in_progress_until_a_proxy_runs_it() {
         "Healthy",
         "AuthPolicy is enforced",
     );
-    proxy.shutdown().await;
+    sub.proxy.shutdown().await;
 }
 
 /// The manifests examples/gitops/app holds (what the Argo CD Application and the Flux
