@@ -171,11 +171,11 @@ impl Reconciler {
         };
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
+            own_classes(&mut inputs, &self.settings.controller_name);
             let refs = referenced::references(&inputs);
             self.stores.referenced.replace(refs.clone());
             self.fetched.fill(&self.client, &mut inputs, &refs).await;
             let snapshot = started.elapsed();
-            own_classes(&mut inputs, &self.settings.controller_name);
             let mut out = compile(&inputs);
             drop(inputs);
             name_parents(&mut out, &self.settings.controller_name);

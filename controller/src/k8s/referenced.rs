@@ -20,6 +20,9 @@ use tracing::{debug, warn};
 use super::lenient::Lenient;
 use crate::compile::Inputs;
 
+/// Longest wait for one referenced object's payload.
+const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Annotation on a store copy whose payload was dropped.
 pub const DATA_OMITTED: &str = "tollgate.dev/data-omitted";
 
@@ -89,10 +92,21 @@ pub fn trim<K: Payload>(o: &mut Lenient<K>, refs: &Referenced) {
         .insert(DATA_OMITTED.to_owned(), "true".to_owned());
 }
 
-/// What the Gateways in `inputs` reference.
+/// What the Gateways of our classes in `inputs` reference (classes already owned by
+/// `compile::CONTROLLER_NAME`, see `reconcile::own_classes`).
 pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
+    let ours: BTreeSet<&str> = inputs
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec.controller_name == crate::compile::CONTROLLER_NAME)
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
     let mut out = BTreeSet::new();
-    for gw in &inputs.gateways {
+    for gw in inputs
+        .gateways
+        .iter()
+        .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+    {
         let ns = gw.metadata.namespace.clone().unwrap_or_default();
         for l in &gw.spec.listeners {
             for r in l
@@ -205,17 +219,22 @@ async fn fill_kind<K>(
             continue;
         }
         let api: Api<K> = Api::namespaced(client.clone(), &key.0);
-        match api.get(&key.1).await {
-            Ok(mut full) => {
+        // Bounded: a slow API server must not hold the whole reconcile (and readiness).
+        let got = tokio::time::timeout(FETCH_TIMEOUT, api.get(&key.1)).await;
+        match got {
+            Err(_) => {
+                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetching a referenced object timed out");
+            }
+            Ok(Err(e)) => {
+                // Compiled without its payload: the reference reads as invalid until a retry.
+                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, error = %e, "fetching a referenced object failed");
+            }
+            Ok(Ok(mut full)) => {
                 debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetched a referenced object's payload");
                 full.meta_mut().managed_fields = None;
                 let rv = full.meta().resource_version.clone().unwrap_or_default();
                 fetched.insert(key, (rv, full.clone()));
                 *o = full;
-            }
-            Err(e) => {
-                // Compiled without its payload: the reference reads as invalid until a retry.
-                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, error = %e, "fetching a referenced object failed");
             }
         }
     }

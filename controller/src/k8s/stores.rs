@@ -289,6 +289,13 @@ struct Watch {
     metrics: Arc<Metrics>,
 }
 
+/// True for a store copy whose payload was dropped: nothing references it.
+fn unreferenced(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    m.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DATA_OMITTED))
+}
+
 /// A hook run on every watched object before it is stored.
 type Trim<K> = Arc<dyn Fn(&mut Lenient<K>) + Send + Sync>;
 
@@ -337,19 +344,22 @@ impl Watch {
                     Event::Apply(o) => {
                         self.report_malformed(o);
                         let old = reader.get(&ObjectRef::from_obj(o));
-                        // An unreferenced Secret or ConfigMap that stays unreferenced changes
-                        // nothing a compile reads.
-                        let unreferenced =
-                            |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-                                m.annotations
-                                    .as_ref()
-                                    .is_some_and(|a| a.contains_key(DATA_OMITTED))
-                            };
+                        // A Secret or ConfigMap no Gateway references, before and after,
+                        // changes nothing a compile reads (nor does a new one).
                         match &old {
-                            Some(old) if unreferenced(old.meta()) && unreferenced(o.meta()) => None,
-                            _ => Some(relevance(self.kind, old.as_deref(), o)),
+                            // Nothing can live in a namespace before it exists: its objects
+                            // bring their own events.
+                            None if self.kind == Kind::Namespace => None,
+                            _ if !unreferenced(o.meta()) => {
+                                Some(relevance(self.kind, old.as_deref(), o))
+                            }
+                            Some(old) if !unreferenced(old.meta()) => {
+                                Some(relevance(self.kind, Some(old), o))
+                            }
+                            _ => None,
                         }
                     }
+                    Event::Delete(o) if unreferenced(o.meta()) => None,
                     Event::Delete(_) => Some(base_relevance(self.kind)),
                     Event::InitApply(o) => {
                         self.report_malformed(o);
