@@ -6,10 +6,15 @@
 #
 #   e2e/cluster.sh up      build missing binaries, start etcd + kube-apiserver,
 #                          install CRDs, wait until they are Established
-#   e2e/cluster.sh down    stop both processes and delete the state dir
+#   e2e/cluster.sh up --full  the same, plus kube-controller-manager, a bridge
+#                          (tgbr0, 10.244.0.0/24) and the Rust node agent
+#                          (e2e/node-agent): pods run as local processes in
+#                          network namespaces, Services and LoadBalancers work
+#                          (root only)
+#   e2e/cluster.sh down    stop everything it started and delete the state dir
 #   e2e/cluster.sh env     print `export KUBECONFIG=...`
 #   e2e/cluster.sh status  say whether the cluster is up (exit 1 if not)
-#   e2e/cluster.sh build   only build/cache the binaries
+#   e2e/cluster.sh build [--full]  only build/cache the binaries
 #   e2e/cluster.sh logs    print the tails of the etcd and apiserver logs
 #   e2e/cluster.sh kubectl ARGS...  kubectl against this cluster
 #
@@ -23,6 +28,8 @@
 #   TOLLGATE_ETCD_PEER_PORT     etcd peer port, default 2380
 #   TOLLGATE_GATEWAY_API_CHANNEL  experimental (default, a superset) | standard
 #   TOLLGATE_BUILD_JOBS         go build -p, default 1 (builds run under nice 19)
+#   CARGO_TARGET_DIR            where `up --full` builds the node agent; default
+#                               $TOLLGATE_CACHE_DIR/target
 #   TOLLGATE_UP_TIMEOUT         seconds to wait for etcd/apiserver/CRDs, default 120
 #   TOLLGATE_APISERVER_ARGS     extra kube-apiserver flags (word-split), e.g.
 #                               "--feature-gates=Foo=true --v=4"
@@ -33,6 +40,7 @@
 set -euo pipefail
 T0=$(date +%s.%N) # `up` reports its wall time from here
 BUILT=""          # names of the binaries this run had to build
+FULL=0            # `up --full` / `build --full`
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
@@ -96,6 +104,7 @@ KUBECTL_VERSION=$(module_version "$K8S_DIR/kubectl" k8s.io/kubectl) # v0.X.Y
 KUBECTL_VERSION=v1.${KUBECTL_VERSION#v0.}                            # v1.X.Y
 ETCD_BIN=$BIN_DIR/etcd-$ETCD_VERSION-$(wrapper_key "$K8S_DIR/etcd")
 APISERVER_BIN=$BIN_DIR/kube-apiserver-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-apiserver")
+KCM_BIN=$BIN_DIR/kube-controller-manager-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-controller-manager")
 KUBECTL_BIN=$BIN_DIR/kubectl-$KUBECTL_VERSION-$(wrapper_key "$K8S_DIR/kubectl")
 
 # go_build NAME MODULE_DIR OUT LDFLAGS
@@ -127,6 +136,10 @@ build_binaries() {
   go_build etcd "$K8S_DIR/etcd" "$ETCD_BIN" "-s -w"
   go_build kube-apiserver "$K8S_DIR/kube-apiserver" "$APISERVER_BIN" "$(k8s_ldflags "$K8S_VERSION")"
   resolve_kubectl
+  if ((FULL)); then
+    go_build kube-controller-manager "$K8S_DIR/kube-controller-manager" "$KCM_BIN" "$(k8s_ldflags "$K8S_VERSION")"
+    build_node_agent
+  fi
 }
 
 k8s_ldflags() { # k8s_ldflags VERSION: version stamping for k8s binaries
@@ -229,7 +242,7 @@ runs_current_binaries() {
 
 print_logs() {
   local f
-  for f in "$ETCD_LOG" "$APISERVER_LOG"; do
+  for f in "$ETCD_LOG" "$APISERVER_LOG" "$STATE_DIR/kube-controller-manager.log" "$STATE_DIR/node-agent.log"; do
     [[ -f $f ]] || continue
     printf '\n===== tail -n 40 %s =====\n' "$f" >&2
     tail -n 40 "$f" >&2
@@ -313,6 +326,9 @@ current-context: tollgate-e2e
 EOF
   chmod 600 "$KUBECONFIG_FILE"
 }
+
+# shellcheck source=e2e/full.sh
+source "$SCRIPT_DIR/full.sh"
 
 # --- start ---------------------------------------------------------------------
 
@@ -407,6 +423,7 @@ on_up_error() {
   ((rc == 0)) && return 0
   log "up failed (exit $rc); logs are in $STATE_DIR"
   print_logs
+  stop_full
   stop_pid "$APISERVER_PID" kube-apiserver
   stop_pid "$ETCD_PID" etcd
   exit "$rc"
@@ -438,11 +455,17 @@ cmd_up() {
       log "note: it keeps its ports ($APISERVER_PORT $ETCD_PORT $ETCD_PEER_PORT); run down first to change them"
     fi
     install_crds
+    if ((FULL)); then
+      trap on_full_error EXIT
+      start_full
+      trap - EXIT
+    fi
     ready_message
     return 0
   fi
 
   # Whatever is left of an earlier run (crashed, half started) is discarded.
+  stop_full
   stop_pid "$APISERVER_PID" kube-apiserver
   stop_pid "$ETCD_PID" etcd
   rm -rf "$STATE_DIR"
@@ -470,11 +493,13 @@ cmd_up() {
   log "kube-apiserver $K8S_VERSION ready on $(apiserver_url) ($(elapsed_since "$start")s)"
 
   install_crds
+  ((FULL)) && start_full
   trap - EXIT
   ready_message
 }
 
 cmd_down() {
+  stop_full
   stop_pid "$APISERVER_PID" kube-apiserver
   stop_pid "$ETCD_PID" etcd
   if [[ -d $STATE_DIR ]]; then
@@ -495,6 +520,17 @@ cmd_status() {
   fi
 }
 
+# parse_full ARGS...: `--full` (the only option of up and build) sets FULL=1.
+parse_full() {
+  local a
+  for a in "$@"; do
+    case $a in
+      --full) FULL=1 ;;
+      *) die "unknown option '$a' (only --full)" ;;
+    esac
+  done
+}
+
 # Serialise up/down so that two concurrent callers leave one cluster.
 lock() {
   mkdir -p "$(dirname "$STATE_DIR")"
@@ -511,11 +547,17 @@ usage() {
 # cluster.sh while `up` runs cannot make the running script misbehave.
 main() {
   case ${1:-} in
-    up) lock && cmd_up ;;
+    up)
+      parse_full "${@:2}"
+      lock && cmd_up
+      ;;
     down) lock && cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
-    build) build_binaries ;;
+    build)
+      parse_full "${@:2}"
+      build_binaries
+      ;;
     logs) print_logs ;;
     kubectl)
       shift

@@ -1,0 +1,239 @@
+//! The pod loop: bind pending pods to this node, run the ones bound here, report their
+//! status, tear down the ones deleted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use crate::error::{Error, Result};
+use crate::pod::{NodeCtx, PodRt};
+use crate::services::{HostEntry, hosts_for};
+use crate::status::{Transitions, pod_status};
+
+struct Local {
+    rt: PodRt,
+    transitions: Transitions,
+    last_sent: Option<serde_json::Value>,
+}
+
+pub struct Agent {
+    client: Client,
+    ctx: NodeCtx,
+    pods: HashMap<String, Local>,
+    /// Pod UIDs deleted from the API server after teardown (so they are not deleted twice).
+    finished: BTreeSet<String>,
+}
+
+fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+fn done(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+impl Agent {
+    pub fn new(client: Client, ctx: NodeCtx) -> Self {
+        Self {
+            client,
+            ctx,
+            pods: HashMap::new(),
+            finished: BTreeSet::new(),
+        }
+    }
+
+    fn pod_api(&self, pod: &Pod) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default())
+    }
+
+    fn alloc_ip(&self, pod: &Pod) -> Result<Ipv4Addr> {
+        let used: BTreeSet<Ipv4Addr> = self.pods.values().map(|l| l.rt.ip).collect();
+        let net = self.ctx.gateway.octets();
+        let in_range = |ip: &Ipv4Addr| {
+            ip.octets()[..3] == net[..3] && !used.contains(ip) && *ip != self.ctx.gateway
+        };
+        // Keep the address a pod already reported (an agent restart): the API refuses a change.
+        if let Some(ip) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|s| s.parse().ok())
+            && in_range(&ip)
+        {
+            return Ok(ip);
+        }
+        (2..=254u8)
+            .map(|n| Ipv4Addr::new(net[0], net[1], net[2], n))
+            .find(in_range)
+            .ok_or_else(|| Error::NoIp(format!("{}/{}", self.ctx.gateway, self.ctx.prefix_len)))
+    }
+
+    async fn bind(&self, pod: &Pod) -> Result<()> {
+        let name = pod.name_any();
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: pod.namespace(),
+                uid: None,
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(self.ctx.node_name.clone()),
+                ..Default::default()
+            },
+        };
+        let _: serde_json::Value = self
+            .pod_api(pod)
+            .create_subresource("binding", &name, &PostParams::default(), &binding)
+            .await?;
+        tracing::info!(pod = %format!("{}/{name}", pod.namespace().unwrap_or_default()), "bound");
+        Ok(())
+    }
+
+    /// Deletes the pod object for good (the kubelet's final delete with grace period 0).
+    async fn finalize(&mut self, pod: &Pod) {
+        let uid = pod.uid().unwrap_or_default();
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.pod_api(pod).delete(&pod.name_any(), &dp).await {
+            Ok(_) => {
+                self.finished.insert(uid);
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                self.finished.insert(uid);
+            }
+            Err(e) => tracing::warn!(pod = %pod.name_any(), %e, "final delete"),
+        }
+    }
+
+    pub async fn sync(&mut self, store: &Store<Pod>, hosts: &[HostEntry]) {
+        let pods = store.state();
+        let mut seen = BTreeSet::new();
+        for pod in &pods {
+            let spec_node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("");
+            let uid = pod.uid().unwrap_or_default();
+            if spec_node.is_empty() {
+                if !terminating(pod)
+                    && !done(pod)
+                    && let Err(e) = self.bind(pod).await
+                {
+                    tracing::warn!(pod = %pod.name_any(), %e, "binding");
+                }
+                continue;
+            }
+            if spec_node != self.ctx.node_name {
+                continue;
+            }
+            seen.insert(uid.clone());
+            if terminating(pod) {
+                if let Some(mut local) = self.pods.remove(&uid) {
+                    tracing::info!(pod = %pod.name_any(), "stopping");
+                    local.rt.stop().await;
+                }
+                if !self.finished.contains(&uid) {
+                    self.finalize(pod).await;
+                }
+                continue;
+            }
+            if !self.pods.contains_key(&uid)
+                && !done(pod)
+                && let Err(e) = self.start(pod, hosts).await
+            {
+                tracing::warn!(pod = %pod.name_any(), %e, "starting");
+            }
+            let Some(local) = self.pods.get_mut(&uid) else {
+                continue;
+            };
+            if let Err(e) = local.rt.write_hosts(&hosts_for(&local.rt.namespace, hosts)) {
+                tracing::warn!(%e, "updating /etc/hosts");
+            }
+            local.rt.tick().await;
+            let status = pod_status(
+                &local.rt,
+                &self.ctx.gateway.to_string(),
+                &mut local.transitions,
+            );
+            let value = serde_json::json!({ "status": status });
+            if local.last_sent.as_ref() != Some(&value) {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &local.rt.namespace);
+                match api
+                    .patch_status(
+                        &local.rt.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&value),
+                    )
+                    .await
+                {
+                    Ok(_) => local.last_sent = Some(value),
+                    Err(e) => tracing::warn!(pod = %local.rt.name, %e, "status"),
+                }
+            }
+        }
+        // Pods gone from the API server (deleted with grace 0 by someone else).
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|u| !seen.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            if let Some(mut local) = self.pods.remove(&uid) {
+                tracing::info!(pod = %local.rt.name, "pod is gone, stopping");
+                local.rt.stop().await;
+            }
+        }
+        self.finished.retain(|u| seen.contains(u));
+    }
+
+    async fn start(&mut self, pod: &Pod, hosts: &[HostEntry]) -> Result<()> {
+        let ip = self.alloc_ip(pod)?;
+        let ns = pod.namespace().unwrap_or_default();
+        tracing::info!(pod = %format!("{ns}/{}", pod.name_any()), %ip, "starting");
+        let mut rt = PodRt::start(&self.client, &self.ctx, pod, ip, &hosts_for(&ns, hosts)).await?;
+        if let Some(msg) = rt.containers.iter().find_map(|c| match &c.state {
+            crate::pod::State::Waiting { reason, message } if reason == "ImageNotMapped" => {
+                Some(message.clone())
+            }
+            _ => None,
+        }) {
+            rt.failure = Some(("ImageNotMapped".into(), msg));
+        }
+        let uid = pod.uid().unwrap_or_default();
+        self.pods.insert(
+            uid,
+            Local {
+                rt,
+                transitions: Transitions::default(),
+                last_sent: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops every pod (on shutdown of the agent).
+    pub async fn shutdown(&mut self) {
+        for (_, mut local) in self.pods.drain() {
+            local.rt.stop().await;
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! Service networking without iptables: a userspace TCP forwarder per service port.
+//!
+//! * ClusterIP: the address is added (as a /32) to the bridge, so it is local to the host;
+//!   pods reach it through their route for the service range. The agent listens on
+//!   `clusterIP:port` and forwards each connection to a ready endpoint (EndpointSlices).
+//! * LoadBalancer: the Service gets `127.0.1.N` in `status.loadBalancer.ingress` and the agent
+//!   listens on `127.0.1.N:port` the same way.
+//! * `default/kubernetes` (no endpoints: the API server runs on loopback) forwards to the API
+//!   server.
+//! * DNS: `/etc/hosts` lines for every Service, written into each pod's hosts file.
+//!
+//! UDP is not forwarded.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::netns;
+
+/// Where one listener sends connections: the current endpoints, replaced as they change.
+type Targets = Arc<RwLock<Vec<SocketAddr>>>;
+
+/// One Service name as the pods' /etc/hosts sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostEntry {
+    pub namespace: String,
+    pub name: String,
+    pub ip: String,
+}
+
+/// The /etc/hosts lines for a pod in `namespace` (short names only for its own namespace).
+pub fn hosts_for(namespace: &str, entries: &[HostEntry]) -> String {
+    let mut out = String::new();
+    for e in entries {
+        let (n, ns) = (&e.name, &e.namespace);
+        out.push_str(&format!(
+            "{}\t{n}.{ns}.svc.cluster.local {n}.{ns}.svc {n}.{ns}",
+            e.ip
+        ));
+        if ns == namespace {
+            out.push_str(&format!(" {n}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+pub struct Proxier {
+    client: Client,
+    bridge: String,
+    api_server: SocketAddr,
+    listeners: HashMap<SocketAddr, (JoinHandle<()>, Targets)>,
+    cluster_ips: BTreeSet<Ipv4Addr>,
+    /// LoadBalancer address per Service (namespace/name).
+    lb_ips: BTreeMap<String, Ipv4Addr>,
+}
+
+impl Proxier {
+    pub fn new(client: Client, bridge: String, api_server: SocketAddr) -> Self {
+        Self {
+            client,
+            bridge,
+            api_server,
+            listeners: HashMap::new(),
+            cluster_ips: BTreeSet::new(),
+            lb_ips: BTreeMap::new(),
+        }
+    }
+
+    /// Brings listeners, bridge addresses and LoadBalancer statuses in line with the stores;
+    /// returns the hosts entries.
+    pub async fn sync(
+        &mut self,
+        services: &Store<Service>,
+        slices: &Store<EndpointSlice>,
+    ) -> Vec<HostEntry> {
+        let mut want: HashMap<SocketAddr, Vec<SocketAddr>> = HashMap::new();
+        let mut hosts = Vec::new();
+        let mut want_ips = BTreeSet::new();
+        let slices = slices.state();
+        let mut services = services.state();
+        services.sort_by_key(|s| (s.namespace(), s.name_any()));
+        // Addresses already handed out survive restarts of the agent (read back from status).
+        for svc in &services {
+            let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
+            if let Some(ip) = lb_status_ip(svc) {
+                self.lb_ips.entry(key).or_insert(ip);
+            }
+        }
+        let mut live_lb = BTreeSet::new();
+        for svc in &services {
+            let ns = svc.namespace().unwrap_or_default();
+            let name = svc.name_any();
+            let Some(spec) = &svc.spec else { continue };
+            let ready = ready_endpoints(&slices, &ns, &name);
+            let cluster_ip = spec
+                .cluster_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<Ipv4Addr>().ok());
+            if let Some(ip) = cluster_ip {
+                hosts.push(HostEntry {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    ip: ip.to_string(),
+                });
+            } else if spec.cluster_ip.as_deref() == Some("None") {
+                let ips: BTreeSet<IpAddr> = ready.values().flatten().map(SocketAddr::ip).collect();
+                for ip in ips {
+                    hosts.push(HostEntry {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        ip: ip.to_string(),
+                    });
+                }
+            }
+            let is_api = ns == "default" && name == "kubernetes";
+            let lb = spec.type_.as_deref() == Some("LoadBalancer");
+            let lb_ip = if lb {
+                Some(self.lb_ip(&ns, &name))
+            } else {
+                None
+            };
+            if lb {
+                live_lb.insert(format!("{ns}/{name}"));
+            }
+            for port in spec.ports.iter().flatten() {
+                if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+                    continue;
+                }
+                let Ok(p) = u16::try_from(port.port) else {
+                    continue;
+                };
+                let targets = if is_api {
+                    vec![self.api_server]
+                } else {
+                    ready
+                        .get(port.name.as_deref().unwrap_or(""))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                if let Some(ip) = cluster_ip {
+                    want_ips.insert(ip);
+                    want.insert(SocketAddr::from((ip, p)), targets.clone());
+                }
+                if let Some(ip) = lb_ip {
+                    want.insert(SocketAddr::from((ip, p)), targets);
+                }
+            }
+            if let Some(ip) = lb_ip
+                && lb_status_ip(svc) != Some(ip)
+            {
+                self.publish_lb(&ns, &name, ip).await;
+            }
+        }
+        self.lb_ips.retain(|k, _| live_lb.contains(k));
+        for ip in want_ips.difference(&self.cluster_ips.clone()) {
+            let addr = format!("{ip}/32");
+            match netns::run("ip", &["addr", "replace", &addr, "dev", &self.bridge]).await {
+                Ok(_) => {
+                    self.cluster_ips.insert(*ip);
+                }
+                Err(e) => tracing::warn!(%e, "adding service address"),
+            }
+        }
+        for ip in self.cluster_ips.clone().difference(&want_ips) {
+            self.listeners.retain(|a, (h, _)| {
+                let keep = a.ip() != IpAddr::V4(*ip);
+                if !keep {
+                    h.abort();
+                }
+                keep
+            });
+            let addr = format!("{ip}/32");
+            let _ = netns::run("ip", &["addr", "del", &addr, "dev", &self.bridge]).await;
+            self.cluster_ips.remove(ip);
+        }
+        self.listeners.retain(|addr, (h, _)| {
+            let keep = want.contains_key(addr);
+            if !keep {
+                h.abort();
+            }
+            keep
+        });
+        for (addr, targets) in want {
+            if let Some((h, t)) = self.listeners.get(&addr)
+                && !h.is_finished()
+            {
+                if let Ok(mut t) = t.write() {
+                    *t = targets;
+                }
+                continue;
+            }
+            match TcpListener::bind(addr).await {
+                Ok(l) => {
+                    let t: Targets = Arc::new(RwLock::new(targets));
+                    let h = tokio::spawn(serve(l, t.clone()));
+                    self.listeners.insert(addr, (h, t));
+                }
+                Err(e) => tracing::warn!(%addr, %e, "cannot listen for a service"),
+            }
+        }
+        hosts.sort();
+        hosts
+    }
+
+    fn lb_ip(&mut self, ns: &str, name: &str) -> Ipv4Addr {
+        let key = format!("{ns}/{name}");
+        if let Some(ip) = self.lb_ips.get(&key) {
+            return *ip;
+        }
+        let used: BTreeSet<Ipv4Addr> = self.lb_ips.values().copied().collect();
+        let ip = (1..=254u8)
+            .map(|n| Ipv4Addr::new(127, 0, 1, n))
+            .find(|ip| !used.contains(ip))
+            .unwrap_or(Ipv4Addr::new(127, 0, 1, 254));
+        self.lb_ips.insert(key, ip);
+        ip
+    }
+
+    async fn publish_lb(&self, ns: &str, name: &str, ip: Ipv4Addr) {
+        let api = Api::<Service>::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({
+            "status": { "loadBalancer": { "ingress": [ { "ip": ip.to_string(), "ipMode": "Proxy" } ] } }
+        });
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%ns, %name, %e, "publishing the LoadBalancer address");
+        }
+    }
+
+    /// Closes every listener and removes the service addresses from the bridge.
+    pub async fn shutdown(&mut self) {
+        for (_, (h, _)) in self.listeners.drain() {
+            h.abort();
+        }
+        for ip in std::mem::take(&mut self.cluster_ips) {
+            let addr = format!("{ip}/32");
+            let _ = netns::run("ip", &["addr", "del", &addr, "dev", &self.bridge]).await;
+        }
+    }
+}
+
+fn lb_status_ip(svc: &Service) -> Option<Ipv4Addr> {
+    let ingress = svc
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?;
+    ingress
+        .iter()
+        .find_map(|i| i.ip.as_deref()?.parse::<Ipv4Addr>().ok())
+        .filter(|ip| ip.octets()[..3] == [127, 0, 1])
+}
+
+/// Ready endpoints of a Service by port name (EndpointSlices labelled with the service name).
+fn ready_endpoints(
+    slices: &[Arc<EndpointSlice>],
+    ns: &str,
+    name: &str,
+) -> HashMap<String, Vec<SocketAddr>> {
+    let mut out: HashMap<String, Vec<SocketAddr>> = HashMap::new();
+    for s in slices {
+        if s.namespace().as_deref() != Some(ns)
+            || s.labels()
+                .get("kubernetes.io/service-name")
+                .map(String::as_str)
+                != Some(name)
+            || s.address_type != "IPv4"
+        {
+            continue;
+        }
+        for port in s.ports.iter().flatten() {
+            let (Some(p), Some(true)) = (
+                port.port.and_then(|p| u16::try_from(p).ok()),
+                Some(port.protocol.as_deref().unwrap_or("TCP") == "TCP"),
+            ) else {
+                continue;
+            };
+            let list = out
+                .entry(port.name.clone().unwrap_or_default())
+                .or_default();
+            for ep in &s.endpoints {
+                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                    continue;
+                }
+                for a in &ep.addresses {
+                    if let Ok(ip) = a.parse::<IpAddr>() {
+                        list.push(SocketAddr::new(ip, p));
+                    }
+                }
+            }
+            list.sort();
+            list.dedup();
+        }
+    }
+    out
+}
+
+async fn serve(listener: TcpListener, targets: Targets) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let candidates = targets.read().map(|t| t.clone()).unwrap_or_default();
+        tokio::spawn(async move {
+            if candidates.is_empty() {
+                return; // dropping the connection closes it: no endpoint is ready
+            }
+            let target = candidates[fastrand::usize(..candidates.len())];
+            let connect = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(target));
+            if let Ok(Ok(mut outbound)) = connect.await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_has_short_names_only_in_the_own_namespace() {
+        let e = vec![
+            HostEntry {
+                namespace: "a".into(),
+                name: "web".into(),
+                ip: "10.96.0.10".into(),
+            },
+            HostEntry {
+                namespace: "b".into(),
+                name: "db".into(),
+                ip: "10.96.0.11".into(),
+            },
+        ];
+        assert_eq!(
+            hosts_for("a", &e),
+            "10.96.0.10\tweb.a.svc.cluster.local web.a.svc web.a web\n\
+             10.96.0.11\tdb.b.svc.cluster.local db.b.svc db.b\n"
+        );
+    }
+}
