@@ -15,7 +15,9 @@ BRIDGE=tgbr0
 BRIDGE_IP=10.244.0.1
 POD_CIDR=10.244.0.0/24
 AGENT_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE_DIR/target}
-AGENT_BIN=$AGENT_TARGET_DIR/debug/tollgate-node-agent
+# The agent runs from a copy in the state dir, so that a cargo build that
+# replaces the target-dir binary while the cluster is up changes nothing.
+AGENT_BIN=$STATE_DIR/tollgate-node-agent
 # What the controller manager runs: what Deployments, Services and namespaces
 # need (plus the ConfigMap kube-root-ca.crt that service-account volumes mount).
 KCM_CONTROLLERS=deployment-controller,replicaset-controller,endpointslice-controller,endpoints-controller,namespace-controller,garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,pod-garbage-collector-controller
@@ -37,6 +39,7 @@ pid_alive_exe() {
   pid=$(<"$1")
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  exe=${exe% (deleted)}
   [[ $(basename "$exe") == "$2" ]]
 }
 
@@ -145,6 +148,7 @@ start_agent() {
   pid_alive_exe "$AGENT_PID" tollgate-node-agent && return 0
   write_agent_config
   mkdir -p "$STATE_DIR/node"
+  cp -f "$AGENT_TARGET_DIR/debug/tollgate-node-agent" "$AGENT_BIN"
   KUBECONFIG=$KUBECONFIG_FILE RUST_LOG=${RUST_LOG:-info} setsid "$AGENT_BIN" \
     --node-name "$NODE_NAME" \
     --config "$AGENT_CONFIG" \
