@@ -105,11 +105,13 @@ KUBECTL_VERSION=v1.${KUBECTL_VERSION#v0.}                            # v1.X.Y
 ETCD_BIN=$BIN_DIR/etcd-$ETCD_VERSION-$(wrapper_key "$K8S_DIR/etcd")
 APISERVER_BIN=$BIN_DIR/kube-apiserver-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-apiserver")
 KCM_BIN=$BIN_DIR/kube-controller-manager-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-controller-manager")
+ECHO_BASIC_BIN=$BIN_DIR/echo-basic-$(module_version "$K8S_DIR/echo-basic" sigs.k8s.io/gateway-api/conformance)-$(wrapper_key "$K8S_DIR/echo-basic")
 KUBECTL_BIN=$BIN_DIR/kubectl-$KUBECTL_VERSION-$(wrapper_key "$K8S_DIR/kubectl")
 
-# go_build NAME MODULE_DIR OUT LDFLAGS
+# go_build NAME MODULE_DIR OUT LDFLAGS [PACKAGE]: PACKAGE defaults to the
+# wrapper module itself (.).
 go_build() {
-  local name=$1 dir=$2 out=$3 ldflags=$4 start tmp
+  local name=$1 dir=$2 out=$3 ldflags=$4 pkg=${5:-.} start tmp
   if [[ -x $out ]]; then
     touch -c "$out" # mtime = last use, for the pruning below
     return 0
@@ -120,7 +122,7 @@ go_build() {
   log "building $name -> $out (minutes if Go's build cache is cold; nice -n 19, -p=$BUILD_JOBS)"
   start=$(now)
   if ! (cd "$dir" && GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "$ldflags" -o "$tmp" .); then
+      go build -trimpath -ldflags "$ldflags" -o "$tmp" "$pkg"); then
     rm -f "$tmp"
     die "building $name failed"
   fi
@@ -138,6 +140,7 @@ build_binaries() {
   resolve_kubectl
   if ((FULL)); then
     go_build kube-controller-manager "$K8S_DIR/kube-controller-manager" "$KCM_BIN" "$(k8s_ldflags "$K8S_VERSION")"
+    go_build echo-basic "$K8S_DIR/echo-basic" "$ECHO_BASIC_BIN" "-s -w" sigs.k8s.io/gateway-api/conformance/echo-basic
     build_node_agent
   fi
 }

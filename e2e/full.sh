@@ -128,6 +128,8 @@ write_agent_config() {
   {
     echo "# Written by e2e/cluster.sh up --full: container image prefix -> local binary."
     echo "images:"
+    echo "  - prefix: gcr.io/k8s-staging-gateway-api/echo-basic"
+    echo "    binary: $ECHO_BASIC_BIN"
     echo "  - prefix: tollgate.test/http"
     echo "    binary: $target/tg-test-http"
     echo "  - prefix: ghcr.io/tollgate-dev/tollgate-proxy"
