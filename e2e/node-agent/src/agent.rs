@@ -27,6 +27,8 @@ pub struct Agent {
     pods: HashMap<String, Local>,
     /// Pod UIDs deleted from the API server after teardown (so they are not deleted twice).
     finished: BTreeSet<String>,
+    /// Pod UIDs bound here whose new nodeName the watch has not shown yet.
+    bound: BTreeSet<String>,
 }
 
 fn terminating(pod: &Pod) -> bool {
@@ -47,6 +49,7 @@ impl Agent {
             ctx,
             pods: HashMap::new(),
             finished: BTreeSet::new(),
+            bound: BTreeSet::new(),
         }
     }
 
@@ -133,11 +136,13 @@ impl Agent {
                 .unwrap_or("");
             let uid = pod.uid().unwrap_or_default();
             if spec_node.is_empty() {
-                if !terminating(pod)
-                    && !done(pod)
-                    && let Err(e) = self.bind(pod).await
-                {
-                    tracing::warn!(pod = %pod.name_any(), %e, "binding");
+                if !terminating(pod) && !done(pod) && !self.bound.contains(&uid) {
+                    match self.bind(pod).await {
+                        Ok(()) => {
+                            self.bound.insert(uid);
+                        }
+                        Err(e) => tracing::warn!(pod = %pod.name_any(), %e, "binding"),
+                    }
                 }
                 continue;
             }
@@ -203,6 +208,18 @@ impl Agent {
             }
         }
         self.finished.retain(|u| seen.contains(u));
+        let unbound: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or("")
+                    .is_empty()
+            })
+            .filter_map(|p| p.uid())
+            .collect();
+        self.bound.retain(|u| unbound.contains(u));
     }
 
     async fn start(&mut self, pod: &Pod, hosts: &[HostEntry]) -> Result<()> {
