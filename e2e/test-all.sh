@@ -2,7 +2,8 @@
 # Every test of Tollgate: formatting, lints, unit tests, socket-level proxy tests, the
 # `tollgate run` end-to-end tests, and the controller tests on a real kube-apiserver
 # (e2e/cluster.sh: etcd + kube-apiserver built from Go modules; ~9 min cold, seconds warm,
-# stopped again on exit). Works on a fresh machine with Rust and Go installed; builds are
+# stopped again on exit), and, as root, the node agent's tests on `e2e/cluster.sh up --full`
+# (kube-controller-manager and pods run as local processes in network namespaces). Works on a fresh machine with Rust and Go installed; builds are
 # cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,3 +55,12 @@ cargo test --workspace --locked
 
 step "e2e/chart-test.sh (helm lint/template, server-side dry run, RBAC as the chart grants it)"
 TOLLGATE_BIN="$CARGO_TARGET_DIR/debug/tollgate" e2e/chart-test.sh
+
+# Last, so that the tests above keep running on the bare control plane they were written for.
+if [[ $(id -u) -eq 0 ]]; then
+  step "e2e/cluster.sh up --full (adds kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
+  e2e/cluster.sh up --full
+  cargo test -p tollgate-node-agent --locked --test cluster
+else
+  step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"
+fi
