@@ -92,11 +92,25 @@ start_kcm() {
   echo $! >"$KCM_PID"
 }
 
+# ensure_tools: the programs the node agent runs (ip, unshare, nsenter, and a
+# kill binary: it cannot use the shell builtin), installed from Debian if missing.
+ensure_tools() {
+  local want=() tool pkg
+  for tool in ip:iproute2 unshare:util-linux nsenter:util-linux kill:procps mount:mount; do
+    pkg=${tool#*:}
+    type -P "${tool%%:*}" >/dev/null || want+=("$pkg")
+  done
+  ((${#want[@]})) || return 0
+  command -v apt-get >/dev/null || die "up --full needs: ${want[*]} (no apt-get to install them)"
+  log "installing ${want[*]} (Debian) for the node agent"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >/dev/null; } ||
+    die "installing ${want[*]} failed"
+}
+
 net_up() {
   [[ $(id -u) -eq 0 ]] || die "up --full needs root (network namespaces, a bridge)"
-  command -v ip >/dev/null || die "up --full needs iproute2 (ip)"
-  command -v unshare >/dev/null || die "up --full needs util-linux (unshare)"
-  command -v nsenter >/dev/null || die "up --full needs util-linux (nsenter)"
+  ensure_tools
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
     ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
