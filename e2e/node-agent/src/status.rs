@@ -143,9 +143,132 @@ pub fn pod_status(rt: &PodRt, host_ip: &str, tr: &mut Transitions) -> PodStatus 
             ip: rt.ip.to_string(),
         }]),
         start_time: Some(rt.start_time.clone()),
-        qos_class: Some("BestEffort".into()),
         reason,
         message,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Container;
+
+    use super::*;
+    use crate::netns::PodNet;
+    use crate::pod::ContainerRt;
+
+    fn container(state: State) -> ContainerRt {
+        ContainerRt {
+            spec: Container {
+                name: "c".into(),
+                ..Default::default()
+            },
+            argv: vec!["/bin/x".into()],
+            env: Vec::new(),
+            child: None,
+            state,
+            last_termination: None,
+            restarts: 0,
+            ready: false,
+            started_at: None,
+            next_restart: None,
+            next_probe: None,
+            probe_successes: 0,
+            probe_failures: 0,
+        }
+    }
+
+    fn pod(containers: Vec<ContainerRt>) -> PodRt {
+        PodRt {
+            namespace: "ns".into(),
+            name: "p".into(),
+            net: PodNet::for_uid("0123456789ab"),
+            ip: "10.244.0.2".parse().unwrap(),
+            dir: "/nonexistent".into(),
+            restart_policy: "Always".into(),
+            grace: Duration::from_secs(1),
+            containers,
+            start_time: Time(Timestamp::now()),
+            created: Vec::new(),
+            failure: None,
+        }
+    }
+
+    fn running() -> State {
+        State::Running {
+            since: Time(Timestamp::now()),
+        }
+    }
+
+    fn exited(code: i32) -> State {
+        let t = Time(Timestamp::now());
+        State::Terminated {
+            code,
+            reason: "x".into(),
+            started: t.clone(),
+            finished: t,
+        }
+    }
+
+    #[test]
+    fn a_waiting_container_keeps_the_pod_pending() {
+        let w = State::Waiting {
+            reason: "ImageNotMapped".into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            phase(&pod(vec![container(running()), container(w)])),
+            "Pending"
+        );
+    }
+
+    #[test]
+    fn all_exited_is_succeeded_or_failed() {
+        assert_eq!(phase(&pod(vec![container(exited(0))])), "Succeeded");
+        assert_eq!(
+            phase(&pod(vec![container(exited(0)), container(exited(1))])),
+            "Failed"
+        );
+    }
+
+    #[test]
+    fn an_exited_container_about_to_restart_keeps_the_pod_running() {
+        let mut c = container(exited(1));
+        c.next_restart = Some(std::time::Instant::now());
+        assert_eq!(phase(&pod(vec![c])), "Running");
+    }
+
+    #[test]
+    fn ready_only_when_every_container_is_and_qos_class_is_left_to_the_api_server() {
+        let mut tr = Transitions::default();
+        let mut p = pod(vec![container(running()), container(running())]);
+        p.containers[0].ready = true;
+        let st = pod_status(&p, "10.244.0.1", &mut tr);
+        let ready = |st: &PodStatus| {
+            st.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.status.clone())
+        };
+        assert_eq!(ready(&st).as_deref(), Some("False"));
+        // status.qosClass is immutable once the API server set it.
+        assert!(st.qos_class.is_none());
+        p.containers[1].ready = true;
+        let st2 = pod_status(&p, "10.244.0.1", &mut tr);
+        assert_eq!(ready(&st2).as_deref(), Some("True"));
+        assert_eq!(st2.pod_ip.as_deref(), Some("10.244.0.2"));
+    }
+
+    #[test]
+    fn unchanged_conditions_keep_their_transition_time() {
+        let mut tr = Transitions::default();
+        let p = pod(vec![container(running())]);
+        let a = pod_status(&p, "h", &mut tr);
+        std::thread::sleep(Duration::from_millis(5));
+        let b = pod_status(&p, "h", &mut tr);
+        assert_eq!(a.conditions, b.conditions);
     }
 }
