@@ -11,6 +11,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
+use crate::logs::LogIndex;
 use crate::pod::{NodeCtx, PodRt};
 use crate::services::{HostEntry, hosts_for};
 use crate::status::{Transitions, pod_status};
@@ -29,6 +30,8 @@ pub struct Agent {
     finished: BTreeSet<String>,
     /// Pod UIDs bound here whose new nodeName the watch has not shown yet.
     bound: BTreeSet<String>,
+    /// Where `kubectl logs` finds each running pod's log files.
+    logs: LogIndex,
 }
 
 fn terminating(pod: &Pod) -> bool {
@@ -43,13 +46,14 @@ fn done(pod: &Pod) -> bool {
 }
 
 impl Agent {
-    pub fn new(client: Client, ctx: NodeCtx) -> Self {
+    pub fn new(client: Client, ctx: NodeCtx, logs: LogIndex) -> Self {
         Self {
             client,
             ctx,
             pods: HashMap::new(),
             finished: BTreeSet::new(),
             bound: BTreeSet::new(),
+            logs,
         }
     }
 
@@ -153,6 +157,7 @@ impl Agent {
             if terminating(pod) {
                 if let Some(mut local) = self.pods.remove(&uid) {
                     tracing::info!(pod = %pod.name_any(), "stopping");
+                    self.unindex(&local.rt);
                     local.rt.stop().await;
                 }
                 if !self.finished.contains(&uid) {
@@ -204,6 +209,7 @@ impl Agent {
         for uid in gone {
             if let Some(mut local) = self.pods.remove(&uid) {
                 tracing::info!(pod = %local.rt.name, "pod is gone, stopping");
+                self.unindex(&local.rt);
                 local.rt.stop().await;
             }
         }
@@ -236,6 +242,9 @@ impl Agent {
             rt.failure = Some(("ImageNotMapped".into(), msg));
         }
         let uid = pod.uid().unwrap_or_default();
+        if let Ok(mut m) = self.logs.write() {
+            m.insert((rt.namespace.clone(), rt.name.clone()), rt.dir.join("logs"));
+        }
         self.pods.insert(
             uid,
             Local {
@@ -247,9 +256,17 @@ impl Agent {
         Ok(())
     }
 
+    fn unindex(&self, rt: &PodRt) {
+        if let Ok(mut m) = self.logs.write() {
+            m.remove(&(rt.namespace.clone(), rt.name.clone()));
+        }
+    }
+
     /// Stops every pod (on shutdown of the agent).
     pub async fn shutdown(&mut self) {
-        for (_, mut local) in self.pods.drain() {
+        let pods: Vec<Local> = self.pods.drain().map(|(_, l)| l).collect();
+        for mut local in pods {
+            self.unindex(&local.rt);
             local.rt.stop().await;
         }
     }

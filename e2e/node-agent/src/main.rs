@@ -4,6 +4,7 @@ mod agent;
 mod config;
 mod env;
 mod error;
+mod logs;
 mod netns;
 mod node;
 mod pod;
@@ -56,6 +57,9 @@ struct Args {
     api_service_host: String,
     #[arg(long, default_value_t = 443)]
     api_service_port: u16,
+    /// Port of the kubelet log endpoint (`kubectl logs`) on the bridge address.
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
 }
 
 fn watch<K>(api: Api<K>, notify: Arc<Notify>) -> reflector::Store<K>
@@ -99,6 +103,7 @@ async fn run(args: Args) -> Result<()> {
         api_port: args.api_service_port,
         state_dir: args.state_dir.clone(),
         config_path: args.config.clone(),
+        kubelet_port: args.kubelet_port,
     };
     netns::run("ip", &["link", "show", &args.bridge])
         .await
@@ -127,7 +132,15 @@ async fn run(args: Args) -> Result<()> {
     let pods = watch(Api::<Pod>::all(client.clone()), notify.clone());
     let services = watch(Api::<Service>::all(client.clone()), notify.clone());
     let slices = watch(Api::<EndpointSlice>::all(client.clone()), notify.clone());
-    let mut agent = agent::Agent::new(client.clone(), ctx);
+    let log_index = logs::LogIndex::default();
+    let log_addr = SocketAddr::from((args.gateway, args.kubelet_port));
+    let index = log_index.clone();
+    tokio::spawn(async move {
+        if let Err(e) = logs::serve(log_addr, index).await {
+            tracing::warn!(%e, "kubelet log endpoint (kubectl logs will not work)");
+        }
+    });
+    let mut agent = agent::Agent::new(client.clone(), ctx, log_index);
     let mut proxier = services::Proxier::new(client, args.bridge.clone(), args.api_server);
 
     let mut term = signal(SignalKind::terminate()).map_err(io("installing a SIGTERM handler"))?;

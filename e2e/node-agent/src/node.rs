@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -64,16 +65,17 @@ fn status(ctx: &NodeCtx, since: &Time) -> NodeStatus {
                 "no PID pressure tracking",
             ),
         ]),
-        addresses: Some(vec![
-            NodeAddress {
-                type_: "InternalIP".into(),
-                address: ctx.gateway.to_string(),
-            },
-            NodeAddress {
-                type_: "Hostname".into(),
-                address: ctx.node_name.clone(),
-            },
-        ]),
+        // Only the InternalIP: the API server connects to the first address of its preferred
+        // types (Hostname first by default), and the node name resolves nowhere.
+        addresses: Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: ctx.gateway.to_string(),
+        }]),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(ctx.kubelet_port),
+            }),
+        }),
         capacity: Some(resources.clone()),
         allocatable: Some(resources),
         node_info: Some(NodeSystemInfo {

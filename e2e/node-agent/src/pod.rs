@@ -29,6 +29,8 @@ pub struct NodeCtx {
     pub api_port: u16,
     pub state_dir: PathBuf,
     pub config_path: PathBuf,
+    /// The port of the kubelet log endpoint on the bridge address.
+    pub kubelet_port: u16,
 }
 
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! The node agent against a real cluster (`e2e/cluster.sh up --full`): a Deployment of a
 //! mapped image becomes Ready pods with IPs that answer from the host, with env and volumes
-//! resolved; a ClusterIP and a LoadBalancer Service reach them; an unmapped image is reported;
+//! resolved and logs readable through the API server; a ClusterIP and a LoadBalancer Service reach them; an unmapped image is reported;
 //! deleting the Deployment removes the processes and network namespaces.
 //!
 //! Skips (passes with a message) without KUBECONFIG, as non-root, or when no Node
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
-use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -250,6 +250,12 @@ async fn deployment_services_and_teardown() {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "hunter2");
         assert!(netns_list().contains(&netns_name(p)));
+        // `kubectl logs`: the API server reads the log through the agent's kubelet endpoint.
+        let log = pods
+            .logs(&p.name_any(), &LogParams::default())
+            .await
+            .unwrap();
+        assert_eq!(log, "listening on 0.0.0.0:8080\n");
     }
 
     let services = Api::<Service>::namespaced(client.clone(), &ns);
