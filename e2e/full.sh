@@ -210,7 +210,24 @@ stop_full() {
   stop_exe "$AGENT_PID" tollgate-node-agent
   stop_pid "$KCM_PID" kube-controller-manager
   [[ -f $NET_MARK ]] && net_down
+  remove_mount_points
   return 0
+}
+
+# remove_mount_points: what an agent that did not stop cleanly left of the mount
+# points it created on the host (empty directories and empty files only).
+remove_mount_points() {
+  local list=$STATE_DIR/node/created-mount-points p
+  [[ -f $list ]] || return 0
+  while IFS= read -r p; do
+    [[ -n $p ]] || continue
+    if [[ -f $p && ! -s $p ]]; then
+      rm -f -- "$p"
+    elif [[ -d $p ]]; then
+      rmdir -- "$p" 2>/dev/null || true
+    fi
+  done < <(tac "$list")
+  rm -f "$list"
 }
 
 # shellcheck disable=SC2317 # called as an EXIT trap

@@ -32,6 +32,9 @@ pub struct Agent {
     bound: BTreeSet<String>,
     /// Where `kubectl logs` finds each running pod's log files.
     logs: LogIndex,
+    /// Mount points created on the host, in creation order (see [`PodRt::created`]); also
+    /// listed in `<state dir>/created-mount-points` for `cluster.sh down` after a crash.
+    mount_points: Vec<std::path::PathBuf>,
 }
 
 fn terminating(pod: &Pod) -> bool {
@@ -47,6 +50,13 @@ fn done(pod: &Pod) -> bool {
 
 impl Agent {
     pub fn new(client: Client, ctx: NodeCtx, logs: LogIndex) -> Self {
+        // An earlier agent's list (it crashed): still ours to remove at shutdown.
+        let mount_points = std::fs::read_to_string(ctx.state_dir.join("created-mount-points"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(std::path::PathBuf::from)
+            .collect();
         Self {
             client,
             ctx,
@@ -54,6 +64,7 @@ impl Agent {
             finished: BTreeSet::new(),
             bound: BTreeSet::new(),
             logs,
+            mount_points,
         }
     }
 
@@ -241,6 +252,18 @@ impl Agent {
         }) {
             rt.failure = Some(("ImageNotMapped".into(), msg));
         }
+        if !rt.created.is_empty() {
+            self.mount_points.extend(rt.created.iter().cloned());
+            let list: String = self
+                .mount_points
+                .iter()
+                .map(|p| format!("{}\n", p.display()))
+                .collect();
+            let file = self.ctx.state_dir.join("created-mount-points");
+            if let Err(e) = std::fs::write(&file, list) {
+                tracing::warn!(file = %file.display(), %e, "recording mount points");
+            }
+        }
         let uid = pod.uid().unwrap_or_default();
         if let Ok(mut m) = self.logs.write() {
             m.insert((rt.namespace.clone(), rt.name.clone()), rt.dir.join("logs"));
@@ -269,5 +292,15 @@ impl Agent {
             self.unindex(&local.rt);
             local.rt.stop().await;
         }
+        // No pod is left, so no mount uses these any more.
+        for p in self.mount_points.drain(..).rev() {
+            let empty_file = std::fs::metadata(&p).is_ok_and(|m| m.is_file() && m.len() == 0);
+            let _ = if empty_file {
+                std::fs::remove_file(&p)
+            } else {
+                std::fs::remove_dir(&p)
+            };
+        }
+        let _ = std::fs::remove_file(self.ctx.state_dir.join("created-mount-points"));
     }
 }

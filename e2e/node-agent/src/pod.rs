@@ -78,7 +78,9 @@ pub struct PodRt {
     pub grace: Duration,
     pub containers: Vec<ContainerRt>,
     pub start_time: Time,
-    /// Directories created on the host so that mounts had a mount point; removed on stop.
+    /// Mount points created on the host (directories, empty files). Not removed when the
+    /// pod stops: other pods may have mounts on them, and removing a mount point on the host
+    /// detaches those mounts in every namespace. The agent removes them when it stops.
     pub created: Vec<PathBuf>,
     /// A failure of the pod as a whole (reason, message).
     pub failure: Option<(String, String)>,
@@ -376,9 +378,6 @@ impl PodRt {
             }
         }
         self.net.delete().await;
-        for d in self.created.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
         // Keep the logs (under the state dir, which `cluster.sh down` deletes).
         let _ = std::fs::remove_dir_all(self.dir.join("volumes"));
     }

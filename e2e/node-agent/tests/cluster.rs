@@ -314,6 +314,31 @@ async fn deployment_services_and_teardown() {
         reason.2
     );
 
+    // One pod going away leaves the other's mounts alone (they share host mount points).
+    pods.delete(&running[0].name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let first = netns_name(&running[0]);
+    eventually("the first pod's namespace to be deleted", || {
+        let first = first.clone();
+        async move { (!netns_list().contains(&first)).then_some(()) }
+    })
+    .await;
+    let pid = pid_of(&running[1]).to_string();
+    for file in [
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "/etc/tg-test-secret/password",
+    ] {
+        let out = std::process::Command::new("nsenter")
+            .args(["-t", &pid, "-m", "cat", file])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && !out.stdout.is_empty(),
+            "{file} vanished from the surviving pod"
+        );
+    }
+
     // Deleting the Deployment (foreground: the pods go first) stops processes and namespaces.
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Foreground),
