@@ -516,6 +516,7 @@ cmd_env() { printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"; }
 cmd_status() {
   if cluster_running; then
     log "running: $(apiserver_url) (etcd pid $(<"$ETCD_PID"), kube-apiserver pid $(<"$APISERVER_PID"))"
+    status_full
     cmd_env
   else
     log "not running"

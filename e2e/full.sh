@@ -111,6 +111,12 @@ ensure_tools() {
 net_up() {
   [[ $(id -u) -eq 0 ]] || die "up --full needs root (network namespaces, a bridge)"
   ensure_tools
+  # One full cluster per machine: the bridge, the pod range and the tg-*
+  # namespaces are global. A bridge this state dir did not create belongs to
+  # another cluster (or to one whose state dir was deleted without down).
+  if [[ ! -f $NET_MARK ]] && ip link show "$BRIDGE" >/dev/null 2>&1; then
+    die "$BRIDGE exists but this cluster ($STATE_DIR) did not create it: another 'up --full' cluster runs (run down with its TOLLGATE_CLUSTER_DIR), or remove a leftover with 'ip link delete $BRIDGE'"
+  fi
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
     ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
@@ -228,6 +234,15 @@ remove_mount_points() {
     fi
   done < <(tac "$list")
   rm -f "$list"
+}
+
+# status_full: one line about the --full parts, when there are any.
+status_full() {
+  local kcm=stopped agent=stopped
+  [[ -f $NET_MARK || -f $KCM_PID || -f $AGENT_PID ]] || return 0
+  pid_alive "$KCM_PID" kube-controller-manager && kcm="pid $(<"$KCM_PID")"
+  pid_alive_exe "$AGENT_PID" tollgate-node-agent && agent="pid $(<"$AGENT_PID")"
+  log "full: kube-controller-manager $kcm, node agent $agent, pods on $POD_CIDR via $BRIDGE"
 }
 
 # shellcheck disable=SC2317 # called as an EXIT trap
