@@ -6,7 +6,6 @@
 //! direction; the one exception is `Upgrade` (with `Connection: upgrade`) on an upgrade
 //! request and its 101 answer, which the proxy forwards and then splices.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::header::{CONNECTION, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
@@ -39,71 +38,154 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
+/// Which hop-by-hop and forwarding fields a header block carries, found in one pass over its
+/// names, so the edits that follow touch the map (and hash a name) only for fields that are
+/// there: most requests carry none of them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Present {
+    connection: bool,
+    keep_alive: bool,
+    proxy_connection: bool,
+    transfer_encoding: bool,
+    te: bool,
+    upgrade: bool,
+    xff: bool,
+    /// `Host`.
+    pub host: bool,
+}
+
+impl Present {
+    /// One pass over the names of `headers`.
+    pub fn scan(headers: &HeaderMap) -> Self {
+        let mut p = Self::default();
+        for name in headers.keys() {
+            match name.as_str() {
+                "connection" => p.connection = true,
+                "keep-alive" => p.keep_alive = true,
+                "proxy-connection" => p.proxy_connection = true,
+                "transfer-encoding" => p.transfer_encoding = true,
+                "te" => p.te = true,
+                "upgrade" => p.upgrade = true,
+                "x-forwarded-for" => p.xff = true,
+                "host" => p.host = true,
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+/// Connection tokens that name fields `strip_present` removes anyway (or no field at all).
+/// `te` is not one: a TE field named by Connection goes, `trailers` and all.
+fn is_known_token(t: &str) -> bool {
+    [
+        "close",
+        "keep-alive",
+        "upgrade",
+        "transfer-encoding",
+        "proxy-connection",
+    ]
+    .iter()
+    .any(|k| t.eq_ignore_ascii_case(k))
+}
+
 /// Removes hop-by-hop headers. With `upgrade`, keeps `Upgrade` and sets `Connection: upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for name in named {
-        if upgrade && name == UPGRADE {
-            continue;
+    let present = Present::scan(headers);
+    strip_present(headers, present, upgrade);
+}
+
+/// [`strip_hop_by_hop`] after the scan.
+pub(crate) fn strip_present(headers: &mut HeaderMap, p: Present, upgrade: bool) {
+    if p.connection {
+        // Fields the Connection header names; the usual tokens (keep-alive, close, upgrade)
+        // need no name of their own, so this list is almost always empty (no allocation).
+        let named: Vec<HeaderName> = connection_tokens(headers)
+            .filter(|t| !is_known_token(t))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            // Never let a Connection token remove end-to-end headers we set ourselves.
+            if name != X_REQUEST_ID {
+                headers.remove(&name);
+            }
         }
-        // Never let a Connection token remove end-to-end headers we set ourselves.
-        if name != X_REQUEST_ID {
-            headers.remove(&name);
+        if !upgrade {
+            headers.remove(CONNECTION);
         }
     }
-    headers.remove(CONNECTION);
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(TRANSFER_ENCODING);
-    let te_trailers = headers.get_all(TE).iter().any(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
-    });
-    headers.remove(TE);
-    if te_trailers {
-        headers.insert(TE, HeaderValue::from_static("trailers"));
+    if p.keep_alive {
+        headers.remove(&KEEP_ALIVE);
+    }
+    if p.proxy_connection {
+        headers.remove(&PROXY_CONNECTION);
+    }
+    if p.transfer_encoding {
+        headers.remove(TRANSFER_ENCODING);
+    }
+    if p.te {
+        let te_trailers = headers.get_all(TE).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        });
+        if te_trailers {
+            headers.insert(TE, HeaderValue::from_static("trailers"));
+        } else {
+            headers.remove(TE);
+        }
     }
     if upgrade {
+        // Replaces every Connection line.
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
+    } else if p.upgrade {
         headers.remove(UPGRADE);
     }
 }
 
+/// The peer address as an `X-Forwarded-For` value (formatted once per connection).
+pub(crate) fn peer_value(peer: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.
+/// `p` is the scan of `headers` taken before any edit.
 pub(crate) fn set_forwarded(
     headers: &mut HeaderMap,
-    peer: IpAddr,
+    p: &Present,
+    peer: &HeaderValue,
     proto: &'static str,
-    original_host: &str,
+    original_host: &HeaderValue,
 ) {
-    // Every prior hop, across repeated header lines, then the peer.
-    let mut xff = String::new();
-    for prev in headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-    {
-        xff.push_str(prev);
-        xff.push_str(", ");
-    }
-    // Written in place: no temporary string for the address.
-    let _ = write!(xff, "{peer}");
-    headers.remove(&X_FORWARDED_FOR);
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+    if p.xff {
+        // Every prior hop, across repeated header lines, then the peer.
+        let mut xff = String::new();
+        for prev in headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+        {
+            xff.push_str(prev);
+            xff.push_str(", ");
+        }
+        xff.push_str(peer.to_str().unwrap_or(""));
+        match HeaderValue::from_str(&xff) {
+            Ok(v) => {
+                headers.insert(X_FORWARDED_FOR.clone(), v);
+            }
+            Err(_) => {
+                headers.remove(&X_FORWARDED_FOR);
+            }
+        }
+    } else {
+        headers.insert(X_FORWARDED_FOR.clone(), peer.clone());
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-    headers.remove(&X_FORWARDED_HOST);
-    if let Ok(v) = HeaderValue::from_str(original_host) {
-        headers.insert(X_FORWARDED_HOST.clone(), v);
-    }
+    // `insert` replaces any value the client sent.
+    headers.insert(X_FORWARDED_HOST.clone(), original_host.clone());
 }
 
 /// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe set),
@@ -195,7 +277,10 @@ mod tests {
             ("x-forwarded-for", "10.0.0.1"),
             ("x-forwarded-host", "evil"),
         ]);
-        set_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "https", "a.example");
+        let p = Present::scan(&h);
+        let peer = peer_value("127.0.0.1".parse().unwrap());
+        let host = HeaderValue::from_static("a.example");
+        set_forwarded(&mut h, &p, &peer, "https", &host);
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["x-forwarded-host"], "a.example");

@@ -95,6 +95,7 @@ async fn accept_loop(
                     local_port,
                     table_port,
                     scheme: "http",
+                    peer_value: crate::forward::peer_value(peer.ip()),
                 };
                 tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));
             }

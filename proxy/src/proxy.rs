@@ -225,7 +225,11 @@ impl Proxy {
             })
             .collect();
         let prev = shared.snapshot.load_full();
-        let backends = build_balancers(&table.backends, prev.as_deref().map(|s| &s.backends));
+        let backends = build_balancers(
+            &table.backends,
+            prev.as_deref().map(|s| &s.backends),
+            &shared.upstream,
+        );
 
         // Bind new sockets; on failure the new ones are dropped (closed) and nothing changed.
         let mut fresh = Vec::new();

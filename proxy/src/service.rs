@@ -52,6 +52,8 @@ pub(crate) struct ConnCtx {
     pub table_port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
+    /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection.
+    pub peer_value: HeaderValue,
 }
 
 /// The response type of the service.
@@ -62,35 +64,42 @@ pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
 pub(crate) struct Completion {
     shared: Arc<Shared>,
     start: Instant,
-    started_at: SystemTime,
-    method: Method,
-    uri: Uri,
-    host: String,
     status: u16,
     route: Option<Arc<str>>,
     metrics: Arc<RouteMetrics>,
     request_id: HeaderValue,
-    peer: SocketAddr,
     guard: Option<EndpointGuard>,
+    /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
+    log: Option<Box<LogFields>>,
+}
+
+/// The request as the access log reports it.
+#[derive(Debug)]
+struct LogFields {
+    started_at: SystemTime,
+    method: Method,
+    uri: Uri,
+    host: String,
+    peer: SocketAddr,
 }
 
 impl OnComplete for Completion {
     fn complete(self, bytes: u64) {
         let elapsed = self.start.elapsed();
         self.metrics.observe(self.status, elapsed.as_secs_f64());
-        if self.shared.access_log.enabled() {
+        if let Some(log) = self.log {
             self.shared.access_log.log(AccessRecord {
-                time: rfc3339(self.started_at),
-                method: self.method.to_string(),
-                host: self.host,
-                path: self.uri.path().to_owned(),
+                time: rfc3339(log.started_at),
+                method: log.method.to_string(),
+                host: log.host,
+                path: log.uri.path().to_owned(),
                 status: self.status,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 route: self.route.map(|r| r.to_string()),
                 upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
                 bytes,
                 request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
-                peer: self.peer.to_string(),
+                peer: log.peer.to_string(),
             });
         }
     }
@@ -112,21 +121,27 @@ pub(crate) async fn handle(
     conn: Arc<ConnCtx>,
     mut req: Request<Incoming>,
 ) -> Result<ProxyResponse, std::convert::Infallible> {
+    let start = Instant::now();
     let request_id = forward::request_id(req.headers());
-    let host = request_host(&req).to_owned();
+    let host = request_host(&req);
+    let log = shared.access_log.enabled().then(|| {
+        Box::new(LogFields {
+            started_at: SystemTime::now(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            host: host.to_str().unwrap_or("").to_owned(),
+            peer: conn.peer,
+        })
+    });
     let mut done = Completion {
-        start: Instant::now(),
-        started_at: SystemTime::now(),
-        method: req.method().clone(),
-        uri: req.uri().clone(),
-        host: String::new(),
+        start,
         status: 0,
         route: None,
         metrics: shared.metrics.no_route().clone(),
         shared: shared.clone(),
         request_id: request_id.clone(),
-        peer: conn.peer,
         guard: None,
+        log,
     };
     let client_upgrade = (req.version() <= Version::HTTP_11 && forward::is_upgrade(req.headers()))
         .then(|| hyper::upgrade::on(&mut req));
@@ -146,20 +161,24 @@ pub(crate) async fn handle(
         }
         None => status(StatusCode::NOT_FOUND),
     };
-    done.host = host;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     done.status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
     Ok(Response::from_parts(parts, TrackedBody::new(body, done)))
 }
 
-/// Host as the client sent it: the Host header, else the URI authority (HTTP/2 `:authority`).
-fn request_host<B>(req: &Request<B>) -> &str {
-    req.headers()
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("")
+/// Host as the client sent it: the Host header, else the URI authority (HTTP/2 `:authority`),
+/// else empty. A clone of the header's bytes, not a copy.
+fn request_host<B>(req: &Request<B>) -> HeaderValue {
+    if let Some(h) = req.headers().get(HOST)
+        && h.to_str().is_ok()
+    {
+        return h.clone();
+    }
+    req.uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .unwrap_or_else(|| HeaderValue::from_static(""))
 }
 
 /// `host[:port]` → `host` (IPv6 literals keep their brackets).
@@ -249,11 +268,12 @@ async fn proxy(
     shared: &Arc<Shared>,
     snapshot: &Snapshot,
     conn: &ConnCtx,
-    original_host: &str,
+    host_value: &HeaderValue,
     req: Request<Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     done: &mut Completion,
 ) -> Response<ProxyBody> {
+    let original_host = host_value.to_str().unwrap_or("");
     let (mut parts, body) = req.into_parts();
     if let Err(code) = check_limits(shared, &parts) {
         return status(code);
@@ -342,7 +362,7 @@ async fn proxy(
     let pq = plan.path_and_query.as_deref().unwrap_or(target);
     let head = UpstreamHead {
         conn,
-        original_host,
+        original_host: host_value,
         request_id: &done.request_id,
         host: plan.host.as_deref(),
         path_and_query: pq,
@@ -363,6 +383,7 @@ async fn proxy(
         shared,
         snapshot,
         protocol,
+        endpoint: guard.endpoint(),
         path_and_query: pq,
         mirrors: &plan.mirrors,
         exceeded: &exceeded,
