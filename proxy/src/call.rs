@@ -45,8 +45,8 @@ impl UpstreamHead<'_> {
     /// Header hygiene, forwarding headers, Host, URI and version.
     pub fn apply(&self, parts: &mut Parts) -> Result<(), StatusCode> {
         let headers = &mut parts.headers;
-        let present = forward::Present::scan(headers);
-        forward::strip_present(headers, present, self.upgrade);
+        let mut present = forward::Present::scan(headers);
+        forward::strip_present(headers, &mut present, self.upgrade);
         forward::set_forwarded(
             headers,
             &present,

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, HOST, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
 
 /// `x-request-id`.
@@ -91,12 +91,12 @@ fn is_known_token(t: &str) -> bool {
 
 /// Removes hop-by-hop headers. With `upgrade`, keeps `Upgrade` and sets `Connection: upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let present = Present::scan(headers);
-    strip_present(headers, present, upgrade);
+    let mut present = Present::scan(headers);
+    strip_present(headers, &mut present, upgrade);
 }
 
-/// [`strip_hop_by_hop`] after the scan.
-pub(crate) fn strip_present(headers: &mut HeaderMap, p: Present, upgrade: bool) {
+/// [`strip_hop_by_hop`] after the scan; `p` follows the edits.
+pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: bool) {
     if p.connection {
         // Fields the Connection header names; the usual tokens (keep-alive, close, upgrade)
         // need no name of their own, so this list is almost always empty (no allocation).
@@ -107,6 +107,7 @@ pub(crate) fn strip_present(headers: &mut HeaderMap, p: Present, upgrade: bool) 
         for name in named {
             // Never let a Connection token remove end-to-end headers we set ourselves.
             if name != X_REQUEST_ID {
+                p.host &= name != HOST;
                 headers.remove(&name);
             }
         }
@@ -260,6 +261,27 @@ mod tests {
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["te"], "trailers");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn scan_follows_a_host_removed_by_connection() {
+        let mut h = map(&[("host", "a"), ("connection", "host, keep-alive")]);
+        let mut p = Present::scan(&h);
+        assert!(p.host);
+        strip_present(&mut h, &mut p, false);
+        assert!(!p.host);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn forwarded_for_without_prior_hops_is_the_peer() {
+        let mut h = map(&[("x-forwarded-host", "evil")]);
+        let p = Present::scan(&h);
+        let peer = peer_value("::1".parse().unwrap());
+        set_forwarded(&mut h, &p, &peer, "http", &HeaderValue::from_static("b"));
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h.get_all("x-forwarded-host").iter().count(), 1);
+        assert_eq!(h["x-forwarded-host"], "b");
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub mod subscribe;
 pub mod tls;
 mod upstream;
 
+/// A hash map for lookups on the request path: foldhash (seeded per map) instead of SipHash.
+/// Keys are built from the route table; requests only look them up.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub use admin::serve_admin;
 pub use error::{ProxyError, Result};
 pub use metrics::Metrics;

@@ -9,7 +9,6 @@
 //! counter, connection pool) over from the previous snapshot, so least-request stays accurate
 //! and connections stay open across swaps; pools are shared by address across backends.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tollgate_api::{Backend, BackendProtocol, LoadBalancer, WeightedBackend};
 
+use crate::FastMap;
 use crate::body::ProxyBody;
 use crate::pool::{CONNECT_TIMEOUT, EndpointPool, PooledBody, Pools, UpstreamError};
 
@@ -202,9 +202,9 @@ impl Balancer {
 /// Builds every backend's balancer for a new snapshot.
 pub(crate) fn build_balancers(
     backends: &std::collections::BTreeMap<String, Backend>,
-    prev: Option<&HashMap<String, Arc<Balancer>>>,
+    prev: Option<&FastMap<String, Arc<Balancer>>>,
     upstream: &Upstream,
-) -> HashMap<String, Arc<Balancer>> {
+) -> FastMap<String, Arc<Balancer>> {
     backends
         .iter()
         .map(|(key, b)| {
