@@ -45,6 +45,8 @@ impl UpstreamHead<'_> {
     /// Header hygiene, forwarding headers, Host, URI and version.
     pub fn apply(&self, parts: &mut Parts) -> Result<(), StatusCode> {
         let headers = &mut parts.headers;
+        // The forwarding fields, request id and Host: one growth of the map, not several.
+        headers.reserve(5);
         let mut present = forward::Present::scan(headers);
         forward::strip_present(headers, &mut present, self.upgrade);
         forward::set_forwarded(
@@ -93,7 +95,8 @@ pub(crate) struct Call<'a> {
     pub endpoint: &'a EndpointState,
     pub path_and_query: &'a str,
     pub mirrors: &'a [&'a str],
-    pub exceeded: &'a Arc<AtomicBool>,
+    /// Raised by the request body past the limit; `None` for a bodiless request.
+    pub exceeded: Option<&'a Arc<AtomicBool>>,
     pub backend_timeout: Option<Duration>,
 }
 
@@ -121,7 +124,8 @@ impl Call<'_> {
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
     async fn prepare_body(&self, body: Incoming, parts: &Parts) -> Result<ProxyBody, Failure> {
         let limit = self.shared.limits.max_body_bytes;
-        let limited = |body| LimitedBody::new(body, limit, self.exceeded.clone()).boxed();
+        let flag = || self.exceeded.cloned().unwrap_or_default();
+        let limited = |body| LimitedBody::new(body, limit, flag()).boxed();
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {
                 empty()
@@ -195,9 +199,9 @@ pub(crate) enum Failure {
 pub(crate) fn failure_response(
     shared: &Shared,
     f: Failure,
-    exceeded: &AtomicBool,
+    exceeded: Option<&AtomicBool>,
 ) -> Response<ProxyBody> {
-    if exceeded.load(Ordering::Acquire) {
+    if exceeded.is_some_and(|e| e.load(Ordering::Acquire)) {
         return status(StatusCode::PAYLOAD_TOO_LARGE);
     }
     let (kind, code) = match f {

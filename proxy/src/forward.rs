@@ -22,10 +22,59 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// Longest client-supplied request id passed through.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
-/// True when `Connection` lists `upgrade` and an `Upgrade` header is present.
-pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(UPGRADE)
-        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+/// The fields of a client's header block the lifecycle reads before routing, found in one
+/// pass over the block (which also sizes it) instead of one hashed lookup each.
+#[derive(Debug, Default)]
+pub(crate) struct Seen<'h> {
+    /// Approximate size as HTTP/1 would send it (`name: value\r\n`).
+    pub bytes: usize,
+    /// First `Host`.
+    pub host: Option<&'h HeaderValue>,
+    /// First `X-Request-Id`.
+    pub request_id: Option<&'h HeaderValue>,
+    /// First `Content-Length`.
+    pub content_length: Option<&'h HeaderValue>,
+    /// First `Origin`.
+    pub origin: Option<&'h HeaderValue>,
+    upgrade: bool,
+    connection: bool,
+}
+
+impl<'h> Seen<'h> {
+    /// One pass over `headers`.
+    pub fn scan(headers: &'h HeaderMap) -> Self {
+        let mut s = Self::default();
+        for (name, value) in headers {
+            let n = name.as_str();
+            s.bytes += n.len() + value.len() + 4;
+            match n {
+                "host" => s.host = s.host.or(Some(value)),
+                "x-request-id" => s.request_id = s.request_id.or(Some(value)),
+                "content-length" => s.content_length = s.content_length.or(Some(value)),
+                "origin" => s.origin = s.origin.or(Some(value)),
+                "upgrade" => s.upgrade = true,
+                "connection" => s.connection = true,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// True when `Connection` lists `upgrade` and an `Upgrade` header is present.
+    pub fn is_upgrade(&self, headers: &HeaderMap) -> bool {
+        self.upgrade
+            && self.connection
+            && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    }
+
+    /// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe
+    /// set), otherwise a fresh 128-bit hex id.
+    pub fn request_id(&self) -> HeaderValue {
+        match self.request_id {
+            Some(v) if is_sane_id(v.as_bytes()) => v.clone(),
+            _ => generate_request_id(),
+        }
+    }
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -189,15 +238,10 @@ pub(crate) fn set_forwarded(
     headers.insert(X_FORWARDED_HOST.clone(), original_host.clone());
 }
 
-/// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe set),
-/// otherwise a fresh 128-bit hex id.
-pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID)
-        && is_sane_id(v.as_bytes())
-    {
-        return v.clone();
-    }
-    generate_request_id()
+/// The client's `X-Request-Id` when it is sane, otherwise a fresh one (see [`Seen::request_id`]).
+#[cfg(test)]
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    Seen::scan(headers).request_id()
 }
 
 fn is_sane_id(b: &[u8]) -> bool {
@@ -220,14 +264,6 @@ pub(crate) fn generate_request_id() -> HeaderValue {
         *b = HEX[usize::try_from(nibble).unwrap_or(0)];
     }
     HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
-}
-
-/// Approximate size of a header block as HTTP/1 would send it (`name: value\r\n`).
-pub(crate) fn header_bytes(headers: &HeaderMap) -> usize {
-    headers
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len() + 4)
-        .sum()
 }
 
 #[cfg(test)]
@@ -285,9 +321,28 @@ mod tests {
     }
 
     #[test]
+    fn one_scan_finds_the_first_of_each_field_and_sizes_the_block() {
+        let h = map(&[
+            ("host", "a"),
+            ("host", "b"),
+            ("origin", "https://o"),
+            ("content-length", "3"),
+            ("x-other", "1"),
+        ]);
+        let s = Seen::scan(&h);
+        assert_eq!(s.host.unwrap(), "a");
+        assert_eq!(s.origin.unwrap(), "https://o");
+        assert_eq!(s.content_length.unwrap(), "3");
+        assert!(s.request_id.is_none());
+        assert!(!s.is_upgrade(&h));
+        let bytes: usize = h.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        assert_eq!(s.bytes, bytes);
+    }
+
+    #[test]
     fn upgrade_keeps_upgrade_header() {
         let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
-        assert!(is_upgrade(&h));
+        assert!(Seen::scan(&h).is_upgrade(&h));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");

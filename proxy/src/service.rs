@@ -23,10 +23,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use http::header::{CONTENT_TYPE, ORIGIN};
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
@@ -122,14 +122,20 @@ pub(crate) async fn handle(
     mut req: Request<Incoming>,
 ) -> Result<ProxyResponse, std::convert::Infallible> {
     let start = Instant::now();
-    let request_id = forward::request_id(req.headers());
-    let host = request_host(&req);
+    let seen = forward::Seen::scan(req.headers());
+    let request_id = seen.request_id();
+    let client = ClientHead {
+        host: request_host(seen.host, req.uri()),
+        limits: check_limits(&shared, &seen),
+        origin: seen.origin.cloned(),
+        upgrade: req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers()),
+    };
     let log = shared.access_log.enabled().then(|| {
         Box::new(LogFields {
             started_at: SystemTime::now(),
             method: req.method().clone(),
             uri: req.uri().clone(),
-            host: host.to_str().unwrap_or("").to_owned(),
+            host: client.host.to_str().unwrap_or("").to_owned(),
             peer: conn.peer,
         })
     });
@@ -143,8 +149,7 @@ pub(crate) async fn handle(
         guard: None,
         log,
     };
-    let client_upgrade = (req.version() <= Version::HTTP_11 && forward::is_upgrade(req.headers()))
-        .then(|| hyper::upgrade::on(&mut req));
+    let client_upgrade = client.upgrade.then(|| hyper::upgrade::on(&mut req));
     let snapshot = shared.snapshot.load_full();
     let mut resp = match snapshot {
         Some(snapshot) => {
@@ -152,7 +157,7 @@ pub(crate) async fn handle(
                 &shared,
                 &snapshot,
                 &conn,
-                &host,
+                client,
                 req,
                 client_upgrade,
                 &mut done,
@@ -167,16 +172,27 @@ pub(crate) async fn handle(
     Ok(Response::from_parts(parts, TrackedBody::new(body, done)))
 }
 
-/// Host as the client sent it: the Host header, else the URI authority (HTTP/2 `:authority`),
-/// else empty. A clone of the header's bytes, not a copy.
-fn request_host<B>(req: &Request<B>) -> HeaderValue {
-    if let Some(h) = req.headers().get(HOST)
+/// What phase 1 found in the client's headers, carried into [`proxy`].
+struct ClientHead {
+    /// Host as the client sent it (see [`request_host`]).
+    host: HeaderValue,
+    /// Phase 1's verdict, applied once a snapshot is there.
+    limits: Result<(), StatusCode>,
+    /// `Origin`, for CORS decoration of the response.
+    origin: Option<HeaderValue>,
+    /// An HTTP/1 upgrade request.
+    upgrade: bool,
+}
+
+/// Host as the client sent it: the (first) Host header, else the URI authority (HTTP/2
+/// `:authority`), else empty. A clone of the header's bytes, not a copy.
+fn request_host(header: Option<&HeaderValue>, uri: &Uri) -> HeaderValue {
+    if let Some(h) = header
         && h.to_str().is_ok()
     {
         return h.clone();
     }
-    req.uri()
-        .authority()
+    uri.authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         .unwrap_or_else(|| HeaderValue::from_static(""))
 }
@@ -211,11 +227,11 @@ fn with_empty_body(resp: Response<()>) -> Response<ProxyBody> {
 }
 
 /// Phase 1.
-fn check_limits(shared: &Shared, parts: &Parts) -> Result<(), StatusCode> {
-    if forward::header_bytes(&parts.headers) > shared.limits.max_header_bytes {
+fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusCode> {
+    if seen.bytes > shared.limits.max_header_bytes {
         return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
-    if let Some(cl) = parts.headers.get(CONTENT_LENGTH) {
+    if let Some(cl) = seen.content_length {
         let len: u64 = cl
             .to_str()
             .ok()
@@ -268,14 +284,14 @@ async fn proxy(
     shared: &Arc<Shared>,
     snapshot: &Snapshot,
     conn: &ConnCtx,
-    host_value: &HeaderValue,
+    client: ClientHead,
     req: Request<Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     done: &mut Completion,
 ) -> Response<ProxyBody> {
-    let original_host = host_value.to_str().unwrap_or("");
+    let original_host = client.host.to_str().unwrap_or("");
     let (mut parts, body) = req.into_parts();
-    if let Err(code) = check_limits(shared, &parts) {
+    if let Err(code) = client.limits {
         return status(code);
     }
 
@@ -333,7 +349,6 @@ async fn proxy(
         query,
         matched_prefix: hit.matched_prefix,
     };
-    let origin = parts.headers.get(ORIGIN).cloned();
     let mut plan = Plan::default();
     if let Some(resp) = request_filters(&route.filters, &mut parts, &view, &mut plan) {
         return resp;
@@ -362,7 +377,7 @@ async fn proxy(
     let pq = plan.path_and_query.as_deref().unwrap_or(target);
     let head = UpstreamHead {
         conn,
-        original_host: host_value,
+        original_host: &client.host,
         request_id: &done.request_id,
         host: plan.host.as_deref(),
         path_and_query: pq,
@@ -378,7 +393,8 @@ async fn proxy(
         .timeouts
         .request_ms
         .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
-    let exceeded = Arc::new(AtomicBool::new(false));
+    // Only a request with a body can exceed the body limit.
+    let exceeded = (!body.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
     let call = Call {
         shared,
         snapshot,
@@ -386,7 +402,7 @@ async fn proxy(
         endpoint: guard.endpoint(),
         path_and_query: pq,
         mirrors: &plan.mirrors,
-        exceeded: &exceeded,
+        exceeded: exceeded.as_ref(),
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {
@@ -402,10 +418,10 @@ async fn proxy(
             resp,
             &plan.response_mods,
             &plan.cors,
-            origin.as_ref(),
+            client.origin.as_ref(),
             client_upgrade,
         ),
-        Err(f) => failure_response(shared, f, &exceeded),
+        Err(f) => failure_response(shared, f, exceeded.as_deref()),
     };
     for (name, value) in policy_headers {
         resp.headers_mut().insert(name, value);
