@@ -166,6 +166,7 @@ impl EndpointPool {
             .map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
         let (tx, conn) = http1::Builder::new()
+            .writev(false)
             .handshake(TokioIo::new(stream))
             .await?;
         tokio::spawn(async move {
