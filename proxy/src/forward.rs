@@ -93,6 +93,9 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Present {
     connection: bool,
+    /// Some Connection value is more than one known token (`keep-alive`, `close`,
+    /// `upgrade`...), so it may name fields to remove.
+    connection_names: bool,
     keep_alive: bool,
     proxy_connection: bool,
     transfer_encoding: bool,
@@ -107,9 +110,13 @@ impl Present {
     /// One pass over the names of `headers`.
     pub fn scan(headers: &HeaderMap) -> Self {
         let mut p = Self::default();
-        for name in headers.keys() {
+        for (name, value) in headers {
             match name.as_str() {
-                "connection" => p.connection = true,
+                "connection" => {
+                    p.connection = true;
+                    // The usual value is one known token: no need to parse a list.
+                    p.connection_names |= value.to_str().map_or(true, |v| !is_known_token(v));
+                }
                 "keep-alive" => p.keep_alive = true,
                 "proxy-connection" => p.proxy_connection = true,
                 "transfer-encoding" => p.transfer_encoding = true,
@@ -146,7 +153,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 
 /// [`strip_hop_by_hop`] after the scan; `p` follows the edits.
 pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: bool) {
-    if p.connection {
+    if p.connection_names {
         // Fields the Connection header names; the usual tokens (keep-alive, close, upgrade)
         // need no name of their own, so this list is almost always empty (no allocation).
         let named: Vec<HeaderName> = connection_tokens(headers)
@@ -160,9 +167,9 @@ pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: b
                 headers.remove(&name);
             }
         }
-        if !upgrade {
-            headers.remove(CONNECTION);
-        }
+    }
+    if p.connection && !upgrade {
+        headers.remove(CONNECTION);
     }
     if p.keep_alive {
         headers.remove(&KEEP_ALIVE);
@@ -297,6 +304,21 @@ mod tests {
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["te"], "trailers");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn a_single_known_connection_token_removes_only_connection() {
+        let mut h = map(&[("connection", "Keep-Alive"), ("x-secret", "1")]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-secret"], "1");
+        let mut h = map(&[
+            ("connection", "close"),
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]

@@ -290,6 +290,7 @@ async fn proxy(
     done: &mut Completion,
 ) -> Response<ProxyBody> {
     let original_host = client.host.to_str().unwrap_or("");
+    let bare_host = strip_port(original_host);
     let (mut parts, body) = req.into_parts();
     if let Err(code) = client.limits {
         return status(code);
@@ -325,7 +326,7 @@ async fn proxy(
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
         let info = RequestInfo {
-            host: strip_port(original_host),
+            host: bare_host,
             target,
             scheme: conn.scheme,
             peer: conn.peer,
@@ -343,7 +344,7 @@ async fn proxy(
     };
     let view = RequestView {
         scheme: conn.scheme,
-        host: strip_port(original_host),
+        host: bare_host,
         port: conn.local_port,
         path,
         query,
