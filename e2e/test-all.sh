@@ -34,10 +34,20 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 # The tests start their own redis-server on loopback; a system one is not needed.
 
+if ! command -v lua5.1 >/dev/null 2>&1 && ! command -v lua >/dev/null 2>&1; then
+  step "installing lua5.1 (Debian) for the Argo CD health-check tests"
+  if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q lua5.1 >/dev/null ||
+    { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q lua5.1 >/dev/null; }
+fi
+
 step "e2e/cluster.sh up (real etcd + kube-apiserver for the k8s_* tests)"
 trap 'e2e/cluster.sh down || true' EXIT
 e2e/cluster.sh up
 eval "$(e2e/cluster.sh env)"
+
+step "e2e/kstatus.sh build (kstatus-check for k8s_kstatus; cached, minutes the first time)"
+e2e/kstatus.sh build >/dev/null
 
 step "cargo test"
 cargo test --workspace --locked

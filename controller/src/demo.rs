@@ -3,6 +3,9 @@
 //! In: HTTP/1.1 or HTTP/2 (prior knowledge) requests on one socket. Out: a JSON document
 //! describing the request as the backend saw it (method, path, host, headers) and the
 //! backend's name, so a user can see what the gateway forwarded and where.
+//!
+//! `POST /introspect` is answered instead by a DEMO token introspection endpoint
+//! ([`introspect`]), so that examples/introspection needs nothing but `tollgate run`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,6 +19,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+
+pub mod introspect;
 
 /// Binds `addr` and serves the echo backend until the task is dropped.
 /// Returns the bound address (useful with port 0) and the serving task.
@@ -54,6 +59,9 @@ async fn echo(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    if parts.method == http::Method::POST && parts.uri.path() == introspect::PATH {
+        return Ok(introspection(&parts, &body));
+    }
     let headers: serde_json::Map<String, serde_json::Value> = parts
         .headers
         .iter()
@@ -81,12 +89,97 @@ async fn echo(
         "bodyBytes": body.len(),
         "peer": peer.to_string(),
     });
-    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    Ok(json_response(http::StatusCode::OK, &doc))
+}
+
+/// The demo introspection endpoint's answer to `POST /introspect`.
+fn introspection(parts: &http::request::Parts, body: &[u8]) -> Response<Full<Bytes>> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let authorization = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes);
+    let (status, doc) = introspect::answer(authorization, body, now);
+    let mut resp = json_response(status, &doc);
+    if status == http::StatusCode::UNAUTHORIZED {
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Basic realm=\"demo-introspection\""),
+        );
+    }
+    resp
+}
+
+fn json_response(status: http::StatusCode, doc: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut text = serde_json::to_string_pretty(doc).unwrap_or_default();
     text.push('\n');
     let mut resp = Response::new(Full::new(Bytes::from(text)));
+    *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    Ok(resp)
+    resp
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// One HTTP/1.1 exchange with the backend at `addr`; the raw response.
+    async fn exchange(addr: SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    fn post(path: &str, authorization: &str, body: &str) -> String {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\
+             Authorization: {authorization}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn post_introspect_is_answered_by_the_demo_endpoint_and_the_rest_echoed() {
+        use base64::Engine as _;
+        let (addr, task) = spawn("127.0.0.1:0".parse().unwrap(), "t").await.unwrap();
+        let good = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("demo-client:demo-secret")
+        );
+
+        let ok = exchange(addr, &post("/introspect", &good, "token=demo-token-alice")).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("\"sub\": \"alice\""), "{ok}");
+
+        let refused = exchange(addr, &post("/introspect", "Basic eDp5", "token=x")).await;
+        assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+        assert!(
+            refused
+                .to_ascii_lowercase()
+                .contains("www-authenticate: basic realm=\"demo-introspection\""),
+            "{refused}"
+        );
+
+        // Any other request, a GET of the same path included, is echoed.
+        let echoed = exchange(
+            addr,
+            "GET /introspect HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(echoed.contains("\"backend\": \"t\""), "{echoed}");
+        task.abort();
+    }
 }

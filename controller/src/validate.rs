@@ -96,6 +96,20 @@ pub fn render(out: &Output) -> String {
     for (key, st) in &out.grpc_routes {
         route(&mut text, RouteKind::Grpc, key, &st.parents);
     }
+    for (kind, statuses) in [
+        ("RateLimitPolicy", &out.rate_limit_policies),
+        ("AuthPolicy", &out.auth_policies),
+    ] {
+        for (key, st) in statuses {
+            let _ = writeln!(text, "{kind} {key}");
+            conditions(&mut text, "  ", &st.conditions);
+            for a in &st.ancestors {
+                let r = &a.ancestor_ref;
+                let _ = writeln!(text, "  Gateway {}/{}", r.namespace, r.name);
+                conditions(&mut text, "    ", &a.conditions);
+            }
+        }
+    }
     text
 }
 

@@ -362,3 +362,29 @@ spec:
             .contains_key(&ObjectKey::new("pol", "missing-target"))
     );
 }
+
+#[test]
+fn x509_authentication_compiles_to_the_verified_client_certificate_method() {
+    let out = run(
+        &["policies"],
+        r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {name: devices, namespace: pol}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: shop, sectionName: checkout}]
+  rules:
+    authentication:
+      devices: {x509: {}}
+    response:
+      success:
+        headers: {x-device: {expression: auth.identity.cn}}
+"#,
+    );
+    assert_cond(ap(&out, "devices"), "Accepted", "True", "Accepted");
+    let t = table(&out, "pol", "gw");
+    let (_, set) = policy_of(t, "http", "shop.test", "/checkout");
+    let auth = set.auth.as_ref().unwrap();
+    assert_eq!(auth.authentication.len(), 1);
+    assert_eq!(auth.authentication[0].method, Method::X509);
+}

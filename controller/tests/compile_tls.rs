@@ -154,15 +154,47 @@ fn check_key_pair_messages_never_quote_the_key() {
     );
 }
 
+/// The PEM of the `tls-ok` certificate of the fixture (a fine CA anchor for these tests).
+fn ok_cert_pem() -> String {
+    let inputs = inputs(&["tls"], "");
+    let s = inputs
+        .secrets
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("tls-ok"))
+        .unwrap();
+    match s.data.as_ref().and_then(|d| d.get("tls.crt")) {
+        Some(b) => String::from_utf8(b.0.clone()).unwrap(),
+        None => s.string_data.as_ref().unwrap()["tls.crt"].clone(),
+    }
+}
+
+fn indent(pem: &str) -> String {
+    pem.lines().map(|l| format!("    {l}\n")).collect()
+}
+
 #[test]
-fn frontend_validation_rejects_the_https_listeners_it_applies_to() {
+fn frontend_validation_without_a_usable_ca_refuses_the_listeners_it_applies_to() {
     let out = run(&["tls"], "");
     let https = listener(&out, "infra", "mtls", "https");
-    assert_cond(&https.conditions, "Accepted", "False", "UnsupportedValue");
+    assert_cond(
+        &https.conditions,
+        "Accepted",
+        "False",
+        "NoValidCACertificate",
+    );
+    assert_cond(
+        &https.conditions,
+        "ResolvedRefs",
+        "False",
+        "InvalidCACertificateRef",
+    );
     assert_cond(&https.conditions, "Programmed", "False", "Invalid");
     assert_eq!(https.conditions[0].observed_generation, Some(2));
-    let msg = &cond(&https.conditions, "Accepted").message;
-    assert!(msg.contains("client certificate validation"), "{msg}");
+    let msg = &cond(&https.conditions, "ResolvedRefs").message;
+    assert!(
+        msg.contains("ConfigMap infra/client-ca does not exist"),
+        "{msg}"
+    );
     // The perPort entry for 8443 carries no validation and overrides the default; HTTP
     // listeners are not affected by frontend TLS at all.
     for name in ["https-8443", "http"] {
@@ -175,21 +207,131 @@ fn frontend_validation_rejects_the_https_listeners_it_applies_to() {
     let t = table(&out, "infra", "mtls");
     assert!(
         t.ports.iter().all(|p| p.port != 443),
-        "443 must not be served"
+        "443 must not be served without the validation it asks for"
     );
     assert_eq!(port(t, 8443).listeners.len(), 1);
+    assert!(port(t, 8443).client_validation.is_none());
 }
 
 #[test]
-fn frontend_validation_per_port_even_with_insecure_fallback_rejects() {
-    let out = run(&["tls"], "");
-    let l = listener(&out, "infra", "mtls-only", "https");
-    assert_cond(&l.conditions, "Accepted", "False", "UnsupportedValue");
-    let gw = gateway_conds(&out, "infra", "mtls-only");
-    assert_cond(gw, "Accepted", "False", "ListenersNotValid");
+fn frontend_validation_programs_the_ca_bundle_and_mode_per_port() {
+    let pem = ok_cert_pem();
+    let extra = format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: client-ca, namespace: infra}}
+data:
+  ca.crt: |
+{ca}---
+apiVersion: v1
+kind: Secret
+metadata: {{name: client-ca-secret, namespace: infra}}
+stringData:
+  ca.crt: |
+{ca}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: mtls-secret, namespace: infra}}
+spec:
+  gatewayClassName: tollgate
+  tls:
+    frontend:
+      default:
+        validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: client-ca-secret}}]}}
+  listeners:
+  - {{name: https, port: 443, protocol: HTTPS, tls: {{certificateRefs: [{{name: tls-ok}}]}}}}
+"#,
+        ca = indent(&pem)
+    );
+    let out = run(&["tls"], &extra);
+    // ConfigMap, AllowValidOnly (the default mode).
+    let l = listener(&out, "infra", "mtls", "https");
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(&l.conditions, "ResolvedRefs", "True", "ResolvedRefs");
+    let v = port(table(&out, "infra", "mtls"), 443)
+        .client_validation
+        .clone()
+        .unwrap();
+    assert_eq!(v.mode, tollgate_api::ClientCertMode::AllowValidOnly);
+    assert_eq!(v.ca_pem.trim(), pem.trim());
+    // perPort with AllowInsecureFallback.
+    let v = port(table(&out, "infra", "mtls-only"), 443)
+        .client_validation
+        .clone()
+        .unwrap();
+    assert_eq!(v.mode, tollgate_api::ClientCertMode::AllowInsecureFallback);
+    // A Secret (implementation-specific kind) works too.
+    let v = port(table(&out, "infra", "mtls-secret"), 443)
+        .client_validation
+        .clone()
+        .unwrap();
+    assert_eq!(v.ca_pem.trim(), pem.trim());
+}
+
+#[test]
+fn frontend_ca_refs_of_the_wrong_kind_or_namespace_are_reported() {
+    let pem = ok_cert_pem();
+    let extra = format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: client-ca, namespace: infra}}
+data:
+  ca.crt: |
+{ca}---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: other-ca, namespace: other}}
+data:
+  ca.crt: |
+{ca}---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: no-key, namespace: infra}}
+data: {{something: else}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: mtls-mixed, namespace: infra}}
+spec:
+  gatewayClassName: tollgate
+  tls:
+    frontend:
+      default:
+        validation:
+          caCertificateRefs:
+          - {{group: "", kind: ConfigMap, name: client-ca}}
+          - {{group: "", kind: Service, name: client-ca}}
+          - {{group: "", kind: ConfigMap, name: other-ca, namespace: other}}
+          - {{group: "", kind: ConfigMap, name: no-key}}
+  listeners:
+  - {{name: https, port: 443, protocol: HTTPS, tls: {{certificateRefs: [{{name: tls-ok}}]}}}}
+"#,
+        ca = indent(&pem)
+    );
+    let out = run(&["tls"], &extra);
+    let l = listener(&out, "infra", "mtls-mixed", "https");
+    // One usable CA: served, with every bad reference named.
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(
+        &l.conditions,
+        "ResolvedRefs",
+        "False",
+        "InvalidCACertificateKind",
+    );
+    let msg = &cond(&l.conditions, "ResolvedRefs").message;
+    for needle in [
+        "Service infra/client-ca",
+        "ConfigMap other/other-ca is not permitted",
+        "ConfigMap infra/no-key has no key ca.crt",
+    ] {
+        assert!(msg.contains(needle), "{needle}: {msg}");
+    }
     assert!(
-        !out.tables
-            .contains_key(&ObjectKey::new("infra", "mtls-only"))
+        port(table(&out, "infra", "mtls-mixed"), 443)
+            .client_validation
+            .is_some()
     );
 }
 
@@ -251,7 +393,7 @@ fn backend_client_certificate_sets_gateway_resolved_refs_only() {
 fn unsupported_tls_settings_are_rejections() {
     let rej = run(&["tls"], "").rejections();
     for (gw, part, reason) in [
-        ("mtls", Some("listener https"), "UnsupportedValue"),
+        ("mtls", Some("listener https"), "NoValidCACertificate"),
         ("options", Some("listener tuned"), "UnsupportedValue"),
         ("backend-cert", None, "InvalidClientCertificateRef"),
         (

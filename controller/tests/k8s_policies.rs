@@ -13,10 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use serde_json::{Value, json};
 use tollgate::crds::{AuthPolicy, RateLimitPolicy};
-use tollgate_api::ObjectKey;
-use tollgate_proxy::{Proxy, ProxyOptions};
 
-use k8s_support::{TestEnv, eventually, free_port};
+use k8s_support::{SubscribedProxy, TestEnv, eventually, free_port};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -213,30 +211,9 @@ async fn enforced_waits_for_a_proxy_and_api_key_secrets_follow_their_labels() {
     );
 
     // Subscribe a proxy with the certificate the controller issued.
-    let secret: Secret = eventually(WAIT, || async {
-        let api: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
-        api.get_opt("gw-tollgate-proxy-tls").await.ok()?
-    })
-    .await
-    .unwrap();
-    let dir = std::env::temp_dir().join(format!("tollgate-policy-{}", env.ns));
-    let tls = dir.join("tls");
-    std::fs::create_dir_all(&tls).unwrap();
-    for (k, v) in secret.data.unwrap() {
-        std::fs::write(tls.join(k), v.0).unwrap();
-    }
-    let proxy = Proxy::new(ProxyOptions::default());
-    let cfg = tollgate_proxy::subscribe::SubscribeConfig::new(
-        url.clone(),
-        ObjectKey::new(env.ns.as_str(), "gw"),
-        "proxy-1",
-        &tls,
-        dir.join("state"),
-    );
-    let _sub = tollgate_proxy::subscribe::spawn(proxy.clone(), cfg).await;
+    let sub = SubscribedProxy::start(&env, &url, "gw").await;
     let digest = tollgate::compile::policies::auth::sha256_hex(b"key-of-partner-a");
-    let state = dir.join("state");
-    let table = || std::fs::read_to_string(state.join("table.json")).unwrap_or_default();
+    let table = || sub.table();
     eventually(WAIT, || async { table().contains(&digest).then_some(()) })
         .await
         .unwrap_or_else(|| panic!("the proxy never got the key:\n{}", ctl.log()));
@@ -266,5 +243,5 @@ async fn enforced_waits_for_a_proxy_and_api_key_secrets_follow_their_labels() {
     })
     .await
     .unwrap_or_else(|| panic!("the key stayed in the table:\n{}", ctl.log()));
-    proxy.shutdown().await;
+    sub.proxy.shutdown().await;
 }

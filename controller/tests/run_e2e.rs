@@ -1,8 +1,9 @@
 //! End-to-end tests of the `tollgate` binary: `run` on the quickstart exactly as the README
-//! says (and every other example, gRPC over h2c included), `run` applying file changes without
-//! a restart, and `validate`'s verdicts.
+//! says (and every other example, gRPC over h2c and the policy examples included), `run`
+//! applying file changes without a restart, and `validate`'s verdicts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod policy_examples;
 mod support;
 
 use std::time::Duration;
@@ -21,6 +22,11 @@ fn examples_serve_as_documented() {
     https();
     traffic_split();
     grpc();
+    policy_examples::rate_limit();
+    policy_examples::api_key();
+    policy_examples::jwt();
+    policy_examples::introspection();
+    policy_examples::mtls();
 }
 
 /// The README's first command: the quickstart with its demo backend, on the ports it documents.
@@ -422,6 +428,46 @@ fn validate_accepts_every_example() {
         let (code, out) = validate(&dir);
         assert_eq!(code, 0, "{}:\n{out}", dir.display());
         assert!(out.contains("Accepted=True"), "{out}");
+    }
+}
+
+/// `validate` prints "the status every object would get": policies are objects too, and a
+/// user checking a policy example should see it Accepted, not only learn of it when rejected.
+#[test]
+fn validate_prints_policy_status() {
+    for (dir, header) in [
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/api-per-client",
+        ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/gateway-default",
+        ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/exports-token-bucket",
+        ),
+        (
+            "examples/rate-limit",
+            "RateLimitPolicy default/reports-fixed-window",
+        ),
+        ("examples/api-key", "AuthPolicy default/orders-auth"),
+        ("examples/introspection", "AuthPolicy default/accounts-auth"),
+        ("examples/mtls", "AuthPolicy default/api-auth"),
+    ] {
+        let (code, out) = validate(&workspace().join(dir));
+        assert_eq!(code, 0, "{out}");
+        let mut lines = out.lines().skip_while(|l| *l != header);
+        assert_eq!(
+            lines.next(),
+            Some(header),
+            "{dir}: no {header} block:\n{out}"
+        );
+        assert!(
+            lines.next().is_some_and(|l| l.contains("Accepted=True")),
+            "{dir}:\n{out}"
+        );
     }
 }
 

@@ -76,6 +76,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
                     routes: vec![route],
                 }],
             }],
+            client_validation: None,
         }],
         backends: BTreeMap::from([(
             "b".to_owned(),

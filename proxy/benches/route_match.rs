@@ -84,6 +84,7 @@ fn table(vhosts: Vec<VirtualHost>) -> RouteTable {
                 certificates: vec![],
                 virtual_hosts: vhosts,
             }],
+            client_validation: None,
         }],
         backends: Default::default(),
     }

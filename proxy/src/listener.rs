@@ -1,6 +1,8 @@
 //! Sockets and connections. In: a bound [`TcpListener`] for one table port. Out: an accept
 //! loop that serves each connection with hyper-util's auto server (HTTP/1.1, and HTTP/2 by
 //! prior knowledge or ALPN), behind rustls when the live snapshot says the port is HTTPS.
+//! Each connection's [`ConnCtx`] carries its client certificate (leaf DER) only when the
+//! port validates client certificates and this one verified ([`crate::tls::PortTls`]).
 //!
 //! The TLS config is looked up per connection, so a certificate change applies to new
 //! connections without rebinding. Stopping a listener closes its socket and asks its open
@@ -97,6 +99,7 @@ async fn accept_loop(
                     table_port,
                     scheme: "http",
                     peer_value: crate::forward::peer_value(peer.ip()),
+                    peer_cert: None,
                 };
                 tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));
             }
@@ -127,10 +130,11 @@ async fn serve_connection(
         None => {}
         Some(None) => serve(&shared, TokioIo::new(stream), conn, stop).await,
         Some(Some(tls)) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {
                     conn.scheme = "https";
+                    conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
                     serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
                 }
                 Ok(Err(e)) => {

@@ -1,7 +1,8 @@
 //! The [`Proxy`] handle: owns the live snapshot and the listening sockets. In: whole
 //! [`RouteTable`]s through [`Proxy::apply`]. Out: a new immutable [`Snapshot`] (router, TLS
-//! configs, balancers) swapped in with one pointer store, and sockets bound or closed so the
-//! set of listening (address, port)s matches the table.
+//! configs with their client-certificate validation, balancers) swapped in with one pointer
+//! store, and sockets bound or closed so the set of listening (address, port)s matches the
+//! table.
 //!
 //! Requests load the snapshot once and keep that `Arc` until they finish, so a swap never
 //! changes a request mid-flight. A failed apply (bad regex, bad certificate, port in use)
@@ -16,7 +17,6 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
-use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tollgate_api::{Protocol, RouteTable};
@@ -30,6 +30,7 @@ use crate::policy::auth::AuthState;
 use crate::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
 use crate::policy::{Enforcer, PolicyRuntime};
 use crate::router::Router;
+use crate::tls::PortTls;
 use crate::upstream::{Balancer, Upstream, build_balancers};
 
 /// How long [`Proxy::shutdown`] waits for open connections to finish.
@@ -88,8 +89,8 @@ pub(crate) struct Limits {
 /// Per-port runtime state of a snapshot.
 #[derive(Debug)]
 pub(crate) struct PortState {
-    /// TLS config for an HTTPS port; `None` = plain HTTP.
-    pub tls: Option<Arc<ServerConfig>>,
+    /// TLS config and client-certificate rule of an HTTPS port; `None` = plain HTTP.
+    pub tls: Option<Arc<PortTls>>,
 }
 
 /// Everything a request needs, immutable once built.
@@ -210,7 +211,7 @@ impl Proxy {
             })?;
             let tls = match p.protocol {
                 Protocol::Http => None,
-                Protocol::Https => Some(crate::tls::server_config(p)?),
+                Protocol::Https => Some(Arc::new(crate::tls::port_tls(p)?)),
             };
             ports.insert(p.port, PortState { tls });
             wanted.push((ip, p.port));

@@ -4,8 +4,9 @@
 //! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
 //!    `max_body_bytes` → 413.
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
-//!    the route's policies (module `policy::enforce`): authentication → 401, authorization
-//!    → 403, rate limit → 429 (CORS preflights on a CORS route skip them).
+//!    the route's policies (module `policy::enforce`): authentication (X.509 with the
+//!    connection's verified client certificate) → 401, authorization → 403, rate limit →
+//!    429 (CORS preflights on a CORS route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
@@ -54,6 +55,9 @@ pub(crate) struct ConnCtx {
     pub scheme: &'static str,
     /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection.
     pub peer_value: HeaderValue,
+    /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
+    /// authentication).
+    pub peer_cert: Option<Arc<[u8]>>,
 }
 
 /// The response type of the service.
@@ -325,15 +329,34 @@ async fn proxy(
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
+        // Lower-case, as routing matched it: a predicate on the host must not be escaped by
+        // sending it in another case.
+        let host: std::borrow::Cow<'_, str> = if bare_host.bytes().any(|b| b.is_ascii_uppercase()) {
+            bare_host.to_ascii_lowercase().into()
+        } else {
+            bare_host.into()
+        };
         let info = RequestInfo {
-            host: bare_host,
+            host: &host,
             target,
             scheme: conn.scheme,
             peer: conn.peer,
+            peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(headers) => policy_headers = headers,
-            Err(resp) => return resp.map(full),
+            Err(resp) => {
+                // A browser must be able to read the denial (status, Retry-After): decorate it
+                // as the route's CORS filters would decorate an upstream answer.
+                let mut resp = resp.map(full);
+                let origin = parts.headers.get(ORIGIN);
+                for f in &route.filters {
+                    if let Filter::Cors(c) = f {
+                        filters::cors_decorate(c, origin, resp.headers_mut());
+                    }
+                }
+                return resp;
+            }
         }
     }
 

@@ -151,6 +151,7 @@ async fn fixture() -> Fixture {
             listener("b", Some("*.b.example"), &b),
             listener("any", None, &default),
         ],
+        client_validation: None,
     };
     let proxy = Proxy::new(ProxyOptions::default());
     proxy
@@ -290,6 +291,7 @@ async fn bad_certificate_rejects_the_table_and_keeps_the_old_one() {
         port: 0,
         protocol: Protocol::Https,
         listeners: vec![listener("x", None, &broken)],
+        client_validation: None,
     };
     let err = f
         ._proxy

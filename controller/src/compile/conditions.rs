@@ -46,6 +46,12 @@ pub mod reason {
     pub const INVALID_CERTIFICATE_REF: &str = "InvalidCertificateRef";
     /// Listener `allowedRoutes.kinds` names a kind we do not support.
     pub const INVALID_ROUTE_KINDS: &str = "InvalidRouteKinds";
+    /// A frontend caCertificateRef that does not resolve or holds no usable certificate.
+    pub const INVALID_CA_CERTIFICATE_REF: &str = "InvalidCACertificateRef";
+    /// A frontend caCertificateRef of a kind we do not read.
+    pub const INVALID_CA_CERTIFICATE_KIND: &str = "InvalidCACertificateKind";
+    /// Frontend validation asked for with no usable CA: the listener is not accepted.
+    pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
     /// Cross-namespace reference without a ReferenceGrant.
     pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
     /// Route parentRef matches no listener or an unusable Gateway.

@@ -13,7 +13,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
@@ -61,6 +61,7 @@ pub struct Index<'a> {
     pub slices: BTreeMap<Ref<'a>, Vec<&'a EndpointSlice>>,
     /// Secrets by key.
     pub secrets: BTreeMap<Ref<'a>, &'a Secret>,
+    pub config_maps: BTreeMap<Ref<'a>, &'a ConfigMap>,
     /// Namespace labels by namespace name.
     pub namespace_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
     /// ReferenceGrants by namespace (the namespace of the referent they allow).
@@ -80,6 +81,10 @@ impl<'a> Index<'a> {
         let secrets = by_key(&inputs.secrets, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
+            .collect();
+        let config_maps = by_key(&inputs.config_maps, |c| &c.metadata)
+            .into_iter()
+            .map(|c| ((ns_of(&c.metadata), name_of(&c.metadata)), c))
             .collect();
         let mut slices: BTreeMap<Ref<'a>, Vec<&'a EndpointSlice>> = BTreeMap::new();
         for slice in by_key(&inputs.endpoint_slices, |s| &s.metadata) {
@@ -117,6 +122,7 @@ impl<'a> Index<'a> {
             services,
             slices,
             secrets,
+            config_maps,
             namespace_labels,
             grants,
         }

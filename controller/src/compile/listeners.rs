@@ -71,8 +71,11 @@ pub struct ListenerModel<'a> {
     pub certificates: Vec<Certificate>,
     /// Problems with certificateRefs (consumed when conditions are computed).
     pub cert_problems: Vec<Problem>,
-    /// TLS settings we do not implement ([`tls::listener_problem`]).
+    /// TLS settings we do not implement ([`tls::listener_problem`]), or a frontend
+    /// validation without any usable CA.
     pub unsupported_tls: Option<Problem>,
+    /// Client-certificate validation asked by `spec.tls.frontend` ([`tls::frontend`]).
+    pub client_validation: Option<tollgate_api::ClientValidation>,
     /// Accepted, Conflicted, Programmed, ResolvedRefs.
     pub conditions: Vec<Condition>,
     /// Valid entries of allowedRoutes.kinds (or the default).
@@ -389,8 +392,11 @@ fn validate_listener<'a>(
             }
         }
     }
+    let fe = tls::frontend(gw, l, protocol, idx);
+    cert_problems.extend(fe.problems);
     ListenerModel {
-        unsupported_tls: tls::listener_problem(gw, l, protocol),
+        unsupported_tls: tls::listener_problem(gw, l, protocol).or(fe.no_valid_ca),
+        client_validation: fe.validation,
         spec: l,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,

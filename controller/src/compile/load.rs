@@ -141,6 +141,7 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),
         ("", "Service") => push!(services),
         ("", "Secret") => push!(secrets),
+        ("", "ConfigMap") => push!(config_maps),
         ("", "Namespace") => push!(namespaces),
         ("discovery.k8s.io", "EndpointSlice") => push!(endpoint_slices),
         _ => loaded.warnings.push(LoadWarning {

@@ -42,7 +42,7 @@ use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
@@ -78,6 +78,8 @@ pub struct Inputs {
     pub secrets: Vec<Secret>,
     /// Namespaces, for `allowedRoutes.namespaces.selector`.
     pub namespaces: Vec<Namespace>,
+    /// ConfigMaps (only those Gateways name as frontend `caCertificateRefs` are read).
+    pub config_maps: Vec<ConfigMap>,
     /// RateLimitPolicies.
     pub rate_limit_policies: Vec<RateLimitPolicy>,
     /// AuthPolicies.
@@ -109,6 +111,7 @@ impl Inputs {
             endpoint_slices: Vec::new(),
             secrets: Vec::new(),
             namespaces: Vec::new(),
+            config_maps: Vec::new(),
             rate_limit_policies: Vec::new(),
             auth_policies: Vec::new(),
             now,
@@ -128,6 +131,7 @@ impl Inputs {
         self.endpoint_slices.extend(other.endpoint_slices);
         self.secrets.extend(other.secrets);
         self.namespaces.extend(other.namespaces);
+        self.config_maps.extend(other.config_maps);
         self.rate_limit_policies.extend(other.rate_limit_policies);
         self.auth_policies.extend(other.auth_policies);
         self.warnings.extend(other.warnings);

@@ -77,6 +77,7 @@ pub fn build_tables(
                     port,
                     protocol,
                     listeners: Vec::new(),
+                    client_validation: l.client_validation.clone(),
                 })
                 .listeners
                 .push(ListenerConfig {

@@ -1,16 +1,17 @@
-//! TLS settings we do not implement yet, refused out loud instead of ignored.
+//! Listener TLS settings beyond certificates: client-certificate validation, refused options.
 //!
-//! In: a Gateway's `spec.tls` and a listener's `tls.options`, Secrets and ReferenceGrants
-//! through the [`Index`]. Out: a [`Problem`] that rejects one listener, or a Gateway
-//! `ResolvedRefs` condition. Silently serving a listener without the client-certificate
-//! validation its Gateway asks for would let unauthenticated clients in, so:
+//! In: a Gateway's `spec.tls` and a listener's `tls.options`, Secrets, ConfigMaps and
+//! ReferenceGrants through the [`Index`]. Out: the [`Frontend`] validation of an HTTPS
+//! listener, a [`Problem`] that rejects one listener, or a Gateway `ResolvedRefs` condition.
 //!
 //! - `spec.tls.frontend` validation (the `default`, or the `perPort` entry for the listener's
-//!   port, which overrides it) makes each HTTPS listener it applies to `Accepted=False` with
-//!   reason `UnsupportedValue` ("the Listener uses a value for a field that is not supported by
-//!   the implementation"). The spec scopes this configuration and its errors to "all Listeners
-//!   handling HTTPS traffic that match this port", so only those listeners are refused; HTTP
-//!   listeners and HTTPS listeners on other ports keep serving.
+//!   port, which overrides it) applies to the HTTPS listeners on that port: their
+//!   `caCertificateRefs` (core ConfigMaps, and Secrets as an implementation-specific kind, key
+//!   `ca.crt`, cross-namespace only with a ReferenceGrant) become the port's CA bundle and
+//!   mode in the table. Each unusable reference makes the listener `ResolvedRefs=False`
+//!   (`InvalidCACertificateRef`, `InvalidCACertificateKind`, `RefNotPermitted`); when none is
+//!   usable the listener is `Accepted=False NoValidCACertificate` and not served, never served
+//!   without the validation it asks for.
 //! - Listener `tls.options` ("Support: Implementation-specific") are all unknown to us: we
 //!   define no keys and the spec defines none yet. Options typically tighten TLS (minimum
 //!   version, cipher suites), so ignoring one could serve weaker TLS than asked: a listener
@@ -22,9 +23,12 @@
 //!   Gateway's Accepted or Programmed conditions", with reason `RefNotPermitted` for a
 //!   cross-namespace ref without a ReferenceGrant and `InvalidClientCertificateRef` otherwise.
 
-use gateway_api::gateways::{Gateway, GatewayListeners, GatewayTlsFrontend};
+use gateway_api::gateways::{
+    Gateway, GatewayListeners, GatewayTlsFrontendDefaultValidationMode,
+    GatewayTlsFrontendPerPortTlsValidationMode,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use tollgate_api::Protocol;
+use tollgate_api::{ClientCertMode, ClientValidation, Protocol};
 
 use super::conditions::{Conds, Problem, RESOLVED_REFS, reason};
 use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
@@ -56,26 +60,206 @@ pub fn listener_problem(
             ),
         ));
     }
-    let frontend = gw.spec.tls.as_ref().and_then(|t| t.frontend.as_ref())?;
-    if protocol == Some(Protocol::Https) && frontend_validates(frontend, l.port) {
-        return Some(Problem::new(
-            reason::UNSUPPORTED_VALUE,
-            format!(
-                "spec.tls.frontend asks for client certificate validation on port {}, which is not supported; the listener is not served rather than served without it",
-                l.port
-            ),
-        ));
-    }
+    let _ = (gw, protocol);
     None
 }
 
-/// Whether HTTPS listeners on `port` are asked to validate client certificates.
-fn frontend_validates(frontend: &GatewayTlsFrontend, port: i32) -> bool {
-    match frontend.per_port.iter().flatten().find(|p| p.port == port) {
-        Some(per_port) => per_port.tls.validation.is_some(),
-        None => frontend.default.validation.is_some(),
-    }
+/// What `spec.tls.frontend` asks of an HTTPS listener: the CA bundle its clients are verified
+/// against, the problems of its `caCertificateRefs` (for `ResolvedRefs=False`), and the
+/// `NoValidCACertificate` problem when none of them is usable (the listener is not accepted:
+/// serving it without the validation asked for would let any client in).
+#[derive(Debug, Default)]
+pub struct Frontend {
+    /// The validation to program, when at least one CA resolved.
+    pub validation: Option<ClientValidation>,
+    /// One problem per unusable reference.
+    pub problems: Vec<Problem>,
+    /// Set when validation is asked for and no reference is usable.
+    pub no_valid_ca: Option<Problem>,
 }
+
+/// One caCertificateRef and the mode, whichever generated type it came from.
+struct ValidationSpec<'s> {
+    refs: Vec<(&'s str, &'s str, &'s str, Option<&'s str>)>,
+    insecure_fallback: bool,
+}
+
+macro_rules! validation_spec {
+    ($v:expr, $fallback:path) => {
+        ValidationSpec {
+            refs: $v
+                .ca_certificate_refs
+                .iter()
+                .map(|r| {
+                    (
+                        r.group.as_str(),
+                        r.kind.as_str(),
+                        r.name.as_str(),
+                        r.namespace.as_deref(),
+                    )
+                })
+                .collect(),
+            insecure_fallback: matches!($v.mode, Some($fallback)),
+        }
+    };
+}
+
+/// The frontend validation of listener `l` (HTTPS only; the `perPort` entry for its port
+/// overrides the `default`).
+pub fn frontend(
+    gw: &Gateway,
+    l: &GatewayListeners,
+    protocol: Option<Protocol>,
+    idx: &Index<'_>,
+) -> Frontend {
+    let Some(fe) = gw.spec.tls.as_ref().and_then(|t| t.frontend.as_ref()) else {
+        return Frontend::default();
+    };
+    if protocol != Some(Protocol::Https) {
+        return Frontend::default();
+    }
+    let spec = match fe.per_port.iter().flatten().find(|p| p.port == l.port) {
+        Some(pp) => match &pp.tls.validation {
+            Some(v) => validation_spec!(
+                v,
+                GatewayTlsFrontendPerPortTlsValidationMode::AllowInsecureFallback
+            ),
+            None => return Frontend::default(),
+        },
+        None => match &fe.default.validation {
+            Some(v) => validation_spec!(
+                v,
+                GatewayTlsFrontendDefaultValidationMode::AllowInsecureFallback
+            ),
+            None => return Frontend::default(),
+        },
+    };
+    let gw_ns = ns_of(&gw.metadata);
+    let mut out = Frontend::default();
+    let mut bundle = String::new();
+    for (group, kind, name, ns) in &spec.refs {
+        let ns = ns.unwrap_or(gw_ns);
+        match ca_bundle(idx, gw_ns, group, kind, name, ns) {
+            Ok(pem) => bundle.push_str(&pem),
+            Err(p) => out.problems.push(p),
+        }
+    }
+    if bundle.is_empty() {
+        out.no_valid_ca = Some(Problem::new(
+            reason::NO_VALID_CA_CERTIFICATE,
+            format!(
+                "spec.tls.frontend: no usable CA certificate for port {} ({} reference(s) invalid)",
+                l.port,
+                out.problems.len()
+            ),
+        ));
+    } else {
+        out.validation = Some(ClientValidation {
+            ca_pem: bundle,
+            mode: if spec.insecure_fallback {
+                ClientCertMode::AllowInsecureFallback
+            } else {
+                ClientCertMode::AllowValidOnly
+            },
+        });
+    }
+    out
+}
+
+/// The PEM certificates of one caCertificateRef (key `ca.crt` of a ConfigMap, or of a Secret).
+fn ca_bundle(
+    idx: &Index<'_>,
+    gw_ns: &str,
+    group: &str,
+    kind: &str,
+    name: &str,
+    ns: &str,
+) -> Result<String, Problem> {
+    let what = format!("caCertificateRef {kind} {ns}/{name}");
+    if !group.is_empty() || !matches!(kind, "ConfigMap" | "Secret") {
+        return Err(Problem::new(
+            reason::INVALID_CA_CERTIFICATE_KIND,
+            format!("{what}: only core ConfigMaps and Secrets are supported (group {group:?})"),
+        ));
+    }
+    let cross = CrossRef {
+        from_group: GATEWAY_GROUP,
+        from_kind: "Gateway",
+        from_namespace: gw_ns,
+        to_group: "",
+        to_kind: kind,
+        to_namespace: ns,
+        to_name: name,
+    };
+    if ns != gw_ns && !permitted(idx, &cross) {
+        return Err(Problem::new(
+            reason::REF_NOT_PERMITTED,
+            format!("{what} is not permitted by any ReferenceGrant"),
+        ));
+    }
+    let data = if kind == "ConfigMap" {
+        idx.config_maps
+            .get(&(ns, name))
+            .map(|c| c.data.as_ref().and_then(|d| d.get(CA_KEY)).cloned())
+    } else {
+        idx.secrets.get(&(ns, name)).map(|s| {
+            s.data
+                .as_ref()
+                .and_then(|d| d.get(CA_KEY))
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .or_else(|| s.string_data.as_ref().and_then(|d| d.get(CA_KEY)).cloned())
+        })
+    };
+    let pem = match data {
+        None => {
+            return Err(Problem::new(
+                reason::INVALID_CA_CERTIFICATE_REF,
+                format!("{what} does not exist"),
+            ));
+        }
+        Some(None) => {
+            return Err(Problem::new(
+                reason::INVALID_CA_CERTIFICATE_REF,
+                format!("{what} has no key {CA_KEY}"),
+            ));
+        }
+        Some(Some(pem)) => pem,
+    };
+    let mut reader = pem.as_bytes();
+    let certs: Vec<_> = rustls_pemfile::certs(&mut reader)
+        .collect::<Result<_, _>>()
+        .map_err(|e| {
+            Problem::new(
+                reason::INVALID_CA_CERTIFICATE_REF,
+                format!("{what}: {CA_KEY} is not PEM: {e}"),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(Problem::new(
+            reason::INVALID_CA_CERTIFICATE_REF,
+            format!("{what}: {CA_KEY} holds no PEM certificate"),
+        ));
+    }
+    // The proxy builds its trust anchors with rustls: accept exactly what it accepts, so a
+    // bad CA rejects this listener here instead of the whole table there.
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots.add(c).map_err(|e| {
+            Problem::new(
+                reason::INVALID_CA_CERTIFICATE_REF,
+                format!(
+                    "{what}: {CA_KEY} holds a certificate that is not a usable trust anchor: {e}"
+                ),
+            )
+        })?;
+    }
+    let mut out = pem.trim_end().to_owned();
+    out.push('\n');
+    Ok(out)
+}
+
+/// Key of a ConfigMap or Secret holding a CA bundle.
+pub const CA_KEY: &str = "ca.crt";
 
 /// The Gateway `ResolvedRefs` condition for `spec.tls.backend.clientCertificateRef`, when set.
 pub fn backend_condition(gw: &Gateway, idx: &Index<'_>, conds: &Conds<'_>) -> Option<Condition> {

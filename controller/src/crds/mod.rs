@@ -20,11 +20,33 @@ pub const GROUP: &str = "tollgate.dev";
 
 /// The CRD manifests, one `(file name, YAML)` per kind, sorted by file name.
 pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
-    let crds = [AuthPolicy::crd(), RateLimitPolicy::crd()];
+    let mut crds = [AuthPolicy::crd(), RateLimitPolicy::crd()];
+    for crd in &mut crds {
+        status_defaults_to_unobserved(crd);
+    }
     crds.iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("crd"));
             serde_yaml_ng::to_string(crd).map(|y| (name, y))
         })
         .collect()
+}
+
+/// A new object is served with `status.observedGeneration: 0` until the controller writes its
+/// status, so kstatus (Flux) and Argo CD read it as in progress rather than current.
+fn status_defaults_to_unobserved(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON;
+    for v in &mut crd.spec.versions {
+        if let Some(status) = v
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"))
+        {
+            status.default = Some(JSON(serde_json::json!({"observedGeneration": 0})));
+        }
+    }
 }

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod overlay;
 pub mod provision;
 pub mod reconcile;
+pub mod referenced;
 pub mod route_status;
 pub mod status;
 pub mod stores;

@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 use super::metrics::{KindResult, Metrics, PathLabel, kind as kind_label};
 pub use super::overlay::{enforced, programmed, programmed_true};
 use super::provision::{self, ProvisionConfig};
+use super::referenced;
 use super::status::{self, StatusWrite};
 use super::stores::{Relevance, Stores};
 use crate::compile::kinds::RouteParent;
@@ -101,6 +102,8 @@ const REPROVISION: Duration = Duration::from_secs(300);
 pub struct Reconciler {
     client: Client,
     stores: Stores,
+    /// Payloads of referenced objects the watches stored without them.
+    fetched: referenced::Fetched,
     settings: Settings,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -143,6 +146,7 @@ impl Reconciler {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             stores,
+            fetched: referenced::Fetched::default(),
             settings,
             metrics,
             compiled: Output::default(),
@@ -167,8 +171,11 @@ impl Reconciler {
         };
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
-            let snapshot = started.elapsed();
             own_classes(&mut inputs, &self.settings.controller_name);
+            let refs = referenced::references(&inputs);
+            self.stores.referenced.replace(refs.clone());
+            self.fetched.fill(&self.client, &mut inputs, &refs).await;
+            let snapshot = started.elapsed();
             let mut out = compile(&inputs);
             drop(inputs);
             name_parents(&mut out, &self.settings.controller_name);

@@ -190,6 +190,16 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             let Some(old) = store.get(key) else {
                 continue;
             };
+            // Every target missing is ambiguous with several controllers in a cluster (each
+            // may simply not have seen the target yet): never overwrite another controller's
+            // verdict with TargetNotFound.
+            if target_not_found(desired)
+                && status_managers(&store_meta(stores, kind, key))
+                    .iter()
+                    .any(|m| m != controller_name)
+            {
+                continue;
+            }
             let status = policy_status(desired, old);
             if status != *old && !same(&status, old) {
                 writes.push(StatusWrite::Policy {
@@ -273,6 +283,55 @@ where
                 o.policy_status().cloned().unwrap_or_default(),
             )
         })
+        .collect()
+}
+
+/// True when the policy is rejected only because no target was found.
+fn target_not_found(s: &PolicyStatus) -> bool {
+    s.conditions.iter().any(|c| {
+        c.type_ == crate::compile::conditions::ACCEPTED
+            && c.status == "False"
+            && c.reason == crate::compile::policies::reason::TARGET_NOT_FOUND
+    })
+}
+
+/// Metadata of a live policy.
+fn store_meta(
+    stores: &Stores,
+    kind: &str,
+    key: &ObjectKey,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    let (name, ns) = (key.name.as_str(), key.namespace.as_str());
+    let meta = if kind == "RateLimitPolicy" {
+        stores
+            .rate_limit_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone())
+    } else {
+        stores
+            .auth_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone())
+    };
+    meta.unwrap_or_default()
+}
+
+/// Field managers that own something under `status` (the watches keep only those entries).
+pub fn status_managers(
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<String> {
+    m.managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| e.subresource.as_deref() == Some("status"))
+        .filter(|e| {
+            e.fields_v1.as_ref().is_some_and(|f| {
+                f.0.get("f:status")
+                    .and_then(serde_json::Value::as_object)
+                    .is_some_and(|o| o.keys().any(|k| k != "f:observedGeneration"))
+            })
+        })
+        .filter_map(|e| e.manager.clone())
         .collect()
 }
 

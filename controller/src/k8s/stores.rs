@@ -6,12 +6,13 @@
 //! for every event after a kind's first full list, saying what a recompile must redo.
 //!
 //! Memory: `managedFields` and the client-side-apply annotation are dropped from every object.
-//! Secrets are watched twice, narrowly: with the field selector `type=kubernetes.io/tls`
-//! (listener certificates) and with the label selector `tollgate.dev/credential` (API keys and
-//! introspection clients that policies read), so unlabelled Opaque, token and docker-config
-//! Secrets, usually the bulk of a cluster's Secrets, never reach the controller. A tighter bound (only the Secrets
-//! Gateways reference) would need a watch per referenced name and a re-list whenever a Gateway
-//! gains a reference; the field selector is one watch and is bounded by what users mark as TLS.
+//! Secrets and ConfigMaps: TLS Secrets (field selector `type=kubernetes.io/tls`) and
+//! ConfigMaps are stored without their payload unless a Gateway references them
+//! ([`super::referenced`]): the reconciler fetches a newly referenced object's payload before
+//! compiling, so memory is bounded by what Gateways use, not by what the cluster holds; and a
+//! change to an unreferenced one triggers nothing. Secrets labelled `tollgate.dev/credential`
+//! (API keys and introspection clients that policies read) are watched whole: users opt them
+//! in. Unlabelled Opaque, token and docker-config Secrets never reach the controller.
 //!
 //! A malformed object (valid for the API server, not for our types) is stored as
 //! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
@@ -26,7 +27,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -40,6 +41,7 @@ use tracing::{debug, warn};
 
 use super::lenient::Lenient;
 use super::metrics::{Metrics, kind as kind_label};
+use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
 use crate::crds::{AuthPolicy, RateLimitPolicy};
@@ -71,6 +73,8 @@ pub enum Kind {
     AuthPolicy,
     /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
     CredentialSecret,
+    /// core ConfigMap (payload only while a Gateway references it).
+    ConfigMap,
 }
 
 impl Kind {
@@ -89,6 +93,7 @@ impl Kind {
             Self::RateLimitPolicy => "RateLimitPolicy",
             Self::AuthPolicy => "AuthPolicy",
             Self::CredentialSecret => "CredentialSecret",
+            Self::ConfigMap => "ConfigMap",
         }
     }
 }
@@ -142,6 +147,10 @@ pub struct Stores {
     pub auth_policies: Store<Lenient<AuthPolicy>>,
     /// Secrets labelled [`CREDENTIAL_LABEL`].
     pub credential_secrets: Store<Lenient<Secret>>,
+    /// ConfigMaps (payload only while referenced).
+    pub config_maps: Store<Lenient<ConfigMap>>,
+    /// What Gateways reference now: the Secrets and ConfigMaps kept whole.
+    pub referenced: Referenced,
 }
 
 impl Stores {
@@ -172,9 +181,19 @@ impl Stores {
         tasks.push(t);
         let (endpoint_slices, t) = w(Kind::EndpointSlice).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
-        let (secrets, t) = w(Kind::Secret).spawn(
+        let referenced = Referenced::default();
+        let refs = referenced.clone();
+        let (secrets, t) = w(Kind::Secret).spawn_trimmed(
             Api::all(client.clone()),
             cfg().fields("type=kubernetes.io/tls"),
+            Some(Arc::new(move |o: &mut Lenient<Secret>| trim(o, &refs))),
+        );
+        tasks.push(t);
+        let refs = referenced.clone();
+        let (config_maps, t) = w(Kind::ConfigMap).spawn_trimmed(
+            Api::all(client.clone()),
+            cfg(),
+            Some(Arc::new(move |o: &mut Lenient<ConfigMap>| trim(o, &refs))),
         );
         tasks.push(t);
         let (namespaces, t) = w(Kind::Namespace).spawn(Api::all(client.clone()), cfg());
@@ -200,6 +219,8 @@ impl Stores {
             rate_limit_policies,
             auth_policies,
             credential_secrets,
+            config_maps,
+            referenced,
         };
         (stores, tasks)
     }
@@ -217,7 +238,8 @@ impl Stores {
         self.namespaces.wait_until_ready().await?;
         self.rate_limit_policies.wait_until_ready().await?;
         self.auth_policies.wait_until_ready().await?;
-        self.credential_secrets.wait_until_ready().await
+        self.credential_secrets.wait_until_ready().await?;
+        self.config_maps.wait_until_ready().await
     }
 
     /// A snapshot of every well-formed object, for the compiler.
@@ -245,6 +267,7 @@ impl Stores {
                 }),
         );
         inputs.namespaces = well_formed(&self.namespaces);
+        inputs.config_maps = well_formed(&self.config_maps);
         inputs.rate_limit_policies = well_formed(&self.rate_limit_policies);
         inputs.auth_policies = well_formed(&self.auth_policies);
         inputs
@@ -266,11 +289,34 @@ struct Watch {
     metrics: Arc<Metrics>,
 }
 
+/// True for a store copy whose payload was dropped: nothing references it.
+fn unreferenced(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    m.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DATA_OMITTED))
+}
+
+/// A hook run on every watched object before it is stored.
+type Trim<K> = Arc<dyn Fn(&mut Lenient<K>) + Send + Sync>;
+
 impl Watch {
     fn spawn<K>(
         self,
         api: Api<Lenient<K>>,
         config: watcher::Config,
+    ) -> (Store<Lenient<K>>, JoinHandle<()>)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.spawn_trimmed(api, config, None)
+    }
+
+    /// [`Watch::spawn`], with `trim` applied to every object before it is stored.
+    fn spawn_trimmed<K>(
+        self,
+        api: Api<Lenient<K>>,
+        config: watcher::Config,
+        trim: Option<Trim<K>>,
     ) -> (Store<Lenient<K>>, JoinHandle<()>)
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -290,13 +336,30 @@ impl Watch {
                     }
                 };
                 event = event.modify(Lenient::strip);
+                if let Some(trim) = &trim {
+                    event = event.modify(|o| trim(o));
+                }
                 self.metrics.watch_events.get_or_create(&label).inc();
                 let relevance = match &event {
                     Event::Apply(o) => {
                         self.report_malformed(o);
                         let old = reader.get(&ObjectRef::from_obj(o));
-                        Some(relevance(self.kind, old.as_deref(), o))
+                        // A Secret or ConfigMap no Gateway references, before and after,
+                        // changes nothing a compile reads (nor does a new one).
+                        match &old {
+                            // Nothing can live in a namespace before it exists: its objects
+                            // bring their own events.
+                            None if self.kind == Kind::Namespace => None,
+                            _ if !unreferenced(o.meta()) => {
+                                Some(relevance(self.kind, old.as_deref(), o))
+                            }
+                            Some(old) if !unreferenced(old.meta()) => {
+                                Some(relevance(self.kind, Some(old), o))
+                            }
+                            _ => None,
+                        }
                     }
+                    Event::Delete(o) if unreferenced(o.meta()) => None,
                     Event::Delete(_) => Some(base_relevance(self.kind)),
                     Event::InitApply(o) => {
                         self.report_malformed(o);

@@ -380,3 +380,55 @@ pub fn conds(list: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     v.sort();
     v
 }
+
+/// A `tollgate-proxy` subscribed to a controller's push server as the proxy of Gateway
+/// `env.ns/gateway`, with the client certificate the controller issued in
+/// `<gateway>-tollgate-proxy-tls`.
+pub struct SubscribedProxy {
+    /// The proxy.
+    pub proxy: tollgate_proxy::Proxy,
+    /// The subscription (dropped with the proxy).
+    pub subscription: tollgate_proxy::subscribe::Subscription,
+    /// Its state directory (`table.json` is the last table it applied).
+    pub state: PathBuf,
+}
+
+impl SubscribedProxy {
+    /// Waits for the proxy Secret, writes it out and subscribes to `url`.
+    pub async fn start(env: &TestEnv, url: &str, gateway: &str) -> Self {
+        let secret_name = format!("{gateway}-tollgate-proxy-tls");
+        let secret: k8s_openapi::api::core::v1::Secret =
+            eventually(Duration::from_secs(30), || async {
+                let api: Api<k8s_openapi::api::core::v1::Secret> =
+                    Api::namespaced(env.client.clone(), &env.ns);
+                api.get_opt(&secret_name).await.ok()?
+            })
+            .await
+            .unwrap_or_else(|| panic!("no proxy Secret {secret_name}"));
+        let dir = std::env::temp_dir().join(format!("tollgate-proxy-{}-{gateway}", env.ns));
+        let tls = dir.join("tls");
+        std::fs::create_dir_all(&tls).unwrap();
+        for (k, v) in secret.data.unwrap() {
+            std::fs::write(tls.join(k), v.0).unwrap();
+        }
+        let proxy = tollgate_proxy::Proxy::new(tollgate_proxy::ProxyOptions::default());
+        let cfg = tollgate_proxy::subscribe::SubscribeConfig::new(
+            url.to_owned(),
+            tollgate_api::ObjectKey::new(env.ns.as_str(), gateway),
+            "proxy-1",
+            &tls,
+            dir.join("state"),
+        );
+        let subscription = tollgate_proxy::subscribe::spawn(proxy.clone(), cfg).await;
+        Self {
+            proxy,
+            subscription,
+            state: dir.join("state"),
+        }
+    }
+
+    /// The table the proxy last applied (empty before the first).
+    pub fn table(&self) -> String {
+        std::fs::read_to_string(self.state.join("table.json")).unwrap_or_default()
+    }
+}

@@ -148,6 +148,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
                     routes: vec![route],
                 }],
             }],
+            client_validation: None,
         }],
         backends: BTreeMap::from([(
             "b".to_owned(),

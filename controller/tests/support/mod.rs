@@ -205,6 +205,75 @@ pub fn get_tls(port: u16, host: &str, path: &str, ca: &Path) -> Option<Resp> {
     parse(&raw)
 }
 
+/// A client certificate chain and its private key, for [`get_mtls`].
+pub type ClientCert = (
+    Vec<rustls_pki_types::CertificateDer<'static>>,
+    rustls_pki_types::PrivateKeyDer<'static>,
+);
+
+/// The certificates and the private key of PEM files `cert` and `key`.
+pub fn client_cert(cert: &Path, key: &Path) -> ClientCert {
+    let certs = rustls_pemfile::certs(&mut std::fs::read(cert).unwrap().as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pemfile::private_key(&mut std::fs::read(key).unwrap().as_slice())
+        .unwrap()
+        .unwrap();
+    (certs, key)
+}
+
+/// Like [`get_tls`] with extra `headers`, presenting `client` (if any) when the server asks
+/// for a certificate.
+/// `Err` carries why no response came: with TLS 1.3 a server refusing the client's
+/// certificate (or its absence) answers the client's first read with an alert, which shows
+/// here as an `io::Error` wrapping [`rustls::Error::AlertReceived`].
+pub fn get_mtls(
+    port: u16,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    ca: &Path,
+    client: Option<ClientCert>,
+) -> std::io::Result<Resp> {
+    use std::io::{Error, ErrorKind};
+    use std::sync::Arc;
+    let other = |e: &dyn std::fmt::Display| Error::other(e.to_string());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut std::fs::read(ca)?.as_slice()) {
+        roots.add(cert?).map_err(|e| other(&e))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| other(&e))?
+    .with_root_certificates(roots);
+    let config = match client {
+        Some((certs, key)) => builder
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| other(&e))?,
+        None => builder.with_no_client_auth(),
+    };
+    let name = rustls_pki_types::ServerName::try_from(host.to_string()).map_err(|e| other(&e))?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| other(&e))?;
+    let sock = TcpStream::connect(("127.0.0.1", port))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tls.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    match tls.read_to_end(&mut raw) {
+        // A peer that closes without close_notify still gave us the whole response.
+        Err(e) if raw.is_empty() => return Err(e),
+        _ => {}
+    }
+    parse(&raw).ok_or_else(|| Error::new(ErrorKind::InvalidData, "not an HTTP response"))
+}
+
 /// Sends one `GET /` with extra headers over plain HTTP/1.1.
 pub fn get_with(port: u16, host: &str, path: &str, headers: &[(&str, &str)]) -> Option<Resp> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;

@@ -88,6 +88,31 @@ pub struct PortConfig {
     pub protocol: Protocol,
     /// Listeners on this port, most specific hostname first; a listener without a hostname last.
     pub listeners: Vec<ListenerConfig>,
+    /// HTTPS only: verify client certificates against these CAs (Gateway
+    /// `spec.tls.frontend`, which is per port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_validation: Option<ClientValidation>,
+}
+
+/// Client-certificate validation of an HTTPS port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientValidation {
+    /// PEM bundle of the trusted CA certificates.
+    pub ca_pem: String,
+    /// What to do with a client that presents no valid certificate.
+    pub mode: ClientCertMode,
+}
+
+/// Gateway API `FrontendValidationModeType`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientCertMode {
+    /// The handshake fails unless the client presents a certificate the CAs verify.
+    #[default]
+    AllowValidOnly,
+    /// A client without a (valid) certificate is served too; only a verified certificate
+    /// counts as one (for X.509 authentication).
+    AllowInsecureFallback,
 }
 
 /// One Gateway listener with the routes attached to it.

@@ -3,19 +3,50 @@
 //! In: expression source (at table build) and a request's [`Attrs`] (per request). Out: a
 //! boolean (predicates) or a string (counter keys, header values). The variables are the ones
 //! the policy API documents: `request` (`method`, `host`, `path` with query, `url_path`,
-//! `scheme`, `headers` with lower-case names), `source` (`address`, `port`) and `auth`
-//! (`identity`). [`check`] is what the compiler calls so that a policy with an expression the
-//! proxy could not run is rejected before it reaches a proxy.
+//! `scheme`, `headers` with lower-case names, several values of one name joined with `,`),
+//! `source` (`address`, `port`) and `auth` (`identity`). [`check`] is what the compiler calls
+//! so that a policy with an expression the proxy could not run is rejected before it reaches
+//! a proxy.
+//!
+//! The policy phase runs on every request, so evaluation is built not to cost a CEL context:
+//!
+//! - [`Expr::compile`] also compiles the common shapes (attribute paths, comparisons with
+//!   literals, `startsWith`/`endsWith`/`contains`, `has`, `in`, `&&`, `||`, `!`; see
+//!   `cel/fast.rs`) into a tree evaluated on the request data directly. Everything else, and
+//!   the few cases of those shapes whose CEL semantics the fast path does not model, runs
+//!   through the CEL interpreter, with the same results (`cel/tests.rs` checks a corpus both
+//!   ways).
+//! - An [`Activation`] is a snapshot of the request, taken before authentication may change
+//!   the request's headers: the method, host, path and scheme, and the headers. Built with
+//!   [`Activation::with_needs`] it copies only what the expressions of a policy set read
+//!   ([`Needs`]): no header at all, or the few they name, or the whole map when an
+//!   interpreted expression reads `request`. The CEL context is built from it only when an
+//!   interpreted expression runs, at most once per request, with only the variables the
+//!   expressions use. `auth.identity` is shared with the authenticator, not copied.
+
+mod activation;
+mod fast;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::fmt::{self, Write as _};
 use std::sync::{Arc, LazyLock};
 
-use cel::{Context, Env, Program, Value};
-use http::HeaderMap;
+use cel::{Env, Program, Value};
+use http::HeaderName;
+
+pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
+use self::fast::{Fast, Tri, Val};
 
 /// Top-level variables an expression may use.
 pub const VARIABLES: [&str; 3] = ["request", "source", "auth"];
+
+/// The variables as bits of [`Needs`].
+const REQUEST: u8 = 1;
+const SOURCE: u8 = 2;
+const AUTH: u8 = 4;
+const ALL_VARS: u8 = REQUEST | SOURCE | AUTH;
 
 /// The standard environment, built once (building it per request would cost more than the
 /// evaluation).
@@ -57,16 +88,26 @@ pub fn check(source: &str) -> Result<(), CelError> {
     Expr::compile(source).map(|_| ())
 }
 
-/// A compiled expression.
+/// A compiled expression. Cheap to clone.
 #[derive(Clone)]
 pub struct Expr {
-    program: Arc<Program>,
-    source: Arc<str>,
+    inner: Arc<Compiled>,
+}
+
+struct Compiled {
+    program: Program,
+    source: Box<str>,
+    /// The fast form, when the expression has one of the shapes `fast.rs` knows.
+    fast: Option<Fast>,
+    /// Variables it uses ([`REQUEST`] | [`SOURCE`] | [`AUTH`]).
+    vars: u8,
+    /// Headers its fast form reads.
+    headers: Box<[HeaderName]>,
 }
 
 impl std::fmt::Debug for Expr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Expr").field(&self.source).finish()
+        f.debug_tuple("Expr").field(&self.inner.source).finish()
     }
 }
 
@@ -77,46 +118,107 @@ impl Expr {
             expr: source.to_owned(),
             message: e.to_string(),
         })?;
-        let refs = program.references();
-        if let Some(v) = refs
-            .variables()
-            .into_iter()
-            .find(|v| !VARIABLES.contains(v))
-        {
-            return Err(CelError::UnknownVariable {
-                expr: source.to_owned(),
-                variable: v.to_owned(),
-            });
+        let mut vars = 0;
+        for v in program.references().variables() {
+            match VARIABLES.iter().position(|known| *known == v) {
+                Some(i) => vars |= 1 << i,
+                None => {
+                    return Err(CelError::UnknownVariable {
+                        expr: source.to_owned(),
+                        variable: v.to_owned(),
+                    });
+                }
+            }
+        }
+        let fast = fast::compile(program.expression());
+        let mut headers = Vec::new();
+        if let Some(f) = &fast {
+            fast::headers(f, &mut headers);
         }
         Ok(Self {
-            program: Arc::new(program),
-            source: source.into(),
+            inner: Arc::new(Compiled {
+                program,
+                source: source.into(),
+                fast,
+                vars,
+                headers: headers.into(),
+            }),
         })
     }
 
     /// The source text.
     pub fn source(&self) -> &str {
-        &self.source
+        &self.inner.source
     }
 
-    /// Evaluates to a value.
+    /// Whether the expression runs without the CEL interpreter (but for values whose type
+    /// the fast path does not model).
+    pub fn is_fast(&self) -> bool {
+        self.inner.fast.is_some()
+    }
+
+    /// Evaluates to a value, with the CEL interpreter.
     pub fn eval(&self, act: &Activation<'_>) -> Result<Value, CelError> {
-        self.program
-            .execute(&act.context)
+        debug_assert!(
+            self.inner.vars & !act.vars == 0,
+            "`{}` uses a variable the activation did not capture",
+            self.inner.source
+        );
+        self.inner
+            .program
+            .execute(act.context())
             .map_err(|e| CelError::Eval {
-                expr: self.source.to_string(),
+                expr: self.inner.source.to_string(),
                 message: e.to_string(),
             })
     }
 
     /// Evaluates a predicate; anything but `true` (including an error) is false.
     pub fn eval_bool(&self, act: &Activation<'_>) -> bool {
-        matches!(self.eval(act), Ok(Value::Bool(true)))
+        match &self.inner.fast {
+            Some(Fast::Pred(p)) => match fast::eval(p, act) {
+                Tri::True => true,
+                Tri::False | Tri::Error => false,
+                Tri::Unknown => self.interpret_bool(act),
+            },
+            Some(Fast::Value(path)) => act.read(path, |v| matches!(v, Val::Bool(true))),
+            None => self.interpret_bool(act),
+        }
     }
 
     /// Evaluates to a string: strings as they are, numbers and booleans printed, anything
     /// else (lists, maps, null, errors) as `None`.
     pub fn eval_string(&self, act: &Activation<'_>) -> Option<String> {
+        self.eval_str_with(act, |s| s.map(str::to_owned))
+    }
+
+    /// [`Self::eval_string`] handed to `f` as a borrowed string, without allocating on the
+    /// fast path.
+    pub fn eval_str_with<R>(&self, act: &Activation<'_>, f: impl FnOnce(Option<&str>) -> R) -> R {
+        match &self.inner.fast {
+            Some(Fast::Value(path)) => act.read(path, |v| match v {
+                Val::Str(s) => f(Some(s)),
+                Val::Int(i) => with_display(i, f),
+                Val::UInt(u) => with_display(u, f),
+                Val::Float(x) => with_display(x, f),
+                Val::Bool(b) => f(Some(if b { "true" } else { "false" })),
+                Val::Null | Val::Json(_) | Val::Missing => f(None),
+            }),
+            Some(Fast::Pred(p)) => match fast::eval(p, act) {
+                Tri::True => f(Some("true")),
+                Tri::False => f(Some("false")),
+                Tri::Error => f(None),
+                Tri::Unknown => f(self.interpret_string(act).as_deref()),
+            },
+            None => f(self.interpret_string(act).as_deref()),
+        }
+    }
+
+    fn interpret_bool(&self, act: &Activation<'_>) -> bool {
+        matches!(self.eval(act), Ok(Value::Bool(true)))
+    }
+
+    fn interpret_string(&self, act: &Activation<'_>) -> Option<String> {
         match self.eval(act).ok()? {
             Value::String(s) => Some(s.to_string()),
             Value::Int(i) => Some(i.to_string()),
@@ -128,67 +230,52 @@ impl Expr {
     }
 }
 
-/// What a request exposes to expressions.
-#[derive(Debug, Clone, Copy)]
-pub struct Attrs<'a> {
-    /// Method.
-    pub method: &'a str,
-    /// Host without port, lower-case.
-    pub host: &'a str,
-    /// Path with query.
-    pub path: &'a str,
-    /// `http` or `https`.
-    pub scheme: &'a str,
-    /// Request headers.
-    pub headers: &'a HeaderMap,
-    /// The client (TCP peer).
-    pub source: SocketAddr,
+/// `v` printed into a stack buffer (or a string when it does not fit), handed to `f`.
+fn with_display<R>(v: impl fmt::Display, f: impl FnOnce(Option<&str>) -> R) -> R {
+    let mut buf = StackStr::<40>::new();
+    if write!(buf, "{v}").is_ok() {
+        f(Some(buf.as_str()))
+    } else {
+        f(Some(&v.to_string()))
+    }
 }
 
-/// The variables of one request, built once and shared by every expression evaluated for it.
-pub struct Activation<'a> {
-    context: Context<'a, 'a>,
+/// A string in a fixed buffer; a write that does not fit fails and leaves it as it was.
+struct StackStr<const N: usize> {
+    buf: [u8; N],
+    len: usize,
 }
 
-impl<'a> Activation<'a> {
-    /// Builds the `request` and `source` variables (and an empty `auth`).
-    pub fn new(attrs: &Attrs<'_>) -> Self {
-        let mut context = Context::with_env(ENV.clone());
-        let url_path = attrs.path.split('?').next().unwrap_or(attrs.path);
-        let mut headers: HashMap<String, String> = HashMap::with_capacity(attrs.headers.len());
-        for (name, value) in attrs.headers {
-            if let Ok(v) = value.to_str() {
-                headers
-                    .entry(name.as_str().to_owned())
-                    .and_modify(|e| {
-                        e.push(',');
-                        e.push_str(v);
-                    })
-                    .or_insert_with(|| v.to_owned());
-            }
+impl<const N: usize> StackStr<N> {
+    fn new() -> Self {
+        Self {
+            buf: [0; N],
+            len: 0,
         }
-        let mut request: HashMap<String, Value> = HashMap::with_capacity(6);
-        request.insert("method".into(), attrs.method.into());
-        request.insert("host".into(), attrs.host.into());
-        request.insert("path".into(), attrs.path.into());
-        request.insert("url_path".into(), url_path.into());
-        request.insert("scheme".into(), attrs.scheme.into());
-        request.insert("headers".into(), headers.into());
-        context.add_variable_from_value("request", request);
-        let mut source: HashMap<String, Value> = HashMap::with_capacity(2);
-        source.insert("address".into(), attrs.source.ip().to_string().into());
-        source.insert("port".into(), Value::Int(i64::from(attrs.source.port())));
-        context.add_variable_from_value("source", source);
-        let mut act = Self { context };
-        act.set_identity(&serde_json::Value::Null);
-        act
     }
 
-    /// Sets `auth.identity` (after authentication succeeds).
-    pub fn set_identity(&mut self, identity: &serde_json::Value) {
-        let mut auth: HashMap<String, Value> = HashMap::with_capacity(1);
-        auth.insert("identity".into(), json_to_value(identity));
-        self.context.add_variable_from_value("auth", auth);
+    fn as_str(&self) -> &str {
+        // Only whole `&str`s and ASCII bytes are ever copied in: always UTF-8.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+
+    /// Appends an ASCII byte (dropped when full).
+    fn push_byte(&mut self, b: u8) {
+        debug_assert!(b.is_ascii());
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+}
+
+impl<const N: usize> fmt::Write for StackStr<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
@@ -211,80 +298,5 @@ pub fn json_to_value(v: &serde_json::Value) -> Value {
             .map(|(k, v)| (k.clone(), json_to_value(v)))
             .collect::<HashMap<String, Value>>()
             .into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn attrs(headers: &HeaderMap) -> Attrs<'_> {
-        Attrs {
-            method: "POST",
-            host: "shop.example.com",
-            path: "/admin/users?x=1",
-            scheme: "https",
-            headers,
-            source: "10.1.2.3:5555".parse().unwrap(),
-        }
-    }
-
-    #[test]
-    fn request_attributes_are_visible() {
-        let mut h = HeaderMap::new();
-        h.insert("x-team", "blue".parse().unwrap());
-        let act = Activation::new(&attrs(&h));
-        for (src, want) in [
-            ("request.method == 'POST'", true),
-            ("request.host == 'shop.example.com'", true),
-            ("request.path == '/admin/users?x=1'", true),
-            ("request.url_path.startsWith('/admin')", true),
-            ("request.scheme == 'https'", true),
-            ("request.headers['x-team'] == 'blue'", true),
-            ("source.address == '10.1.2.3' && source.port == 5555", true),
-            ("request.method == 'GET'", false),
-        ] {
-            assert_eq!(Expr::compile(src).unwrap().eval_bool(&act), want, "{src}");
-        }
-    }
-
-    #[test]
-    fn identity_is_visible_after_authentication() {
-        let h = HeaderMap::new();
-        let mut act = Activation::new(&attrs(&h));
-        let role = Expr::compile("auth.identity.role == 'admin'").unwrap();
-        assert!(!role.eval_bool(&act), "no identity yet");
-        act.set_identity(&serde_json::json!({"sub": "alice", "role": "admin", "n": 3}));
-        assert!(role.eval_bool(&act));
-        let sub = Expr::compile("auth.identity.sub").unwrap();
-        assert_eq!(sub.eval_string(&act).as_deref(), Some("alice"));
-        let n = Expr::compile("auth.identity.n").unwrap();
-        assert_eq!(n.eval_string(&act).as_deref(), Some("3"));
-    }
-
-    #[test]
-    fn bad_expressions_are_refused_at_compile_time() {
-        assert!(matches!(
-            Expr::compile("request.method ==").unwrap_err(),
-            CelError::Parse { .. }
-        ));
-        assert!(matches!(
-            Expr::compile("requests.method == 'GET'").unwrap_err(),
-            CelError::UnknownVariable { .. }
-        ));
-    }
-
-    #[test]
-    fn runtime_errors_are_false_not_panics() {
-        let h = HeaderMap::new();
-        let act = Activation::new(&attrs(&h));
-        let e = Expr::compile("request.headers['missing'] == 'x'").unwrap();
-        assert!(!e.eval_bool(&act));
-        assert_eq!(
-            Expr::compile("request.headers['missing']")
-                .unwrap()
-                .eval_string(&act),
-            None
-        );
     }
 }

@@ -1,13 +1,18 @@
 //! The policy phase of a request: authentication, authorization, then rate limits.
 //!
 //! In: a table's [`PolicySet`]s (compiled once per snapshot into [`Enforcer`]s) and, per
-//! request, the matched route's enforcer and the request head. Out: either the headers to add
+//! request, the matched route's enforcer, the request head and [`RequestInfo`] (with the
+//! connection's verified client certificate, for X.509). Out: either the headers to add
 //! to the eventual response (`X-RateLimit-*`) or the answer that ends the request: the
 //! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`.
 //!
 //! The proxy-wide [`PolicyRuntime`] outlives snapshots: JWKS and token caches, the rate
 //! limiter's counters (in memory or in Redis), so a table swap neither refetches keys nor
 //! resets limits.
+//!
+//! Per request the expressions read a snapshot of the request ([`Activation`]) that holds only
+//! what the set's expressions use ([`Needs`], computed at build), so a policy that reads no
+//! header copies none.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,9 +23,10 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use tollgate_api::PolicySet;
+use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule};
 
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
-use super::cel::{Activation, Attrs};
+use super::cel::{Activation, Attrs, Expr, Needs};
 use super::ratelimit::{CompiledLimit, LimitError, RateLimiter};
 
 /// Why a table's policies could not be compiled (the compiler validates the same things).
@@ -58,6 +64,8 @@ pub struct PolicyRuntime {
 pub struct Enforcer {
     auth: Option<CompiledAuth>,
     limits: Vec<CompiledLimit>,
+    /// What the expressions of the set read from a request.
+    needs: Needs,
 }
 
 /// Compiles every policy set of a table.
@@ -82,6 +90,9 @@ pub struct RequestInfo<'a> {
     pub scheme: &'a str,
     /// The client.
     pub peer: SocketAddr,
+    /// DER of the client certificate the TLS layer verified against the port's CAs; `None`
+    /// without one (X.509 authentication then fails).
+    pub peer_cert: Option<&'a [u8]>,
 }
 
 /// Headers to add to the response of an admitted request.
@@ -108,7 +119,15 @@ impl Enforcer {
                 key: key.to_owned(),
                 source,
             })?;
-        Ok(Self { auth, limits })
+        let mut needs: Needs = limits.iter().flat_map(CompiledLimit::expressions).collect();
+        if let Some(auth) = &set.auth {
+            auth_needs(auth, &mut needs);
+        }
+        Ok(Self {
+            auth,
+            limits,
+            needs,
+        })
     }
 
     /// Runs authentication, authorization and rate limits for one request, in that order.
@@ -123,16 +142,17 @@ impl Enforcer {
             // Expressions must never see the client's own values of the identity headers.
             auth.strip_success_headers(&mut parts.headers);
         }
-        let mut act = Activation::new(&Attrs {
+        let attrs = Attrs {
             method: parts.method.as_str(),
             host: info.host,
             path: info.target,
             scheme: info.scheme,
             headers: &parts.headers,
             source: info.peer,
-        });
+        };
+        let mut act = Activation::with_needs(&attrs, &self.needs);
         if let Some(auth) = &self.auth
-            && let AuthOutcome::Denied(d) = auth.check(parts, None, &mut act).await
+            && let AuthOutcome::Denied(d) = auth.check(parts, info.peer_cert, &mut act).await
         {
             return Err(d.into_response());
         }
@@ -165,5 +185,44 @@ impl Enforcer {
         );
         decision.insert_headers(resp.headers_mut());
         Err(resp)
+    }
+}
+
+/// Adds what the expressions of `auth` read (compiled again here: [`CompiledAuth`] keeps its
+/// own). Every field is named, so a new field with expressions cannot be forgotten.
+fn auth_needs(auth: &Auth, needs: &mut Needs) {
+    let Auth {
+        sources: _,
+        when,
+        authentication,
+        authorization,
+        success_headers,
+        unauthenticated: _,
+        unauthorized: _,
+    } = auth;
+    let methods = authentication.iter().flat_map(|m| {
+        let AuthnMethod {
+            name: _,
+            credentials: _,
+            method: _,
+            when,
+        } = m;
+        when
+    });
+    let rules = authorization.iter().flat_map(|r| {
+        let AuthzRule {
+            name: _,
+            predicate,
+            when,
+        } = r;
+        when.iter().chain(std::iter::once(predicate))
+    });
+    let headers = success_headers.iter().map(|(_, e)| e);
+    for src in when.iter().chain(methods).chain(rules).chain(headers) {
+        match Expr::compile(src) {
+            Ok(e) => needs.add(&e),
+            // Not reached: `CompiledAuth::build` refused the set already.
+            Err(_) => *needs = Needs::everything(),
+        }
     }
 }

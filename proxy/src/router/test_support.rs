@@ -86,6 +86,7 @@ pub(crate) fn mk_port(port: u16, listeners: Vec<ListenerConfig>) -> PortConfig {
         port,
         protocol: Protocol::Http,
         listeners,
+        client_validation: None,
     }
 }
 

@@ -238,6 +238,7 @@ pub fn http_port(port: u16, routes: Vec<Route>) -> PortConfig {
                 routes,
             }],
         }],
+        client_validation: None,
     }
 }
 

@@ -4,7 +4,8 @@
 //! [`AuthEntries`] (methods, authorization rules and success headers by name, deny answers,
 //! the policy's `when`), or the `Invalid` problem: a method with zero or several kinds, a
 //! credentials block with zero or several sources, a CEL expression that does not compile, a
-//! JWT without keys, an introspection `credentialsRef` that does not resolve.
+//! JWT without keys, an introspection `credentialsRef` that does not resolve. `x509` takes the
+//! certificate the listener verified (Gateway `spec.tls.frontend`).
 //!
 //! Secrets a policy reads must carry the label [`CREDENTIAL_LABEL`]: the controller watches
 //! only those (and TLS Secrets), so the compiler ignores unlabelled ones too and `tollgate run`
@@ -255,9 +256,9 @@ fn method(
             "Bearer",
         )
     } else {
-        return Err(invalid(format!(
-            "{field}.x509: client-certificate authentication needs listener client-certificate validation (spec.tls.frontend), which Tollgate does not support yet"
-        )));
+        // Succeeds only on connections whose client certificate the listener verified
+        // (Gateway `spec.tls.frontend`); elsewhere it never authenticates anyone.
+        (Method::X509, "")
     };
     Ok(AuthnMethod {
         name: name.to_owned(),

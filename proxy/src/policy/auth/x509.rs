@@ -1,6 +1,6 @@
 //! TLS client certificates as identities. In: the DER of a client certificate that the TLS
-//! layer already verified against the listener's client CA (this module does not verify
-//! chains). Out: the identity JSON policies see as `auth.identity`:
+//! layer already verified against the port's client CAs (module `tls`; this module does not
+//! verify chains). Out: the identity JSON policies see as `auth.identity`:
 //!
 //! ```json
 //! {

@@ -129,6 +129,11 @@ impl CompiledLimit {
             self.counters.iter().map(|e| e.eval_string(act)).collect();
         encode_key(&self.id, &values)
     }
+
+    /// Its CEL expressions (`when`, then `counters`).
+    pub fn expressions(&self) -> impl Iterator<Item = &Expr> {
+        self.when.iter().chain(&self.counters)
+    }
 }
 
 /// `namespace/policy` of `namespace/policy/limit`; the whole id when it has fewer parts.

@@ -1,0 +1,269 @@
+//! Secrets and ConfigMaps held whole only while a Gateway references them.
+//!
+//! In: every TLS Secret and every ConfigMap the watches see, and the Gateways of each compile.
+//! Out: store copies without their payload (`data`, `stringData`, `binaryData`) unless a
+//! Gateway names them (listener `certificateRefs`, frontend `caCertificateRefs`), marked with
+//! [`DATA_OMITTED`]; and, before a compile, the payload of a referenced object whose store copy
+//! lacks it, fetched once per resourceVersion. A cluster's unrelated certificates and
+//! configuration cost the controller their metadata only.
+//!
+//! Credential Secrets (labelled `tollgate.dev/credential`) are watched whole: users opt them in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::Api;
+use kube::{Client, Resource};
+use tracing::{debug, warn};
+
+use super::lenient::Lenient;
+use crate::compile::Inputs;
+
+/// Longest wait for one referenced object's payload.
+const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Annotation on a store copy whose payload was dropped.
+pub const DATA_OMITTED: &str = "tollgate.dev/data-omitted";
+
+/// A referenced object: kind (`Secret` or `ConfigMap`), namespace, name.
+pub type RefKey = (&'static str, String, String);
+
+/// The objects Gateways reference now, shared by the watches and the reconciler.
+#[derive(Debug, Clone, Default)]
+pub struct Referenced(Arc<RwLock<BTreeSet<RefKey>>>);
+
+impl Referenced {
+    /// Whether `kind ns/name` is referenced.
+    pub fn contains(&self, kind: &'static str, ns: &str, name: &str) -> bool {
+        self.0
+            .read()
+            .map(|s| s.contains(&(kind, ns.to_owned(), name.to_owned())))
+            .unwrap_or(true)
+    }
+
+    /// Replaces the set.
+    pub fn replace(&self, set: BTreeSet<RefKey>) {
+        if let Ok(mut s) = self.0.write() {
+            *s = set;
+        }
+    }
+}
+
+/// Objects whose payload can be dropped.
+pub trait Payload: Resource<DynamicType = ()> {
+    /// `Secret` or `ConfigMap`.
+    const KIND: &'static str;
+    /// Drops the payload.
+    fn drop_payload(&mut self);
+}
+
+impl Payload for Secret {
+    const KIND: &'static str = "Secret";
+    fn drop_payload(&mut self) {
+        self.data = None;
+        self.string_data = None;
+    }
+}
+
+impl Payload for ConfigMap {
+    const KIND: &'static str = "ConfigMap";
+    fn drop_payload(&mut self) {
+        self.data = None;
+        self.binary_data = None;
+    }
+}
+
+/// Drops the payload of `o` unless it is referenced (called on every watched object).
+pub fn trim<K: Payload>(o: &mut Lenient<K>, refs: &Referenced) {
+    let Lenient::Ok(k) = o else { return };
+    let m = k.meta();
+    let (ns, name) = (
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
+    );
+    if refs.contains(K::KIND, &ns, &name) {
+        return;
+    }
+    k.drop_payload();
+    k.meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(DATA_OMITTED.to_owned(), "true".to_owned());
+}
+
+/// What the Gateways of our classes in `inputs` reference (classes already owned by
+/// `compile::CONTROLLER_NAME`, see `reconcile::own_classes`).
+pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
+    let ours: BTreeSet<&str> = inputs
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec.controller_name == crate::compile::CONTROLLER_NAME)
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    let mut out = BTreeSet::new();
+    for gw in inputs
+        .gateways
+        .iter()
+        .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+    {
+        let ns = gw.metadata.namespace.clone().unwrap_or_default();
+        for l in &gw.spec.listeners {
+            for r in l
+                .tls
+                .iter()
+                .flat_map(|t| t.certificate_refs.iter().flatten())
+            {
+                if r.group.as_deref().unwrap_or("").is_empty()
+                    && r.kind.as_deref().unwrap_or("Secret") == "Secret"
+                {
+                    let rns = r.namespace.clone().unwrap_or_else(|| ns.clone());
+                    out.insert(("Secret", rns, r.name.clone()));
+                }
+            }
+        }
+        let Some(fe) = gw.spec.tls.as_ref().and_then(|t| t.frontend.as_ref()) else {
+            continue;
+        };
+        let default = fe.default.validation.iter().flat_map(|v| {
+            v.ca_certificate_refs.iter().map(|r| {
+                (
+                    r.group.as_str(),
+                    r.kind.as_str(),
+                    r.name.as_str(),
+                    r.namespace.as_deref(),
+                )
+            })
+        });
+        let per_port = fe
+            .per_port
+            .iter()
+            .flatten()
+            .flat_map(|p| p.tls.validation.iter())
+            .flat_map(|v| {
+                v.ca_certificate_refs.iter().map(|r| {
+                    (
+                        r.group.as_str(),
+                        r.kind.as_str(),
+                        r.name.as_str(),
+                        r.namespace.as_deref(),
+                    )
+                })
+            });
+        for (group, kind, name, rns) in default.chain(per_port) {
+            let kind = match kind {
+                "ConfigMap" => "ConfigMap",
+                "Secret" => "Secret",
+                _ => continue,
+            };
+            if group.is_empty() {
+                out.insert((kind, rns.unwrap_or(&ns).to_owned(), name.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Payloads fetched for referenced objects whose store copy lacks them, by resourceVersion.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    secrets: BTreeMap<(String, String), (String, Secret)>,
+    config_maps: BTreeMap<(String, String), (String, ConfigMap)>,
+}
+
+fn omitted<K: Resource>(k: &K) -> bool {
+    k.meta()
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DATA_OMITTED))
+}
+
+impl Fetched {
+    /// Replaces, in `inputs`, every referenced object whose payload was dropped with a fetched
+    /// copy (fetching it when its resourceVersion changed), and forgets unreferenced ones.
+    pub async fn fill(&mut self, client: &Client, inputs: &mut Inputs, refs: &BTreeSet<RefKey>) {
+        fill_kind(client, &mut inputs.secrets, &mut self.secrets, refs).await;
+        fill_kind(client, &mut inputs.config_maps, &mut self.config_maps, refs).await;
+    }
+}
+
+async fn fill_kind<K>(
+    client: &Client,
+    objects: &mut [K],
+    fetched: &mut BTreeMap<(String, String), (String, K)>,
+    refs: &BTreeSet<RefKey>,
+) where
+    K: Payload<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    fetched.retain(|(ns, name), _| refs.contains(&(K::KIND, ns.clone(), name.clone())));
+    for o in objects.iter_mut() {
+        if !omitted(o) {
+            continue;
+        }
+        let m = o.meta();
+        let key = (
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+        );
+        if !refs.contains(&(K::KIND, key.0.clone(), key.1.clone())) {
+            continue;
+        }
+        let rv = m.resource_version.clone().unwrap_or_default();
+        if let Some((have, obj)) = fetched.get(&key)
+            && *have == rv
+        {
+            *o = obj.clone();
+            continue;
+        }
+        let api: Api<K> = Api::namespaced(client.clone(), &key.0);
+        // Bounded: a slow API server must not hold the whole reconcile (and readiness).
+        let got = tokio::time::timeout(FETCH_TIMEOUT, api.get(&key.1)).await;
+        match got {
+            Err(_) => {
+                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetching a referenced object timed out");
+            }
+            Ok(Err(e)) => {
+                // Compiled without its payload: the reference reads as invalid until a retry.
+                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, error = %e, "fetching a referenced object failed");
+            }
+            Ok(Ok(mut full)) => {
+                debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetched a referenced object's payload");
+                full.meta_mut().managed_fields = None;
+                let rv = full.meta().resource_version.clone().unwrap_or_default();
+                fetched.insert(key, (rv, full.clone()));
+                *o = full;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn secret(name: &str) -> Lenient<Secret> {
+        Lenient::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "type": "kubernetes.io/tls",
+            "data": {"tls.crt": "Q0VSVA==", "tls.key": "S0VZ"},
+        }))
+    }
+
+    #[test]
+    fn unreferenced_payloads_are_dropped_and_marked() {
+        let refs = Referenced::default();
+        refs.replace(BTreeSet::from([("Secret", "ns".into(), "used".into())]));
+        let mut used = secret("used");
+        trim(&mut used, &refs);
+        assert!(used.as_ok().unwrap().data.is_some());
+        let mut other = secret("other");
+        trim(&mut other, &refs);
+        let other = other.as_ok().unwrap();
+        assert!(other.data.is_none());
+        assert!(omitted(other));
+    }
+}

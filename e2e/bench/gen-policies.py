@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes the manifests of the policy benchmark: one Gateway and route per variant, each on its
+own port, so every variant runs in its own tollgate-proxy and is measured alone.
+
+Usage: gen-policies.py DIR
+
+Variants (port):
+  bare      18090  the route alone
+  rl        18091  a local RateLimitPolicy, one counter per client address, never exceeded
+  apikey    18092  an AuthPolicy with an API key (custom header) plus the same local limit
+  jwt       18093  an AuthPolicy with an HS256 JWT (inline JWKS) plus the same local limit;
+                   the same token on every request, so the verified-token cache answers
+  cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
+
+DIR/<variant>/manifests.yaml and DIR/<variant>/request (extra header the load generator sends).
+The backend is 127.0.0.1:19080. The token is signed here with the standard library.
+"""
+import base64
+import hashlib
+import hmac
+import json
+import os
+import sys
+import time
+
+out = sys.argv[1]
+SECRET = b"tollgate-bench-hs256-secret-0123456789"
+API_KEY = "bench-api-key-0123456789"
+PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094}
+# Never reached in a benchmark run: limit × window_ms stays below 2^53 as the limiter requires.
+HUGE_LIMIT = "{rates: [{limit: 1000000000, window: 1h}], counters: [{expression: source.address}]}"
+
+
+def b64url(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def token():
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "bench"}).encode())
+    now = int(time.time())
+    claims = {"iss": "https://id.bench.test", "aud": "bench", "sub": "bench-user",
+              "iat": now, "nbf": now - 60, "exp": now + 86400}
+    payload = b64url(json.dumps(claims).encode())
+    sig = hmac.new(SECRET, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(sig)}"
+
+
+def base(name, port):
+    return f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bench, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners: [{{name: http, protocol: HTTP, port: {port}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: svc-0, namespace: default}}
+spec: {{ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc-0-1, namespace: default, labels: {{kubernetes.io/service-name: svc-0}}}}
+addressType: IPv4
+ports: [{{name: http, port: 19080}}]
+endpoints: [{{addresses: ["127.0.0.1"]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: bench, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+    backendRefs: [{{name: svc-0, port: 80}}]
+"""
+
+
+RL = f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {{name: bench-limit, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  limits:
+    per-client: {HUGE_LIMIT}
+"""
+
+APIKEY = f"""---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bench-key, namespace: default, labels: {{app: bench, tollgate.dev/credential: "true"}}}}
+stringData: {{api_key: {API_KEY}}}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-auth, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authentication:
+      keys:
+        apiKey: {{selector: {{matchLabels: {{app: bench}}}}}}
+        credentials: {{customHeader: {{name: x-api-key}}}}
+"""
+
+jwks = json.dumps({"keys": [{"kty": "oct", "kid": "bench", "alg": "HS256",
+                             "k": b64url(SECRET)}]})
+JWT = f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-auth, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authentication:
+      users:
+        jwt:
+          issuer: https://id.bench.test
+          audiences: [bench]
+          jwks: '{jwks}'
+"""
+
+variants = {
+    "bare": ("", ""),
+    "rl": (RL, ""),
+    "apikey": (RL + APIKEY, f"x-api-key: {API_KEY}"),
+    "jwt": (RL + JWT, f"authorization: Bearer {token()}"),
+    "cached": (RL, ""),
+}
+for name, (extra, header) in variants.items():
+    d = os.path.join(out, name)
+    os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+    with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+        f.write(base(name, PORTS[name]) + extra)
+    with open(os.path.join(d, "request"), "w") as f:
+        f.write(f"{PORTS[name]}\t{header}\n")
+print(" ".join(variants))
