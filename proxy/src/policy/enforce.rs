@@ -159,19 +159,7 @@ impl Enforcer {
         if self.limits.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<(&CompiledLimit, String)> = self
-            .limits
-            .iter()
-            .filter(|l| l.applies(&act))
-            .map(|l| (l, l.key(&act)))
-            .collect();
-        drop(act);
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let checks: Vec<(&CompiledLimit, &str)> =
-            keys.iter().map(|(l, k)| (*l, k.as_str())).collect();
-        let Some(decision) = rt.limiter.check_all(&checks).await else {
+        let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
             return Ok(Vec::new());
         };
         if decision.allowed {
