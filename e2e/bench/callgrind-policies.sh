@@ -49,9 +49,10 @@ admin=19930
 for v in ${VARIANTS:-bare rl apikey jwt}; do
   d=$out/v/$v
   "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
-  IFS=$'\t' read -r port hdr <"$d/request"
+  IFS=$'\t' read -r -a fields <"$d/request" # port, then the headers every variant sends
+  port=${fields[0]}
   h=()
-  [ -n "$hdr" ] && h=(-H "$hdr")
+  for x in "${fields[@]:1}"; do h+=(-H "$x"); done
   taskset -c 0 valgrind --tool=callgrind --instr-atstart=no \
     --callgrind-out-file="$out/callgrind.out.$v" "$bin/tollgate-proxy" \
     --table "$d/table/default.bench.json" --admin "127.0.0.1:$admin" --access-log false \
