@@ -321,7 +321,7 @@ async fn proxy(
 
     // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
     // preflight the route answers itself (browsers send those without credentials).
-    let mut policy_headers = Vec::new();
+    let mut rate_limit = None;
     if let Some(key) = route.policy.as_deref()
         && !is_cors_preflight(&route.filters, &parts)
     {
@@ -344,7 +344,7 @@ async fn proxy(
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
-            Ok(headers) => policy_headers = headers,
+            Ok(decision) => rate_limit = decision,
             Err(resp) => {
                 // A browser must be able to read the denial (status, Retry-After): decorate it
                 // as the route's CORS filters would decorate an upstream answer.
@@ -447,8 +447,8 @@ async fn proxy(
         ),
         Err(f) => failure_response(shared, f, exceeded.as_deref()),
     };
-    for (name, value) in policy_headers {
-        resp.headers_mut().insert(name, value);
+    if let Some(decision) = rate_limit {
+        decision.insert_headers(resp.headers_mut());
     }
     resp
 }

@@ -65,7 +65,8 @@ impl Decision {
         }
     }
 
-    /// The response headers: name and value, `Retry-After` only on a denial.
+    /// The response headers: name and value, `Retry-After` only on a denial (as
+    /// [`Self::insert_headers`] sets them).
     pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut out = Vec::with_capacity(4);
         out.push((X_RATELIMIT_LIMIT.clone(), limit_number(self.limit)));
@@ -80,10 +81,19 @@ impl Decision {
         out
     }
 
-    /// Sets [`Self::headers`] on `headers`, replacing values of the same names.
+    /// Sets [`Self::headers`] on `headers`, replacing values of the same names (without
+    /// building the list: this runs on every admitted request of a limited route).
     pub fn insert_headers(&self, headers: &mut HeaderMap) {
-        for (name, value) in self.headers() {
-            headers.insert(name, value);
+        let retry = self.retry_after.filter(|_| !self.allowed);
+        headers.reserve(3 + usize::from(retry.is_some()));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), limit_number(self.limit));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(self.remaining));
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            number(ceil_secs(self.reset_after)),
+        );
+        if let Some(retry) = retry {
+            headers.insert(RETRY_AFTER, number(ceil_secs(retry).max(1)));
         }
     }
 }

@@ -15,7 +15,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::algo::{self, RateState, Spec};
@@ -151,7 +151,7 @@ impl Shard {
 #[derive(Debug)]
 pub(crate) struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: super::KeyHasher,
 }
 
 impl Default for MemoryStore {
@@ -164,7 +164,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::new(),
+            hasher: super::KeyHasher::new(),
         }
     }
 
@@ -181,7 +181,7 @@ impl MemoryStore {
 
     /// Decides one request on the counter `key`.
     pub fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash(key);
         let mut shard = self.shard(hash);
         shard.sweep_if_due(now);
         match shard.map.get_mut(&(hash, key) as &dyn Lookup) {

@@ -392,6 +392,26 @@ impl RateLimiter {
     }
 }
 
+/// The hash of counter keys: SipHash-1-3 (keys come from clients, so collisions must not be
+/// aimable) under keys drawn from std's per-process random state, over the key's bytes in one
+/// call (std's `Hash for str` feeds SipHash twice, which cost more than the rest of a
+/// decision's lookup).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyHasher(siphasher::sip::SipHasher13);
+
+impl KeyHasher {
+    pub fn new() -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        let k0 = RandomState::new().hash_one(0x746f_6c6c_u64);
+        let k1 = RandomState::new().hash_one(0x6761_7465_u64);
+        Self(siphasher::sip::SipHasher13::new_with_keys(k0, k1))
+    }
+
+    pub fn hash(&self, key: &str) -> u64 {
+        self.0.hash(key.as_bytes())
+    }
+}
+
 thread_local! {
     /// The key buffer of in-memory decisions (never held across an `.await`).
     static KEY_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
