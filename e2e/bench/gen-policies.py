@@ -12,8 +12,11 @@ Variants (port):
                    the same token on every request, so the verified-token cache answers
   cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
 
-DIR/<variant>/manifests.yaml and DIR/<variant>/request (extra header the load generator sends).
-The backend is 127.0.0.1:19080. The token is signed here with the standard library.
+DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
+generator sends, tab-separated). Every variant gets the same request, API key and token
+included, so the bare route parses and forwards the same bytes and the ratios measure the
+policies alone. The backend is 127.0.0.1:19080. The token is signed here with the standard
+library.
 """
 import base64
 import hashlib
@@ -128,17 +131,18 @@ spec:
 """
 
 variants = {
-    "bare": ("", ""),
-    "rl": (RL, ""),
-    "apikey": (RL + APIKEY, f"x-api-key: {API_KEY}"),
-    "jwt": (RL + JWT, f"authorization: Bearer {token()}"),
-    "cached": (RL, ""),
+    "bare": "",
+    "rl": RL,
+    "apikey": RL + APIKEY,
+    "jwt": RL + JWT,
+    "cached": RL,
 }
-for name, (extra, header) in variants.items():
+HEADERS = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
+for name, extra in variants.items():
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
     with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
         f.write(base(name, PORTS[name]) + extra)
     with open(os.path.join(d, "request"), "w") as f:
-        f.write(f"{PORTS[name]}\t{header}\n")
+        f.write("\t".join([str(PORTS[name])] + HEADERS) + "\n")
 print(" ".join(variants))

@@ -62,9 +62,9 @@ spawn() { # cpu command...
   pids+=("$last_pid")
 }
 ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
-wait_200() { # url [header]
-  local code h=()
-  [ -n "${2:-}" ] && h=(-H "$2")
+wait_200() { # url [header...]
+  local code h=() x
+  for x in "${@:2}"; do h+=(-H "$x"); done
   for _ in $(seq 1 300); do
     code=$(curl -s -o /dev/null -w '%{http_code}' "${h[@]}" "$1" || true)
     [ "$code" = 200 ] && return 0
@@ -100,7 +100,7 @@ admin=19910
 for v in "${variants[@]}"; do
   d=$work/v/$v
   "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
-  IFS=$'\t' read -r port hdr <"$d/request"
+  IFS=$'\t' read -r port hdr <"$d/request" # hdr: the headers, tab-separated
   port_of[$v]=$port
   hdr_of[$v]=$hdr
   extra=()
@@ -109,7 +109,8 @@ for v in "${variants[@]}"; do
     --access-log false --workers 1 "${extra[@]}"
   pid_of[$v]=$last_pid
   admin=$((admin + 1))
-  wait_200 "http://127.0.0.1:$port/" "$hdr"
+  IFS=$'\t' read -r -a hs <<<"$hdr"
+  wait_200 "http://127.0.0.1:$port/" "${hs[@]}"
 done
 # Without the credential the auth variants must refuse: the benchmark measures enforcement.
 for v in apikey jwt; do
@@ -122,7 +123,9 @@ redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[:=,]' '/^
 
 saturate() { # variant round
   local v=$1 r=$2 out t0 t1 n rps errs c0 c1 h=()
-  [ -n "${hdr_of[$v]}" ] && h=(-H "${hdr_of[$v]}")
+  local x hs
+  IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]}"
+  for x in "${hs[@]}"; do h+=(-H "$x"); done
   local url="http://127.0.0.1:${port_of[$v]}/"
   taskset -c 1 wrk -t1 -c"$CONNS" -d1s "${h[@]}" "$url" >/dev/null
   c0=$(redis_calls)

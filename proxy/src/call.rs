@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::HOST;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
@@ -22,14 +22,16 @@ use crate::filters;
 use crate::forward::{self, X_REQUEST_ID};
 use crate::metrics::UpstreamErrorKind;
 use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::pool::{PooledBody, UpstreamError};
 use crate::proxy::{Shared, Snapshot};
 use crate::service::{ConnCtx, status};
-use crate::upstream::EndpointGuard;
+use crate::upstream::{EndpointGuard, EndpointState, request_uri};
 
 /// Phase 5, head: what the upstream request looks like.
 pub(crate) struct UpstreamHead<'a> {
     pub conn: &'a ConnCtx,
-    pub original_host: &'a str,
+    /// Host as the client sent it (Host, else `:authority`; empty when neither).
+    pub original_host: &'a HeaderValue,
     pub request_id: &'a HeaderValue,
     /// Host set by a URLRewrite.
     pub host: Option<&'a str>,
@@ -43,28 +45,40 @@ impl UpstreamHead<'_> {
     /// Header hygiene, forwarding headers, Host, URI and version.
     pub fn apply(&self, parts: &mut Parts) -> Result<(), StatusCode> {
         let headers = &mut parts.headers;
-        forward::strip_hop_by_hop(headers, self.upgrade);
+        // The forwarding fields, request id and Host: one growth of the map, not several.
+        headers.reserve(5);
+        let mut present = forward::Present::scan(headers);
+        forward::strip_present(headers, &mut present, self.upgrade);
         forward::set_forwarded(
             headers,
-            self.conn.peer.ip(),
+            &present,
+            &self.conn.peer_value,
             self.conn.scheme,
             self.original_host,
         );
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
+        let endpoint = self.endpoint.endpoint();
         if let Some(h) = self.host.and_then(|h| HeaderValue::from_str(h).ok()) {
             headers.insert(HOST, h);
-        } else if !headers.contains_key(HOST)
-            && let Ok(h) = HeaderValue::from_str(self.original_host)
-        {
-            // HTTP/2 clients send :authority only; upstreams get it as Host.
-            headers.insert(HOST, h);
+        } else if !present.host {
+            // HTTP/2 clients send :authority only; upstreams get it as Host. With neither
+            // (HTTP/1.0), the endpoint's address, as a client library would send.
+            let h = if self.original_host.is_empty() {
+                HeaderValue::from_str(endpoint.authority.as_str()).ok()
+            } else {
+                Some(self.original_host.clone())
+            };
+            if let Some(h) = h {
+                headers.insert(HOST, h);
+            }
         }
-        parts.uri = Uri::builder()
-            .scheme("http")
-            .authority(self.endpoint.endpoint().authority.clone())
-            .path_and_query(self.path_and_query)
-            .build()
-            .map_err(|_| StatusCode::BAD_REQUEST)?;
+        parts.uri = request_uri(
+            self.protocol,
+            &endpoint.authority,
+            self.path_and_query,
+            &parts.uri,
+        )
+        .map_err(|_| StatusCode::BAD_REQUEST)?;
         parts.version = match self.protocol {
             BackendProtocol::Http1 => Version::HTTP_11,
             BackendProtocol::H2c => Version::HTTP_2,
@@ -73,25 +87,31 @@ impl UpstreamHead<'_> {
     }
 }
 
-/// Phase 5, call: body, mirrors and one upstream attempt.
+/// Phase 5, call: body, mirrors and one upstream exchange.
 pub(crate) struct Call<'a> {
     pub shared: &'a Arc<Shared>,
     pub snapshot: &'a Snapshot,
     pub protocol: BackendProtocol,
+    pub endpoint: &'a EndpointState,
     pub path_and_query: &'a str,
     pub mirrors: &'a [&'a str],
-    pub exceeded: &'a Arc<AtomicBool>,
+    /// Raised by the request body past the limit; `None` for a bodiless request.
+    pub exceeded: Option<&'a Arc<AtomicBool>>,
     pub backend_timeout: Option<Duration>,
 }
 
 impl Call<'_> {
-    pub async fn send(&self, parts: Parts, body: Incoming) -> Result<Response<Incoming>, Failure> {
+    pub async fn send(
+        &self,
+        parts: Parts,
+        body: Incoming,
+    ) -> Result<Response<PooledBody>, Failure> {
         let body = self.prepare_body(body, &parts).await?;
-        let call = self
-            .shared
-            .upstream
-            .client(self.protocol)
-            .request(Request::from_parts(parts, body));
+        let call = self.shared.upstream.send(
+            self.protocol,
+            self.endpoint,
+            Request::from_parts(parts, body),
+        );
         match self.backend_timeout {
             Some(d) => tokio::time::timeout(d, call)
                 .await
@@ -104,7 +124,8 @@ impl Call<'_> {
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
     async fn prepare_body(&self, body: Incoming, parts: &Parts) -> Result<ProxyBody, Failure> {
         let limit = self.shared.limits.max_body_bytes;
-        let limited = |body| LimitedBody::new(body, limit, self.exceeded.clone()).boxed();
+        let flag = || self.exceeded.cloned().unwrap_or_default();
+        let limited = |body| LimitedBody::new(body, limit, flag()).boxed();
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {
                 empty()
@@ -145,7 +166,7 @@ impl Call<'_> {
 
 /// Phase 6: hop-by-hop removal, response header edits, CORS decoration, upgrade splice.
 pub(crate) fn response_filters(
-    mut resp: Response<Incoming>,
+    mut resp: Response<PooledBody>,
     response_mods: &[&HeaderModifier],
     cors: &[&Cors],
     origin: Option<&HeaderValue>,
@@ -165,22 +186,22 @@ pub(crate) fn response_filters(
     for c in cors {
         filters::cors_decorate(c, origin, &mut rp.headers);
     }
-    Response::from_parts(rp, body.map_err(Into::into).boxed())
+    Response::from_parts(rp, body.boxed())
 }
 
 /// Why an upstream exchange produced no response.
 pub(crate) enum Failure {
     Timeout,
     BodyRead,
-    Upstream(hyper_util::client::legacy::Error),
+    Upstream(UpstreamError),
 }
 
 pub(crate) fn failure_response(
     shared: &Shared,
     f: Failure,
-    exceeded: &AtomicBool,
+    exceeded: Option<&AtomicBool>,
 ) -> Response<ProxyBody> {
-    if exceeded.load(Ordering::Acquire) {
+    if exceeded.is_some_and(|e| e.load(Ordering::Acquire)) {
         return status(StatusCode::PAYLOAD_TOO_LARGE);
     }
     let (kind, code) = match f {

@@ -6,10 +6,9 @@
 //! direction; the one exception is `Upgrade` (with `Connection: upgrade`) on an upgrade
 //! request and its 101 answer, which the proxy forwards and then splices.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, HOST, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
 
 /// `x-request-id`.
@@ -23,10 +22,59 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// Longest client-supplied request id passed through.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
-/// True when `Connection` lists `upgrade` and an `Upgrade` header is present.
-pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(UPGRADE)
-        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+/// The fields of a client's header block the lifecycle reads before routing, found in one
+/// pass over the block (which also sizes it) instead of one hashed lookup each.
+#[derive(Debug, Default)]
+pub(crate) struct Seen<'h> {
+    /// Approximate size as HTTP/1 would send it (`name: value\r\n`).
+    pub bytes: usize,
+    /// First `Host`.
+    pub host: Option<&'h HeaderValue>,
+    /// First `X-Request-Id`.
+    pub request_id: Option<&'h HeaderValue>,
+    /// First `Content-Length`.
+    pub content_length: Option<&'h HeaderValue>,
+    /// First `Origin`.
+    pub origin: Option<&'h HeaderValue>,
+    upgrade: bool,
+    connection: bool,
+}
+
+impl<'h> Seen<'h> {
+    /// One pass over `headers`.
+    pub fn scan(headers: &'h HeaderMap) -> Self {
+        let mut s = Self::default();
+        for (name, value) in headers {
+            let n = name.as_str();
+            s.bytes += n.len() + value.len() + 4;
+            match n {
+                "host" => s.host = s.host.or(Some(value)),
+                "x-request-id" => s.request_id = s.request_id.or(Some(value)),
+                "content-length" => s.content_length = s.content_length.or(Some(value)),
+                "origin" => s.origin = s.origin.or(Some(value)),
+                "upgrade" => s.upgrade = true,
+                "connection" => s.connection = true,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// True when `Connection` lists `upgrade` and an `Upgrade` header is present.
+    pub fn is_upgrade(&self, headers: &HeaderMap) -> bool {
+        self.upgrade
+            && self.connection
+            && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    }
+
+    /// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe
+    /// set), otherwise a fresh 128-bit hex id.
+    pub fn request_id(&self) -> HeaderValue {
+        match self.request_id {
+            Some(v) if is_sane_id(v.as_bytes()) => v.clone(),
+            _ => generate_request_id(),
+        }
+    }
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -39,82 +87,168 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
+/// Which hop-by-hop and forwarding fields a header block carries, found in one pass over its
+/// names, so the edits that follow touch the map (and hash a name) only for fields that are
+/// there: most requests carry none of them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Present {
+    connection: bool,
+    /// Some Connection value is more than one known token (`keep-alive`, `close`,
+    /// `upgrade`...), so it may name fields to remove.
+    connection_names: bool,
+    keep_alive: bool,
+    proxy_connection: bool,
+    transfer_encoding: bool,
+    te: bool,
+    upgrade: bool,
+    xff: bool,
+    /// `Host`.
+    pub host: bool,
+}
+
+impl Present {
+    /// One pass over the names of `headers`.
+    pub fn scan(headers: &HeaderMap) -> Self {
+        let mut p = Self::default();
+        for (name, value) in headers {
+            match name.as_str() {
+                "connection" => {
+                    p.connection = true;
+                    // The usual value is one known token: no need to parse a list.
+                    p.connection_names |= value.to_str().map_or(true, |v| !is_known_token(v));
+                }
+                "keep-alive" => p.keep_alive = true,
+                "proxy-connection" => p.proxy_connection = true,
+                "transfer-encoding" => p.transfer_encoding = true,
+                "te" => p.te = true,
+                "upgrade" => p.upgrade = true,
+                "x-forwarded-for" => p.xff = true,
+                "host" => p.host = true,
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+/// Connection tokens that name fields `strip_present` removes anyway (or no field at all).
+/// `te` is not one: a TE field named by Connection goes, `trailers` and all.
+fn is_known_token(t: &str) -> bool {
+    [
+        "close",
+        "keep-alive",
+        "upgrade",
+        "transfer-encoding",
+        "proxy-connection",
+    ]
+    .iter()
+    .any(|k| t.eq_ignore_ascii_case(k))
+}
+
 /// Removes hop-by-hop headers. With `upgrade`, keeps `Upgrade` and sets `Connection: upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for name in named {
-        if upgrade && name == UPGRADE {
-            continue;
-        }
-        // Never let a Connection token remove end-to-end headers we set ourselves.
-        if name != X_REQUEST_ID {
-            headers.remove(&name);
+    let mut present = Present::scan(headers);
+    strip_present(headers, &mut present, upgrade);
+}
+
+/// [`strip_hop_by_hop`] after the scan; `p` follows the edits.
+pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: bool) {
+    if p.connection_names {
+        // Fields the Connection header names; the usual tokens (keep-alive, close, upgrade)
+        // need no name of their own, so this list is almost always empty (no allocation).
+        let named: Vec<HeaderName> = connection_tokens(headers)
+            .filter(|t| !is_known_token(t))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            // Never let a Connection token remove end-to-end headers we set ourselves.
+            if name != X_REQUEST_ID {
+                p.host &= name != HOST;
+                headers.remove(&name);
+            }
         }
     }
-    headers.remove(CONNECTION);
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(TRANSFER_ENCODING);
-    let te_trailers = headers.get_all(TE).iter().any(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
-    });
-    headers.remove(TE);
-    if te_trailers {
-        headers.insert(TE, HeaderValue::from_static("trailers"));
+    if p.connection && !upgrade {
+        headers.remove(CONNECTION);
+    }
+    if p.keep_alive {
+        headers.remove(&KEEP_ALIVE);
+    }
+    if p.proxy_connection {
+        headers.remove(&PROXY_CONNECTION);
+    }
+    if p.transfer_encoding {
+        headers.remove(TRANSFER_ENCODING);
+    }
+    if p.te {
+        let te_trailers = headers.get_all(TE).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        });
+        if te_trailers {
+            headers.insert(TE, HeaderValue::from_static("trailers"));
+        } else {
+            headers.remove(TE);
+        }
     }
     if upgrade {
+        // Replaces every Connection line.
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
+    } else if p.upgrade {
         headers.remove(UPGRADE);
     }
 }
 
-/// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.
-pub(crate) fn set_forwarded(
-    headers: &mut HeaderMap,
-    peer: IpAddr,
-    proto: &'static str,
-    original_host: &str,
-) {
-    // Every prior hop, across repeated header lines, then the peer.
-    let mut xff = String::new();
-    for prev in headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-    {
-        xff.push_str(prev);
-        xff.push_str(", ");
-    }
-    // Written in place: no temporary string for the address.
-    let _ = write!(xff, "{peer}");
-    headers.remove(&X_FORWARDED_FOR);
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
-    }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-    headers.remove(&X_FORWARDED_HOST);
-    if let Ok(v) = HeaderValue::from_str(original_host) {
-        headers.insert(X_FORWARDED_HOST.clone(), v);
-    }
+/// The peer address as an `X-Forwarded-For` value (formatted once per connection).
+pub(crate) fn peer_value(peer: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe set),
-/// otherwise a fresh 128-bit hex id.
-pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID)
-        && is_sane_id(v.as_bytes())
-    {
-        return v.clone();
+/// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.
+/// `p` is the scan of `headers` taken before any edit.
+pub(crate) fn set_forwarded(
+    headers: &mut HeaderMap,
+    p: &Present,
+    peer: &HeaderValue,
+    proto: &'static str,
+    original_host: &HeaderValue,
+) {
+    if p.xff {
+        // Every prior hop, across repeated header lines, then the peer.
+        let mut xff = String::new();
+        for prev in headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+        {
+            xff.push_str(prev);
+            xff.push_str(", ");
+        }
+        xff.push_str(peer.to_str().unwrap_or(""));
+        match HeaderValue::from_str(&xff) {
+            Ok(v) => {
+                headers.insert(X_FORWARDED_FOR.clone(), v);
+            }
+            Err(_) => {
+                headers.remove(&X_FORWARDED_FOR);
+            }
+        }
+    } else {
+        headers.insert(X_FORWARDED_FOR.clone(), peer.clone());
     }
-    generate_request_id()
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    // `insert` replaces any value the client sent.
+    headers.insert(X_FORWARDED_HOST.clone(), original_host.clone());
+}
+
+/// The client's `X-Request-Id` when it is sane, otherwise a fresh one (see [`Seen::request_id`]).
+#[cfg(test)]
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    Seen::scan(headers).request_id()
 }
 
 fn is_sane_id(b: &[u8]) -> bool {
@@ -137,14 +271,6 @@ pub(crate) fn generate_request_id() -> HeaderValue {
         *b = HEX[usize::try_from(nibble).unwrap_or(0)];
     }
     HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
-}
-
-/// Approximate size of a header block as HTTP/1 would send it (`name: value\r\n`).
-pub(crate) fn header_bytes(headers: &HeaderMap) -> usize {
-    headers
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len() + 4)
-        .sum()
 }
 
 #[cfg(test)]
@@ -181,9 +307,64 @@ mod tests {
     }
 
     #[test]
+    fn a_single_known_connection_token_removes_only_connection() {
+        let mut h = map(&[("connection", "Keep-Alive"), ("x-secret", "1")]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-secret"], "1");
+        let mut h = map(&[
+            ("connection", "close"),
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn scan_follows_a_host_removed_by_connection() {
+        let mut h = map(&[("host", "a"), ("connection", "host, keep-alive")]);
+        let mut p = Present::scan(&h);
+        assert!(p.host);
+        strip_present(&mut h, &mut p, false);
+        assert!(!p.host);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn forwarded_for_without_prior_hops_is_the_peer() {
+        let mut h = map(&[("x-forwarded-host", "evil")]);
+        let p = Present::scan(&h);
+        let peer = peer_value("::1".parse().unwrap());
+        set_forwarded(&mut h, &p, &peer, "http", &HeaderValue::from_static("b"));
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h.get_all("x-forwarded-host").iter().count(), 1);
+        assert_eq!(h["x-forwarded-host"], "b");
+    }
+
+    #[test]
+    fn one_scan_finds_the_first_of_each_field_and_sizes_the_block() {
+        let h = map(&[
+            ("host", "a"),
+            ("host", "b"),
+            ("origin", "https://o"),
+            ("content-length", "3"),
+            ("x-other", "1"),
+        ]);
+        let s = Seen::scan(&h);
+        assert_eq!(s.host.unwrap(), "a");
+        assert_eq!(s.origin.unwrap(), "https://o");
+        assert_eq!(s.content_length.unwrap(), "3");
+        assert!(s.request_id.is_none());
+        assert!(!s.is_upgrade(&h));
+        let bytes: usize = h.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        assert_eq!(s.bytes, bytes);
+    }
+
+    #[test]
     fn upgrade_keeps_upgrade_header() {
         let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
-        assert!(is_upgrade(&h));
+        assert!(Seen::scan(&h).is_upgrade(&h));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
@@ -195,7 +376,10 @@ mod tests {
             ("x-forwarded-for", "10.0.0.1"),
             ("x-forwarded-host", "evil"),
         ]);
-        set_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "https", "a.example");
+        let p = Present::scan(&h);
+        let peer = peer_value("127.0.0.1".parse().unwrap());
+        let host = HeaderValue::from_static("a.example");
+        set_forwarded(&mut h, &p, &peer, "https", &host);
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["x-forwarded-host"], "a.example");

@@ -3,8 +3,8 @@
 //! [`serve_admin`]) and access logs.
 //!
 //! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
-//! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream` (balancing, pooled clients),
-//! `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`;
+//! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream`
+//! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`;
 //! [`subscribe`] feeds tables from the controller.
 //!
 //! ```no_run
@@ -41,6 +41,7 @@ mod listener;
 pub mod metrics;
 mod mirror;
 pub mod policy;
+mod pool;
 mod proxy;
 pub mod router;
 mod service;
@@ -48,6 +49,10 @@ mod signal;
 pub mod subscribe;
 pub mod tls;
 mod upstream;
+
+/// A hash map for lookups on the request path: foldhash (seeded per map) instead of SipHash.
+/// Keys are built from the route table; requests only look them up.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub use admin::serve_admin;
 pub use error::{ProxyError, Result};

@@ -53,6 +53,7 @@ pub(crate) fn server_builder(max_header_bytes: usize) -> auto::Builder<TokioExec
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
+        .writev(false)
         // Headers over the buffer are answered 431 by hyper itself.
         .max_buf_size(max_header_bytes.max(MIN_H1_BUFFER));
     b.http2()
@@ -97,6 +98,7 @@ async fn accept_loop(
                     local_port,
                     table_port,
                     scheme: "http",
+                    peer_value: crate::forward::peer_value(peer.ip()),
                     peer_cert: None,
                 };
                 tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));

@@ -19,7 +19,9 @@ use tollgate_api::BackendProtocol;
 
 use crate::body::full;
 use crate::metrics::UpstreamErrorKind;
+use crate::pool::UpstreamError;
 use crate::proxy::{Shared, Snapshot};
+use crate::upstream::request_uri;
 
 /// Largest declared body that is buffered to be mirrored.
 pub(crate) const MAX_MIRROR_BODY: u64 = 64 * 1024;
@@ -56,11 +58,12 @@ pub(crate) fn spawn(
             shared.metrics.upstream_error(UpstreamErrorKind::Mirror);
             continue;
         };
-        let uri = Uri::builder()
-            .scheme("http")
-            .authority(guard.endpoint().authority.clone())
-            .path_and_query(req.path_and_query)
-            .build();
+        let uri = request_uri(
+            balancer.protocol,
+            &guard.endpoint().authority,
+            req.path_and_query,
+            &Uri::default(),
+        );
         let Ok(uri) = uri else {
             continue;
         };
@@ -73,19 +76,21 @@ pub(crate) fn spawn(
             continue;
         };
         *copy.headers_mut() = req.headers.clone();
-        let client = shared.upstream.client(balancer.protocol).clone();
-        let metrics = shared.metrics.clone();
+        let shared = shared.clone();
+        let protocol = balancer.protocol;
         tokio::spawn(async move {
-            let _guard = guard;
             let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
-                let resp = client.request(copy).await?;
+                let resp = shared
+                    .upstream
+                    .send(protocol, guard.endpoint(), copy)
+                    .await?;
                 // Drain so the pooled connection can be reused.
                 let _ = resp.into_body().collect().await;
-                Ok::<_, hyper_util::client::legacy::Error>(())
+                Ok::<_, UpstreamError>(())
             })
             .await;
             if !matches!(sent, Ok(Ok(()))) {
-                metrics.upstream_error(UpstreamErrorKind::Mirror);
+                shared.metrics.upstream_error(UpstreamErrorKind::Mirror);
             }
         });
     }

@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tollgate_api::{Protocol, RouteTable};
 
+use crate::FastMap;
 use crate::access_log::AccessLog;
 use crate::error::{ProxyError, Result};
 use crate::listener::{self, ListenerHandle};
@@ -100,13 +101,13 @@ pub(crate) struct Snapshot {
     /// The routes.
     pub router: Router,
     /// Balancers by backend key.
-    pub backends: HashMap<String, Arc<Balancer>>,
+    pub backends: FastMap<String, Arc<Balancer>>,
     /// Ports by table port number.
-    pub ports: HashMap<u16, PortState>,
+    pub ports: FastMap<u16, PortState>,
     /// Metric handles by route label (`namespace/name`).
-    pub route_metrics: HashMap<Arc<str>, Arc<RouteMetrics>>,
+    pub route_metrics: FastMap<Arc<str>, Arc<RouteMetrics>>,
     /// Compiled policies by the table's policy key.
-    pub policies: HashMap<String, Arc<Enforcer>>,
+    pub policies: FastMap<String, Arc<Enforcer>>,
 }
 
 /// State shared by the handle, the listeners and every request.
@@ -198,8 +199,10 @@ impl Proxy {
 
         // Build everything before touching anything live.
         let router = Router::build(&table)?;
-        let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?;
-        let mut ports = HashMap::with_capacity(table.ports.len());
+        let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?
+            .into_iter()
+            .collect();
+        let mut ports = FastMap::with_capacity_and_hasher(table.ports.len(), Default::default());
         let mut wanted = Vec::with_capacity(table.ports.len());
         for p in &table.ports {
             let ip: IpAddr = p.address.parse().map_err(|_| ProxyError::Address {
@@ -226,7 +229,11 @@ impl Proxy {
             })
             .collect();
         let prev = shared.snapshot.load_full();
-        let backends = build_balancers(&table.backends, prev.as_deref().map(|s| &s.backends));
+        let backends = build_balancers(
+            &table.backends,
+            prev.as_deref().map(|s| &s.backends),
+            &shared.upstream,
+        );
 
         // Bind new sockets; on failure the new ones are dropped (closed) and nothing changed.
         let mut fresh = Vec::new();

@@ -24,10 +24,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use http::header::{CONTENT_TYPE, ORIGIN};
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
@@ -53,6 +53,8 @@ pub(crate) struct ConnCtx {
     pub table_port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
+    /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection.
+    pub peer_value: HeaderValue,
     /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
     /// authentication).
     pub peer_cert: Option<Arc<[u8]>>,
@@ -66,35 +68,42 @@ pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
 pub(crate) struct Completion {
     shared: Arc<Shared>,
     start: Instant,
-    started_at: SystemTime,
-    method: Method,
-    uri: Uri,
-    host: String,
     status: u16,
     route: Option<Arc<str>>,
     metrics: Arc<RouteMetrics>,
     request_id: HeaderValue,
-    peer: SocketAddr,
     guard: Option<EndpointGuard>,
+    /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
+    log: Option<Box<LogFields>>,
+}
+
+/// The request as the access log reports it.
+#[derive(Debug)]
+struct LogFields {
+    started_at: SystemTime,
+    method: Method,
+    uri: Uri,
+    host: String,
+    peer: SocketAddr,
 }
 
 impl OnComplete for Completion {
     fn complete(self, bytes: u64) {
         let elapsed = self.start.elapsed();
         self.metrics.observe(self.status, elapsed.as_secs_f64());
-        if self.shared.access_log.enabled() {
+        if let Some(log) = self.log {
             self.shared.access_log.log(AccessRecord {
-                time: rfc3339(self.started_at),
-                method: self.method.to_string(),
-                host: self.host,
-                path: self.uri.path().to_owned(),
+                time: rfc3339(log.started_at),
+                method: log.method.to_string(),
+                host: log.host,
+                path: log.uri.path().to_owned(),
                 status: self.status,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 route: self.route.map(|r| r.to_string()),
                 upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
                 bytes,
                 request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
-                peer: self.peer.to_string(),
+                peer: log.peer.to_string(),
             });
         }
     }
@@ -116,24 +125,35 @@ pub(crate) async fn handle(
     conn: Arc<ConnCtx>,
     mut req: Request<Incoming>,
 ) -> Result<ProxyResponse, std::convert::Infallible> {
-    let request_id = forward::request_id(req.headers());
-    let host = request_host(&req).to_owned();
+    let start = Instant::now();
+    let seen = forward::Seen::scan(req.headers());
+    let request_id = seen.request_id();
+    let client = ClientHead {
+        host: request_host(seen.host, req.uri()),
+        limits: check_limits(&shared, &seen),
+        origin: seen.origin.cloned(),
+        upgrade: req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers()),
+    };
+    let log = shared.access_log.enabled().then(|| {
+        Box::new(LogFields {
+            started_at: SystemTime::now(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            host: client.host.to_str().unwrap_or("").to_owned(),
+            peer: conn.peer,
+        })
+    });
     let mut done = Completion {
-        start: Instant::now(),
-        started_at: SystemTime::now(),
-        method: req.method().clone(),
-        uri: req.uri().clone(),
-        host: String::new(),
+        start,
         status: 0,
         route: None,
         metrics: shared.metrics.no_route().clone(),
         shared: shared.clone(),
         request_id: request_id.clone(),
-        peer: conn.peer,
         guard: None,
+        log,
     };
-    let client_upgrade = (req.version() <= Version::HTTP_11 && forward::is_upgrade(req.headers()))
-        .then(|| hyper::upgrade::on(&mut req));
+    let client_upgrade = client.upgrade.then(|| hyper::upgrade::on(&mut req));
     let snapshot = shared.snapshot.load_full();
     let mut resp = match snapshot {
         Some(snapshot) => {
@@ -141,7 +161,7 @@ pub(crate) async fn handle(
                 &shared,
                 &snapshot,
                 &conn,
-                &host,
+                client,
                 req,
                 client_upgrade,
                 &mut done,
@@ -150,20 +170,35 @@ pub(crate) async fn handle(
         }
         None => status(StatusCode::NOT_FOUND),
     };
-    done.host = host;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     done.status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
     Ok(Response::from_parts(parts, TrackedBody::new(body, done)))
 }
 
-/// Host as the client sent it: the Host header, else the URI authority (HTTP/2 `:authority`).
-fn request_host<B>(req: &Request<B>) -> &str {
-    req.headers()
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("")
+/// What phase 1 found in the client's headers, carried into [`proxy`].
+struct ClientHead {
+    /// Host as the client sent it (see [`request_host`]).
+    host: HeaderValue,
+    /// Phase 1's verdict, applied once a snapshot is there.
+    limits: Result<(), StatusCode>,
+    /// `Origin`, for CORS decoration of the response.
+    origin: Option<HeaderValue>,
+    /// An HTTP/1 upgrade request.
+    upgrade: bool,
+}
+
+/// Host as the client sent it: the (first) Host header, else the URI authority (HTTP/2
+/// `:authority`), else empty. A clone of the header's bytes, not a copy.
+fn request_host(header: Option<&HeaderValue>, uri: &Uri) -> HeaderValue {
+    if let Some(h) = header
+        && h.to_str().is_ok()
+    {
+        return h.clone();
+    }
+    uri.authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .unwrap_or_else(|| HeaderValue::from_static(""))
 }
 
 /// `host[:port]` → `host` (IPv6 literals keep their brackets).
@@ -196,11 +231,11 @@ fn with_empty_body(resp: Response<()>) -> Response<ProxyBody> {
 }
 
 /// Phase 1.
-fn check_limits(shared: &Shared, parts: &Parts) -> Result<(), StatusCode> {
-    if forward::header_bytes(&parts.headers) > shared.limits.max_header_bytes {
+fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusCode> {
+    if seen.bytes > shared.limits.max_header_bytes {
         return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
-    if let Some(cl) = parts.headers.get(CONTENT_LENGTH) {
+    if let Some(cl) = seen.content_length {
         let len: u64 = cl
             .to_str()
             .ok()
@@ -253,13 +288,15 @@ async fn proxy(
     shared: &Arc<Shared>,
     snapshot: &Snapshot,
     conn: &ConnCtx,
-    original_host: &str,
+    client: ClientHead,
     req: Request<Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     done: &mut Completion,
 ) -> Response<ProxyBody> {
+    let original_host = client.host.to_str().unwrap_or("");
+    let bare_host = strip_port(original_host);
     let (mut parts, body) = req.into_parts();
-    if let Err(code) = check_limits(shared, &parts) {
+    if let Err(code) = client.limits {
         return status(code);
     }
 
@@ -284,7 +321,7 @@ async fn proxy(
 
     // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
     // preflight the route answers itself (browsers send those without credentials).
-    let mut policy_headers = Vec::new();
+    let mut rate_limit = None;
     if let Some(key) = route.policy.as_deref()
         && !is_cors_preflight(&route.filters, &parts)
     {
@@ -294,11 +331,10 @@ async fn proxy(
         };
         // Lower-case, as routing matched it: a predicate on the host must not be escaped by
         // sending it in another case.
-        let host = strip_port(original_host);
-        let host: std::borrow::Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-            host.to_ascii_lowercase().into()
+        let host: std::borrow::Cow<'_, str> = if bare_host.bytes().any(|b| b.is_ascii_uppercase()) {
+            bare_host.to_ascii_lowercase().into()
         } else {
-            host.into()
+            bare_host.into()
         };
         let info = RequestInfo {
             host: &host,
@@ -308,7 +344,7 @@ async fn proxy(
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
-            Ok(headers) => policy_headers = headers,
+            Ok(decision) => rate_limit = decision,
             Err(resp) => {
                 // A browser must be able to read the denial (status, Retry-After): decorate it
                 // as the route's CORS filters would decorate an upstream answer.
@@ -331,13 +367,12 @@ async fn proxy(
     };
     let view = RequestView {
         scheme: conn.scheme,
-        host: strip_port(original_host),
+        host: bare_host,
         port: conn.local_port,
         path,
         query,
         matched_prefix: hit.matched_prefix,
     };
-    let origin = parts.headers.get(ORIGIN).cloned();
     let mut plan = Plan::default();
     if let Some(resp) = request_filters(&route.filters, &mut parts, &view, &mut plan) {
         return resp;
@@ -366,7 +401,7 @@ async fn proxy(
     let pq = plan.path_and_query.as_deref().unwrap_or(target);
     let head = UpstreamHead {
         conn,
-        original_host,
+        original_host: &client.host,
         request_id: &done.request_id,
         host: plan.host.as_deref(),
         path_and_query: pq,
@@ -382,14 +417,16 @@ async fn proxy(
         .timeouts
         .request_ms
         .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
-    let exceeded = Arc::new(AtomicBool::new(false));
+    // Only a request with a body can exceed the body limit.
+    let exceeded = (!body.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
     let call = Call {
         shared,
         snapshot,
         protocol,
+        endpoint: guard.endpoint(),
         path_and_query: pq,
         mirrors: &plan.mirrors,
-        exceeded: &exceeded,
+        exceeded: exceeded.as_ref(),
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {
@@ -405,13 +442,13 @@ async fn proxy(
             resp,
             &plan.response_mods,
             &plan.cors,
-            origin.as_ref(),
+            client.origin.as_ref(),
             client_upgrade,
         ),
-        Err(f) => failure_response(shared, f, &exceeded),
+        Err(f) => failure_response(shared, f, exceeded.as_deref()),
     };
-    for (name, value) in policy_headers {
-        resp.headers_mut().insert(name, value);
+    if let Some(decision) = rate_limit {
+        decision.insert_headers(resp.headers_mut());
     }
     resp
 }

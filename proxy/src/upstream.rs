@@ -1,58 +1,102 @@
 //! Upstream selection and connections. In: a route's weighted backends and the table's
-//! [`Backend`]s. Out: a picked backend, a picked endpoint (with an in-flight guard), and
-//! pooled keep-alive clients to send to it: one HTTP/1.1 client and one HTTP/2-only client
-//! (for `BackendProtocol::H2c`), shared by every snapshot so pools survive table swaps.
+//! [`Backend`]s. Out: a picked backend, a picked endpoint (with an in-flight guard and its
+//! HTTP/1.1 connection pool, module `pool`), and [`Upstream::send`] to send to it. HTTP/1.1
+//! goes through the endpoint's own pool; h2c (`BackendProtocol::H2c`) through hyper-util's
+//! pooled HTTP/2-only client, whose one multiplexed connection per endpoint makes its
+//! per-request checkout cost matter less.
 //!
-//! Balancers are rebuilt with each snapshot but carry each endpoint's in-flight counter over
-//! from the previous snapshot, so least-request stays accurate across swaps.
+//! Balancers are rebuilt with each snapshot but carry each endpoint's state (in-flight
+//! counter, connection pool) over from the previous snapshot, so least-request stays accurate
+//! and connections stay open across swaps; pools are shared by address across backends.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::uri::Authority;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tollgate_api::{Backend, BackendProtocol, LoadBalancer, WeightedBackend};
 
+use crate::FastMap;
 use crate::body::ProxyBody;
+use crate::pool::{CONNECT_TIMEOUT, EndpointPool, PooledBody, Pools, UpstreamError};
 
-/// A pooled client.
-pub(crate) type HttpClient = Client<HttpConnector, ProxyBody>;
+/// The pooled HTTP/2-only client (h2c).
+type H2Client = Client<HttpConnector, ProxyBody>;
 
-/// The shared upstream clients.
-#[derive(Debug, Clone)]
+/// Upstream connections: HTTP/1.1 pools by endpoint address, and the h2c client.
+#[derive(Debug)]
 pub(crate) struct Upstream {
-    h1: HttpClient,
-    h2: HttpClient,
+    pools: Pools,
+    h2: H2Client,
 }
 
 impl Upstream {
-    /// Builds both clients.
+    /// Builds the h2c client and an empty set of pools.
     pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let h2 = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256);
-        let h1 = builder.build(connector.clone());
-        let h2 = builder.http2_only(true).build(connector);
-        Self { h1, h2 }
+            .http2_only(true)
+            .build(connector);
+        Self {
+            pools: Pools::default(),
+            h2,
+        }
     }
 
-    /// The client for a backend protocol.
-    pub fn client(&self, protocol: BackendProtocol) -> &HttpClient {
+    /// Sends `req` (its URI from [`request_uri`] for the same protocol) to `endpoint`.
+    pub async fn send(
+        &self,
+        protocol: BackendProtocol,
+        endpoint: &EndpointState,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         match protocol {
-            BackendProtocol::Http1 => &self.h1,
-            BackendProtocol::H2c => &self.h2,
+            BackendProtocol::Http1 => endpoint.pool.send(req).await,
+            // Boxed: the legacy client's future is large, and would otherwise size (and be
+            // copied with) every HTTP/1.1 request's future too.
+            BackendProtocol::H2c => Box::pin(self.h2.request(req))
+                .await
+                .map(|r| r.map(PooledBody::plain))
+                .map_err(UpstreamError::H2),
         }
+    }
+}
+
+/// The URI of an upstream request: origin form (`/path?query`) for HTTP/1.1, which the
+/// connection writes as it is; absolute form for h2c, whose client picks its connection (and
+/// `:authority`) from it.
+pub(crate) fn request_uri(
+    protocol: BackendProtocol,
+    authority: &Authority,
+    path_and_query: &str,
+    current: &Uri,
+) -> Result<Uri, http::Error> {
+    match protocol {
+        BackendProtocol::Http1 => {
+            // The client's request line already says it (the common case): keep it.
+            if current.scheme().is_none()
+                && current.authority().is_none()
+                && current.path_and_query().map(PathAndQuery::as_str) == Some(path_and_query)
+            {
+                return Ok(current.clone());
+            }
+            Ok(Uri::from(PathAndQuery::try_from(path_and_query)?))
+        }
+        BackendProtocol::H2c => Ok(Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(authority.clone())
+            .path_and_query(path_and_query)
+            .build()?),
     }
 }
 
@@ -64,6 +108,8 @@ pub(crate) struct EndpointState {
     /// `ip:port` as a URI authority (IPv6 bracketed).
     pub authority: Authority,
     in_flight: AtomicUsize,
+    /// Idle HTTP/1.1 connections to `addr`.
+    pool: Arc<EndpointPool>,
 }
 
 /// Holds one in-flight slot on an endpoint until dropped.
@@ -101,7 +147,7 @@ pub(crate) struct Balancer {
 impl Balancer {
     /// Builds a balancer, reusing endpoint state from `prev` for endpoints that stay.
     /// Endpoints whose IP does not parse are skipped (the compiler emits only IPs).
-    pub fn build(backend: &Backend, prev: Option<&Balancer>) -> Self {
+    pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
         let endpoints = backend
             .endpoints
             .iter()
@@ -122,6 +168,7 @@ impl Balancer {
                     addr,
                     authority,
                     in_flight: AtomicUsize::new(0),
+                    pool: upstream.pools.pool_for(addr),
                 }))
             })
             .collect();
@@ -155,13 +202,14 @@ impl Balancer {
 /// Builds every backend's balancer for a new snapshot.
 pub(crate) fn build_balancers(
     backends: &std::collections::BTreeMap<String, Backend>,
-    prev: Option<&HashMap<String, Arc<Balancer>>>,
-) -> HashMap<String, Arc<Balancer>> {
+    prev: Option<&FastMap<String, Arc<Balancer>>>,
+    upstream: &Upstream,
+) -> FastMap<String, Arc<Balancer>> {
     backends
         .iter()
         .map(|(key, b)| {
             let old = prev.and_then(|p| p.get(key)).map(Arc::as_ref);
-            (key.clone(), Arc::new(Balancer::build(b, old)))
+            (key.clone(), Arc::new(Balancer::build(b, old, upstream)))
         })
         .collect()
 }
@@ -204,7 +252,11 @@ mod tests {
 
     #[test]
     fn round_robin_cycles() {
-        let b = Balancer::build(&backend(LoadBalancer::RoundRobin, 3), None);
+        let b = Balancer::build(
+            &backend(LoadBalancer::RoundRobin, 3),
+            None,
+            &Upstream::new(),
+        );
         let ports: Vec<u16> = (0..6)
             .map(|_| b.pick().unwrap().endpoint().addr.port())
             .collect();
@@ -213,7 +265,11 @@ mod tests {
 
     #[test]
     fn least_request_avoids_busy_endpoint() {
-        let b = Balancer::build(&backend(LoadBalancer::LeastRequest, 2), None);
+        let b = Balancer::build(
+            &backend(LoadBalancer::LeastRequest, 2),
+            None,
+            &Upstream::new(),
+        );
         let busy: Vec<_> = (0..10)
             .map(|_| EndpointGuard::new(b.endpoints[0].clone()))
             .collect();
@@ -237,18 +293,23 @@ mod tests {
         }
         assert!(pick_weighted(&[wb(0)]).is_none());
         assert!(
-            Balancer::build(&backend(LoadBalancer::RoundRobin, 0), None)
-                .pick()
-                .is_none()
+            Balancer::build(
+                &backend(LoadBalancer::RoundRobin, 0),
+                None,
+                &Upstream::new()
+            )
+            .pick()
+            .is_none()
         );
     }
 
     #[test]
     fn in_flight_state_survives_rebuild() {
         let def = backend(LoadBalancer::LeastRequest, 2);
-        let old = Balancer::build(&def, None);
+        let up = Upstream::new();
+        let old = Balancer::build(&def, None, &up);
         let _g = old.pick().unwrap();
-        let new = Balancer::build(&def, Some(&old));
+        let new = Balancer::build(&def, Some(&old), &up);
         let total: usize = new
             .endpoints
             .iter()

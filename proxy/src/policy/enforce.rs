@@ -21,13 +21,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use tollgate_api::PolicySet;
 use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule};
 
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
-use super::ratelimit::{CompiledLimit, LimitError, RateLimiter};
+use super::ratelimit::{CompiledLimit, Decision, LimitError, RateLimiter};
 
 /// Why a table's policies could not be compiled (the compiler validates the same things).
 #[derive(Debug, thiserror::Error)]
@@ -95,9 +95,6 @@ pub struct RequestInfo<'a> {
     pub peer_cert: Option<&'a [u8]>,
 }
 
-/// Headers to add to the response of an admitted request.
-pub type ResponseHeaders = Vec<(HeaderName, HeaderValue)>;
-
 impl Enforcer {
     /// Compiles one policy set.
     pub fn build(key: &str, set: &PolicySet, rt: &PolicyRuntime) -> Result<Self, PolicyError> {
@@ -131,13 +128,14 @@ impl Enforcer {
     }
 
     /// Runs authentication, authorization and rate limits for one request, in that order.
-    /// `Ok` carries the rate-limit headers for the response; `Err` is the answer.
+    /// `Ok` carries the rate-limit decision whose headers go on the response (`None` when no
+    /// limit applied); `Err` is the answer.
     pub async fn enforce(
         &self,
         rt: &PolicyRuntime,
         parts: &mut Parts,
         info: RequestInfo<'_>,
-    ) -> Result<ResponseHeaders, Response<Bytes>> {
+    ) -> Result<Option<Decision>, Response<Bytes>> {
         if let Some(auth) = &self.auth {
             // Expressions must never see the client's own values of the identity headers.
             auth.strip_success_headers(&mut parts.headers);
@@ -157,25 +155,13 @@ impl Enforcer {
             return Err(d.into_response());
         }
         if self.limits.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        let keys: Vec<(&CompiledLimit, String)> = self
-            .limits
-            .iter()
-            .filter(|l| l.applies(&act))
-            .map(|l| (l, l.key(&act)))
-            .collect();
-        drop(act);
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let checks: Vec<(&CompiledLimit, &str)> =
-            keys.iter().map(|(l, k)| (*l, k.as_str())).collect();
-        let Some(decision) = rt.limiter.check_all(&checks).await else {
-            return Ok(Vec::new());
+        let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
+            return Ok(None);
         };
         if decision.allowed {
-            return Ok(decision.headers());
+            return Ok(Some(decision));
         }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;

@@ -11,7 +11,8 @@
 //! number of hostnames.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+
+use crate::FastMap;
 
 /// Strips the `:port` suffix of a Host header value, keeping IPv6 brackets
 /// (`[::1]:8080` → `[::1]`). A bare IPv6 literal without brackets is returned whole.
@@ -44,9 +45,9 @@ pub(crate) fn normalize_host(host: &str) -> Cow<'_, str> {
 #[derive(Debug, Default)]
 pub(crate) struct HostIndex {
     /// Exact hostnames.
-    exact: HashMap<Box<str>, usize>,
+    exact: FastMap<Box<str>, usize>,
     /// Wildcards by suffix, leading dot included (`*.example.com` → `.example.com`).
-    wildcard: HashMap<Box<str>, usize>,
+    wildcard: FastMap<Box<str>, usize>,
     /// Length of the longest wildcard suffix: longer host suffixes need no probe.
     max_wildcard_len: usize,
     /// The catch-all (`*`, empty, or no hostname).

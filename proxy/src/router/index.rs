@@ -9,9 +9,9 @@
 //! stops at its first full match, or as soon as it passes the best index found so far:
 //! the minimum over buckets is the first match of the whole list.
 
-use std::collections::HashMap;
-
 use http::{HeaderMap, Method};
+
+use crate::FastMap;
 
 use super::CompiledRoute;
 use super::matcher::{Matcher, PathMatcher};
@@ -27,8 +27,8 @@ pub(crate) struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct RouteSet {
     entries: Vec<Entry>,
-    exact: HashMap<Box<str>, Vec<u32>>,
-    prefix: HashMap<Box<str>, Vec<u32>>,
+    exact: FastMap<Box<str>, Vec<u32>>,
+    prefix: FastMap<Box<str>, Vec<u32>>,
     root: Vec<u32>,
     others: Vec<u32>,
     /// Longest non-root prefix: longer segment prefixes of a request need no probe, which

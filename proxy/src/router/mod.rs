@@ -42,6 +42,7 @@ use tollgate_api::{ObjectKey, Route, RouteTable};
 pub use host::host_without_port;
 pub use matcher::split_path_and_query;
 
+use crate::FastMap;
 use host::{HostIndex, normalize_host};
 use index::{Entry, RouteSet};
 use matcher::Matcher;
@@ -64,7 +65,7 @@ pub enum RouterError {
 /// An immutable, indexed routing table for one Gateway.
 #[derive(Debug)]
 pub struct Router {
-    ports: HashMap<u16, PortRoutes>,
+    ports: FastMap<u16, PortRoutes>,
 }
 
 /// The listeners sharing one port.
@@ -110,7 +111,7 @@ impl Router {
     /// listeners or virtual hosts on a port share a hostname, the first one wins.
     pub fn build(table: &RouteTable) -> Result<Self, RouterError> {
         let mut labels: HashMap<&ObjectKey, Arc<str>> = HashMap::new();
-        let mut ports: HashMap<u16, PortRoutes> = HashMap::new();
+        let mut ports: FastMap<u16, PortRoutes> = FastMap::default();
         for port in &table.ports {
             let pr = ports.entry(port.port).or_default();
             for listener in &port.listeners {

@@ -3,20 +3,34 @@
 //!
 //! The presented key is hashed and compared with every digest in constant time, without an
 //! early exit, so neither the position nor the prefix of a match shows in the timing.
-//! Nothing is cached outside the compiled table: revoking a key is a new table without it.
+//!
+//! A key found once is remembered by its SipHash-1-3 (128 bits) under a secret drawn from the
+//! OS when the table is built, so a repeat caller costs that hash and a lookup instead of a
+//! SHA-256 and a scan. Neither form holds the key itself; only keys that matched are
+//! remembered, so the memo never outgrows the key list; it belongs to the compiled table:
+//! revoking a key is a new table without it, and with it a new, empty memo.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
+use siphasher::sip128::SipHasher13;
 use subtle::ConstantTimeEq;
 use tollgate_api::policy::ApiKeys;
 
 use super::AuthBuildError;
+use crate::FastMap;
 
 /// The compiled keys of one method.
 #[derive(Clone)]
 pub(crate) struct ApiKeyVerifier {
     keys: Arc<[([u8; 32], Arc<serde_json::Value>)]>,
+    /// Keys that matched before: their keyed hash → index in `keys`.
+    memo: Arc<Memo>,
+}
+
+struct Memo {
+    hasher: SipHasher13,
+    found: RwLock<FastMap<u128, usize>>,
 }
 
 impl std::fmt::Debug for ApiKeyVerifier {
@@ -43,19 +57,59 @@ impl ApiKeyVerifier {
                 Ok((digest, Arc::new(k.identity.clone())))
             })
             .collect::<Result<Vec<_>, AuthBuildError>>()?;
-        Ok(Self { keys: keys.into() })
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| AuthBuildError::Random(e.to_string()))?;
+        Ok(Self {
+            keys: keys.into(),
+            memo: Arc::new(Memo {
+                hasher: SipHasher13::new_with_key(&secret),
+                found: RwLock::new(FastMap::default()),
+            }),
+        })
     }
 
     /// The identity of the key `presented`, if it is one of ours.
     pub fn verify(&self, presented: &str) -> Option<Arc<serde_json::Value>> {
+        let memo_key = self.memo.hasher.hash(presented.as_bytes()).as_u128();
+        let seen = self
+            .memo
+            .found
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&memo_key)
+            .copied();
+        if let Some(i) = seen {
+            return self.keys.get(i).map(|(_, identity)| identity.clone());
+        }
+        let index = self.scan(presented)?;
+        self.memo
+            .found
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(memo_key, index);
+        self.keys.get(index).map(|(_, identity)| identity.clone())
+    }
+
+    /// The index of the key whose digest is the presented key's, compared with every digest.
+    fn scan(&self, presented: &str) -> Option<usize> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
-        for (d, identity) in self.keys.iter() {
+        for (i, (d, _)) in self.keys.iter().enumerate() {
             if bool::from(d.ct_eq(&digest)) && found.is_none() {
-                found = Some(identity);
+                found = Some(i);
             }
         }
-        found.cloned()
+        found
+    }
+
+    /// How many keys are remembered (tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.memo
+            .found
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -109,6 +163,31 @@ mod tests {
         );
         assert_eq!(v.verify("k-carol"), None);
         assert_eq!(v.verify(""), None);
+    }
+
+    #[test]
+    fn only_keys_that_matched_are_remembered_and_a_remembered_key_still_answers() {
+        let v =
+            ApiKeyVerifier::compile(&keys(&[("k-alice", "alice"), ("k-bob", "bob")]), "m").unwrap();
+        for _ in 0..3 {
+            assert_eq!(v.verify("k-carol"), None);
+            assert_eq!(
+                *v.verify("k-alice").unwrap(),
+                json!({"metadata": {"name": "alice"}})
+            );
+        }
+        assert_eq!(v.remembered(), 1);
+        assert_eq!(
+            *v.verify("k-bob").unwrap(),
+            json!({"metadata": {"name": "bob"}})
+        );
+        assert_eq!(v.remembered(), 2);
+        // A near miss of a remembered key is not it.
+        assert_eq!(v.verify("k-alicf"), None);
+        assert_eq!(v.verify("k-alice "), None);
+        // Another table's verifier (the key revoked) remembers nothing of this one.
+        let revoked = ApiKeyVerifier::compile(&keys(&[("k-bob", "bob")]), "m").unwrap();
+        assert_eq!(revoked.verify("k-alice"), None);
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //! - `iss` must equal the issuer; `aud` must contain one of the audiences when any are set.
 //!
 //! A verified token is cached until its `exp`, and at most
-//! [`super::AuthOptions::jwks_max_age`], keyed by a SHA-256 of the verifier's configuration
-//! and the token, so a repeat caller costs a hash and a lookup, and a token verified for one
-//! issuer/audience/key source is never accepted for another.
+//! [`super::AuthOptions::jwks_max_age`], keyed by the verifier's configuration (a SHA-256
+//! fingerprint computed once per table) and the token itself, compared in full: a repeat
+//! caller costs one fast hash of the token, a lookup and a comparison, and a token verified for
+//! one issuer/audience/key source is never accepted for another. Only verified tokens enter
+//! the cache, which is bounded by [`super::AuthOptions::token_cache_capacity`].
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -137,16 +140,19 @@ impl JwtVerifier {
         token: &str,
         shared: &Arc<AuthShared>,
     ) -> Result<Arc<serde_json::Value>, Failure> {
-        let cache_key = self.cache_key(token);
+        let lookup = TokenRef {
+            fingerprint: &self.fingerprint,
+            token,
+        };
         let now = unix_now();
-        if let Some(hit) = shared.tokens.get(&cache_key) {
+        if let Some(hit) = shared.tokens.get(&lookup) {
             if now < hit.exp && Instant::now() < hit.until {
                 shared
                     .metrics
                     .cache_lookup(super::metrics::Cache::Jwt, true);
                 return Ok(hit.claims);
             }
-            shared.tokens.remove(&cache_key);
+            shared.tokens.remove(&lookup);
         }
         shared
             .metrics
@@ -173,7 +179,10 @@ impl JwtVerifier {
                     let claims = Arc::new(data.claims);
                     if let Some(exp) = exp_of(&claims) {
                         shared.tokens.insert(
-                            cache_key,
+                            TokenKey {
+                                fingerprint: self.fingerprint,
+                                token: token.into(),
+                            },
                             CachedToken {
                                 claims: claims.clone(),
                                 exp,
@@ -201,12 +210,48 @@ impl JwtVerifier {
         }
         Err(last)
     }
+}
 
-    fn cache_key(&self, token: &str) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(self.fingerprint);
-        h.update(token.as_bytes());
-        h.finalize().into()
+/// The key of a cached token: the verifier's fingerprint and the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TokenKey {
+    fingerprint: [u8; 32],
+    token: Box<str>,
+}
+
+/// A [`TokenKey`] as a request looks it up, without copying the token.
+#[derive(Debug, Clone, Copy)]
+struct TokenRef<'a> {
+    fingerprint: &'a [u8; 32],
+    token: &'a str,
+}
+
+impl TokenRef<'_> {
+    fn hash_into<H: Hasher>(self, state: &mut H) {
+        state.write(self.fingerprint);
+        state.write(self.token.as_bytes());
+    }
+}
+
+impl Hash for TokenKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        TokenRef {
+            fingerprint: &self.fingerprint,
+            token: &self.token,
+        }
+        .hash_into(state);
+    }
+}
+
+impl Hash for TokenRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.hash_into(state);
+    }
+}
+
+impl quick_cache::Equivalent<TokenKey> for TokenRef<'_> {
+    fn equivalent(&self, key: &TokenKey) -> bool {
+        *self.fingerprint == key.fingerprint && self.token == &*key.token
     }
 }
 

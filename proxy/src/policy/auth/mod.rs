@@ -90,6 +90,9 @@ pub enum AuthBuildError {
         /// Position in the key list.
         index: usize,
     },
+    /// The OS gave no randomness for a table's secrets.
+    #[error("no randomness from the OS: {0}")]
+    Random(String),
     /// Inline JWKS unusable, or no key source.
     #[error("authentication.{method}: JWKS: {message}")]
     Jwks {

@@ -64,7 +64,7 @@ pub(crate) struct AuthShared {
     pub(super) http: HttpClient,
     /// Key sets by URI; weak so a URI no table names any more is dropped with its last table.
     jwks: Mutex<HashMap<String, Weak<RemoteJwks>>>,
-    pub(super) tokens: quick_cache::sync::Cache<[u8; 32], CachedToken>,
+    pub(super) tokens: quick_cache::sync::Cache<super::jwt::TokenKey, CachedToken>,
     pub(super) introspections: quick_cache::sync::Cache<[u8; 32], CachedAnswer>,
 }
 

@@ -32,7 +32,6 @@
 //! unlimited) and pending hits wait, at most [`MAX_SEGMENTS`] per counter, until it is back.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -110,7 +109,7 @@ type Shard = HashMap<String, Arc<Entry>>;
 pub(crate) struct CachedStore {
     backend: Arc<RedisBackend>,
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: super::KeyHasher,
     flush_interval: Duration,
     clock: Arc<dyn Clock>,
     /// Set once the background flusher runs (started by the first decision, which is the
@@ -129,7 +128,7 @@ impl CachedStore {
         Arc::new_cyclic(|this| Self {
             backend,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            hasher: super::KeyHasher::new(),
             flush_interval,
             clock,
             flusher: AtomicBool::new(false),
@@ -151,7 +150,7 @@ impl CachedStore {
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        let i = (self.hasher.hash(key) as usize) & (SHARDS - 1);
         self.shards[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

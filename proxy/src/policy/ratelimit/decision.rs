@@ -4,7 +4,15 @@
 //! `X-RateLimit-Remaining`, `X-RateLimit-Reset` and, on a denial, `Retry-After`, all in whole
 //! seconds rounded up (a client that waits the advertised time is never refused for waiting
 //! too little).
+//!
+//! Formatting the numbers is per request, so it is kept cheap: values below [`SMALL`] (most
+//! reset times, the numbers of small limits) are clones of values printed once, which
+//! allocates nothing; a larger limit is kept per thread once printed (it is the same number
+//! request after request); any other number is one allocation of its digits.
 
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -57,30 +65,114 @@ impl Decision {
         }
     }
 
-    /// The response headers: name and value, `Retry-After` only on a denial.
+    /// The response headers: name and value, `Retry-After` only on a denial (as
+    /// [`Self::insert_headers`] sets them).
     pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut out = Vec::with_capacity(4);
-        out.push((X_RATELIMIT_LIMIT.clone(), HeaderValue::from(self.limit)));
-        out.push((
-            X_RATELIMIT_REMAINING.clone(),
-            HeaderValue::from(self.remaining),
-        ));
+        out.push((X_RATELIMIT_LIMIT.clone(), limit_number(self.limit)));
+        out.push((X_RATELIMIT_REMAINING.clone(), number(self.remaining)));
         out.push((
             X_RATELIMIT_RESET.clone(),
-            HeaderValue::from(ceil_secs(self.reset_after)),
+            number(ceil_secs(self.reset_after)),
         ));
         if let Some(retry) = self.retry_after.filter(|_| !self.allowed) {
-            out.push((RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1))));
+            out.push((RETRY_AFTER, number(ceil_secs(retry).max(1))));
         }
         out
     }
 
-    /// Sets [`Self::headers`] on `headers`, replacing values of the same names.
+    /// Sets [`Self::headers`] on `headers`, replacing values of the same names (without
+    /// building the list: this runs on every admitted request of a limited route).
     pub fn insert_headers(&self, headers: &mut HeaderMap) {
-        for (name, value) in self.headers() {
-            headers.insert(name, value);
+        let retry = self.retry_after.filter(|_| !self.allowed);
+        headers.reserve(3 + usize::from(retry.is_some()));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), limit_number(self.limit));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(self.remaining));
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            number(ceil_secs(self.reset_after)),
+        );
+        if let Some(retry) = retry {
+            headers.insert(RETRY_AFTER, number(ceil_secs(retry).max(1)));
         }
     }
+}
+
+/// Numbers below this are printed once, at first use.
+const SMALL: u64 = 4096;
+
+/// `0` to `SMALL - 1`, as header values over one static string (cloning one copies a pointer).
+static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
+    let mut digits = String::new();
+    let mut ends = Vec::with_capacity(SMALL as usize);
+    for n in 0..SMALL {
+        let _ = write!(digits, "{n}");
+        ends.push(digits.len());
+    }
+    // Printed once per process and kept for its lifetime.
+    let digits: &'static str = Box::leak(digits.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let v = HeaderValue::from_static(&digits[start..end]);
+            start = end;
+            v
+        })
+        .collect()
+});
+
+/// `n` as a header value: a clone from [`SMALL_VALUES`], else one allocation of exactly the
+/// digits (`HeaderValue::from(u64)` makes two).
+fn number(n: u64) -> HeaderValue {
+    if let Some(v) = usize::try_from(n).ok().and_then(|i| SMALL_VALUES.get(i)) {
+        return v.clone();
+    }
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut rest = n;
+    // Two digits at a time.
+    while rest >= 100 {
+        let pair = 2 * (rest % 100) as usize;
+        rest /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if rest >= 10 {
+        let pair = 2 * rest as usize;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + rest as u8;
+    }
+    HeaderValue::from_bytes(&buf[i..]).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
+thread_local! {
+    /// The last limit above [`SMALL`] printed on this thread, and its value.
+    static LAST_LIMIT: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// [`number`] for `X-RateLimit-Limit`: the same few numbers request after request, so the
+/// last one printed is kept (a clone shares its bytes).
+fn limit_number(n: u64) -> HeaderValue {
+    if n < SMALL {
+        return number(n);
+    }
+    LAST_LIMIT.with_borrow_mut(|last| match last {
+        Some((m, v)) if *m == n => v.clone(),
+        _ => {
+            let v = number(n);
+            *last = Some((n, v.clone()));
+            v
+        }
+    })
 }
 
 /// Whole seconds, rounded up.
@@ -126,6 +218,29 @@ mod tests {
             .into_iter()
             .collect();
         assert_eq!(h["retry-after"], "2");
+    }
+
+    #[test]
+    fn numbers_print_the_same_small_or_large() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            3_600,
+            SMALL - 1,
+            SMALL,
+            1_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(number(n), n.to_string(), "{n}");
+            assert_eq!(limit_number(n), n.to_string(), "{n}");
+            assert_eq!(limit_number(n), n.to_string(), "{n} again");
+        }
+        for n in (0..100_000).chain([SMALL * 100, 10_000_000_000, 12_300_450_007_890]) {
+            assert_eq!(number(n), n.to_string(), "{n}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tollgate_api::policy::RateLimit;
 
 use super::algo::{MAX_EXACT, Spec};
+use super::metrics::DecisionCache;
 use crate::policy::cel::{Activation, CelError, Expr};
 
 /// Why a limit could not be compiled.
@@ -53,11 +54,15 @@ pub enum LimitError {
 #[derive(Debug, Clone)]
 pub struct CompiledLimit {
     id: Arc<str>,
+    /// The id as it starts every key (escaped).
+    key_prefix: Arc<str>,
     /// `namespace/policy`: the metrics label.
     policy: Arc<str>,
     specs: Arc<[Spec]>,
     counters: Vec<Expr>,
     when: Vec<Expr>,
+    /// This limit's decision counters.
+    metrics: DecisionCache,
 }
 
 impl CompiledLimit {
@@ -84,8 +89,11 @@ impl CompiledLimit {
                 })
             })
             .collect::<Result<Arc<[Spec]>, _>>()?;
+        let mut key_prefix = String::with_capacity(id.len());
+        escape_into(&mut key_prefix, id);
         Ok(Self {
             id: id.into(),
+            key_prefix: key_prefix.into(),
             policy: policy_of(id).into(),
             specs,
             counters: limit
@@ -94,6 +102,7 @@ impl CompiledLimit {
                 .map(compile)
                 .collect::<Result<_, _>>()?,
             when: limit.when.iter().map(compile).collect::<Result<_, _>>()?,
+            metrics: DecisionCache::default(),
         })
     }
 
@@ -115,6 +124,10 @@ impl CompiledLimit {
         &self.specs
     }
 
+    pub(crate) fn metrics_cache(&self) -> &DecisionCache {
+        &self.metrics
+    }
+
     /// True when every `when` predicate holds (an expression that fails is false: the limit
     /// then does not apply, as for any unmet condition).
     pub fn applies(&self, act: &Activation<'_>) -> bool {
@@ -125,9 +138,17 @@ impl CompiledLimit {
     /// counter expression that fails to evaluate selects the "missing" counter, it never
     /// exempts the request.
     pub fn key(&self, act: &Activation<'_>) -> String {
-        let values: Vec<Option<String>> =
-            self.counters.iter().map(|e| e.eval_string(act)).collect();
-        encode_key(&self.id, &values)
+        let mut key = String::with_capacity(self.key_prefix.len() + 24 * self.counters.len());
+        self.key_into(act, &mut key);
+        key
+    }
+
+    /// [`Self::key`] appended to `key` (to reuse one buffer).
+    pub fn key_into(&self, act: &Activation<'_>, key: &mut String) {
+        key.push_str(&self.key_prefix);
+        for e in &self.counters {
+            e.eval_str_with(act, |v| push_value(key, v));
+        }
     }
 
     /// Its CEL expressions (`when`, then `counters`).
@@ -144,24 +165,35 @@ fn policy_of(id: &str) -> &str {
     }
 }
 
-/// The key of `id` and the counter values (`None` = did not evaluate).
+/// The key of `id` and the counter values (`None` = did not evaluate), as
+/// [`CompiledLimit::key`] builds it.
+#[cfg(test)]
 pub(crate) fn encode_key(id: &str, values: &[Option<String>]) -> String {
     let len = id.len() + values.iter().flatten().map(|v| v.len() + 2).sum::<usize>();
     let mut key = String::with_capacity(len + 2 * values.len());
     escape_into(&mut key, id);
     for v in values {
-        match v {
-            Some(v) => {
-                key.push_str("|=");
-                escape_into(&mut key, v);
-            }
-            None => key.push_str("|!"),
-        }
+        push_value(&mut key, v.as_deref());
     }
     key
 }
 
+/// One counter value of a key: `|=` and the value escaped, or `|!` when it did not evaluate.
+fn push_value(key: &mut String, v: Option<&str>) {
+    match v {
+        Some(v) => {
+            key.push_str("|=");
+            escape_into(key, v);
+        }
+        None => key.push_str("|!"),
+    }
+}
+
 fn escape_into(out: &mut String, s: &str) {
+    if !s.bytes().any(|b| b == b'\\' || b == b'|') {
+        out.push_str(s);
+        return;
+    }
     for ch in s.chars() {
         if ch == '\\' || ch == '|' {
             out.push('\\');
@@ -217,6 +249,26 @@ mod tests {
         assert_eq!(l.policy(), "shop/per-user");
         let key = with_act(&[("x-user", "alice")], |a| l.key(a));
         assert_eq!(key, "shop/per-user/api|=alice|=10.0.0.7");
+    }
+
+    #[test]
+    fn key_is_encode_key_of_the_evaluated_values() {
+        let l = CompiledLimit::new(&limit(
+            &[
+                "request.headers['x-user']",
+                "source.port",
+                "request.headers['missing']",
+                "size(request.headers)",
+                "request.method == 'GET'",
+            ],
+            &[],
+        ))
+        .unwrap();
+        with_act(&[("x-user", "a|=b\\c")], |a| {
+            let values: Vec<Option<String>> = l.expressions().map(|e| e.eval_string(a)).collect();
+            assert_eq!(l.key(a), encode_key(l.id(), &values));
+            assert_eq!(l.key(a), "shop/per-user/api|=a\\|=b\\\\c|=4000|!|=1|=true");
+        });
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! in [`SHARDS`] shards, each behind its own mutex, chosen by a hash of the key; a decision
 //! holds one shard's lock for one hash lookup and a few integer operations, and never across
 //! an `.await`, so replicas of the same key serialise (which is what makes the count exact)
-//! while different keys rarely contend.
+//! while different keys rarely contend. The key is hashed once per decision (SipHash with a
+//! random key, so clients cannot aim collisions at one slot): some bits pick the shard, the
+//! shard's map uses the same hash as it is.
 //!
 //! Memory stays bounded by the keys in use: each entry carries the time from which it is as
 //! good as fresh ([`super::algo::idle_ttl`]), and a shard drops such entries whenever it has
 //! doubled in size since its last sweep or a sweep is [`SWEEP_EVERY_MS`] old. An expired
 //! entry that is looked up again before a sweep is simply started afresh.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::algo::{self, RateState, Spec};
@@ -33,9 +36,97 @@ struct Entry {
     expires_at: i64,
 }
 
+/// A key and its hash.
+#[derive(Debug)]
+struct Key {
+    hash: u64,
+    key: Box<str>,
+}
+
+/// A key as a map looks it up: [`Key`], or a hash and a borrowed key.
+trait Lookup {
+    fn hash_value(&self) -> u64;
+    fn key(&self) -> &str;
+}
+
+impl Lookup for Key {
+    fn hash_value(&self) -> u64 {
+        self.hash
+    }
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Lookup for (u64, &str) {
+    fn hash_value(&self) -> u64 {
+        self.0
+    }
+
+    fn key(&self) -> &str {
+        self.1
+    }
+}
+
+impl<'a> Borrow<dyn Lookup + 'a> for Key {
+    fn borrow(&self) -> &(dyn Lookup + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Lookup + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash_value());
+    }
+}
+
+impl PartialEq for dyn Lookup + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash_value() == other.hash_value() && self.key() == other.key()
+    }
+}
+
+impl Eq for dyn Lookup + '_ {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        (self as &dyn Lookup) == (other as &dyn Lookup)
+    }
+}
+
+impl Eq for Key {}
+
+/// The hasher of a shard's map: the key's hash, as computed already.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (see `Hash for dyn Lookup`); fold anything else in.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<String, Entry>,
+    map: HashMap<Key, Entry, BuildHasherDefault<Prehashed>>,
     sweep_at_len: usize,
     last_sweep: i64,
 }
@@ -60,7 +151,7 @@ impl Shard {
 #[derive(Debug)]
 pub(crate) struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: super::KeyHasher,
 }
 
 impl Default for MemoryStore {
@@ -73,13 +164,14 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::new(),
+            hasher: super::KeyHasher::new(),
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        // The length is a power of two; the low bits of the hash pick the shard.
-        let i = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        // The length is a power of two. Bits 32 and up pick the shard: the map inside uses
+        // the low bits (slot) and the top seven (tag) of the same hash.
+        let i = ((hash >> 32) as usize) & (SHARDS - 1);
         // A panic while holding the lock cannot leave a counter half-written in a way that
         // matters (a few integers), so a poisoned shard is used as it is.
         self.shards[i]
@@ -89,9 +181,10 @@ impl MemoryStore {
 
     /// Decides one request on the counter `key`.
     pub fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
-        let mut shard = self.shard(key);
+        let hash = self.hasher.hash(key);
+        let mut shard = self.shard(hash);
         shard.sweep_if_due(now);
-        match shard.map.get_mut(key) {
+        match shard.map.get_mut(&(hash, key) as &dyn Lookup) {
             Some(entry) => {
                 // Other rates (the limit was reconfigured), or idle long enough to be
                 // fresh: start over.
@@ -103,7 +196,13 @@ impl MemoryStore {
             None => {
                 let mut entry = fresh_entry(specs, now);
                 let d = decide(&mut entry, now);
-                shard.map.insert(key.to_owned(), entry);
+                shard.map.insert(
+                    Key {
+                        hash,
+                        key: key.into(),
+                    },
+                    entry,
+                );
                 d
             }
         }
@@ -161,6 +260,28 @@ mod tests {
         assert_eq!(admitted("a"), 2);
         assert_eq!(admitted("b"), 2);
         assert_eq!(admitted("a"), 0);
+    }
+
+    #[test]
+    fn keys_with_the_same_hash_are_told_apart() {
+        let m = MemoryStore::new();
+        let s = specs(Algorithm::FixedWindow, 1, 1_000);
+        let mut shard = m.shard(7);
+        for key in ["a", "b"] {
+            let mut e = fresh_entry(&s, 0);
+            decide(&mut e, 0);
+            shard.map.insert(
+                Key {
+                    hash: 7,
+                    key: key.into(),
+                },
+                e,
+            );
+        }
+        assert_eq!(shard.map.len(), 2);
+        assert!(shard.map.get_mut(&(7_u64, "a") as &dyn Lookup).is_some());
+        assert!(shard.map.get_mut(&(7_u64, "c") as &dyn Lookup).is_none());
+        assert!(shard.map.get_mut(&(8_u64, "a") as &dyn Lookup).is_none());
     }
 
     #[test]

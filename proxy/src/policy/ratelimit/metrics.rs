@@ -11,7 +11,8 @@
 //! - `tollgate_ratelimit_redis_fallback`: 1 while decisions are made with local counters
 //!   because Redis is unreachable or slow, else 0.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -26,6 +27,13 @@ use prometheus_client::registry::Registry;
 struct DecisionLabels {
     policy: Arc<str>,
     outcome: &'static str,
+}
+
+/// One policy's decision counters, each looked up on its first use (kept by a compiled limit).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DecisionCache {
+    allowed: OnceLock<(u64, Counter)>,
+    limited: OnceLock<(u64, Counter)>,
 }
 
 /// Labels of `ratelimit_redis_errors_total`.
@@ -58,6 +66,8 @@ impl RedisErrorKind {
 /// The rate limiter's metric handles. Cloning shares them.
 #[derive(Clone, Debug)]
 pub struct RateLimitMetrics {
+    /// Tells instances apart (for [`DecisionCache`]).
+    id: u64,
     decisions: Family<DecisionLabels, Counter>,
     redis_duration: Histogram,
     redis_errors: Family<ErrorLabels, Counter>,
@@ -73,7 +83,9 @@ impl Default for RateLimitMetrics {
 impl RateLimitMetrics {
     /// Fresh, unregistered handles.
     pub fn new() -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             decisions: Family::default(),
             // 0.1 ms .. ~0.8 s: a healthy call is well under a millisecond on a LAN, and the
             // call timeout caps it anyway.
@@ -118,6 +130,29 @@ impl RateLimitMetrics {
             .inc();
     }
 
+    /// [`Self::decision`] through the counters `cache` kept from an earlier call: a
+    /// decision then costs one atomic increment, not a label lookup. A cache filled by
+    /// another instance is not used.
+    pub(crate) fn decision_cached(&self, cache: &DecisionCache, policy: &Arc<str>, allowed: bool) {
+        let slot = if allowed {
+            &cache.allowed
+        } else {
+            &cache.limited
+        };
+        let (id, counter) = slot.get_or_init(|| {
+            let labels = DecisionLabels {
+                policy: policy.clone(),
+                outcome: if allowed { "allowed" } else { "limited" },
+            };
+            (self.id, self.decisions.get_or_create(&labels).clone())
+        });
+        if *id == self.id {
+            counter.inc();
+        } else {
+            self.decision(policy, allowed);
+        }
+    }
+
     pub(crate) fn redis_latency(&self, d: Duration) {
         self.redis_duration.observe(d.as_secs_f64());
     }
@@ -154,6 +189,21 @@ impl RateLimitMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_counters_count_in_their_own_instance_only() {
+        let (a, b) = (RateLimitMetrics::new(), RateLimitMetrics::new());
+        let policy: Arc<str> = "shop/per-user".into();
+        let cache = DecisionCache::default();
+        a.decision_cached(&cache, &policy, true);
+        a.decision_cached(&cache, &policy, true);
+        b.decision_cached(&cache, &policy, true);
+        a.decision_cached(&cache, &policy, false);
+        assert_eq!(a.decisions("shop/per-user", true), 2);
+        assert_eq!(a.decisions("shop/per-user", false), 1);
+        assert_eq!(b.decisions("shop/per-user", true), 1);
+        assert_eq!(b.decisions("shop/per-user", false), 0);
+    }
 
     #[test]
     fn registers_and_encodes_under_the_tollgate_prefix() {

@@ -4,9 +4,9 @@
 //! In: a table's [`tollgate_api::policy::RateLimit`]s, compiled once into
 //! [`CompiledLimit`]s; per request, the request's CEL [`Activation`](crate::policy::cel::Activation)
 //! (to decide whether a limit [applies](CompiledLimit::applies) and which counter it
-//! [falls in](CompiledLimit::key)). Out: a [`Decision`] per applicable limit (admitted or not,
-//! with the numbers for the `X-RateLimit-*` and `Retry-After` headers), and
-//! [metrics](RateLimitMetrics).
+//! [falls in](CompiledLimit::key); [`RateLimiter::check_applicable`] does both). Out: a
+//! [`Decision`] per applicable limit (admitted or not, with the numbers for the
+//! `X-RateLimit-*` and `Retry-After` headers), and [metrics](RateLimitMetrics).
 //!
 //! ```no_run
 //! # async fn per_request(
@@ -21,15 +21,8 @@
 //! limiter.metrics().register(&mut registry);
 //! // Once per table:
 //! let limits = table_limits.iter().map(CompiledLimit::new).collect::<Result<Vec<_>, _>>()?;
-//! // Per request, after authentication (keys are computed before any await, so the
-//! // activation is never held across one):
-//! let checks: Vec<(&CompiledLimit, String)> = limits
-//!     .iter()
-//!     .filter(|l| l.applies(act))
-//!     .map(|l| (l, l.key(act)))
-//!     .collect();
-//! let checks: Vec<(&CompiledLimit, &str)> = checks.iter().map(|(l, k)| (*l, k.as_str())).collect();
-//! if let Some(decision) = limiter.check_all(&checks).await {
+//! // Per request, after authentication: the limits that apply, each on its counter.
+//! if let Some(decision) = limiter.check_applicable(&limits, act).await {
 //!     if !decision.allowed {
 //!         // answer 429 with decision.headers()
 //!     }
@@ -69,6 +62,8 @@ pub use redis::{KEY_PREFIX, RedisOptions};
 use cached::CachedStore;
 use memory::MemoryStore;
 use redis::{Op, RedisBackend};
+
+use crate::policy::cel::Activation;
 
 /// Why a rate limiter could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -286,7 +281,7 @@ impl RateLimiter {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let specs = limit.specs();
         let decision = match &self.inner.store {
-            Store::Memory(memory) => memory.check(specs, key, now),
+            Store::Memory(memory) => return self.check_memory(memory, limit, key, now_ms),
             Store::Redis { backend, fallback } => {
                 match backend.call(key, specs, now, Op::Check).await {
                     Some(reply) => algo::decision(specs, &reply.states, now, reply.allowed),
@@ -295,23 +290,83 @@ impl RateLimiter {
             }
             Store::Cached(cached) => cached.check(specs, key, now).await,
         };
-        self.inner
-            .metrics
-            .decision(limit.policy_label(), decision.allowed);
+        self.record(limit, decision);
         decision
+    }
+
+    /// [`Self::check_at`] on in-memory counters: nothing to await.
+    fn check_memory(
+        &self,
+        memory: &MemoryStore,
+        limit: &CompiledLimit,
+        key: &str,
+        now_ms: u64,
+    ) -> Decision {
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        let decision = memory.check(limit.specs(), key, now);
+        self.record(limit, decision);
+        decision
+    }
+
+    fn record(&self, limit: &CompiledLimit, decision: Decision) {
+        self.inner.metrics.decision_cached(
+            limit.metrics_cache(),
+            limit.policy_label(),
+            decision.allowed,
+        );
     }
 
     /// Decides one request against every applicable limit, in order, stopping at the first
     /// refusal; `None` when `checks` is empty. Limits checked before a refusing one have
     /// counted the request (each limit is atomic on its own, not the set).
-    pub async fn check_all(&self, checks: &[(&CompiledLimit, &str)]) -> Option<Decision> {
+    pub async fn check_all<K: AsRef<str>>(
+        &self,
+        checks: &[(&CompiledLimit, K)],
+    ) -> Option<Decision> {
         let mut out: Option<Decision> = None;
         for (limit, key) in checks {
-            let d = self.check(limit, key).await;
+            let d = self.check(limit, key.as_ref()).await;
             out = Some(match out {
                 Some(prev) => prev.merge(d),
                 None => d,
             });
+            if !d.allowed {
+                break;
+            }
+        }
+        out
+    }
+
+    /// [`Self::check_all`] on those of `limits` that [apply](CompiledLimit::applies) to the
+    /// request of `act`, each on its [key](CompiledLimit::key): what the policy phase calls.
+    /// A limit after a refusal is not evaluated. With in-memory storage nothing awaits and
+    /// keys are built in a buffer the thread reuses; otherwise in one buffer per call.
+    pub async fn check_applicable(
+        &self,
+        limits: &[CompiledLimit],
+        act: &Activation<'_>,
+    ) -> Option<Decision> {
+        if let Store::Memory(memory) = &self.inner.store {
+            return KEY_BUFFER.with_borrow_mut(|key| {
+                let out = fold_decisions(limits, act, key, |limit, key| {
+                    self.check_memory(memory, limit, key, self.inner.clock.now_ms())
+                });
+                if key.capacity() > MAX_KEPT_KEY_BUFFER {
+                    *key = String::new();
+                }
+                out
+            });
+        }
+        let mut key = String::with_capacity(64);
+        let mut out: Option<Decision> = None;
+        for limit in limits {
+            if !limit.applies(act) {
+                continue;
+            }
+            key.clear();
+            limit.key_into(act, &mut key);
+            let d = self.check(limit, &key).await;
+            out = Some(out.map_or(d, |prev| prev.merge(d)));
             if !d.allowed {
                 break;
             }
@@ -335,6 +390,58 @@ impl RateLimiter {
             Store::Cached(cached) => cached.backend().is_down(),
         }
     }
+}
+
+/// The hash of counter keys: SipHash-1-3 (keys come from clients, so collisions must not be
+/// aimable) under keys drawn from std's per-process random state, over the key's bytes in one
+/// call (std's `Hash for str` feeds SipHash twice, which cost more than the rest of a
+/// decision's lookup).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyHasher(siphasher::sip::SipHasher13);
+
+impl KeyHasher {
+    pub fn new() -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        let k0 = RandomState::new().hash_one(0x746f_6c6c_u64);
+        let k1 = RandomState::new().hash_one(0x6761_7465_u64);
+        Self(siphasher::sip::SipHasher13::new_with_keys(k0, k1))
+    }
+
+    pub fn hash(&self, key: &str) -> u64 {
+        self.0.hash(key.as_bytes())
+    }
+}
+
+thread_local! {
+    /// The key buffer of in-memory decisions (never held across an `.await`).
+    static KEY_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// A key buffer that grew past this (a very long counter value) is not kept.
+const MAX_KEPT_KEY_BUFFER: usize = 4096;
+
+/// The synchronous loop of [`RateLimiter::check_applicable`]: `decide` on each applicable
+/// limit's key until one refuses, the decisions merged.
+fn fold_decisions(
+    limits: &[CompiledLimit],
+    act: &Activation<'_>,
+    key: &mut String,
+    mut decide: impl FnMut(&CompiledLimit, &str) -> Decision,
+) -> Option<Decision> {
+    let mut out: Option<Decision> = None;
+    for limit in limits {
+        if !limit.applies(act) {
+            continue;
+        }
+        key.clear();
+        limit.key_into(act, key);
+        let d = decide(limit, key);
+        out = Some(out.map_or(d, |prev| prev.merge(d)));
+        if !d.allowed {
+            break;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

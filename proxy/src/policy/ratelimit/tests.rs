@@ -134,7 +134,7 @@ async fn check_all_stops_at_the_first_refusal_and_reports_the_most_restrictive()
     // one stops before the second.
     let d = rl.check(&wide, "w").await;
     assert_eq!(d.remaining, 100 - 4);
-    assert_eq!(rl.check_all(&[]).await, None);
+    assert_eq!(rl.check_all::<&str>(&[]).await, None);
 }
 
 #[test]

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Instructions per request (user space, valgrind callgrind) of tollgate-proxy for the variants of
+# the policy benchmark (gen-policies.py: bare, rl, apikey, jwt): a figure that does not move with
+# the machine's load, to see what the policy phase costs and where. Each proxy runs under
+# callgrind with instrumentation off, gets a warm-up, then exactly N keep-alive requests
+# (oha -n N -c 10) with instrumentation on. Traffic stays on 127.0.0.1.
+# Needs valgrind, nginx and oha (e2e/bench/run.sh installs oha). Writes callgrind.out.<variant>
+# files to OUT (kept): `callgrind_annotate --inclusive=yes OUT/callgrind.out.rl` for the breakdown.
+# Usage: e2e/bench/callgrind-policies.sh [N (default 5000)] [OUT (default a temp dir)]
+#        env: VARIANTS ("bare rl apikey jwt"), BUILD=0 to use the binaries already built
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bench=$PWD/e2e/bench
+n=${1:-5000}
+out=${2:-$(mktemp -d /tmp/tollgate-callgrind-policies.XXXXXX)}
+mkdir -p "$out"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tollgate/target}"
+bin=$CARGO_TARGET_DIR/release
+oha=$HOME/.cache/tollgate/cargo-bin/bin/oha
+command -v nginx >/dev/null || PATH=$PATH:/usr/sbin
+command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+[ -x "$oha" ] || { echo "oha missing: run e2e/bench/run.sh once" >&2; exit 1; }
+[ "${BUILD:-1}" = 1 ] && cargo build --release -q -p tollgate -p tollgate-proxy
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+cat >"$out/backend.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $out/backend.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
+  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
+  server { listen 127.0.0.1:19080; location / { return 200 "ok\n"; } }
+}
+EOF
+taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
+pids+=($!)
+python3 "$bench/gen-policies.py" "$out/v" >/dev/null
+
+admin=19930
+for v in ${VARIANTS:-bare rl apikey jwt}; do
+  d=$out/v/$v
+  "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
+  IFS=$'\t' read -r -a fields <"$d/request" # port, then the headers every variant sends
+  port=${fields[0]}
+  h=()
+  for x in "${fields[@]:1}"; do h+=(-H "$x"); done
+  taskset -c 0 valgrind --tool=callgrind --instr-atstart=no \
+    --callgrind-out-file="$out/callgrind.out.$v" "$bin/tollgate-proxy" \
+    --table "$d/table/default.bench.json" --admin "127.0.0.1:$admin" --access-log false \
+    --workers 1 >"$out/$v.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  admin=$((admin + 1))
+  for _ in $(seq 1 600); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "${h[@]}" "http://127.0.0.1:$port/" || true)" = 200 ] && break
+    sleep 0.1
+  done
+  taskset -c 1 "$oha" --no-tui -n 500 -c 10 "${h[@]}" "http://127.0.0.1:$port/" >/dev/null
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  taskset -c 1 "$oha" --no-tui -n "$n" -c 10 "${h[@]}" "http://127.0.0.1:$port/" >"$out/$v.oha"
+  callgrind_control -i off "$pid" >/dev/null 2>&1
+  kill -INT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ok=$(awk '/\[200\]/ {print $2}' "$out/$v.oha")
+  [ "${ok:-0}" = "$n" ] || { echo "$v: only ${ok:-0} of $n answered 200" >&2; exit 1; }
+  ir=$(awk '/^totals:/ {print $2; exit}' "$out/callgrind.out.$v")
+  printf '%-8s %10s instructions per request\n' "$v" "$(awk -v i="$ir" -v n="$n" 'BEGIN {printf "%.0f", i / n}')"
+done
+echo "callgrind files in $out (callgrind_annotate --inclusive=yes FILE for the breakdown)"

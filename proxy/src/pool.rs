@@ -1,0 +1,453 @@
+//! HTTP/1.1 upstream connections, pooled per endpoint. In: a request already in origin form
+//! (with its Host header) and the endpoint's [`EndpointPool`]. Out: the upstream's response,
+//! whose body hands the connection back to the pool once it has been read to the end.
+//!
+//! Why not hyper-util's pooled client: it checks connections out of one map behind one mutex,
+//! keyed by a SipHashed (scheme, authority), and spawns a task per request to wait until the
+//! connection is idle again. Here each endpoint owns its idle stack (reached through the
+//! endpoint the balancer picked: no key, no hash), the lock is held only for a push or a pop,
+//! and the request's own task puts the connection back when the response body ends.
+//!
+//! Each connection's driver (hyper's `Connection`, with upgrades) runs in its own task for the
+//! connection's lifetime. The stack is LIFO, so a quiet period leaves the surplus at the
+//! bottom, where a sweeper closes what stayed idle through two sweeps (30 to 60 s). A request
+//! that a reused connection refused before writing a byte (the upstream closed it while
+//! idle) is sent again on a fresh connection; a request that may have been written is never
+//! sent twice.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::body::{BoxError, ProxyBody};
+
+/// Idle connections kept per endpoint; more are closed when they come back.
+const MAX_IDLE_PER_ENDPOINT: usize = 256;
+/// How often idle connections are swept; one idle through two sweeps is closed.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a TCP connect to an endpoint may take.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+type Sender = http1::SendRequest<ProxyBody>;
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// The TCP connect failed or timed out.
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    /// The HTTP exchange failed after connecting.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    /// The HTTP/2 (h2c) client failed.
+    #[error(transparent)]
+    H2(#[from] hyper_util::client::legacy::Error),
+}
+
+impl UpstreamError {
+    /// True when no connection could be made (as opposed to one that failed later).
+    pub fn is_connect(&self) -> bool {
+        match self {
+            Self::Connect(_) => true,
+            Self::Http(_) => false,
+            Self::H2(e) => e.is_connect(),
+        }
+    }
+}
+
+struct Idle {
+    tx: Sender,
+    /// Already idle at the last sweep.
+    swept: bool,
+}
+
+/// The idle HTTP/1.1 connections to one endpoint address.
+pub(crate) struct EndpointPool {
+    addr: SocketAddr,
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl std::fmt::Debug for EndpointPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointPool")
+            .field("addr", &self.addr)
+            .field("idle", &self.lock().len())
+            .finish()
+    }
+}
+
+impl EndpointPool {
+    fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {
+        // Nothing panics while the lock is held; a poisoned stack is still a valid stack.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pop(&self) -> Option<Sender> {
+        self.lock().pop().map(|i| i.tx)
+    }
+
+    fn push(&self, tx: Sender) {
+        if tx.is_closed() {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE_PER_ENDPOINT {
+            idle.push(Idle { tx, swept: false });
+        }
+    }
+
+    /// Closes connections idle since the previous sweep (or closed by the peer).
+    fn sweep(&self) {
+        let mut idle = self.lock();
+        idle.retain(|i| !i.swept && !i.tx.is_closed());
+        for i in idle.iter_mut() {
+            i.swept = true;
+        }
+    }
+
+    /// Idle connections now (for tests).
+    #[cfg(test)]
+    fn idle_len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Sends `req` on an idle connection, or a fresh one. `req` must be in origin form and
+    /// carry a Host header.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        while let Some(mut tx) = self.pop() {
+            // Closed while idle (the peer's keep-alive timeout): try the next one.
+            if tx.ready().await.is_err() {
+                continue;
+            }
+            match tx.try_send_request(req).await {
+                Ok(resp) => return Ok(self.finish(tx, resp)),
+                Err(mut e) => match e.take_message() {
+                    // Not written: safe to send on a fresh connection.
+                    Some(unsent) => {
+                        tracing::trace!(error = %e.error(), "reused connection refused the request");
+                        req = unsent;
+                        break;
+                    }
+                    None => return Err(UpstreamError::Http(e.into_error())),
+                },
+            }
+        }
+        let mut tx = self.connect().await?;
+        match tx.try_send_request(req).await {
+            Ok(resp) => Ok(self.finish(tx, resp)),
+            Err(e) => Err(UpstreamError::Http(e.into_error())),
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, UpstreamError> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(UpstreamError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (tx, conn) = http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(tx)
+    }
+
+    /// Wraps the response body so the connection comes back when it ends. A 101 hands the
+    /// connection to the upgrade: it never comes back.
+    fn finish(self: &Arc<Self>, tx: Sender, resp: Response<Incoming>) -> Response<PooledBody> {
+        let back = (resp.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| Back {
+            pool: self.clone(),
+            tx,
+        });
+        resp.map(|body| PooledBody::new(body, back))
+    }
+}
+
+/// A connection to give back.
+struct Back {
+    pool: Arc<EndpointPool>,
+    tx: Sender,
+}
+
+/// An upstream response body; for a pooled HTTP/1.1 connection, returns the connection to its
+/// pool when the body has been read to the end. A body dropped early (client gone, error)
+/// takes its connection with it: hyper closes a connection whose response was not finished.
+pub(crate) struct PooledBody {
+    inner: Incoming,
+    back: Option<Back>,
+}
+
+impl std::fmt::Debug for PooledBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBody")
+            .field("pooled", &self.back.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PooledBody {
+    fn new(inner: Incoming, back: Option<Back>) -> Self {
+        let mut this = Self { inner, back };
+        if this.inner.is_end_stream() {
+            this.release();
+        }
+        this
+    }
+
+    /// A body with no connection to return (HTTP/2).
+    pub fn plain(inner: Incoming) -> Self {
+        Self { inner, back: None }
+    }
+
+    fn release(&mut self) {
+        if let Some(b) = self.back.take() {
+            b.pool.push(b.tx);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.inner.is_end_stream() {
+                    this.release();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                this.release();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.back = None;
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Pools by endpoint address, shared by every snapshot and backend naming the address, so
+/// connections survive table swaps; a pool no endpoint refers to any more is dropped (and its
+/// connections closed).
+#[derive(Debug, Default)]
+pub(crate) struct Pools {
+    inner: Arc<Registry>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    by_addr: Mutex<HashMap<SocketAddr, Weak<EndpointPool>>>,
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+impl Pools {
+    /// The pool of `addr` (at table build time, not per request). Starts the sweeper on first
+    /// use inside a runtime.
+    pub fn pool_for(&self, addr: SocketAddr) -> Arc<EndpointPool> {
+        let pool = {
+            let mut map = self
+                .inner
+                .by_addr
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match map.get(&addr).and_then(Weak::upgrade) {
+                Some(p) => p,
+                None => {
+                    let p = Arc::new(EndpointPool::new(addr));
+                    map.insert(addr, Arc::downgrade(&p));
+                    p
+                }
+            }
+        };
+        self.start_sweeper();
+        pool
+    }
+
+    fn start_sweeper(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.sweeping.load(Ordering::Relaxed)
+            || tokio::runtime::Handle::try_current().is_err()
+            || self.inner.sweeping.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let registry = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                registry.sweep();
+            }
+        });
+    }
+}
+
+impl Registry {
+    fn sweep(&self) {
+        let live: Vec<Arc<EndpointPool>> = {
+            let mut map = self.by_addr.lock().unwrap_or_else(PoisonError::into_inner);
+            map.retain(|_, p| p.strong_count() > 0);
+            map.values().filter_map(Weak::upgrade).collect()
+        };
+        for p in live {
+            p.sweep();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::body::empty;
+
+    /// A backend answering `n` requests per connection, then closing; counts connections.
+    async fn backend(per_conn: usize) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = conns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    for _ in 0..per_conn {
+                        let mut got = Vec::new();
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                    }
+                });
+            }
+        });
+        (addr, conns)
+    }
+
+    fn get() -> Request<ProxyBody> {
+        Request::builder()
+            .uri("/")
+            .header("host", "t")
+            .body(empty())
+            .unwrap()
+    }
+
+    async fn roundtrip(pool: &Arc<EndpointPool>) {
+        let resp = pool.send(get()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+    }
+
+    #[tokio::test]
+    async fn reuses_one_connection_for_sequential_requests() {
+        let (addr, conns) = backend(usize::MAX).await;
+        let pool = Pools::default().pool_for(addr);
+        for _ in 0..5 {
+            roundtrip(&pool).await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_len(), 1);
+    }
+
+    #[tokio::test]
+    async fn connection_closed_by_peer_is_replaced() {
+        let (addr, conns) = backend(1).await;
+        let pool = Pools::default().pool_for(addr);
+        for _ in 0..3 {
+            roundtrip(&pool).await;
+            // Let the driver see the close.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn sweep_closes_connections_idle_through_two_sweeps() {
+        let (addr, _) = backend(usize::MAX).await;
+        let pool = Pools::default().pool_for(addr);
+        roundtrip(&pool).await;
+        pool.sweep();
+        assert_eq!(pool.idle_len(), 1);
+        pool.sweep();
+        assert_eq!(pool.idle_len(), 0);
+    }
+
+    #[tokio::test]
+    async fn same_address_shares_a_pool_until_dropped() {
+        let pools = Pools::default();
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let a = pools.pool_for(addr);
+        assert!(Arc::ptr_eq(&a, &pools.pool_for(addr)));
+        let weak = Arc::downgrade(&a);
+        drop(a);
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[tokio::test]
+    async fn refused_connect_is_a_connect_error() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let pool = Pools::default().pool_for(addr);
+        let err = pool.send(get()).await.unwrap_err();
+        assert!(err.is_connect(), "{err}");
+    }
+}
