@@ -60,7 +60,7 @@ TOLLGATE_BIN="$CARGO_TARGET_DIR/debug/tollgate" e2e/chart-test.sh
 if [[ $(id -u) -eq 0 ]]; then
   step "e2e/cluster.sh up --full (adds kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
   e2e/cluster.sh up --full
-  cargo test -p tollgate-node-agent --locked --test cluster
+  TOLLGATE_REQUIRE_FULL=1 cargo test -p tollgate-node-agent --locked --test cluster
 else
   step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"
 fi

@@ -4,7 +4,8 @@
 //! deleting the Deployment removes the processes and network namespaces.
 //!
 //! Skips (passes with a message) without KUBECONFIG, as non-root, or when no Node
-//! `tollgate-node` exists (a cluster started without `--full`).
+//! `tollgate-node` exists (a cluster started without `--full`), unless
+//! `TOLLGATE_REQUIRE_FULL=1` (e2e/test-all.sh sets it after `up --full`): then a skip fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -19,18 +20,26 @@ use tokio::net::TcpStream;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Why the test cannot run here: a skip, or a failure under `TOLLGATE_REQUIRE_FULL=1`.
+fn skip(why: &str) -> Option<Client> {
+    assert!(
+        std::env::var_os("TOLLGATE_REQUIRE_FULL").is_none_or(|v| v != "1"),
+        "TOLLGATE_REQUIRE_FULL=1 but {why}"
+    );
+    eprintln!("skipping: {why}");
+    None
+}
+
 async fn client_or_skip() -> Option<Client> {
     if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!("skipping: KUBECONFIG is not set (run e2e/cluster.sh up --full)");
-        return None;
+        return skip("KUBECONFIG is not set (run e2e/cluster.sh up --full)");
     }
     let uid = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(str::to_owned))
         .unwrap_or_default();
     if uid.split_whitespace().nth(1) != Some("0") {
-        eprintln!("skipping: the node agent tests need root (network namespaces)");
-        return None;
+        return skip("the node agent tests need root (network namespaces)");
     }
     let client = Client::try_default().await.expect("client");
     if Api::<Node>::all(client.clone())
@@ -39,8 +48,7 @@ async fn client_or_skip() -> Option<Client> {
         .expect("get node")
         .is_none()
     {
-        eprintln!("skipping: no Node tollgate-node (the cluster was started without --full)");
-        return None;
+        return skip("no Node tollgate-node (the cluster was started without --full)");
     }
     Some(client)
 }
