@@ -171,7 +171,9 @@ print(f"Rounds: {rounds}, interleaved (bare, rl, apikey, jwt, cached per round).
       "tollgate-proxy on CPU 0 with one worker; wrk and the backend on CPU 1. Every request is admitted "
       "(the limit is never reached): the figures are the cost of deciding.\n")
 print(f"Load average before: {before}; after: {after} (shared machine: absolute figures are noisy, ratios count).\n")
-print("Reproduce: `ROUNDS=3 e2e/bench/policies.sh`\n")
+print(f"Reproduce: `ROUNDS={rounds} e2e/bench/policies.sh`\n")
+print("Same request to every variant (the API key and bearer token headers included), so the ratios "
+      "are the cost of the policies, not of carrying credentials.\n")
 print("## Goals (issue 5)\n")
 print("| goal | target | measured | result |\n| --- | --- | --- | --- |")
 goals = [("local rate limit: fewer requests per proxy CPU-second than the bare route", "rl", 0.05),
