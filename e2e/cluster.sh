@@ -200,15 +200,16 @@ proc_running() {
   [[ -n $state && $state != Z ]]
 }
 
-# stop_pid PIDFILE NAME: TERM, wait up to 15 s, then KILL.
+# stop_pid PIDFILE NAME [TENTHS [ALIVE]]: TERM, wait up to TENTHS/10 s (default 15 s),
+# then KILL; ALIVE (default pid_alive) tells whether PIDFILE still names NAME.
 stop_pid() {
-  local file=$1 name=$2 pid i
+  local file=$1 name=$2 tenths=${3:-150} alive=${4:-pid_alive} pid i
   [[ -f $file ]] || return 0
   pid=$(<"$file")
-  if pid_alive "$file" "$name"; then
+  if "$alive" "$file" "$name"; then
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 150; i++)); do
+    for ((i = 0; i < tenths; i++)); do
       proc_running "$pid" || break
       sleep 0.1
     done

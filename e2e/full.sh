@@ -45,24 +45,7 @@ pid_alive_exe() {
 
 # stop_exe PIDFILE BASENAME: TERM, wait up to 40 s (the agent stops its pods
 # first), then KILL.
-stop_exe() {
-  local file=$1 name=$2 pid i
-  [[ -f $file ]] || return 0
-  pid=$(<"$file")
-  if pid_alive_exe "$file" "$name"; then
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 400; i++)); do
-      proc_running "$pid" || break
-      sleep 0.1
-    done
-    if proc_running "$pid"; then
-      log "$name did not exit, killing it"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$file"
-}
+stop_exe() { stop_pid "$1" "$2" 400 pid_alive_exe; }
 
 api_get() { # api_get PATH: GET from the API server as admin (quiet)
   curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \

@@ -28,19 +28,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$out/backend.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $out/backend.pid;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
-  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
-  server { listen 127.0.0.1:19080; location / { return 200 "ok\n"; } }
-}
-EOF
+. "$bench/backend.sh"
+backend_conf "$out"
 taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
 pids+=($!)
 python3 "$bench/gen-policies.py" "$out/v" >/dev/null

@@ -24,17 +24,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$out/backend.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $out/backend.pid;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:19080; location / { return 200 "ok\n"; } }
-}
-EOF
+. "$bench/backend.sh"
+backend_conf "$out"
 taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
 pids+=($!)
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \

@@ -74,19 +74,8 @@ wait_200() { # url [header...]
   return 1
 }
 
-cat >"$work/backend.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $work/backend.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
-  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
-  server { listen 127.0.0.1:19080; location / { return 200 "ok\n"; } }
-}
-EOF
+. "$bench/backend.sh"
+backend_conf "$work"
 spawn 1 nginx -e "$work/backend.err" -c "$work/backend.conf"
 wait_200 http://127.0.0.1:19080/
 

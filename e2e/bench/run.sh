@@ -136,25 +136,9 @@ wait_200() { # url host
 
 backend_dir=$work/backend
 mkdir -p "$backend_dir"
-cat >"$backend_dir/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $backend_dir/nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
-  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
-  server {
-    listen 127.0.0.1:19080;
-    listen 127.0.0.1:19081;
-    listen 127.0.0.1:19082;
-    location / { add_header X-Port \$server_port; return 200 "ok\n"; }
-  }
-}
-EOF
-spawn 1 nginx -e "$backend_dir/error.log" -c "$backend_dir/nginx.conf"
+. "$bench/backend.sh"
+backend_conf "$backend_dir" 19080 19081 19082
+spawn 1 nginx -e "$backend_dir/error.log" -c "$backend_dir/backend.conf"
 backend_pid=$last_pid
 wait_200 http://127.0.0.1:19080/ backend
 

@@ -67,6 +67,27 @@ pub struct ContainerRt {
     pub probe_failures: i32,
 }
 
+impl ContainerRt {
+    /// A container not started yet, in `state`, with nothing resolved.
+    pub fn new(spec: Container, state: State) -> Self {
+        Self {
+            spec,
+            argv: Vec::new(),
+            env: Vec::new(),
+            child: None,
+            state,
+            last_termination: None,
+            restarts: 0,
+            ready: false,
+            started_at: None,
+            next_restart: None,
+            next_probe: None,
+            probe_successes: 0,
+            probe_failures: 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct PodRt {
     pub namespace: String,
@@ -146,23 +167,14 @@ impl PodRt {
             containers: spec
                 .containers
                 .iter()
-                .map(|c| ContainerRt {
-                    spec: c.clone(),
-                    argv: Vec::new(),
-                    env: Vec::new(),
-                    child: None,
-                    state: State::Waiting {
-                        reason: "ContainerCreating".into(),
-                        message: String::new(),
-                    },
-                    last_termination: None,
-                    restarts: 0,
-                    ready: false,
-                    started_at: None,
-                    next_restart: None,
-                    next_probe: None,
-                    probe_successes: 0,
-                    probe_failures: 0,
+                .map(|c| {
+                    ContainerRt::new(
+                        c.clone(),
+                        State::Waiting {
+                            reason: "ContainerCreating".into(),
+                            message: String::new(),
+                        },
+                    )
                 })
                 .collect(),
             start_time: now(),

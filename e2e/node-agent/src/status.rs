@@ -160,23 +160,13 @@ mod tests {
     use crate::pod::ContainerRt;
 
     fn container(state: State) -> ContainerRt {
+        let spec = Container {
+            name: "c".into(),
+            ..Default::default()
+        };
         ContainerRt {
-            spec: Container {
-                name: "c".into(),
-                ..Default::default()
-            },
             argv: vec!["/bin/x".into()],
-            env: Vec::new(),
-            child: None,
-            state,
-            last_termination: None,
-            restarts: 0,
-            ready: false,
-            started_at: None,
-            next_restart: None,
-            next_probe: None,
-            probe_successes: 0,
-            probe_failures: 0,
+            ..ContainerRt::new(spec, state)
         }
     }
 

@@ -1,0 +1,29 @@
+# e2e/bench/backend.sh — sourced by the benchmark scripts: the backend every proxy under test
+# forwards to, one nginx worker answering "ok" on loopback.
+# shellcheck shell=bash
+
+# backend_conf DIR [PORT...]: writes DIR/backend.conf (pid in DIR) for an nginx that answers
+# 200 "ok\n" on each 127.0.0.1:PORT (default 19080), with an X-Port header when there are
+# several (so a test can tell which endpoint answered).
+backend_conf() {
+  local dir=$1 port listens="" header=""
+  shift
+  for port in "${@:-19080}"; do listens+="    listen 127.0.0.1:$port;"$'\n'; done
+  [[ $# -gt 1 ]] && header='add_header X-Port $server_port; '
+
+  cat >"$dir/backend.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $dir/backend.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
+  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
+  server {
+${listens}    location / { ${header}return 200 "ok\n"; }
+  }
+}
+CONF
+}
