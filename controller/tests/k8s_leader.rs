@@ -1,6 +1,7 @@
 //! Two `tollgate controller` replicas on the real kube-apiserver: only the Lease holder
 //! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
-//! within 15 s; a clean shutdown hands over at once. Also: EndpointSlice-only changes take
+//! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
+//! next leader takes them over. Also: EndpointSlice-only changes take
 //! the fast way (no status pass), and provisioning is wired in.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -199,4 +200,82 @@ async fn provisioning_creates_the_proxy_and_fills_addresses() {
     })
     .await;
     assert!(gone.is_some(), "Deployment left behind:\n{}", ctl.log());
+}
+
+/// `Programmed` of a Gateway: its status, or `None` before one is written.
+fn programmed(g: &Gateway) -> Option<String> {
+    g.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Programmed")
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_serves_proxies_and_the_next_leader_takes_them_over() {
+    let env = TestEnv::new("pushlead").await;
+    env.gateway("gw", &[("http", k8s_support::free_port())])
+        .await;
+    env.service("echo", 80, "10.4.0.1").await;
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    let push = |port: u16| {
+        (
+            format!("127.0.0.1:{port}"),
+            format!("https://localhost:{port}"),
+        )
+    };
+    let (addr_a, url_a) = push(k8s_support::free_port());
+    let (addr_b, url_b) = push(k8s_support::free_port());
+    let mut a = env.controller("a", &["--push-addr", &addr_a, "--controller-url", &url_a]);
+    a.wait_ready().await;
+    eventually(WAIT, || async {
+        (holder(&env).await? == "a").then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("a never led:\n{}", a.log()));
+    let b = env.controller("b", &["--push-addr", &addr_b, "--controller-url", &url_b]);
+    b.wait_ready().await;
+
+    // A proxy that reaches the follower is turned away (503) and keeps trying: it never
+    // streams, and the leader, which sees no proxy, does not call the Gateway Programmed.
+    let proxy = k8s_support::SubscribedProxy::start(&env, &url_b, "gw").await;
+    let streamed = eventually(Duration::from_secs(3), || async {
+        proxy.subscription.status().connected().then_some(())
+    })
+    .await;
+    assert!(
+        streamed.is_none(),
+        "a follower served a proxy:\n{}",
+        b.log()
+    );
+    assert!(proxy.table().is_empty(), "{}", proxy.table());
+    let g: Gateway = env.get("gw").await;
+    assert_ne!(programmed(&g).as_deref(), Some("True"), "{:?}", g.status);
+    assert!(
+        b.log().contains("turns proxies away"),
+        "the follower never said why:\n{}",
+        b.log()
+    );
+
+    // The leader steps down: b leads, accepts the proxy, which gets the table, and b writes
+    // Programmed=True from it.
+    a.terminate();
+    eventually(WAIT, || async {
+        (holder(&env).await? == "b").then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("b never led:\n{}", b.log()));
+    eventually(WAIT, || async {
+        proxy.table().contains("10.4.0.1").then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the proxy never got b's table:\n{}", b.log()));
+    eventually(WAIT, || async {
+        let g: Gateway = env.get("gw").await;
+        (programmed(&g).as_deref() == Some("True")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("b never programmed the Gateway:\n{}", b.log()));
 }

@@ -206,6 +206,34 @@ async fn clients_without_a_certificate_of_our_ca_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_serve_proxies_turns_them_away_and_they_come_back() {
+    let ca = Ca::generate().unwrap();
+    let server = server(&ca, 0).await;
+    let one = echo("one").await;
+    let v1 = server.publish(&gw(), table(&[one]));
+    let (proxy, sub) = subscriber(&ca, server.local_addr(), &temp_dir("s")).await;
+    wait_sync(&server, |s| s.in_sync == 1).await;
+
+    // Not the leader any more: the open stream ends, new ones get 503.
+    server.set_accepting(false);
+    let s = wait_sync(&server, |s| s.connected == 0).await;
+    assert_eq!(s.in_sync, 0);
+    let good = ca.issue_client(&proxy_identity("default", "gw")).unwrap();
+    let config = || client_config(&good.ca_pem, Some((&good.cert_pem, &good.key_pem)));
+    assert_eq!(try_stream(config(), server.local_addr()).await, Ok(503));
+    // The proxy keeps serving its last table meanwhile.
+    assert_eq!(get(&proxy).await, "one");
+    assert_eq!(proxy.version(), v1);
+
+    // Leading again: the proxy's retries (kept short after a 503) get through.
+    server.set_accepting(true);
+    let s = wait_sync(&server, |s| s.in_sync == 1).await;
+    assert_eq!((s.version, s.connected), (v1, 1));
+    assert!(sub.status().connected());
+    assert_eq!(try_stream(config(), server.local_addr()).await, Ok(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_outlives_the_controller_and_restarts_from_its_state_dir() {
     let ca = Ca::generate().unwrap();
     let server1 = server(&ca, 0).await;

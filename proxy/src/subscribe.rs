@@ -226,6 +226,12 @@ pub async fn run(proxy: Proxy, config: SubscribeConfig, status: Arc<SubscribeSta
         if streamed {
             failures = 0;
         }
+        // A replica that does not serve proxies (503: not the leader): try again soon, the
+        // next connection may reach the one that does.
+        if matches!(&outcome, Err(SubscribeError::Status { status, .. }) if *status == StatusCode::SERVICE_UNAVAILABLE)
+        {
+            failures = failures.min(2);
+        }
         let delay = backoff(&config, failures);
         failures = failures.saturating_add(1);
         match outcome {

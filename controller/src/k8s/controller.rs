@@ -51,6 +51,19 @@ pub async fn run(
     drop(tx);
     let mut elector = Elector::new(client.clone(), cfg.leader.clone(), metrics.clone());
     let mut leading = elector.subscribe();
+    if let Some(push) = cfg.settings.push.clone() {
+        // Only the leader serves proxies: it alone writes `Programmed`, from the proxies it
+        // sees. A replica that loses the lease ends its streams; the proxies reconnect.
+        let mut follow = elector.subscribe();
+        tokio::spawn(async move {
+            loop {
+                push.set_accepting(*follow.borrow_and_update());
+                if follow.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
     let (stop_elector, mut elector_stopped) = tokio::sync::oneshot::channel::<()>();
     let elector_task = tokio::spawn(async move {
         tokio::select! {

@@ -1,8 +1,9 @@
 //! One reconcile: stores → compile → publish → (leader) provision → status → events.
 //!
 //! In: the [`Stores`], what changed ([`Relevance`]), whether this replica leads. Out: tables
-//! published to the push server (every replica, so every replica can serve proxies); status
-//! writes, provisioning and Events (leader only). The compiler's output is kept between
+//! published to the push server (every replica, so a new leader serves proxies at once; only
+//! the leader's push server accepts them, see `controller.rs`); status writes, provisioning
+//! and Events (leader only). The compiler's output is kept between
 //! reconciles, so a status-only change (often the echo of our own write) costs a comparison,
 //! not a compile, and an EndpointSlice-only change skips statuses and provisioning.
 //!

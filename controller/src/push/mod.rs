@@ -128,6 +128,9 @@ pub(crate) struct State {
     gateways: Mutex<HashMap<ObjectKey, GatewayState>>,
     changes: watch::Sender<u64>,
     next_conn: std::sync::atomic::AtomicU64,
+    /// Whether proxies are served ([`PushServer::set_accepting`]); open streams end when it
+    /// turns false.
+    pub(crate) accepting: watch::Sender<bool>,
 }
 
 /// What a new stream gets: its connection number, the frame receiver and its kill switch.
@@ -143,6 +146,7 @@ impl State {
             gateways: Mutex::new(HashMap::new()),
             changes: watch::channel(0).0,
             next_conn: std::sync::atomic::AtomicU64::new(1),
+            accepting: watch::channel(true).0,
         }
     }
 
@@ -293,6 +297,29 @@ impl PushServer {
     /// Open streams keep their connection; new connections use the new material.
     pub fn set_tls(&self, tls: pki::ServerTls) -> Result<(), PushError> {
         self.server.set_tls(&tls)
+    }
+
+    /// Whether proxies are served (the default). A controller that is not the leader sets
+    /// `false`: its status writes are off, so a proxy streaming from it would never count
+    /// towards `Programmed`. Then new streams get 503 and open ones end, and the proxies
+    /// reconnect until they reach the replica that serves (the leader).
+    pub fn set_accepting(&self, accepting: bool) {
+        let changed = self.state.accepting.send_if_modified(|a| {
+            let changed = *a != accepting;
+            *a = accepting;
+            changed
+        });
+        if changed {
+            tracing::info!(
+                accepting,
+                "push server {}",
+                if accepting {
+                    "serves proxies"
+                } else {
+                    "turns proxies away"
+                }
+            );
+        }
     }
 
     /// Stops accepting proxies and ends every open stream. Clones stop too.

@@ -273,6 +273,17 @@ fn handle(
             "client certificate is not for this Gateway\n",
         );
     }
+    if !*state.accepting.borrow() {
+        let mut resp = text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this controller replica does not serve proxies (not the leader); retry\n",
+        );
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return resp;
+    }
     let id = id.unwrap_or_else(|| peer.to_string());
     let reg = state.register(&gateway, id.clone());
     tracing::info!(%gateway, proxy = %id, %peer, "proxy connected");
@@ -330,6 +341,7 @@ async fn session(
         id: id.clone(),
         conn,
     };
+    let mut accepting = state.accepting.subscribe();
     // The current frame is due at once, if there is one.
     let mut pending = frames.borrow_and_update().clone();
     let mut sent = 0u64;
@@ -377,6 +389,10 @@ async fn session(
             }
             () = kill.notified() => return,
             _ = stop.wait_for(|stopped| *stopped) => return,
+            _ = accepting.wait_for(|a| !*a) => {
+                tracing::info!(%gateway, proxy = %id, "ending the stream: this replica no longer serves proxies");
+                return;
+            }
             () = tx.closed() => return,
         }
     }
