@@ -7,11 +7,10 @@
 # the cluster was started without --full) and builds `tollgate` and
 # `tollgate-proxy` (debug) when they are missing from $CARGO_TARGET_DIR.
 #
-# One controller replica by default (TOLLGATE_GW_TEST_REPLICAS): with the
-# chart's two, the proxy's connection through the controller Service lands on
-# either replica, and when it lands on the one that is not the leader the
-# leader sees "0 of 0 in sync" and the Gateway stays Programmed=False (seen in
-# 1 of 5 runs here). Not wired into test-all.sh.
+# The chart's own replica count (two controllers) unless TOLLGATE_GW_TEST_REPLICAS
+# says otherwise: the proxy's connection through the controller Service may land on
+# the follower, which turns it away until it reaches the leader (the only replica
+# that writes Programmed). Run by e2e/test-all.sh after `up --full`.
 set -euo pipefail
 
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,13 +38,13 @@ diagnose() {
 eval "$("$E2E/cluster.sh" env)"
 status=$("$E2E/cluster.sh" status 2>&1 || true)
 if [[ $status != *"node agent pid"* ]]; then
+  [[ ${TOLLGATE_REQUIRE_FULL:-} == 1 ]] && die "TOLLGATE_REQUIRE_FULL=1 but no node agent runs"
   log "skipping: no node agent (start the cluster with e2e/cluster.sh up --full)"
   exit 0
 fi
-if [[ ! -x $TARGET/debug/tollgate || ! -x $TARGET/debug/tollgate-proxy ]]; then
-  log "building tollgate and tollgate-proxy (debug) into $TARGET"
-  (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build -q --locked -p tollgate -p tollgate-proxy)
-fi
+# Always (a no-op when fresh): the pods run these binaries, they must be this checkout's.
+log "building tollgate and tollgate-proxy (debug) into $TARGET"
+(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build -q --locked -p tollgate -p tollgate-proxy)
 
 kc() { kubectl "$@"; }
 # shellcheck disable=SC2317 # called as an EXIT trap
@@ -59,7 +58,9 @@ trap cleanup EXIT
 
 kc create namespace "$NS" >/dev/null
 log "helm install the chart into $NS"
-"$E2E/helm.sh" install "$RELEASE" "$ROOT/charts/tollgate" -n "$NS" --set "controller.replicas=${TOLLGATE_GW_TEST_REPLICAS:-1}" --wait --timeout "${TIMEOUT}s" >/dev/null
+replicas=()
+[[ -n ${TOLLGATE_GW_TEST_REPLICAS:-} ]] && replicas=(--set "controller.replicas=$TOLLGATE_GW_TEST_REPLICAS")
+"$E2E/helm.sh" install "$RELEASE" "$ROOT/charts/tollgate" -n "$NS" "${replicas[@]}" --wait --timeout "${TIMEOUT}s" >/dev/null
 kc -n "$NS" rollout status deploy --timeout "${TIMEOUT}s" >/dev/null
 log "controller pods Ready: $(kc -n "$NS" get pods -o jsonpath='{range .items[*]}{.metadata.name}={.status.podIP} {end}')"
 

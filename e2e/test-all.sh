@@ -61,6 +61,8 @@ if [[ $(id -u) -eq 0 ]]; then
   step "e2e/cluster.sh up --full (adds kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
   e2e/cluster.sh up --full
   TOLLGATE_REQUIRE_FULL=1 cargo test -p tollgate-node-agent --locked --test cluster
+  step "e2e/full-gateway-test.sh (helm install of the chart on the loopback cluster; a Gateway served through its provisioned proxy pod)"
+  TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
 else
   step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"
 fi
