@@ -3,9 +3,12 @@
 # Helm chart runs the controller as pods (images mapped to the cargo-built
 # binaries), a Gateway gets a provisioned tollgate-proxy pod and a LoadBalancer
 # address 127.0.1.N, and a request to that address reaches an echo-basic pod
-# through the proxy. Needs a running `up --full` cluster (it skips, exit 0, when
-# the cluster was started without --full) and builds `tollgate` and
-# `tollgate-proxy` (debug) when they are missing from $CARGO_TARGET_DIR.
+# through the proxy; the Gateway keeps serving across `helm upgrade` and a route
+# added after it is served; `helm uninstall` (after the Gateway is deleted)
+# leaves nothing of the release behind, including the Lease and push CA the
+# controllers created. Needs a running `up --full` cluster (it skips, exit 0,
+# when the cluster was started without --full, fails then under
+# TOLLGATE_REQUIRE_FULL=1) and builds `tollgate` and `tollgate-proxy` (debug).
 #
 # The chart's own replica count (two controllers) unless TOLLGATE_GW_TEST_REPLICAS
 # says otherwise: the proxy's connection through the controller Service may land on
@@ -102,7 +105,7 @@ kind: HTTPRoute
 metadata: {name: echo}
 spec:
   parentRefs: [{name: gw}]
-  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /gw-test}}], backendRefs: [{name: echo, port: 8080}]}]
 YAML
 
 kc -n "$NS" wait --for=condition=Programmed gateway/gw --timeout "${TIMEOUT}s" >/dev/null
@@ -116,4 +119,50 @@ until body=$(curl -fsS --max-time 3 "http://$addr:8080/gw-test" 2>/dev/null) &&
   ((SECONDS < deadline)) || die "no answer from echo-basic through http://$addr:8080/gw-test; last body: ${body:-none}"
   sleep 0.2
 done
-log "PASS: http://$addr:8080/gw-test answered by $(sed -n 's/.*"pod": "\(.*\)".*/\1/p' <<<"$body") through the proxy"
+log "http://$addr:8080/gw-test answered by $(sed -n 's/.*"pod": "\(.*\)".*/\1/p' <<<"$body") through the proxy"
+
+# serve URL PATH: waits until URL answers from echo-basic with PATH in the echoed request.
+serve() {
+  local deadline=$((SECONDS + TIMEOUT)) body=""
+  until body=$(curl -fsS --max-time 3 "$1" 2>/dev/null) && grep -q "\"path\": \"$2\"" <<<"$body"; do
+    ((SECONDS < deadline)) || die "no answer from echo-basic through $1; last body: ${body:-none}"
+    sleep 0.2
+  done
+}
+
+# helm upgrade (new pods for the controller): the Gateway keeps serving, and a route added
+# afterwards is served, so the upgraded controllers took over.
+[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$addr:8080/after-upgrade") == 404 ]] ||
+  die "/after-upgrade answered before its route exists"
+log "helm upgrade (logLevel debug: the controller pods roll)"
+"$E2E/helm.sh" upgrade "$RELEASE" "$ROOT/charts/tollgate" -n "$NS" --reuse-values \
+  --set controller.logLevel=debug --wait --timeout "${TIMEOUT}s" >/dev/null
+kc -n "$NS" rollout status deploy/$RELEASE-tollgate-controller --timeout "${TIMEOUT}s" >/dev/null
+serve "http://$addr:8080/gw-test" /gw-test
+kc -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: after-upgrade}
+spec:
+  parentRefs: [{name: gw}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /after-upgrade}}], backendRefs: [{name: echo, port: 8080}]}]
+YAML
+serve "http://$addr:8080/after-upgrade" /after-upgrade
+log "after helm upgrade: both routes served"
+
+# helm uninstall, after the user's Gateway is gone: nothing of the release is left, neither
+# what helm created nor what the controllers created (Lease, push CA, the Gateway's proxy).
+kc -n "$NS" delete gateway gw --wait --timeout "${TIMEOUT}s" >/dev/null
+"$E2E/helm.sh" uninstall "$RELEASE" -n "$NS" --wait --timeout "${TIMEOUT}s" >/dev/null
+kinds=deployments,replicasets,services,serviceaccounts,secrets,configmaps,leases,roles,rolebindings
+deadline=$((SECONDS + TIMEOUT))
+while :; do
+  left=$(kc -n "$NS" get "$kinds" -o name | grep -v -e '^configmap/kube-root-ca.crt$' \
+    -e '^serviceaccount/default$' -e '^deployment.apps/echo$' -e '^replicaset.apps/echo-' \
+    -e '^service/echo$' || true)
+  left+=$(kc get clusterroles,clusterrolebindings,gatewayclasses -l "app.kubernetes.io/instance=$RELEASE" -o name)
+  [[ -z $left ]] && break
+  ((SECONDS < deadline)) || die "left behind after helm uninstall: $(tr '\n' ' ' <<<"$left")"
+  sleep 0.5
+done
+log "PASS: served through the proxy, across helm upgrade; helm uninstall left nothing behind"

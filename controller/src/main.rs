@@ -351,9 +351,16 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     info!(address = %listener.local_addr()?, "metrics listening (/metrics, /healthz, /readyz)");
     tokio::spawn(metrics::serve(listener, metrics.clone()));
 
+    // In a pod of a Deployment (the chart): what we create in our namespace is owned by it.
+    let owner = match std::env::var("POD_NAME") {
+        Ok(pod) if !pod.is_empty() => {
+            tollgate::k8s::owner::own_deployment(&client, &namespace, &pod).await
+        }
+        _ => None,
+    };
     let (push, pki) = match args.push_addr {
         Some(addr) => {
-            let (push, pki) = start_push(&client, &args, &namespace, addr).await?;
+            let (push, pki) = start_push(&client, &args, &namespace, addr, owner.clone()).await?;
             (Some(push), Some(pki))
         }
         None => (None, None),
@@ -374,7 +381,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             provision,
             pki,
         },
-        leader: leader::LeaderConfig::new(&namespace, &args.lease_name, &id),
+        leader: leader::LeaderConfig {
+            owner,
+            ..leader::LeaderConfig::new(&namespace, &args.lease_name, &id)
+        },
         debounce: Duration::from_millis(args.debounce_ms),
     };
     info!(id = %id, namespace = %namespace, controller_name = %args.controller_name, "controller starting");
@@ -388,12 +398,13 @@ async fn start_push(
     args: &ControllerArgs,
     namespace: &str,
     addr: SocketAddr,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
 ) -> anyhow::Result<(
     tollgate::push::PushServer,
     tollgate::k8s::reconcile::PushPki,
 )> {
     use tollgate::push::{PushServer, pki};
-    let ca = pki::ensure_ca(client, namespace, &args.push_ca_secret)
+    let ca = pki::ensure_ca_owned(client, namespace, &args.push_ca_secret, owner.as_ref())
         .await
         .context("loading the push CA")?;
     let mut dns = args.push_dns_name.clone();
@@ -424,7 +435,7 @@ async fn start_push(
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(3600)).await;
-            match pki::ensure_ca(&client, &ns, &secret).await {
+            match pki::ensure_ca_owned(&client, &ns, &secret, owner.as_ref()).await {
                 Ok(ca) if ca.cert_pem() != p2.current().cert_pem() => {
                     match ca.issue_server(&dns).map(|tls| s2.set_tls(tls)) {
                         Ok(Ok(())) => {

@@ -1,7 +1,8 @@
 //! The push PKI Secrets on the real kube-apiserver of `e2e/cluster.sh`: the CA Secret is
 //! created once, reused, converged on under concurrent starts, and rotated near expiry; the
 //! proxy Secret of a Gateway is issued, left alone while current, and reissued after a
-//! rotation.
+//! rotation; an owner (the controller's Deployment) is set on a new CA Secret and added, once,
+//! to one created without it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -12,7 +13,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
 use tollgate::push::pki::{
-    CA_CERT_KEY, CA_KEY_KEY, CA_PREVIOUS_KEY, Ca, ensure_ca, ensure_proxy_secret, proxy_secret_name,
+    CA_CERT_KEY, CA_KEY_KEY, CA_PREVIOUS_KEY, Ca, ensure_ca, ensure_ca_owned, ensure_proxy_secret,
+    proxy_secret_name,
 };
 
 fn data(s: &Secret, key: &str) -> Option<String> {
@@ -141,5 +143,76 @@ async fn expiring_ca_rotates_and_keeps_the_previous_in_the_bundle() {
     assert_eq!(
         (owners[0].kind.as_str(), owners[0].name.as_str()),
         ("Gateway", "gw")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_secret_gets_its_owner_on_creation_or_later_once() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let env = k8s_support::TestEnv::new("pki-owner").await;
+    // Any object will do as the owner here (no garbage collector runs on this cluster).
+    let owner_of = |cm: &ConfigMap| OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: cm.metadata.name.clone().unwrap(),
+        uid: cm.metadata.uid.clone().unwrap(),
+        controller: None,
+        block_owner_deletion: None,
+    };
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut owners = Vec::new();
+    for name in ["owner-a", "owner-b"] {
+        let cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        owners.push(owner_of(
+            &cms.create(&PostParams::default(), &cm).await.unwrap(),
+        ));
+    }
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
+    let uids = |s: &Secret| -> Vec<String> {
+        s.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.clone())
+            .collect()
+    };
+
+    // Created with its owner.
+    let ca = ensure_ca_owned(&env.client, &env.ns, "owned-ca", Some(&owners[0]))
+        .await
+        .unwrap();
+    assert_eq!(
+        uids(&secrets.get("owned-ca").await.unwrap()),
+        [owners[0].uid.clone()]
+    );
+    // Created without: the owner is added on the next start, once, and the CA stays.
+    ensure_ca(&env.client, &env.ns, "plain-ca").await.unwrap();
+    assert!(uids(&secrets.get("plain-ca").await.unwrap()).is_empty());
+    for _ in 0..2 {
+        let again = ensure_ca_owned(&env.client, &env.ns, "plain-ca", Some(&owners[1]))
+            .await
+            .unwrap();
+        let stored = secrets.get("plain-ca").await.unwrap();
+        assert_eq!(uids(&stored), [owners[1].uid.clone()]);
+        assert_eq!(
+            data(&stored, CA_CERT_KEY).as_deref(),
+            Some(again.cert_pem())
+        );
+    }
+    // Another owner joins the first instead of replacing it.
+    let same = ensure_ca_owned(&env.client, &env.ns, "owned-ca", Some(&owners[1]))
+        .await
+        .unwrap();
+    assert_eq!(same.cert_pem(), ca.cert_pem());
+    assert_eq!(
+        uids(&secrets.get("owned-ca").await.unwrap()),
+        [owners[0].uid.clone(), owners[1].uid.clone()]
     );
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -39,6 +39,9 @@ pub struct LeaderConfig {
     pub renew_period: Duration,
     /// A leader whose renewals have failed this long steps down.
     pub renew_deadline: Duration,
+    /// Owner of the Lease when this replica creates it (our Deployment: uninstalling it
+    /// removes the Lease).
+    pub owner: Option<OwnerReference>,
 }
 
 impl LeaderConfig {
@@ -51,6 +54,7 @@ impl LeaderConfig {
             lease_duration: Duration::from_secs(10),
             renew_period: Duration::from_secs(2),
             renew_deadline: Duration::from_secs(6),
+            owner: None,
         }
     }
 }
@@ -124,6 +128,7 @@ impl Elector {
                 metadata: ObjectMeta {
                     name: Some(self.cfg.name.clone()),
                     namespace: Some(self.cfg.namespace.clone()),
+                    owner_references: self.cfg.owner.clone().map(|o| vec![o]),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {

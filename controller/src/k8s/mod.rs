@@ -25,6 +25,7 @@ pub mod leader;
 pub mod lenient;
 pub mod metrics;
 pub mod overlay;
+pub mod owner;
 pub mod provision;
 pub mod reconcile;
 pub mod referenced;

@@ -35,7 +35,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 mod secrets;
 
 pub use secrets::{
-    CA_CERT_KEY, CA_KEY_KEY, CA_PREVIOUS_KEY, ensure_ca, ensure_proxy_secret, proxy_secret_name,
+    CA_CERT_KEY, CA_KEY_KEY, CA_PREVIOUS_KEY, ensure_ca, ensure_ca_owned, ensure_proxy_secret,
+    proxy_secret_name,
 };
 
 /// How long a new CA is valid.

@@ -17,7 +17,8 @@ use std::collections::BTreeMap;
 use gateway_api::gateways::Gateway;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Error as KubeError, Resource as _};
 
 use super::{CA_ROTATE_BEFORE, CLIENT_RENEW_BEFORE, Ca, PkiError, proxy_identity};
@@ -53,7 +54,13 @@ fn labels() -> BTreeMap<String, String> {
     )])
 }
 
-fn ca_secret(namespace: &str, name: &str, ca: &Ca, resource_version: Option<String>) -> Secret {
+fn ca_secret(
+    namespace: &str,
+    name: &str,
+    ca: &Ca,
+    resource_version: Option<String>,
+    owners: Option<Vec<OwnerReference>>,
+) -> Secret {
     let mut data = BTreeMap::from([
         (
             CA_CERT_KEY.to_owned(),
@@ -76,6 +83,7 @@ fn ca_secret(namespace: &str, name: &str, ca: &Ca, resource_version: Option<Stri
             namespace: Some(namespace.to_owned()),
             labels: Some(labels()),
             resource_version,
+            owner_references: owners,
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_owned()),
@@ -91,6 +99,17 @@ pub async fn ensure_ca(
     client: &Client,
     namespace: &str,
     secret_name: &str,
+) -> Result<Ca, PkiError> {
+    ensure_ca_owned(client, namespace, secret_name, None).await
+}
+
+/// [`ensure_ca`], with `owner` among the Secret's owners (set when it is created or rotated,
+/// added when it is missing): the controller's Deployment, so uninstalling removes the CA.
+pub async fn ensure_ca_owned(
+    client: &Client,
+    namespace: &str,
+    secret_name: &str,
+    owner: Option<&OwnerReference>,
 ) -> Result<Ca, PkiError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let api_err = |action: &'static str| {
@@ -108,7 +127,13 @@ pub async fn ensure_ca(
             match api
                 .create(
                     &PostParams::default(),
-                    &ca_secret(namespace, secret_name, &ca, None),
+                    &ca_secret(
+                        namespace,
+                        secret_name,
+                        &ca,
+                        None,
+                        owner.map(|o| vec![o.clone()]),
+                    ),
                 )
                 .await
             {
@@ -130,7 +155,24 @@ pub async fn ensure_ca(
         };
         let previous = text(&secret, CA_PREVIOUS_KEY);
         let ca = Ca::from_pem(&cert, &key, previous.as_deref())?;
+        let current = secret.metadata.owner_references.as_deref();
+        let added = owner.and_then(|o| crate::k8s::owner::with_owner(current, o));
         if !ca.expires_within(CA_ROTATE_BEFORE) {
+            if let Some(owners) = added {
+                // Created before we knew our Deployment (or by another one): own it too.
+                let patch = serde_json::json!({"metadata": {
+                    "ownerReferences": owners,
+                    "resourceVersion": secret.metadata.resource_version,
+                }});
+                match api
+                    .patch(secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if is_status(&e, 409) => continue,
+                    Err(e) => return Err(api_err("adding the owner of")(e)),
+                }
+            }
             return Ok(ca);
         }
         let next = ca.rotate()?;
@@ -139,6 +181,7 @@ pub async fn ensure_ca(
             secret_name,
             &next,
             secret.metadata.resource_version.clone(),
+            added.or_else(|| current.map(<[OwnerReference]>::to_vec)),
         );
         match api
             .replace(secret_name, &PostParams::default(), &replacement)
