@@ -113,22 +113,20 @@ addr=$(kc -n "$NS" get gateway gw -o jsonpath='{.status.addresses[0].value}')
 [[ $addr == 127.0.1.* ]] || die "Gateway address is '$addr', not 127.0.1.N"
 log "Gateway Programmed at $addr"
 
-deadline=$((SECONDS + TIMEOUT))
-until body=$(curl -fsS --max-time 3 "http://$addr:8080/gw-test" 2>/dev/null) &&
-  grep -q '"path": "/gw-test"' <<<"$body" && grep -q "\"namespace\": \"$NS\"" <<<"$body"; do
-  ((SECONDS < deadline)) || die "no answer from echo-basic through http://$addr:8080/gw-test; last body: ${body:-none}"
-  sleep 0.2
-done
-log "http://$addr:8080/gw-test answered by $(sed -n 's/.*"pod": "\(.*\)".*/\1/p' <<<"$body") through the proxy"
-
-# serve URL PATH: waits until URL answers from echo-basic with PATH in the echoed request.
+# serve URL PATH: waits until URL answers from echo-basic of this test's namespace with PATH
+# in the echoed request; the answer is left in $body.
 serve() {
-  local deadline=$((SECONDS + TIMEOUT)) body=""
-  until body=$(curl -fsS --max-time 3 "$1" 2>/dev/null) && grep -q "\"path\": \"$2\"" <<<"$body"; do
+  local deadline=$((SECONDS + TIMEOUT))
+  body=""
+  until body=$(curl -fsS --max-time 3 "$1" 2>/dev/null) && grep -q "\"path\": \"$2\"" <<<"$body" &&
+    grep -q "\"namespace\": \"$NS\"" <<<"$body"; do
     ((SECONDS < deadline)) || die "no answer from echo-basic through $1; last body: ${body:-none}"
     sleep 0.2
   done
 }
+
+serve "http://$addr:8080/gw-test" /gw-test
+log "http://$addr:8080/gw-test answered by $(sed -n 's/.*"pod": "\(.*\)".*/\1/p' <<<"$body") through the proxy"
 
 # helm upgrade (new pods for the controller): the Gateway keeps serving, and a route added
 # afterwards is served, so the upgraded controllers took over.

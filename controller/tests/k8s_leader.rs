@@ -1,7 +1,7 @@
 //! Two `tollgate controller` replicas on the real kube-apiserver: only the Lease holder
 //! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
 //! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
-//! next leader takes them over. Also: EndpointSlice-only changes take
+//! next leader takes them over; the Lease carries our owner. Also: EndpointSlice-only changes take
 //! the fast way (no status pass), and provisioning is wired in.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -278,4 +278,67 @@ async fn only_the_leader_serves_proxies_and_the_next_leader_takes_them_over() {
     })
     .await
     .unwrap_or_else(|| panic!("b never programmed the Gateway:\n{}", b.log()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_carries_our_owner_from_creation_or_from_the_next_renewal() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use tollgate::k8s::leader::{Elector, LeaderConfig};
+    let env = TestEnv::new("leaseowner").await;
+    // Any object will do as the owner (no garbage collector runs on this cluster).
+    let cm: ConfigMap = env
+        .apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}))
+        .await;
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: "owner".into(),
+        uid: cm.metadata.uid.clone().unwrap(),
+        controller: None,
+        block_owner_deletion: None,
+    };
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let owners = |l: Lease| -> Vec<String> {
+        l.metadata
+            .owner_references
+            .into_iter()
+            .flatten()
+            .map(|o| o.uid)
+            .collect()
+    };
+    let metrics = std::sync::Arc::new(tollgate::k8s::metrics::Metrics::new());
+    let elector = |name: &str, owner: Option<OwnerReference>| {
+        Elector::new(
+            env.client.clone(),
+            LeaderConfig {
+                owner,
+                ..LeaderConfig::new(&env.ns, name, "me")
+            },
+            metrics.clone(),
+        )
+    };
+
+    // Created by us: owned from the start.
+    let mut e = elector("created", Some(owner.clone()));
+    e.tick().await;
+    assert!(*e.subscribe().borrow(), "did not lead");
+    assert_eq!(
+        owners(leases.get("created").await.unwrap()),
+        std::slice::from_ref(&owner.uid)
+    );
+
+    // Created without an owner (an older controller): the next renewal adds it, once.
+    let mut old = elector("renewed", None);
+    old.tick().await;
+    assert!(owners(leases.get("renewed").await.unwrap()).is_empty());
+    let mut e = elector("renewed", Some(owner.clone()));
+    for _ in 0..2 {
+        e.tick().await;
+        assert_eq!(
+            owners(leases.get("renewed").await.unwrap()),
+            std::slice::from_ref(&owner.uid)
+        );
+    }
+    assert!(*e.subscribe().borrow(), "did not keep leading");
 }

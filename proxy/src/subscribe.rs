@@ -223,15 +223,7 @@ pub async fn run(proxy: Proxy, config: SubscribeConfig, status: Arc<SubscribeSta
         let mut streamed = false;
         let outcome = stream_once(&proxy, &config, &status, &mut streamed).await;
         status.connected.store(false, Ordering::Release);
-        if streamed {
-            failures = 0;
-        }
-        // A replica that does not serve proxies (503: not the leader): try again soon, the
-        // next connection may reach the one that does.
-        if matches!(&outcome, Err(SubscribeError::Status { status, .. }) if *status == StatusCode::SERVICE_UNAVAILABLE)
-        {
-            failures = failures.min(2);
-        }
+        failures = failures_before_retry(&outcome, streamed, failures);
         let delay = backoff(&config, failures);
         failures = failures.saturating_add(1);
         match outcome {
@@ -239,6 +231,26 @@ pub async fn run(proxy: Proxy, config: SubscribeConfig, status: Arc<SubscribeSta
             Err(e) => tracing::warn!(error = %e, ?delay, "controller stream failed; reconnecting"),
         }
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// The failure count the next delay is computed from: reset by a stream that ran; at most 2
+/// after a 503, the answer of a controller replica that does not serve proxies (not the
+/// leader), so the proxy tries again within a second: the next connection may reach the one
+/// that does.
+fn failures_before_retry(
+    outcome: &Result<(), SubscribeError>,
+    streamed: bool,
+    failures: u32,
+) -> u32 {
+    let failures = if streamed { 0 } else { failures };
+    match outcome {
+        Err(SubscribeError::Status { status, .. })
+            if *status == StatusCode::SERVICE_UNAVAILABLE =>
+        {
+            failures.min(2)
+        }
+        _ => failures,
     }
 }
 
@@ -531,6 +543,26 @@ impl Body for AckBody {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_503_keeps_the_backoff_short_and_a_stream_resets_it() {
+        let refused = Err(SubscribeError::Status {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: String::new(),
+        });
+        let other = Err(SubscribeError::Status {
+            status: StatusCode::FORBIDDEN,
+            body: String::new(),
+        });
+        assert_eq!(failures_before_retry(&refused, false, 9), 2);
+        assert_eq!(failures_before_retry(&refused, false, 1), 1);
+        assert_eq!(failures_before_retry(&other, false, 9), 9);
+        assert_eq!(failures_before_retry(&Ok(()), true, 9), 0);
+        assert_eq!(failures_before_retry(&Ok(()), false, 4), 4);
+        let c = SubscribeConfig::new("https://c:1", ObjectKey::new("ns", "gw"), "p", "/t", "/s");
+        let after_503 = backoff(&c, failures_before_retry(&refused, false, 20));
+        assert!(after_503 <= Duration::from_secs(1), "{after_503:?}");
+    }
 
     #[test]
     fn url_and_backoff() {

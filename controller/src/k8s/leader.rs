@@ -39,8 +39,8 @@ pub struct LeaderConfig {
     pub renew_period: Duration,
     /// A leader whose renewals have failed this long steps down.
     pub renew_deadline: Duration,
-    /// Owner of the Lease when this replica creates it (our Deployment: uninstalling it
-    /// removes the Lease).
+    /// Owner of the Lease, set when this replica creates, renews or takes it (our Deployment:
+    /// uninstalling it removes the Lease).
     pub owner: Option<OwnerReference>,
 }
 
@@ -145,6 +145,15 @@ impl Elector {
         let record = lease.metadata.resource_version.clone().unwrap_or_default();
         if self.observed.as_ref().is_none_or(|(r, _)| *r != record) {
             self.observed = Some((record, Instant::now()));
+        }
+        // A Lease created before we knew our Deployment gets it as an owner with the next
+        // write of ours (a renewal or a take-over): no extra request.
+        if let Some(owners) =
+            self.cfg.owner.as_ref().and_then(|o| {
+                super::owner::with_owner(lease.metadata.owner_references.as_deref(), o)
+            })
+        {
+            lease.metadata.owner_references = Some(owners);
         }
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         let holder = spec.holder_identity.clone().unwrap_or_default();

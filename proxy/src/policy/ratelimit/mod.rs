@@ -24,7 +24,7 @@
 //! // Per request, after authentication: the limits that apply, each on its counter.
 //! if let Some(decision) = limiter.check_applicable(&limits, act).await {
 //!     if !decision.allowed {
-//!         // answer 429 with decision.headers()
+//!         // answer 429; decision.insert_headers(response.headers_mut())
 //!     }
 //! }
 //! # Ok(()) }
