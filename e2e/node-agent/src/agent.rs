@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -16,8 +17,12 @@ use crate::pod::{NodeCtx, PodRt};
 use crate::services::{HostEntry, hosts_for};
 use crate::status::{Transitions, pod_status};
 
+/// How often a pod that waits for a missing Secret or ConfigMap is set up again.
+const CONFIG_RETRY: Duration = Duration::from_secs(2);
+
 struct Local {
     rt: PodRt,
+    started: Instant,
     transitions: Transitions,
     last_sent: Option<serde_json::Value>,
 }
@@ -176,6 +181,16 @@ impl Agent {
                 }
                 continue;
             }
+            if self
+                .pods
+                .get(&uid)
+                .is_some_and(|l| l.rt.waiting_on_config() && l.started.elapsed() >= CONFIG_RETRY)
+                && let Some(mut local) = self.pods.remove(&uid)
+            {
+                tracing::info!(pod = %pod.name_any(), "setting up again (a Secret or ConfigMap was missing)");
+                self.unindex(&local.rt);
+                local.rt.stop().await;
+            }
             if !self.pods.contains_key(&uid)
                 && !done(pod)
                 && let Err(e) = self.start(pod, hosts).await
@@ -272,6 +287,7 @@ impl Agent {
             uid,
             Local {
                 rt,
+                started: Instant::now(),
                 transitions: Transitions::default(),
                 last_sent: None,
             },

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -256,6 +256,19 @@ impl PodRt {
         Ok(rt)
     }
 
+    /// Nothing runs and some container waits for a Secret or ConfigMap that was missing when
+    /// the pod was set up: the kubelet retries those, and so does the agent.
+    pub fn waiting_on_config(&self) -> bool {
+        self.failure.is_none()
+            && self
+                .containers
+                .iter()
+                .all(|c| matches!(c.state, State::Waiting { .. }))
+            && self.containers.iter().any(|c| {
+                matches!(&c.state, State::Waiting { reason, .. } if reason == "CreateContainerConfigError")
+            })
+    }
+
     fn fail_all(&mut self, reason: &str, message: &str) {
         for c in &mut self.containers {
             c.state = State::Waiting {
@@ -408,7 +421,12 @@ fn write_script(
         "mount --bind {} /etc/hosts\n",
         shell_quote(&pod_dir.join("hosts").to_string_lossy())
     ));
-    for m in c.volume_mounts.iter().flatten() {
+    // Mounts over a directory that holds the pod's own files (the CoreDNS of the conformance
+    // suite mounts its ConfigMap at /root, above the agent's state dir) come last: after them,
+    // the sources of the others would be hidden.
+    let mut mounts: Vec<&VolumeMount> = c.volume_mounts.iter().flatten().collect();
+    mounts.sort_by_key(|m| pod_dir.starts_with(&m.mount_path));
+    for m in mounts {
         let Some(vol) = volumes.get(&m.name) else {
             return Err(Error::Pod(format!(
                 "volumeMount {}: no such volume",

@@ -385,3 +385,124 @@ async fn deployment_services_and_teardown() {
         .await
         .unwrap();
 }
+
+/// What the kubelet does and the conformance suite relies on: a pod whose Secret does not
+/// exist yet waits in CreateContainerConfigError and starts once the Secret is created; a
+/// volume mounted over a directory above the agent's state dir (the suite's CoreDNS mounts
+/// its ConfigMap at /root) does not hide the pod's other volumes.
+#[tokio::test]
+async fn late_secret_and_mount_above_the_state_dir() {
+    let Some(client) = client_or_skip().await else {
+        return;
+    };
+    let ns = format!("tg-node-late-{}", fastrand::u32(..));
+    let pp = PostParams::default();
+    Api::<Namespace>::all(client.clone())
+        .create(&pp, &obj(serde_json::json!({"metadata": {"name": ns}})))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &pp,
+            &obj(serde_json::json!({"metadata": {"name": "conf"}, "data": {"conf.txt": "from the configmap"}})),
+        )
+        .await
+        .unwrap();
+    let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), &ns);
+    eventually("ServiceAccount default", || async {
+        sas.get_opt("default").await.ok().flatten()
+    })
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(
+        &pp,
+        &obj(serde_json::json!({
+            "metadata": {"name": "late"},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "files",
+                    "image": "tollgate.test/python-http",
+                    "args": ["8080", "--directory", "/"],
+                    "volumeMounts": [
+                        {"name": "conf", "mountPath": "/root"},
+                        {"name": "late", "mountPath": "/etc/tg-test-late"}
+                    ],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
+                }],
+                "volumes": [
+                    {"name": "conf", "configMap": {"name": "conf"}},
+                    {"name": "late", "secret": {"secretName": "late"}}
+                ]
+            }
+        })),
+    )
+    .await
+    .unwrap();
+
+    let waiting = eventually(
+        "CreateContainerConfigError for the missing Secret",
+        || async {
+            let p = pods.get("late").await.ok()?;
+            let w = p
+                .status?
+                .container_statuses?
+                .first()?
+                .state
+                .clone()?
+                .waiting?;
+            (w.reason.as_deref() == Some("CreateContainerConfigError")).then_some(w)
+        },
+    )
+    .await;
+    assert!(
+        waiting.message.as_deref().unwrap_or("").contains("late"),
+        "{waiting:?}"
+    );
+
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(
+            &pp,
+            &obj(serde_json::json!({"metadata": {"name": "late"}, "stringData": {"value": "arrived"}})),
+        )
+        .await
+        .unwrap();
+    let ip = eventually("the pod Ready once its Secret exists", || async {
+        let p = pods.get("late").await.ok()?;
+        ready(&p).then(|| p.status?.pod_ip).flatten()
+    })
+    .await;
+    let fetch = |path: &'static str| {
+        let addr = format!("{ip}:8080");
+        async move {
+            let mut s = TcpStream::connect(&addr).await.ok()?;
+            s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+                .await
+                .ok()?;
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.ok()?;
+            let text = String::from_utf8_lossy(&out).into_owned();
+            text.starts_with("HTTP/1.0 200")
+                .then(|| text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
+        }
+    };
+    assert_eq!(
+        fetch("/etc/tg-test-late/value").await.as_deref(),
+        Some("arrived")
+    );
+    assert_eq!(
+        fetch("/root/conf.txt").await.as_deref(),
+        Some("from the configmap")
+    );
+    assert!(
+        fetch("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .await
+            .is_some_and(|n| n == ns),
+        "the service-account volume is mounted too"
+    );
+
+    Api::<Namespace>::all(client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+}
