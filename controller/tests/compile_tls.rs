@@ -261,6 +261,21 @@ spec:
         .clone()
         .unwrap();
     assert_eq!(v.mode, tollgate_api::ClientCertMode::AllowInsecureFallback);
+    // The Gateway says so; one that only allows valid certificates has no such condition.
+    let insecure = cond(
+        gateway_conds(&out, "infra", "mtls-only"),
+        "InsecureFrontendValidationMode",
+    );
+    assert_eq!(
+        (insecure.status.as_str(), insecure.reason.as_str()),
+        ("True", "ConfigurationChanged")
+    );
+    assert!(insecure.message.contains("perPort 443"), "{insecure:?}");
+    assert!(
+        gateway_conds(&out, "infra", "mtls")
+            .iter()
+            .all(|c| c.type_ != "InsecureFrontendValidationMode")
+    );
     // A Secret (implementation-specific kind) works too.
     let v = port(table(&out, "infra", "mtls-secret"), 443)
         .client_validation

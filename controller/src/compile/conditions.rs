@@ -14,6 +14,9 @@ pub const PROGRAMMED: &str = "Programmed";
 pub const RESOLVED_REFS: &str = "ResolvedRefs";
 /// Condition type `Conflicted`.
 pub const CONFLICTED: &str = "Conflicted";
+/// Gateway condition type `InsecureFrontendValidationMode`: some frontend validation allows
+/// clients without a valid certificate.
+pub const INSECURE_FRONTEND_VALIDATION_MODE: &str = "InsecureFrontendValidationMode";
 
 /// Standard Gateway API reasons used by the compiler.
 pub mod reason {
@@ -52,6 +55,8 @@ pub mod reason {
     pub const INVALID_CA_CERTIFICATE_KIND: &str = "InvalidCACertificateKind";
     /// Frontend validation asked for with no usable CA: the listener is not accepted.
     pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
+    /// `InsecureFrontendValidationMode=True`: a frontend validation is `AllowInsecureFallback`.
+    pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
     /// Cross-namespace reference without a ReferenceGrant.
     pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
     /// Route parentRef matches no listener or an unusable Gateway.

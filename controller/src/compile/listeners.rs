@@ -221,6 +221,7 @@ pub fn compile_gateway<'a>(
         conds.no(PROGRAMMED, reason::INVALID, "Gateway is not accepted")
     };
     let mut conditions = vec![accepted_cond, programmed_cond];
+    conditions.extend(tls::insecure_frontend_condition(gw, &conds));
     conditions.extend(tls::backend_condition(gw, idx, &conds));
     GatewayModel {
         gateway: gw,

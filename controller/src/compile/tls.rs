@@ -30,7 +30,7 @@ use gateway_api::gateways::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate_api::{ClientCertMode, ClientValidation, Protocol};
 
-use super::conditions::{Conds, Problem, RESOLVED_REFS, reason};
+use super::conditions::{Conds, INSECURE_FRONTEND_VALIDATION_MODE, Problem, RESOLVED_REFS, reason};
 use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
 use super::index::{Index, ns_of};
 
@@ -262,6 +262,51 @@ fn ca_bundle(
 pub const CA_KEY: &str = "ca.crt";
 
 /// The Gateway `ResolvedRefs` condition for `spec.tls.backend.clientCertificateRef`, when set.
+/// `InsecureFrontendValidationMode=True` (reason `ConfigurationChanged`) while the frontend
+/// validation of `gw`, its default or a per-port entry, is `AllowInsecureFallback`: clients
+/// without a valid certificate are served there. Absent otherwise, as the spec asks.
+pub fn insecure_frontend_condition(gw: &Gateway, conds: &Conds<'_>) -> Option<Condition> {
+    let fe = gw.spec.tls.as_ref()?.frontend.as_ref()?;
+    let default = fe.default.validation.as_ref().is_some_and(|v| {
+        matches!(
+            v.mode,
+            Some(GatewayTlsFrontendDefaultValidationMode::AllowInsecureFallback)
+        )
+    });
+    let ports: Vec<String> = fe
+        .per_port
+        .iter()
+        .flatten()
+        .filter(|p| {
+            p.tls.validation.as_ref().is_some_and(|v| {
+                matches!(
+                    v.mode,
+                    Some(GatewayTlsFrontendPerPortTlsValidationMode::AllowInsecureFallback)
+                )
+            })
+        })
+        .map(|p| p.port.to_string())
+        .collect();
+    if !default && ports.is_empty() {
+        return None;
+    }
+    let mut scope = Vec::new();
+    if default {
+        scope.push("spec.tls.frontend.default".to_owned());
+    }
+    if !ports.is_empty() {
+        scope.push(format!("perPort {}", ports.join(", ")));
+    }
+    Some(conds.yes(
+        INSECURE_FRONTEND_VALIDATION_MODE,
+        reason::CONFIGURATION_CHANGED,
+        format!(
+            "client certificate validation is AllowInsecureFallback ({}): clients without a valid certificate are served",
+            scope.join("; ")
+        ),
+    ))
+}
+
 pub fn backend_condition(gw: &Gateway, idx: &Index<'_>, conds: &Conds<'_>) -> Option<Condition> {
     let r = gw
         .spec
