@@ -8,8 +8,12 @@
 //!   `https://*.example.com`, where `*` stands for one or more labels. An empty
 //!   `allow_origins` allows every origin: the CORSAllowCredentialsBehavior conformance test
 //!   configures only `allowCredentials` and expects the origin echoed.
-//! - `Access-Control-Allow-Origin` is `*` only for an allow-all list without credentials;
-//!   otherwise it echoes the request's origin (never `*` with credentials).
+//! - On a preflight, `Access-Control-Allow-Origin` is `*` only for an allow-all list without
+//!   credentials; otherwise it echoes the request's origin (never `*` with credentials). On
+//!   an actual request it always echoes the origin: the request may carry credentials (a
+//!   cookie, an Authorization header), and a browser refuses `*` for those, which is what the
+//!   conformance test "CORS request with credentials should hide auth headers on unauth path"
+//!   checks (the origin echoed, Allow-Credentials absent).
 //! - A preflight (OPTIONS with `Origin` and `Access-Control-Request-Method`) is answered by
 //!   the gateway with 200. From an allowed origin it carries Allow-Origin, Allow-Methods
 //!   (the list, or the requested method for `*`), Allow-Headers (the list; for `*` the
@@ -54,7 +58,7 @@ pub fn cors_preflight(c: &Cors, method: &Method, headers: &HeaderMap) -> Option<
         add_vary_origin(out);
         return Some(resp);
     }
-    allow_origin(c, origin, out);
+    allow_origin(c, origin, out, answers_star(c));
 
     if contains_star(&c.allow_methods) {
         if let Some(m) = headers.get(ACCESS_CONTROL_REQUEST_METHOD) {
@@ -89,15 +93,13 @@ pub fn cors_preflight(c: &Cors, method: &Method, headers: &HeaderMap) -> Option<
 pub fn cors_decorate(c: &Cors, origin: Option<&HeaderValue>, response: &mut HeaderMap) {
     match origin {
         Some(o) if origin_allowed(c, o) => {
-            allow_origin(c, o, response);
+            allow_origin(c, o, response, false);
             insert_list(response, ACCESS_CONTROL_EXPOSE_HEADERS, &c.expose_headers);
         }
         _ => {
             response.remove(ACCESS_CONTROL_ALLOW_ORIGIN);
             response.remove(ACCESS_CONTROL_ALLOW_CREDENTIALS);
-            if !answers_star(c) {
-                add_vary_origin(response);
-            }
+            add_vary_origin(response);
         }
     }
 }
@@ -121,9 +123,10 @@ fn answers_star(c: &Cors) -> bool {
     !c.allow_credentials && (c.allow_origins.is_empty() || contains_star(&c.allow_origins))
 }
 
-/// Sets Allow-Origin (and Allow-Credentials, Vary) for an allowed origin.
-fn allow_origin(c: &Cors, origin: &HeaderValue, out: &mut HeaderMap) {
-    if answers_star(c) {
+/// Sets Allow-Origin (`*` when `star`, else the origin with `Vary: Origin`) and
+/// Allow-Credentials for an allowed origin.
+fn allow_origin(c: &Cors, origin: &HeaderValue, out: &mut HeaderMap, star: bool) {
+    if star {
         out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     } else {
         out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());

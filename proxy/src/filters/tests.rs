@@ -482,3 +482,18 @@ fn empty_allow_origins_echoes_origin_with_credentials() {
     cors_decorate(&Cors::default(), Some(&origin), &mut h);
     assert!(h.get("access-control-allow-credentials").is_none());
 }
+
+#[test]
+fn decorate_echoes_the_origin_even_for_allow_all() {
+    // An actual request may carry credentials (cookies): a browser refuses `*` for those, so
+    // the origin is echoed, with Vary, and Allow-Credentials stays absent when not allowed.
+    let origin = HeaderValue::from_static("https://other.foo.com");
+    let mut h = mk_headers(&[("access-control-allow-credentials", "true")]);
+    cors_decorate(&cors_wildcards(false), Some(&origin), &mut h);
+    assert_eq!(
+        one(&h, "access-control-allow-origin").unwrap(),
+        "https://other.foo.com"
+    );
+    assert_eq!(values(&h, "vary"), ["Origin"]);
+    assert!(h.get("access-control-allow-credentials").is_none());
+}
