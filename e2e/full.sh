@@ -148,6 +148,10 @@ write_agent_config() {
     py=$(command -v python3 2>/dev/null || true)
     [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
     if [[ -n $py ]]; then
+      # examples/gitops/app's backend (agnhost netexec): a small Python stand-in.
+      echo "  - prefix: registry.k8s.io/e2e-test-images/agnhost"
+      echo "    binary: $py"
+      echo "    entrypoint: [\"$K8S_DIR/stand-ins/agnhost-netexec.py\"]"
       echo "  - prefix: tollgate.test/python-http"
       echo "    binary: $py"
       echo "    entrypoint: [\"-m\", \"http.server\"]"

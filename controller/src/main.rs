@@ -44,6 +44,16 @@ enum Command {
         #[command(flatten)]
         rate_limit: RateLimitArgs,
     },
+    /// Serve only the built-in echo backend (the one `run --demo-backend` starts, with its DEMO
+    /// introspection endpoint), e.g. as a pod behind the examples on a cluster.
+    DemoBackend {
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:9080")]
+        listen: SocketAddr,
+        /// Name the backend reports in its answers.
+        #[arg(long, default_value = "demo-backend")]
+        name: String,
+    },
     /// Print the status each object in DIR would get; exit 1 if any is rejected.
     Validate {
         /// Directory of .yaml/.yml manifests.
@@ -183,6 +193,23 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::DemoBackend { listen, name } => {
+            init_tracing();
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(demo_backend(listen, &name)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run {
             dir,
             admin,
@@ -239,6 +266,17 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Serves the demo backend until SIGINT or SIGTERM.
+async fn demo_backend(listen: SocketAddr, name: &str) -> anyhow::Result<()> {
+    let (bound, task) = tollgate::demo::spawn(listen, name)
+        .await
+        .with_context(|| format!("starting the demo backend on {listen}"))?;
+    info!(address = %bound, "demo backend listening");
+    tollgate_proxy::shutdown_signal().await;
+    task.abort();
+    Ok(())
 }
 
 async fn run(

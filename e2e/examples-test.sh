@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# e2e/examples-test.sh — every example of examples/ applied with kubectl to the loopback
+# cluster (`e2e/cluster.sh up --full`) under the Helm-installed controller, each in a
+# namespace of its own, and requests through each Gateway's LoadBalancer address
+# (127.0.1.N) answered as the example's README says; then kstatus (as Flux computes it)
+# reads every applied Gateway API and policy object as Current.
+#
+# The examples are written for `tollgate run`. On a cluster, the test applies them as the
+# README's "Running on Kubernetes" tells users to (e2e/examples-to-cluster.py):
+# without the GatewayClass (the chart creates `tollgate`), the EndpointSlices written by
+# hand and the Gateways' pinned 127.0.0.1 address; the demo backend's Services select the
+# demo backend pod (`tollgate demo-backend`), and the introspection endpoint is that
+# Service instead of 127.0.0.1:9080.
+#
+# Needs a running `up --full` cluster (skips, exit 0, without one; fails then under
+# TOLLGATE_REQUIRE_FULL=1). Builds tollgate and tollgate-proxy (debug) and kstatus-check.
+set -euo pipefail
+
+E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$E2E/.." && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}/target}
+RELEASE=tg-examples
+SYSTEM_NS=tg-examples-system
+TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
+EXAMPLES=(quickstart https traffic-split grpc rate-limit api-key jwt introspection mtls gitops)
+
+log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() {
+  log "FAIL: $*"
+  exit 1
+}
+
+eval "$("$E2E/cluster.sh" env)"
+status=$("$E2E/cluster.sh" status 2>&1 || true)
+if [[ $status != *"node agent pid"* ]]; then
+  [[ ${TOLLGATE_REQUIRE_FULL:-} == 1 ]] && die "TOLLGATE_REQUIRE_FULL=1 but no node agent runs"
+  log "skipping: no node agent (start the cluster with e2e/cluster.sh up --full)"
+  exit 0
+fi
+log "building tollgate and tollgate-proxy (debug) into $CARGO_TARGET_DIR"
+(cd "$ROOT" && cargo build -q --locked -p tollgate -p tollgate-proxy)
+kstatus_bin=$("$E2E/kstatus.sh" path)
+
+ns_of() { [[ $1 == gitops ]] && echo tollgate-demo || echo "tg-ex-$1"; }
+
+# shellcheck disable=SC2317 # called from the EXIT trap
+cleanup() {
+  local rc=$? ex
+  if ((rc != 0)); then
+    for ex in "${EXAMPLES[@]}"; do
+      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,pods -o wide >&2 2>/dev/null || true
+    done
+    kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
+  fi
+  if [[ ${KEEP:-} != 1 ]]; then
+    for ex in "${EXAMPLES[@]}"; do
+      kubectl delete namespace "$(ns_of "$ex")" --wait=false >/dev/null 2>&1 || true
+    done
+    for ex in "${EXAMPLES[@]}"; do
+      kubectl wait --for=delete "namespace/$(ns_of "$ex")" --timeout=120s >/dev/null 2>&1 || true
+    done
+    "$E2E/helm.sh" uninstall "$RELEASE" -n "$SYSTEM_NS" --wait --timeout 120s >/dev/null 2>&1 || true
+    kubectl delete namespace "$SYSTEM_NS" --timeout=120s >/dev/null 2>&1 || true
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# Namespaces an earlier run left terminating refuse new objects: wait until they are gone.
+for ex in "${EXAMPLES[@]}"; do
+  kubectl wait --for=delete "namespace/$(ns_of "$ex")" --timeout=180s >/dev/null 2>&1 || true
+done
+kubectl wait --for=delete "namespace/$SYSTEM_NS" --timeout=180s >/dev/null 2>&1 || true
+kubectl create namespace "$SYSTEM_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+log "helm install charts/tollgate into $SYSTEM_NS"
+"$E2E/helm.sh" upgrade --install "$RELEASE" "$ROOT/charts/tollgate" -n "$SYSTEM_NS" \
+  --set controller.replicas=1 --wait --timeout "${TIMEOUT}s" >/dev/null
+
+applied=$(mktemp /tmp/tollgate-examples.XXXXXX)
+for ex in "${EXAMPLES[@]}"; do
+  ns=$(ns_of "$ex")
+  dir=$ROOT/examples/$ex
+  [[ $ex == gitops ]] && dir=$ROOT/examples/gitops/app
+  kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  python3 "$E2E/examples-to-cluster.py" --namespace "$ns" "$dir" >"$applied.$ex.yaml"
+  kubectl apply --server-side -f "$applied.$ex.yaml" >/dev/null
+  log "applied examples/$ex into $ns ($(grep -c '^kind:' "$applied.$ex.yaml") objects)"
+done
+
+# addr EXAMPLE GATEWAY: waits until the Gateway is Programmed and prints its address.
+addr() {
+  local ns a
+  ns=$(ns_of "$1")
+  kubectl -n "$ns" wait --for=condition=Programmed "gateway/$2" --timeout "${TIMEOUT}s" >/dev/null ||
+    die "Gateway $ns/$2 not Programmed: $(kubectl -n "$ns" get gateway "$2" -o jsonpath='{.status.conditions}')"
+  a=$(kubectl -n "$ns" get gateway "$2" -o jsonpath='{.status.addresses[0].value}')
+  [[ $a == 127.0.1.* ]] || die "Gateway $ns/$2 has address '$a', not 127.0.1.N"
+  echo "$a"
+}
+
+# expect WHAT WANT CMD...: runs CMD (a curl printing what is compared) until its output
+# contains WANT, failing after TIMEOUT with the last output.
+expect() {
+  local what=$1 want=$2 got="" deadline=$((SECONDS + TIMEOUT))
+  shift 2
+  until got=$("$@" 2>&1) && [[ $got == *"$want"* ]]; do
+    ((SECONDS < deadline)) || die "$what: wanted '$want', got: ${got:0:400}"
+    sleep 0.5
+  done
+  log "ok: $what"
+}
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@"; }
+body() { curl -s --max-time 5 "$@"; }
+heads() { curl -s -o /dev/null -D - --max-time 5 "$@"; }
+
+# --- quickstart ------------------------------------------------------------------------
+a=$(addr quickstart quickstart)
+expect "quickstart: / answered by the demo backend" '"path": "/hello"' body "http://$a:8080/hello"
+expect "quickstart: /old redirects to /v2" 'location: http://' heads "http://$a:8080/old"
+expect "quickstart: /v2/x rewritten to /x with x-api-version" '"x-api-version": "2"' body "http://$a:8080/v2/x"
+[[ $(body "http://$a:8080/v2/x") == *'"path": "/x"'* ]] || die "quickstart: /v2/x not rewritten to /x"
+
+# --- https -----------------------------------------------------------------------------
+a=$(addr https secure)
+expect "https: TLS with the demo certificate" '"host": "app.example.test' body \
+  --cacert "$ROOT/examples/https/demo-ca.pem" --resolve "app.example.test:8443:$a" https://app.example.test:8443/
+expect "https: plain HTTP redirected to https" 'https://app.example.test:8443/x' heads \
+  -H 'Host: app.example.test' "http://$a:8081/x"
+
+# --- traffic-split ---------------------------------------------------------------------
+a=$(addr traffic-split split)
+expect "traffic-split: x-canary: always goes to v2" '"x-version": "v2"' body -H 'x-canary: always' "http://$a:8082/"
+expect "traffic-split: the split serves v1" '"x-version": "v1"' body "http://$a:8082/"
+
+# --- grpc ------------------------------------------------------------------------------
+a=$(addr grpc grpc)
+expect "grpc: a call reaches the backend over HTTP/2" '"path": "/helloworld.Greeter/SayHello"' body \
+  --http2-prior-knowledge -X POST -H 'content-type: application/grpc' "http://$a:8083/helloworld.Greeter/SayHello"
+
+# --- rate-limit ------------------------------------------------------------------------
+a=$(addr rate-limit rate-limit)
+expect "rate-limit: /api answers under the policy" 'x-ratelimit-limit: 3' heads -H 'x-client-id: carol' "http://$a:8084/api"
+for _ in 1 2 3; do code -H 'x-client-id: alice' "http://$a:8084/api" >/dev/null; done
+expect "rate-limit: alice's 4th request is refused" '429' code -H 'x-client-id: alice' "http://$a:8084/api"
+expect "rate-limit: bob has a counter of his own" 'x-ratelimit-remaining: 2' heads -H 'x-client-id: bob' "http://$a:8084/api"
+
+# --- api-key ---------------------------------------------------------------------------
+a=$(addr api-key api-key)
+expect "api-key: no key is refused" '401' code "http://$a:8085/orders"
+expect "api-key: carol's key (Secret without the credential label) is refused" '401' code -H 'X-API-Key: carol-demo-key' "http://$a:8085/orders"
+expect "api-key: alice's key passes, X-User set" '"x-user": "alice"' body -H 'X-API-Key: alice-demo-key' "http://$a:8085/orders"
+expect "api-key: bob may not call /admin" '403' code -H 'X-API-Key: bob-demo-key' "http://$a:8085/admin/stats"
+
+# --- jwt -------------------------------------------------------------------------------
+a=$(addr jwt jwt)
+token=$(sed -n 's/^TOKEN=//p' "$ROOT/examples/jwt/README.md")
+expired=$(sed -n 's/^EXPIRED=//p' "$ROOT/examples/jwt/README.md")
+[[ -n $token && -n $expired ]] || die "no TOKEN/EXPIRED in examples/jwt/README.md"
+expect "jwt: no token is refused" '401' code "http://$a:8086/me"
+expect "jwt: the README's token passes, X-User from sub" '"x-user": "alice"' body -H "Authorization: Bearer $token" -H 'X-User: root' "http://$a:8086/me"
+expect "jwt: the expired token is refused" '401' code -H "Authorization: Bearer $expired" "http://$a:8086/me"
+
+# --- introspection ---------------------------------------------------------------------
+a=$(addr introspection introspection)
+expect "introspection: no token is refused" '401' code "http://$a:8087/accounts"
+expect "introspection: an unknown token is refused" '401' code -H 'Authorization: Bearer not-a-token' "http://$a:8087/accounts"
+expect "introspection: alice's token passes (answered by the demo endpoint in the cluster)" '"x-user": "alice"' body \
+  -H 'Authorization: Bearer demo-token-alice' "http://$a:8087/accounts"
+expect "introspection: only admins on /admin" '403' code -H 'Authorization: Bearer demo-token-alice' "http://$a:8087/admin/users"
+expect "introspection: the admin token on /admin" '200' code -H 'Authorization: Bearer demo-token-admin' "http://$a:8087/admin/users"
+
+# --- mtls ------------------------------------------------------------------------------
+a=$(addr mtls mtls)
+expect "mtls: the client certificate's identity goes upstream" '"x-client-cn": "alice"' body \
+  --cacert "$ROOT/examples/mtls/demo-ca.pem" --cert "$ROOT/examples/mtls/client.crt" --key "$ROOT/examples/mtls/client.key" \
+  --resolve "api.example.test:8444:$a" https://api.example.test:8444/whoami
+if out=$(curl -sS --max-time 5 --cacert "$ROOT/examples/mtls/demo-ca.pem" --resolve "api.example.test:8444:$a" \
+  -o /dev/null -w '%{http_code}' https://api.example.test:8444/whoami 2>&1) && [[ $out == 2* ]]; then
+  die "mtls: a client without a certificate was served ($out)"
+fi
+log "ok: mtls: no certificate, no answer"
+
+# --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
+a=$(addr gitops shop)
+expect "gitops: /orders without a key is refused" '401' code "http://$a/orders"
+expect "gitops: /orders with the demo key reaches the backend" '200' code -H 'X-API-Key: demo-client-key' "http://$a/orders"
+expect "gitops: the backend (agnhost netexec, a stand-in here) answers" 'NOW: ' body \
+  -H 'X-API-Key: demo-client-key' "http://$a/orders"
+
+# --- kstatus ---------------------------------------------------------------------------
+# Every Gateway API and policy object applied reads Current, as Flux's health checks see it.
+checked=0
+for ex in "${EXAMPLES[@]}"; do
+  ns=$(ns_of "$ex")
+  while read -r kind api name; do
+    [[ -n $kind ]] || continue
+    "$kstatus_bin" --kubeconfig "$KUBECONFIG" --namespace "$ns" --name "$name" --kind "$kind" \
+      --api-version "$api" --want Current --timeout 60s >/dev/null ||
+      die "kstatus: $kind $ns/$name is not Current"
+    checked=$((checked + 1))
+  done < <(python3 "$E2E/examples-to-cluster.py" --namespace "$ns" --kstatus-resources "$applied.$ex.yaml")
+done
+log "ok: kstatus reads all $checked Gateways, routes and policies of the examples as Current"
+log "PASS: every example served through its Gateway's address on the loopback cluster"
