@@ -3,7 +3,9 @@
 # `tollgate run` end-to-end tests, and the controller tests on a real kube-apiserver
 # (e2e/cluster.sh: etcd + kube-apiserver built from Go modules; ~9 min cold, seconds warm,
 # stopped again on exit), and, as root, the node agent's tests on `e2e/cluster.sh up --full`
-# (kube-controller-manager and pods run as local processes in network namespaces). Works on a fresh machine with Rust and Go installed; builds are
+# (kube-controller-manager and pods run as local processes in network namespaces), the Helm
+# test, every example served on that cluster, and the Gateway API conformance suite
+# (GATEWAY-HTTP and GATEWAY-GRPC) there. Works on a fresh machine with Rust and Go installed; builds are
 # cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +65,10 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 cargo test -p tollgate-node-agent --locked --test cluster
   step "e2e/full-gateway-test.sh (helm install of the chart on the loopback cluster; a Gateway served through its provisioned proxy pod)"
   TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
+  step "e2e/examples-test.sh (every example applied with kubectl, served through its Gateway's address, kstatus Current)"
+  TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
+  step "e2e/conformance.sh (GATEWAY-HTTP and GATEWAY-GRPC; the Gateway API conformance suite; reports to a temporary dir)"
+  CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
 else
   step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"
 fi

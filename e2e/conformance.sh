@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# e2e/conformance.sh — the official Gateway API conformance suite
+# (sigs.k8s.io/gateway-api/conformance, the version of our CRDs) against Tollgate
+# installed with Helm on the loopback cluster (`e2e/cluster.sh up --full`: pods are
+# local processes, each Gateway gets a proxy pod and a LoadBalancer address
+# 127.0.1.N that the suite sends its requests to).
+#
+# What it does, from a fresh machine (root):
+#   1. starts `e2e/cluster.sh up --full` unless one runs (and stops it at the end
+#      only in that case);
+#   2. builds tollgate and tollgate-proxy (debug; the node agent runs these for the
+#      chart's images) and the suite's test binary from e2e/conformance (Go module,
+#      cached under $TOLLGATE_CACHE_DIR/bin by the hash of its sources);
+#   3. `helm install`s charts/tollgate into tollgate-conformance (GatewayClass
+#      `tollgate`);
+#   4. runs the suite once for the profiles and writes its ConformanceReport to
+#      e2e/conformance/reports/tollgate-report.yaml (the committed report is the one
+#      this script wrote) and the suite's output to reports/conformance.log.
+#
+# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC
+# Env:
+#   CONFORMANCE_RUN_TEST   run only this test (its ShortName); no report is written
+#   CONFORMANCE_SKIP_TESTS comma-separated ShortNames to skip (recorded in the report)
+#   CONFORMANCE_REPORT_DIR default e2e/conformance/reports
+#   CONFORMANCE_DEBUG=1    the suite's debug logs (requests and responses)
+#   KEEP=1                 leave the release and the suite's namespaces for inspection
+# The features each profile claims are listed below: only what Tollgate implements.
+set -euo pipefail
+
+E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$E2E/.." && pwd)
+CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
+BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE_DIR/target}
+SUITE_DIR=$E2E/conformance
+REPORT_DIR=${CONFORMANCE_REPORT_DIR:-$SUITE_DIR/reports}
+NS=tollgate-conformance
+RELEASE=tollgate
+CLASS=tollgate
+TIMEOUT=${CONFORMANCE_INSTALL_TIMEOUT:-180}
+
+log() { printf '[conformance %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() {
+  log "FAIL: $*"
+  exit 1
+}
+
+# Features claimed, by profile. A profile's core features are always tested; the rest are
+# extended features, each implemented and passing (no test is skipped to get there). One run
+# of the suite covers every profile asked for, so each test runs once and one report lists
+# every profile.
+http_features=(
+  Gateway HTTPRoute ReferenceGrant
+  GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructurePropagation GatewayAddressEmpty
+  GatewayFrontendClientCertificateValidation GatewayFrontendClientCertificateValidationInsecureFallback
+  HTTPRouteQueryParamMatching HTTPRouteMethodMatching HTTPRouteResponseHeaderModification
+  HTTPRouteBackendRequestHeaderModification HTTPRoutePortRedirect HTTPRouteSchemeRedirect
+  HTTPRoutePathRedirect HTTPRouteHostRewrite HTTPRoutePathRewrite HTTPRouteRequestMirror
+  HTTPRouteRequestMultipleMirrors HTTPRouteRequestPercentageMirror HTTPRouteRequestTimeout
+  HTTPRouteBackendTimeout HTTPRouteParentRefPort HTTPRouteBackendProtocolH2C
+  HTTPRouteBackendProtocolWebSocket HTTPRouteNamedRouteRule HTTPRouteCORS
+  HTTPRoute303RedirectStatusCode HTTPRoute307RedirectStatusCode HTTPRoute308RedirectStatusCode
+)
+grpc_features=(
+  Gateway GRPCRoute ReferenceGrant GRPCRouteNamedRouteRule
+)
+
+profiles=("$@")
+((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC)
+features=()
+for p in "${profiles[@]}"; do
+  case $p in
+    GATEWAY-HTTP) features+=("${http_features[@]}") ;;
+    GATEWAY-GRPC) features+=("${grpc_features[@]}") ;;
+    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC)" ;;
+  esac
+done
+features_csv=$(printf '%s\n' "${features[@]}" | sort -u | paste -sd, -)
+profiles_csv=$(IFS=,; echo "${profiles[*]}")
+
+# --- the cluster -----------------------------------------------------------------------
+started_cluster=0
+status=$("$E2E/cluster.sh" status 2>&1 || true)
+if [[ $status != *"node agent pid"* ]]; then
+  "$E2E/cluster.sh" status >/dev/null 2>&1 && die "a cluster runs without --full; run e2e/cluster.sh down first"
+  log "starting e2e/cluster.sh up --full"
+  "$E2E/cluster.sh" up --full
+  started_cluster=1
+fi
+eval "$("$E2E/cluster.sh" env)"
+
+# --- builds ----------------------------------------------------------------------------
+log "building tollgate and tollgate-proxy (debug) into $CARGO_TARGET_DIR"
+(cd "$ROOT" && cargo build -q --locked -p tollgate -p tollgate-proxy)
+
+suite_version=$(grep -o 'sigs.k8s.io/gateway-api/conformance v[^ ]*' "$SUITE_DIR/go.mod" | awk '{print $2; exit}')
+[[ -n $suite_version ]] || die "no sigs.k8s.io/gateway-api/conformance version in $SUITE_DIR/go.mod"
+hash=$(cat "$SUITE_DIR"/go.mod "$SUITE_DIR"/go.sum "$SUITE_DIR"/*.go | sha256sum | cut -c1-10)
+suite_bin=$BIN_DIR/conformance-$suite_version-$hash.test
+if [[ ! -x $suite_bin ]]; then
+  log "building the conformance suite $suite_version (go test -c; a few minutes the first time)"
+  mkdir -p "$BIN_DIR"
+  (cd "$SUITE_DIR" && GOFLAGS=-mod=readonly nice -n 19 go test -c -trimpath -o "$suite_bin.tmp" .)
+  mv "$suite_bin.tmp" "$suite_bin"
+fi
+
+# --- Tollgate --------------------------------------------------------------------------
+# shellcheck disable=SC2317 # called as an EXIT trap
+cleanup() {
+  local rc=$?
+  if [[ ${KEEP:-} != 1 ]]; then
+    "$E2E/helm.sh" uninstall "$RELEASE" -n "$NS" --wait --timeout 120s >/dev/null 2>&1 || true
+    kubectl delete namespace "$NS" --timeout=120s >/dev/null 2>&1 || true
+    ((started_cluster)) && "$E2E/cluster.sh" down >/dev/null 2>&1
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# A namespace left terminating by an earlier run refuses new objects: wait until it is gone.
+kubectl wait --for=delete "namespace/$NS" --timeout=180s >/dev/null 2>&1 || true
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+log "helm install charts/tollgate into $NS (GatewayClass $CLASS)"
+"$E2E/helm.sh" upgrade --install "$RELEASE" "$ROOT/charts/tollgate" -n "$NS" \
+  --set "gatewayClass.name=$CLASS" --wait --timeout "${TIMEOUT}s" >/dev/null
+kubectl -n "$NS" rollout status deploy --timeout "${TIMEOUT}s" >/dev/null
+
+# --- the suite -------------------------------------------------------------------------
+version=$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)
+mkdir -p "$REPORT_DIR"
+args=(
+  -test.run '^TestConformance$' -test.v -test.timeout 3h
+  -gateway-class "$CLASS"
+  -conformance-profiles "$profiles_csv"
+  -supported-features "$features_csv"
+  -organization tollgate -project tollgate -url https://github.com/tollgate-dev/tollgate
+  -version "$version" -contact https://github.com/tollgate-dev/tollgate/issues
+  -cleanup-base-resources=true
+)
+[[ -n ${CONFORMANCE_SKIP_TESTS:-} ]] && args+=(-skip-tests "$CONFORMANCE_SKIP_TESTS")
+[[ ${CONFORMANCE_DEBUG:-} == 1 ]] && args+=(-debug)
+report=""
+if [[ -n ${CONFORMANCE_RUN_TEST:-} ]]; then
+  args+=(-run-test "$CONFORMANCE_RUN_TEST")
+else
+  report=$REPORT_DIR/tollgate-report.yaml
+  args+=(-report-output "$report.tmp")
+fi
+out=$REPORT_DIR/conformance.log
+# The suite deletes its namespaces at the end of a run without waiting for them.
+for ns in gateway-conformance-infra gateway-conformance-app-backend gateway-conformance-web-backend; do
+  kubectl wait --for=delete "namespace/$ns" --timeout=300s >/dev/null 2>&1 || true
+done
+log "running $profiles_csv (features: $features_csv); output in $out"
+start=$SECONDS
+set +e
+(cd "$SUITE_DIR" && "$suite_bin" "${args[@]}") >"$out" 2>&1
+rc=$?
+set -e
+log "exit $rc after $((SECONDS - start)) s; $(grep -c -- '^    --- PASS' "$out") passed, $(grep -c -- '^    --- FAIL' "$out") failed, $(grep -c -- '^    --- SKIP' "$out") skipped (tests of features not claimed)"
+grep -- '^    --- FAIL' "$out" >&2 || true
+if [[ -n $report ]]; then
+  if [[ -f $report.tmp ]]; then
+    mv "$report.tmp" "$report"
+    log "report: $report"
+  else
+    log "the suite wrote no report"
+    rc=1
+  fi
+fi
+exit "$rc"
