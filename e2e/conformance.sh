@@ -52,6 +52,7 @@ die() {
 http_features=(
   Gateway HTTPRoute ReferenceGrant
   GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructurePropagation GatewayAddressEmpty
+  GatewayStaticAddresses
   GatewayFrontendClientCertificateValidation GatewayFrontendClientCertificateValidationInsecureFallback
   HTTPRouteQueryParamMatching HTTPRouteMethodMatching HTTPRouteResponseHeaderModification
   HTTPRouteBackendRequestHeaderModification HTTPRoutePortRedirect HTTPRouteSchemeRedirect
@@ -136,6 +137,9 @@ args=(
   -organization tollgate -project tollgate -url https://github.com/tollgate-dev/tollgate
   -version "$version" -contact https://github.com/tollgate-dev/tollgate/issues
   -cleanup-base-resources=true
+  # GatewayStaticAddresses: the loopback LoadBalancer assigns free addresses of its pool
+  # 127.0.1.0/24 on request and refuses any other (TEST-NET-2 here, never contacted).
+  -usable-address 127.0.1.250 -unusable-address 198.51.100.7
 )
 [[ -n ${CONFORMANCE_SKIP_TESTS:-} ]] && args+=(-skip-tests "$CONFORMANCE_SKIP_TESTS")
 [[ ${CONFORMANCE_DEBUG:-} == 1 ]] && args+=(-debug)

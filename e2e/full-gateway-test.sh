@@ -128,6 +128,29 @@ serve() {
 serve "http://$addr:8080/gw-test" /gw-test
 log "http://$addr:8080/gw-test answered by $(sed -n 's/.*"pod": "\(.*\)".*/\1/p' <<<"$body") through the proxy"
 
+# A static address (spec.addresses): the LoadBalancer assigns it, the Gateway lists it and
+# serves there (the proxy itself listens on every address of its pod).
+static=127.0.1.240
+kc -n "$NS" patch gateway gw --type merge -p "{\"spec\":{\"addresses\":[{\"type\":\"IPAddress\",\"value\":\"$static\"}]}}" >/dev/null
+serve "http://$static:8080/gw-test" /gw-test
+kc -n "$NS" wait --for=condition=Programmed gateway/gw --timeout "${TIMEOUT}s" >/dev/null
+[[ $(kc -n "$NS" get gateway gw -o jsonpath='{.status.addresses[*].value}') == "$static" ]] ||
+  die "status.addresses is not $static"
+log "static address $static assigned, listed and served"
+# One the load balancer cannot give: Programmed=False AddressNotUsable, nothing served there.
+kc -n "$NS" patch gateway gw --type merge -p '{"spec":{"addresses":[{"type":"IPAddress","value":"198.51.100.7"}]}}' >/dev/null
+deadline=$((SECONDS + TIMEOUT))
+until [[ $(kc -n "$NS" get gateway gw -o jsonpath='{.status.conditions[?(@.type=="Programmed")].reason}') == AddressNotUsable ]]; do
+  ((SECONDS < deadline)) || die "no Programmed=False AddressNotUsable for an address the load balancer cannot give"
+  sleep 0.2
+done
+kc -n "$NS" patch gateway gw --type json -p '[{"op":"remove","path":"/spec/addresses"}]' >/dev/null
+kc -n "$NS" wait --for=condition=Programmed gateway/gw --timeout "${TIMEOUT}s" >/dev/null
+addr=$(kc -n "$NS" get gateway gw -o jsonpath='{.status.addresses[0].value}')
+[[ $addr == 127.0.1.* ]] || die "Gateway address is '$addr' after removing spec.addresses"
+serve "http://$addr:8080/gw-test" /gw-test
+log "unusable address reported AddressNotUsable; without spec.addresses served at $addr again"
+
 # helm upgrade (new pods for the controller): the Gateway keeps serving, and a route added
 # afterwards is served, so the upgraded controllers took over.
 [[ $(curl -s -o /dev/null -w '%{http_code}' "http://$addr:8080/after-upgrade") == 404 ]] ||

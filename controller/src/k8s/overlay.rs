@@ -6,11 +6,14 @@
 
 use std::collections::BTreeSet;
 
-use gateway_api::gateways::GatewayStatus;
+use gateway_api::gateways::{GatewayStatus, GatewayStatusAddresses};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate_api::ObjectKey;
 
 use crate::compile::conditions::PROGRAMMED;
+
+/// Gateway `Programmed=False` reason: a requested static address is not assigned.
+pub const ADDRESS_NOT_USABLE: &str = "AddressNotUsable";
 use crate::compile::policies::{ENFORCED, RECONCILING, reason as policy_reason};
 use crate::crds::PolicyStatus;
 use crate::push::SyncState;
@@ -50,6 +53,60 @@ pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool)
             sync.version, sync.in_sync, sync.connected
         );
     }
+}
+
+/// GatewayStaticAddresses: a Gateway that asks for addresses (`requested`, from
+/// `spec.addresses`) lists them in `status.addresses`, and is `Programmed` only once the load
+/// balancer has assigned every one of them to its Service (`assigned`); until then
+/// `Programmed=False` with reason `AddressNotUsable`. A False from the compiler is left
+/// alone. Without requested addresses, `status.addresses` is what the Service was assigned.
+pub fn static_addresses(
+    status: &mut GatewayStatus,
+    requested: &[String],
+    assigned: Vec<GatewayStatusAddresses>,
+) {
+    if requested.is_empty() {
+        status.addresses = (!assigned.is_empty()).then_some(assigned);
+        return;
+    }
+    let missing: Vec<&str> = requested
+        .iter()
+        .map(String::as_str)
+        .filter(|r| !assigned.iter().any(|a| a.value == *r))
+        .collect();
+    status.addresses = Some(
+        requested
+            .iter()
+            .map(|r| GatewayStatusAddresses {
+                r#type: Some("IPAddress".to_owned()),
+                value: r.clone(),
+            })
+            .collect(),
+    );
+    if missing.is_empty() {
+        return;
+    }
+    let Some(c) = status
+        .conditions
+        .iter_mut()
+        .flatten()
+        .find(|c| c.type_ == PROGRAMMED && c.status == "True")
+    else {
+        return;
+    };
+    c.status = "False".to_owned();
+    c.reason = ADDRESS_NOT_USABLE.to_owned();
+    c.message = if requested.len() > 1 {
+        format!(
+            "spec.addresses: {} not assigned; the proxy's LoadBalancer Service asks for one address (the first), so only one can be used",
+            missing.join(", ")
+        )
+    } else {
+        format!(
+            "spec.addresses: the load balancer has not assigned {} to the proxy's Service (it cannot, or not yet)",
+            missing.join(", ")
+        )
+    };
 }
 
 /// Overlays proxy confirmation on a policy's `Enforced`: enforced on a Gateway only once its

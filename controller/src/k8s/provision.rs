@@ -42,7 +42,7 @@ use serde::de::DeserializeOwned;
 pub mod desired;
 pub mod names;
 
-pub use desired::{Desired, REPLICAS_ANNOTATION, addresses};
+pub use desired::{Desired, REPLICAS_ANNOTATION, addresses, requested_addresses};
 pub use names::{object_name, tls_secret_name};
 
 /// Field manager of every provisioned object.

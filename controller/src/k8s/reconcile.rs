@@ -30,12 +30,13 @@ use tollgate_api::ObjectKey;
 use tracing::{debug, info, warn};
 
 use super::metrics::{KindResult, Metrics, PathLabel, kind as kind_label};
-pub use super::overlay::{enforced, programmed, programmed_true};
+pub use super::overlay::{enforced, programmed, programmed_true, static_addresses};
 use super::provision::{self, ProvisionConfig};
 use super::referenced;
 use super::status::{self, StatusWrite};
 use super::stores::{Relevance, Stores};
 use crate::compile::kinds::RouteParent;
+use crate::compile::listeners::DEFAULT_ADDRESS;
 use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
 use crate::push::PushServer;
 use crate::push::pki::{Ca, ensure_proxy_secret};
@@ -215,8 +216,17 @@ impl Reconciler {
         let Some(push) = &self.settings.push else {
             return;
         };
+        let provisioned = self.settings.provision.is_some();
         for (key, table) in &out.tables {
-            let v = push.publish(key, table.clone());
+            let mut table = table.clone();
+            if provisioned {
+                // A provisioned proxy listens on every address of its pod: the Gateway's
+                // `spec.addresses` are its Service's (load balancer) business.
+                for p in &mut table.ports {
+                    DEFAULT_ADDRESS.clone_into(&mut p.address);
+                }
+            }
+            let v = push.publish(key, table);
             let old = self.versions.insert(key.clone(), v);
             if old != Some(v) {
                 self.metrics.pushed_versions.inc();
@@ -242,8 +252,14 @@ impl Reconciler {
         let mut in_sync = 0;
         for (key, st) in &mut out.gateways {
             if self.settings.provision.is_some() {
-                let addresses = self.addresses(key);
-                st.addresses = (!addresses.is_empty()).then_some(addresses);
+                let r = ObjectRef::new(&key.name).within(&key.namespace);
+                let requested = self
+                    .stores
+                    .gateways
+                    .get(&r)
+                    .and_then(|g| g.as_ok().map(provision::requested_addresses))
+                    .unwrap_or_default();
+                static_addresses(st, &requested, self.addresses(key));
             }
             if let Some(push) = &self.settings.push {
                 let sync = push.sync(key);

@@ -133,3 +133,54 @@ fn policy_is_enforced_only_where_the_gateway_is_programmed() {
         ("False", "Unknown")
     );
 }
+
+fn ip(a: &str) -> GatewayStatusAddresses {
+    GatewayStatusAddresses {
+        r#type: Some("IPAddress".into()),
+        value: a.into(),
+    }
+}
+
+fn status_addresses(s: &GatewayStatus) -> Vec<&str> {
+    s.addresses
+        .iter()
+        .flatten()
+        .map(|a| a.value.as_str())
+        .collect()
+}
+
+#[test]
+fn a_static_address_must_be_assigned_before_programmed() {
+    let want = vec!["127.0.1.250".to_owned()];
+    // Not assigned (the load balancer gave another address, or none): listed, not Programmed.
+    let mut s = gateway(true);
+    static_addresses(&mut s, &want, vec![ip("10.96.0.7")]);
+    let p = programmed_of(&s);
+    assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "AddressNotUsable"));
+    assert!(p.2.contains("127.0.1.250"), "{}", p.2);
+    assert_eq!(status_addresses(&s), ["127.0.1.250"]);
+    // Assigned.
+    let mut s = gateway(true);
+    static_addresses(&mut s, &want, vec![ip("127.0.1.250")]);
+    assert_eq!(programmed_of(&s).0, "True");
+    assert_eq!(status_addresses(&s), ["127.0.1.250"]);
+    // Two asked for: only the first can be requested of the Service.
+    let mut s = gateway(true);
+    let two = ["127.0.1.250".to_owned(), "127.0.1.251".to_owned()];
+    static_addresses(&mut s, &two, vec![ip("127.0.1.250")]);
+    let p = programmed_of(&s);
+    assert_eq!((p.0.as_str(), p.1.as_str()), ("False", "AddressNotUsable"));
+    assert!(p.2.contains("only one"), "{}", p.2);
+    // Nothing asked for: the Service's addresses, Programmed untouched.
+    let mut s = gateway(true);
+    static_addresses(&mut s, &[], vec![ip("127.0.1.3")]);
+    assert_eq!(programmed_of(&s).0, "True");
+    assert_eq!(status_addresses(&s), ["127.0.1.3"]);
+    let mut s = gateway(true);
+    static_addresses(&mut s, &[], Vec::new());
+    assert!(s.addresses.is_none());
+    // A compiler False is left alone.
+    let mut s = gateway(false);
+    static_addresses(&mut s, &want, Vec::new());
+    assert_eq!(programmed_of(&s).1, "Programmed");
+}

@@ -4,7 +4,8 @@
 //!   pods reach it through their route for the service range. The agent listens on
 //!   `clusterIP:port` and forwards each connection to a ready endpoint (EndpointSlices).
 //! * LoadBalancer: the Service gets `127.0.1.N` in `status.loadBalancer.ingress` and the agent
-//!   listens on `127.0.1.N:port` the same way.
+//!   listens on `127.0.1.N:port` the same way. A `spec.loadBalancerIP` is honoured when it is
+//!   a free address of 127.0.1.0/24; any other leaves the Service without an address.
 //! * `default/kubernetes` (no endpoints: the API server runs on loopback) forwards to the API
 //!   server.
 //! * DNS: `/etc/hosts` lines for every Service, written into each pod's hosts file.
@@ -125,7 +126,7 @@ impl Proxier {
             let is_api = ns == "default" && name == "kubernetes";
             let lb = spec.type_.as_deref() == Some("LoadBalancer");
             let lb_ip = if lb {
-                Some(self.lb_ip(&ns, &name))
+                self.lb_ip(&ns, &name, spec.load_balancer_ip.as_deref())
             } else {
                 None
             };
@@ -155,10 +156,8 @@ impl Proxier {
                     want.insert(SocketAddr::from((ip, p)), targets);
                 }
             }
-            if let Some(ip) = lb_ip
-                && lb_status_ip(svc) != Some(ip)
-            {
-                self.publish_lb(&ns, &name, ip).await;
+            if lb && lb_status_ip(svc) != lb_ip {
+                self.publish_lb(&ns, &name, lb_ip).await;
             }
         }
         self.lb_ips.retain(|k, _| live_lb.contains(k));
@@ -212,10 +211,31 @@ impl Proxier {
         hosts
     }
 
-    fn lb_ip(&mut self, ns: &str, name: &str) -> Ipv4Addr {
+    /// The LoadBalancer address of a Service: the `spec.loadBalancerIP` it asks for when that
+    /// is a free address of the pool 127.0.1.0/24 (None, no address, for any other request:
+    /// the provider cannot give it, as a cloud's leaves such a Service pending), else the
+    /// address it has, else the first free one.
+    fn lb_ip(&mut self, ns: &str, name: &str, requested: Option<&str>) -> Option<Ipv4Addr> {
         let key = format!("{ns}/{name}");
+        if let Some(req) = requested.filter(|r| !r.is_empty()) {
+            let ip = req
+                .parse::<Ipv4Addr>()
+                .ok()
+                .filter(|ip| ip.octets()[..3] == [127, 0, 1] && !matches!(ip.octets()[3], 0 | 255));
+            let taken = |ip: &Ipv4Addr| self.lb_ips.iter().any(|(k, v)| v == ip && *k != key);
+            match ip {
+                Some(ip) if !taken(&ip) => {
+                    self.lb_ips.insert(key, ip);
+                    return Some(ip);
+                }
+                _ => {
+                    self.lb_ips.remove(&key);
+                    return None;
+                }
+            }
+        }
         if let Some(ip) = self.lb_ips.get(&key) {
-            return *ip;
+            return Some(*ip);
         }
         let used: BTreeSet<Ipv4Addr> = self.lb_ips.values().copied().collect();
         let ip = (1..=254u8)
@@ -223,13 +243,18 @@ impl Proxier {
             .find(|ip| !used.contains(ip))
             .unwrap_or(Ipv4Addr::new(127, 0, 1, 254));
         self.lb_ips.insert(key, ip);
-        ip
+        Some(ip)
     }
 
-    async fn publish_lb(&self, ns: &str, name: &str, ip: Ipv4Addr) {
+    /// Writes the Service's `status.loadBalancer` (no ingress when `ip` is None).
+    async fn publish_lb(&self, ns: &str, name: &str, ip: Option<Ipv4Addr>) {
         let api = Api::<Service>::namespaced(self.client.clone(), ns);
+        let ingress = match ip {
+            Some(ip) => serde_json::json!([ { "ip": ip.to_string(), "ipMode": "Proxy" } ]),
+            None => serde_json::json!(null),
+        };
         let patch = serde_json::json!({
-            "status": { "loadBalancer": { "ingress": [ { "ip": ip.to_string(), "ipMode": "Proxy" } ] } }
+            "status": { "loadBalancer": { "ingress": ingress } }
         });
         if let Err(e) = api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -158,6 +158,11 @@ pub fn desired(config: &ProvisionConfig, gateway: &Gateway) -> Result<Desired, P
         metadata: meta,
         spec: Some(ServiceSpec {
             type_: Some(service_type.into()),
+            // A static address (GatewayStaticAddresses): asked of the load balancer, which
+            // assigns it or not; the Gateway is Programmed only once it is assigned.
+            load_balancer_ip: (service_type == "LoadBalancer")
+                .then(|| requested_addresses(gateway).into_iter().next())
+                .flatten(),
             selector: Some(selector),
             ports: Some(
                 ports
@@ -181,6 +186,19 @@ pub fn desired(config: &ProvisionConfig, gateway: &Gateway) -> Result<Desired, P
         deployment,
         service,
     })
+}
+
+/// The IP addresses a Gateway asks for in `spec.addresses` (type `IPAddress`, the default),
+/// in order. Its Service requests the first one; the compiler has rejected other types.
+pub fn requested_addresses(gateway: &Gateway) -> Vec<String> {
+    gateway
+        .spec
+        .addresses
+        .iter()
+        .flatten()
+        .filter(|a| a.r#type.as_deref().unwrap_or("IPAddress") == "IPAddress")
+        .filter_map(|a| a.value.clone().filter(|v| !v.is_empty()))
+        .collect()
 }
 
 /// `status.addresses` from a Service read back from the API server: the load balancer's

@@ -531,3 +531,23 @@ fn service_without_addresses_gives_none() {
     assert!(addresses(&Service::default()).is_empty());
     assert!(addresses(&mk_service("ClusterIP", "None", vec![])).is_empty());
 }
+
+#[test]
+fn a_static_address_is_requested_of_the_load_balancer() {
+    let gw = mk_gateway(&WEB.replace(
+        "  listeners:",
+        "  addresses:\n  - {value: 127.0.1.250}\n  - {type: IPAddress, value: 127.0.1.251}\n  listeners:",
+    ));
+    assert_eq!(requested_addresses(&gw), ["127.0.1.250", "127.0.1.251"]);
+    let d = desired(&mk_config(), &gw).unwrap();
+    let spec = d.service.spec.as_ref().unwrap();
+    assert_eq!(spec.load_balancer_ip.as_deref(), Some("127.0.1.250"));
+    // Without addresses, or with a Service type that has no load balancer, none is asked.
+    assert!(web().service.spec.unwrap().load_balancer_ip.is_none());
+    let cfg = ProvisionConfig {
+        service_type: "ClusterIP".into(),
+        ..mk_config()
+    };
+    let d = desired(&cfg, &gw).unwrap();
+    assert!(d.service.spec.unwrap().load_balancer_ip.is_none());
+}
