@@ -30,15 +30,9 @@ die() {
   exit 1
 }
 
-eval "$("$E2E/cluster.sh" env)"
-status=$("$E2E/cluster.sh" status 2>&1 || true)
-if [[ $status != *"node agent pid"* ]]; then
-  [[ ${TOLLGATE_REQUIRE_FULL:-} == 1 ]] && die "TOLLGATE_REQUIRE_FULL=1 but no node agent runs"
-  log "skipping: no node agent (start the cluster with e2e/cluster.sh up --full)"
-  exit 0
-fi
-log "building tollgate and tollgate-proxy (debug) into $CARGO_TARGET_DIR"
-(cd "$ROOT" && cargo build -q --locked -p tollgate -p tollgate-proxy)
+# shellcheck source=e2e/full-lib.sh
+source "$E2E/full-lib.sh"
+require_full_cluster
 kstatus_bin=$("$E2E/kstatus.sh" path)
 
 ns_of() { [[ $1 == gitops ]] && echo tollgate-demo || echo "tg-ex-$1"; }

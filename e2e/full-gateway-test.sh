@@ -18,7 +18,7 @@ set -euo pipefail
 
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$E2E/.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}/target}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}/target}
 NS=tg-gw-test-$$
 RELEASE=tg-gw-test
 TIMEOUT=${TOLLGATE_GW_TEST_TIMEOUT:-90}
@@ -38,16 +38,9 @@ diagnose() {
   kubectl -n "$NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
 }
 
-eval "$("$E2E/cluster.sh" env)"
-status=$("$E2E/cluster.sh" status 2>&1 || true)
-if [[ $status != *"node agent pid"* ]]; then
-  [[ ${TOLLGATE_REQUIRE_FULL:-} == 1 ]] && die "TOLLGATE_REQUIRE_FULL=1 but no node agent runs"
-  log "skipping: no node agent (start the cluster with e2e/cluster.sh up --full)"
-  exit 0
-fi
-# Always (a no-op when fresh): the pods run these binaries, they must be this checkout's.
-log "building tollgate and tollgate-proxy (debug) into $TARGET"
-(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build -q --locked -p tollgate -p tollgate-proxy)
+# shellcheck source=e2e/full-lib.sh
+source "$E2E/full-lib.sh"
+require_full_cluster
 
 kc() { kubectl "$@"; }
 # shellcheck disable=SC2317 # called as an EXIT trap

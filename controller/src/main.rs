@@ -178,37 +178,11 @@ fn main() -> ExitCode {
         },
         Command::Controller(args) => {
             init_tracing();
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(controller(*args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            serve(controller(*args))
         }
         Command::DemoBackend { listen, name } => {
             init_tracing();
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(demo_backend(listen, &name)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            serve(demo_backend(listen, &name))
         }
         Command::Run {
             dir,
@@ -218,20 +192,25 @@ fn main() -> ExitCode {
             rate_limit,
         } => {
             init_tracing();
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(run(dir, admin, demo_backend, access_log, rate_limit)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            serve(run(dir, admin, demo_backend, access_log, rate_limit))
+        }
+    }
+}
+
+/// Runs `fut` on a new multi-threaded runtime: success, or the error printed and a failure.
+fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -25,15 +25,19 @@ pub fn programmed_true(s: &GatewayStatus) -> bool {
         .any(|c| c.type_ == PROGRAMMED && c.status == "True")
 }
 
-/// Overlays the push sync state on a Gateway's `Programmed` condition (left alone when the
-/// compiler already says False).
-pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool) {
-    let Some(c) = status
+/// The Gateway's `Programmed` condition when it is True (the overlays only ever lower it).
+fn programmed_true_mut(status: &mut GatewayStatus) -> Option<&mut Condition> {
+    status
         .conditions
         .iter_mut()
         .flatten()
         .find(|c| c.type_ == PROGRAMMED && c.status == "True")
-    else {
+}
+
+/// Overlays the push sync state on a Gateway's `Programmed` condition (left alone when the
+/// compiler already says False).
+pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool) {
+    let Some(c) = programmed_true_mut(status) else {
         return;
     };
     let nacked = !sync.nacks.is_empty();
@@ -86,12 +90,7 @@ pub fn static_addresses(
     if missing.is_empty() {
         return;
     }
-    let Some(c) = status
-        .conditions
-        .iter_mut()
-        .flatten()
-        .find(|c| c.type_ == PROGRAMMED && c.status == "True")
-    else {
+    let Some(c) = programmed_true_mut(status) else {
         return;
     };
     c.status = "False".to_owned();

@@ -59,21 +59,47 @@ fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
 
 /// GET http://addr/ over a fresh connection; the body, or None on any failure.
 async fn get(addr: String) -> Option<String> {
+    get_path(&addr, "/").await
+}
+
+/// GET http://addr{path} over a fresh connection; the body of a 200, or None.
+async fn get_path(addr: &str, path: &str) -> Option<String> {
     let fut = async {
-        let mut s = TcpStream::connect(&addr).await.ok()?;
-        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            .await
-            .ok()?;
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.ok()?;
         let text = String::from_utf8_lossy(&out).into_owned();
-        text.starts_with("HTTP/1.1 200")
+        (text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"))
             .then(|| text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
     };
     tokio::time::timeout(Duration::from_secs(3), fut)
         .await
         .ok()
         .flatten()
+}
+
+/// Creates a namespace named `prefix-<random>` and waits for its default ServiceAccount (the
+/// controller manager creates it; pods need it).
+async fn fresh_namespace(client: &Client, prefix: &str) -> String {
+    let ns = format!("{prefix}-{}", fastrand::u32(..));
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &obj(serde_json::json!({"metadata": {"name": ns}})),
+        )
+        .await
+        .unwrap();
+    let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), &ns);
+    eventually("ServiceAccount default", || async {
+        sas.get_opt("default").await.ok().flatten()
+    })
+    .await;
+    ns
 }
 
 /// Polls `f` until it returns Some, failing after TIMEOUT with `what`.
@@ -140,12 +166,8 @@ async fn deployment_services_and_teardown() {
     let Some(client) = client_or_skip().await else {
         return;
     };
-    let ns = format!("tg-node-{}", fastrand::u32(..));
+    let ns = fresh_namespace(&client, "tg-node").await;
     let pp = PostParams::default();
-    Api::<Namespace>::all(client.clone())
-        .create(&pp, &obj(serde_json::json!({"metadata": {"name": ns}})))
-        .await
-        .unwrap();
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     secrets
         .create(&pp, &obj(serde_json::json!({"metadata": {"name": "s"}, "stringData": {"password": "hunter2"}})))
@@ -158,12 +180,6 @@ async fn deployment_services_and_teardown() {
         )
         .await
         .unwrap();
-    // The default ServiceAccount (created by the controller manager) must exist before pods.
-    let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), &ns);
-    eventually("ServiceAccount default", || async {
-        sas.get_opt("default").await.ok().flatten()
-    })
-    .await;
 
     let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
     deployments
@@ -395,12 +411,8 @@ async fn late_secret_and_mount_above_the_state_dir() {
     let Some(client) = client_or_skip().await else {
         return;
     };
-    let ns = format!("tg-node-late-{}", fastrand::u32(..));
+    let ns = fresh_namespace(&client, "tg-node-late").await;
     let pp = PostParams::default();
-    Api::<Namespace>::all(client.clone())
-        .create(&pp, &obj(serde_json::json!({"metadata": {"name": ns}})))
-        .await
-        .unwrap();
     Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .create(
             &pp,
@@ -408,11 +420,6 @@ async fn late_secret_and_mount_above_the_state_dir() {
         )
         .await
         .unwrap();
-    let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), &ns);
-    eventually("ServiceAccount default", || async {
-        sas.get_opt("default").await.ok().flatten()
-    })
-    .await;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     pods.create(
         &pp,
@@ -472,20 +479,8 @@ async fn late_secret_and_mount_above_the_state_dir() {
         ready(&p).then(|| p.status?.pod_ip).flatten()
     })
     .await;
-    let fetch = |path: &'static str| {
-        let addr = format!("{ip}:8080");
-        async move {
-            let mut s = TcpStream::connect(&addr).await.ok()?;
-            s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-                .await
-                .ok()?;
-            let mut out = Vec::new();
-            s.read_to_end(&mut out).await.ok()?;
-            let text = String::from_utf8_lossy(&out).into_owned();
-            text.starts_with("HTTP/1.0 200")
-                .then(|| text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
-        }
-    };
+    let addr = format!("{ip}:8080");
+    let fetch = |path: &'static str| get_path(&addr, path);
     assert_eq!(
         fetch("/etc/tg-test-late/value").await.as_deref(),
         Some("arrived")
