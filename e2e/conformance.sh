@@ -52,7 +52,7 @@ die() {
 http_features=(
   Gateway HTTPRoute ReferenceGrant
   GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructurePropagation GatewayAddressEmpty
-  GatewayStaticAddresses
+  GatewayStaticAddresses GatewayHTTPSListenerDetectMisdirectedRequests
   GatewayFrontendClientCertificateValidation GatewayFrontendClientCertificateValidationInsecureFallback
   HTTPRouteQueryParamMatching HTTPRouteMethodMatching HTTPRouteResponseHeaderModification
   HTTPRouteBackendRequestHeaderModification HTTPRoutePortRedirect HTTPRouteSchemeRedirect

@@ -99,6 +99,7 @@ async fn accept_loop(
                     table_port,
                     scheme: "http",
                     peer_value: crate::forward::peer_value(peer.ip()),
+                    sni: None,
                     peer_cert: None,
                 };
                 tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));
@@ -134,6 +135,7 @@ async fn serve_connection(
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {
                     conn.scheme = "https";
+                    conn.sni = tls_stream.get_ref().1.server_name().map(Arc::from);
                     conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
                     serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
                 }

@@ -55,6 +55,8 @@ pub(crate) struct ConnCtx {
     pub scheme: &'static str,
     /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection.
     pub peer_value: HeaderValue,
+    /// The TLS server name the client sent (HTTPS only).
+    pub sni: Option<Arc<str>>,
     /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
     /// authentication).
     pub peer_cert: Option<Arc<[u8]>>,
@@ -300,7 +302,15 @@ async fn proxy(
         return status(code);
     }
 
-    // Phase 2: route.
+    // Phase 2: route. A request for a name another listener serves than the one the TLS
+    // connection was made for (HTTP/2 connection reuse) is misdirected.
+    if let Some(sni) = conn.sni.as_deref()
+        && snapshot
+            .router
+            .misdirected(conn.table_port, sni, original_host)
+    {
+        return status(StatusCode::MISDIRECTED_REQUEST);
+    }
     let original_uri = parts.uri.clone();
     let target = original_uri.path_and_query().map_or("/", |pq| pq.as_str());
     let Some(hit) = snapshot.router.route(

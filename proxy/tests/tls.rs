@@ -312,3 +312,54 @@ async fn bad_certificate_rejects_the_table_and_keeps_the_old_one() {
         f.a.der
     );
 }
+
+/// The status of `GET /` with `Host: host` on a new TLS connection made for `sni`.
+async fn status_on(f: &Fixture, sni: &str, host: &str) -> StatusCode {
+    let tls = connect(
+        f.addr,
+        sni,
+        client_config(&[&rustls::version::TLS13], &[b"http/1.1"]),
+    )
+    .await;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/")
+        .header("host", host)
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    send.send_request(req).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn a_request_for_another_listener_than_the_sni_is_misdirected() {
+    // GatewayHTTPSListenerDetectMisdirectedRequests: the SNI and the Host must pick the same
+    // listener of the port (exact, then wildcard, then the one without hostname).
+    let f = fixture().await;
+    for (sni, host, want) in [
+        ("a.example", "a.example", StatusCode::OK),
+        ("a.example", "A.Example:443", StatusCode::OK),
+        ("a.example", "x.b.example", StatusCode::MISDIRECTED_REQUEST),
+        (
+            "a.example",
+            "other.example",
+            StatusCode::MISDIRECTED_REQUEST,
+        ),
+        ("x.b.example", "y.b.example", StatusCode::OK),
+        ("x.b.example", "a.example", StatusCode::MISDIRECTED_REQUEST),
+        ("other.example", "elsewhere.example", StatusCode::OK),
+        (
+            "other.example",
+            "a.example",
+            StatusCode::MISDIRECTED_REQUEST,
+        ),
+    ] {
+        assert_eq!(
+            status_on(&f, sni, host).await,
+            want,
+            "SNI {sni}, Host {host}"
+        );
+    }
+    assert_eq!(f.backend.hits(), 4);
+}

@@ -147,6 +147,19 @@ impl Router {
         Ok(Self { ports })
     }
 
+    /// True when a TLS connection whose SNI was `sni` carries a request for `host` that a
+    /// different listener of `port` serves (GatewayHTTPSListenerDetectMisdirectedRequests:
+    /// the answer is 421, so a client that reused the connection for another name retries
+    /// on its own connection). Both names pick their listener by the same rule as
+    /// [`Router::route`]; a port with one listener never misdirects.
+    pub fn misdirected(&self, port: u16, sni: &str, host: &str) -> bool {
+        let Some(pr) = self.ports.get(&port) else {
+            return false;
+        };
+        pr.listeners.len() > 1
+            && pr.hosts.lookup(&normalize_host(sni)) != pr.hosts.lookup(&normalize_host(host))
+    }
+
     /// Finds the route for a request that arrived on `port`.
     /// `host` is the Host header or :authority (any `:port` suffix is ignored, case-insensitive);
     /// `path_and_query` is the raw request target (`/a/b?x=1`).
