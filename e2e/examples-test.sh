@@ -81,16 +81,8 @@ for ex in "${EXAMPLES[@]}"; do
   log "applied examples/$ex into $ns ($(grep -c '^kind:' "$applied.$ex.yaml") objects)"
 done
 
-# addr EXAMPLE GATEWAY: waits until the Gateway is Programmed and prints its address.
-addr() {
-  local ns a
-  ns=$(ns_of "$1")
-  kubectl -n "$ns" wait --for=condition=Programmed "gateway/$2" --timeout "${TIMEOUT}s" >/dev/null ||
-    die "Gateway $ns/$2 not Programmed: $(kubectl -n "$ns" get gateway "$2" -o jsonpath='{.status.conditions}')"
-  a=$(kubectl -n "$ns" get gateway "$2" -o jsonpath='{.status.addresses[0].value}')
-  [[ $a == 127.0.1.* ]] || die "Gateway $ns/$2 has address '$a', not 127.0.1.N"
-  echo "$a"
-}
+# addr EXAMPLE GATEWAY: the Gateway's LoadBalancer address, once it is Programmed.
+addr() { lb_address "$(ns_of "$1")" "$2" "$TIMEOUT"; }
 
 # expect WHAT WANT CMD...: runs CMD (a curl printing what is compared) until its output
 # contains WANT, failing after TIMEOUT with the last output.

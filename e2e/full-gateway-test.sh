@@ -101,9 +101,7 @@ spec:
   rules: [{matches: [{path: {type: PathPrefix, value: /gw-test}}], backendRefs: [{name: echo, port: 8080}]}]
 YAML
 
-kc -n "$NS" wait --for=condition=Programmed gateway/gw --timeout "${TIMEOUT}s" >/dev/null
-addr=$(kc -n "$NS" get gateway gw -o jsonpath='{.status.addresses[0].value}')
-[[ $addr == 127.0.1.* ]] || die "Gateway address is '$addr', not 127.0.1.N"
+addr=$(lb_address "$NS" gw "$TIMEOUT")
 log "Gateway Programmed at $addr"
 
 # serve URL PATH: waits until URL answers from echo-basic of this test's namespace with PATH
@@ -138,13 +136,7 @@ until [[ $(kc -n "$NS" get gateway gw -o jsonpath='{.status.conditions[?(@.type=
   sleep 0.2
 done
 kc -n "$NS" patch gateway gw --type json -p '[{"op":"remove","path":"/spec/addresses"}]' >/dev/null
-kc -n "$NS" wait --for=condition=Programmed gateway/gw --timeout "${TIMEOUT}s" >/dev/null
-# The load balancer assigns a pool address again (the ClusterIP is listed until it does).
-deadline=$((SECONDS + TIMEOUT))
-until addr=$(kc -n "$NS" get gateway gw -o jsonpath='{.status.addresses[0].value}') && [[ $addr == 127.0.1.* ]]; do
-  ((SECONDS < deadline)) || die "Gateway address is '$addr', not 127.0.1.N, after removing spec.addresses"
-  sleep 0.2
-done
+addr=$(lb_address "$NS" gw "$TIMEOUT")
 serve "http://$addr:8080/gw-test" /gw-test
 log "unusable address reported AddressNotUsable; without spec.addresses served at $addr again"
 

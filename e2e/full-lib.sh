@@ -18,3 +18,18 @@ require_full_cluster() {
   log "building tollgate and tollgate-proxy (debug) into $CARGO_TARGET_DIR"
   (cd "$ROOT" && cargo build -q --locked -p tollgate -p tollgate-proxy)
 }
+
+# lb_address NS GATEWAY TIMEOUT: waits until the Gateway is Programmed and lists a
+# LoadBalancer address 127.0.1.N (status lists the ClusterIP until the load balancer has
+# assigned one), and prints it.
+lb_address() {
+  local ns=$1 gw=$2 timeout=$3 a="" deadline
+  kubectl -n "$ns" wait --for=condition=Programmed "gateway/$gw" --timeout "${timeout}s" >/dev/null ||
+    die "Gateway $ns/$gw not Programmed: $(kubectl -n "$ns" get gateway "$gw" -o jsonpath='{.status.conditions}')"
+  deadline=$((SECONDS + timeout))
+  until a=$(kubectl -n "$ns" get gateway "$gw" -o jsonpath='{.status.addresses[0].value}') && [[ $a == 127.0.1.* ]]; do
+    ((SECONDS < deadline)) || die "Gateway $ns/$gw has address '$a', not 127.0.1.N"
+    sleep 0.2
+  done
+  echo "$a"
+}
