@@ -165,7 +165,7 @@ pub fn watch(
     use notify::Watcher;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|e| changes_content(&e.kind)) {
             let _ = tx.try_send(());
         }
     })
@@ -174,6 +174,19 @@ pub fn watch(
         .watch(dir, notify::RecursiveMode::Recursive)
         .map_err(|e| RunError::Watch(dir.to_path_buf(), e))?;
     Ok((watcher, rx))
+}
+
+/// Whether an event can change what a scan reads. Opening, reading and closing a file
+/// unwritten cannot, and a scan does exactly that: counting those events made every reload
+/// trigger the next one.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
 }
 
 /// Debounces a change stream: after one change, waits until `quiet` passes without another.
@@ -186,6 +199,34 @@ pub async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<()>, quiet: Durati
             Ok(Some(())) => continue,
             Ok(None) => return false,
             Err(_) => return true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
+
+    #[test]
+    fn reading_a_file_is_not_a_change() {
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ] {
+            assert!(!changes_content(&kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Any,
+        ] {
+            assert!(changes_content(&kind), "{kind:?}");
         }
     }
 }
