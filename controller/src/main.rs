@@ -211,11 +211,12 @@ fn main() -> ExitCode {
 
 /// Writes every table; true when nothing was rejected.
 fn compile_to(dir: &std::path::Path, out: &std::path::Path) -> anyhow::Result<bool> {
-    let scan = tollgate::manifests::ManifestDir::new(dir).scan(&now())?;
+    let mut manifests = tollgate::manifests::ManifestDir::new(dir);
+    let scan = manifests.scan(&now())?;
     for e in &scan.errors {
         eprintln!("error: {e}");
     }
-    let output = tollgate::compile::compile(&scan.inputs);
+    let output = tollgate::compile::compile(scan.inputs);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for (key, table) in &output.tables {
         let mut table = table.clone();

@@ -8,13 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::ratelimit::RateLimiter;
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::compile::{Rejection, compile};
 use crate::manifests::ManifestDir;
@@ -57,6 +57,9 @@ pub struct Runner {
     rate_limiter: RateLimiter,
     served: BTreeMap<ObjectKey, Served>,
     reported: BTreeSet<String>,
+    /// True once the manifests have been compiled and every table applied: a later scan that
+    /// changes nothing skips compiling.
+    loaded: bool,
 }
 
 impl Runner {
@@ -72,6 +75,7 @@ impl Runner {
             access_log: opts.access_log,
             served: BTreeMap::new(),
             reported: BTreeSet::new(),
+            loaded: false,
         }
     }
 
@@ -87,11 +91,25 @@ impl Runner {
 
     /// Reads the manifests again, compiles them and applies every changed table.
     pub async fn reload(&mut self, now: Time) -> Result<(), RunError> {
+        let started = Instant::now();
         let scan = self.manifests.scan(&now)?;
         for e in &scan.errors {
             error!(error = %e, "manifest not loaded; keeping its last good version");
         }
-        let out = compile(&scan.inputs);
+        let (read, parsed) = (scan.read, scan.parsed);
+        let scanned = started.elapsed();
+        if !scan.changed && self.loaded {
+            // Same objects as the last compile: same tables, nothing to apply.
+            debug!(
+                files_read = read,
+                scan_ms = ms(scanned),
+                "no manifest changed"
+            );
+            return Ok(());
+        }
+        self.loaded = true;
+        let out = compile(scan.inputs);
+        let compiled = started.elapsed();
         self.report(&out.rejections());
         let live: BTreeSet<ObjectKey> = out.tables.keys().cloned().collect();
         let gone: Vec<ObjectKey> = self
@@ -131,10 +149,20 @@ impl Runner {
                     info!(gateway = %key, version = served.version, "route table applied");
                 }
                 Err(e) => {
+                    // Try again on the next change, even one that leaves the inputs as they are.
+                    self.loaded = false;
                     error!(gateway = %key, error = %e, "route table not applied; the previous one keeps serving")
                 }
             }
         }
+        debug!(
+            files_read = read,
+            files_parsed = parsed,
+            scan_ms = ms(scanned),
+            compile_ms = ms(compiled - scanned),
+            apply_ms = ms(started.elapsed() - compiled),
+            "reloaded"
+        );
         Ok(())
     }
 
@@ -156,6 +184,10 @@ impl Runner {
             s.proxy.shutdown().await;
         }
     }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// Watches `dir` and sends a unit each time something below it changes.
