@@ -8,13 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::ratelimit::RateLimiter;
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::compile::{Rejection, compile};
 use crate::manifests::ManifestDir;
@@ -57,6 +57,9 @@ pub struct Runner {
     rate_limiter: RateLimiter,
     served: BTreeMap<ObjectKey, Served>,
     reported: BTreeSet<String>,
+    /// True once the manifests have been compiled and every table applied: a later scan that
+    /// changes nothing skips compiling.
+    loaded: bool,
 }
 
 impl Runner {
@@ -72,6 +75,7 @@ impl Runner {
             access_log: opts.access_log,
             served: BTreeMap::new(),
             reported: BTreeSet::new(),
+            loaded: false,
         }
     }
 
@@ -87,11 +91,25 @@ impl Runner {
 
     /// Reads the manifests again, compiles them and applies every changed table.
     pub async fn reload(&mut self, now: Time) -> Result<(), RunError> {
+        let started = Instant::now();
         let scan = self.manifests.scan(&now)?;
         for e in &scan.errors {
             error!(error = %e, "manifest not loaded; keeping its last good version");
         }
-        let out = compile(&scan.inputs);
+        let (read, parsed) = (scan.read, scan.parsed);
+        let scanned = started.elapsed();
+        if !scan.changed && self.loaded {
+            // Same objects as the last compile: same tables, nothing to apply.
+            debug!(
+                files_read = read,
+                scan_ms = ms(scanned),
+                "no manifest changed"
+            );
+            return Ok(());
+        }
+        self.loaded = true;
+        let out = compile(scan.inputs);
+        let compiled = started.elapsed();
         self.report(&out.rejections());
         let live: BTreeSet<ObjectKey> = out.tables.keys().cloned().collect();
         let gone: Vec<ObjectKey> = self
@@ -131,10 +149,20 @@ impl Runner {
                     info!(gateway = %key, version = served.version, "route table applied");
                 }
                 Err(e) => {
+                    // Try again on the next change, even one that leaves the inputs as they are.
+                    self.loaded = false;
                     error!(gateway = %key, error = %e, "route table not applied; the previous one keeps serving")
                 }
             }
         }
+        debug!(
+            files_read = read,
+            files_parsed = parsed,
+            scan_ms = ms(scanned),
+            compile_ms = ms(compiled - scanned),
+            apply_ms = ms(started.elapsed() - compiled),
+            "reloaded"
+        );
         Ok(())
     }
 
@@ -158,6 +186,10 @@ impl Runner {
     }
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// Watches `dir` and sends a unit each time something below it changes.
 pub fn watch(
     dir: &std::path::Path,
@@ -165,7 +197,7 @@ pub fn watch(
     use notify::Watcher;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|e| changes_content(&e.kind)) {
             let _ = tx.try_send(());
         }
     })
@@ -174,6 +206,19 @@ pub fn watch(
         .watch(dir, notify::RecursiveMode::Recursive)
         .map_err(|e| RunError::Watch(dir.to_path_buf(), e))?;
     Ok((watcher, rx))
+}
+
+/// Whether an event can change what a scan reads. Opening, reading and closing a file
+/// unwritten cannot, and a scan does exactly that: counting those events made every reload
+/// trigger the next one.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
 }
 
 /// Debounces a change stream: after one change, waits until `quiet` passes without another.
@@ -186,6 +231,34 @@ pub async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<()>, quiet: Durati
             Ok(Some(())) => continue,
             Ok(None) => return false,
             Err(_) => return true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
+
+    #[test]
+    fn reading_a_file_is_not_a_change() {
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ] {
+            assert!(!changes_content(&kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Any,
+        ] {
+            assert!(changes_content(&kind), "{kind:?}");
         }
     }
 }

@@ -33,8 +33,9 @@ impl Report {
 
 /// Validates the manifests under `dir`.
 pub fn validate(dir: &std::path::Path, now: Time) -> Result<Report, ManifestError> {
-    let scan = ManifestDir::new(dir).scan(&now)?;
-    let out = compile(&scan.inputs);
+    let mut manifests = ManifestDir::new(dir);
+    let scan = manifests.scan(&now)?;
+    let out = compile(scan.inputs);
     let mut text = render(&out);
     let rejections = out.rejections();
     for e in &scan.errors {

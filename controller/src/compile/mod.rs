@@ -217,8 +217,9 @@ pub fn compile(inputs: &Inputs) -> Output {
         .collect();
     let mut http_routes = BTreeMap::new();
     let mut grpc_routes = BTreeMap::new();
-    for r in routes.routes.iter().filter(|r| !r.parents.is_empty()) {
-        let mut parents = r.parents.clone();
+    // The routes are not needed after this: their status entries move out, uncloned.
+    for r in routes.routes.into_iter().filter(|r| !r.parents.is_empty()) {
+        let mut parents = r.parents;
         for p in &mut parents {
             let gw = ObjectKey::new(
                 p.parent_ref
@@ -236,11 +237,11 @@ pub fn compile(inputs: &Inputs) -> Output {
         }
         match r.kind {
             RouteKind::Http => {
-                http_routes.insert(r.key.clone(), HttpRouteStatus { parents });
+                http_routes.insert(r.key, HttpRouteStatus { parents });
             }
             RouteKind::Grpc => {
                 let parents = parents.into_iter().map(kinds::grpc_parent).collect();
-                grpc_routes.insert(r.key.clone(), GrpcRouteStatus { parents });
+                grpc_routes.insert(r.key, GrpcRouteStatus { parents });
             }
         }
     }
