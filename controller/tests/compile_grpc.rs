@@ -173,6 +173,7 @@ fn filters_reuse_the_httproute_conversions() {
             Filter::RequestMirror(Mirror {
                 backend: Some(BackendKey::h2c("apps", "web", 80)),
                 per_million: 500_000,
+                sampler: Default::default(),
             }),
         ]
     );

@@ -149,10 +149,12 @@ fn every_filter_converts() {
             Filter::RequestMirror(Mirror {
                 backend: Some(BackendKey::of("apps", "api", 8080)),
                 per_million: 333_333,
+                sampler: Default::default(),
             }),
             Filter::RequestMirror(Mirror {
                 backend: Some(BackendKey::of("apps", "web", 80)),
                 per_million: 1_000_000,
+                sampler: Default::default(),
             }),
             Filter::Cors(Cors {
                 allow_origins: vec!["https://*.example.com".into()],

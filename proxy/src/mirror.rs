@@ -29,9 +29,9 @@ pub(crate) const MAX_MIRROR_BODY: u64 = 64 * 1024;
 /// How long a mirrored request may take before it is abandoned.
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// True with probability `per_million / 1_000_000`.
-pub(crate) fn sampled(per_million: u32) -> bool {
-    per_million >= 1_000_000 || fastrand::u32(..1_000_000) < per_million
+/// Whether this request is one of the filter's share (see [`tollgate_api::MirrorSampler`]).
+pub(crate) fn sampled(m: &tollgate_api::Mirror) -> bool {
+    m.sampler.next(m.per_million)
 }
 
 /// What to copy.
@@ -100,9 +100,34 @@ pub(crate) fn spawn(
 mod tests {
     use super::*;
 
+    fn mirror(per_million: u32) -> tollgate_api::Mirror {
+        tollgate_api::Mirror {
+            backend: None,
+            per_million,
+            sampler: Default::default(),
+        }
+    }
+
     #[test]
     fn sampling_bounds() {
-        assert!((0..1000).all(|_| sampled(1_000_000)));
-        assert!((0..1000).all(|_| !sampled(0)));
+        let (all, none) = (mirror(1_000_000), mirror(0));
+        assert!((0..1000).all(|_| sampled(&all)));
+        assert!((0..1000).all(|_| !sampled(&none)));
+    }
+
+    #[test]
+    fn the_share_is_exact_over_any_run() {
+        // 20%: every 5th request; 0.5%: 1 in 200; a fraction of a percent keeps its share.
+        for (per_million, n, want) in [(200_000, 500, 100), (5_000, 1000, 5), (333_333, 3000, 999)]
+        {
+            let m = mirror(per_million);
+            let got = (0..n).filter(|_| sampled(&m)).count();
+            assert_eq!(got, want, "{per_million} per million of {n}");
+        }
+        let m = mirror(200_000);
+        let picks: Vec<bool> = (0..10).map(|_| sampled(&m)).collect();
+        assert_eq!(picks.iter().filter(|p| **p).count(), 2);
+        // A clone (a new table) starts again; equality ignores the sampler's state.
+        assert_eq!(m.clone(), mirror(200_000));
     }
 }

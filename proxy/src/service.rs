@@ -270,7 +270,7 @@ fn request_filter<'s>(
         }
         Filter::RequestMirror(m) => {
             if let Some(key) = m.backend.as_deref()
-                && mirror::sampled(m.per_million)
+                && mirror::sampled(m)
             {
                 plan.mirrors.push(key);
             }

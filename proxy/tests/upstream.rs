@@ -146,6 +146,7 @@ async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
         vec![Filter::RequestMirror(Mirror {
             backend: Some("shadow".into()),
             per_million: 1_000_000,
+            sampler: Default::default(),
         })],
     );
     let unsampled = with_filters(
@@ -153,6 +154,7 @@ async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
         vec![Filter::RequestMirror(Mirror {
             backend: Some("shadow".into()),
             per_million: 0,
+            sampler: Default::default(),
         })],
     );
     let (_p, url) = proxy_with(
@@ -194,6 +196,7 @@ async fn slow_mirror_does_not_delay_the_main_response() {
         vec![Filter::RequestMirror(Mirror {
             backend: Some("shadow".into()),
             per_million: 1_000_000,
+            sampler: Default::default(),
         })],
     );
     let mut r = r;

@@ -437,6 +437,7 @@ fn mirror(
     Ok(Mirror {
         backend,
         per_million,
+        sampler: Default::default(),
     })
 }
 

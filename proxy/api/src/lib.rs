@@ -359,7 +359,47 @@ pub struct Mirror {
     pub backend: Option<String>,
     /// Share of requests mirrored, in millionths (1_000_000 = all).
     pub per_million: u32,
+    /// Which requests are mirrored (runtime state of the proxy, not part of the table).
+    #[serde(skip)]
+    pub sampler: MirrorSampler,
 }
+
+/// Picks the requests a [`Mirror`] copies so that the share is exact over any run of
+/// requests, not just on average: the n-th request through the filter is mirrored when
+/// `floor(n * per_million / 1e6)` rises (20% mirrors every 5th request). Random sampling
+/// would make the mirrored share of a short run vary by several points. Runtime state only:
+/// not serialised, equal to any other sampler, and a clone starts from zero.
+#[derive(Debug, Default)]
+pub struct MirrorSampler(std::sync::atomic::AtomicU64);
+
+impl MirrorSampler {
+    /// Whether the next request is mirrored, for a share of `per_million` millionths.
+    pub fn next(&self, per_million: u32) -> bool {
+        if per_million >= 1_000_000 {
+            return true;
+        }
+        if per_million == 0 {
+            return false;
+        }
+        let n = u128::from(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let p = u128::from(per_million);
+        (n + 1) * p / 1_000_000 > n * p / 1_000_000
+    }
+}
+
+impl Clone for MirrorSampler {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for MirrorSampler {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for MirrorSampler {}
 
 /// A CORS filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
