@@ -251,27 +251,22 @@ impl Reconciler {
         let mut connected = 0;
         let mut in_sync = 0;
         for (key, st) in &mut out.gateways {
+            let live = self
+                .stores
+                .gateways
+                .get(&ObjectRef::new(&key.name).within(&key.namespace));
+            let live = live.as_deref().and_then(|g| g.as_ok());
             if self.settings.provision.is_some() {
-                let r = ObjectRef::new(&key.name).within(&key.namespace);
-                let requested = self
-                    .stores
-                    .gateways
-                    .get(&r)
-                    .and_then(|g| g.as_ok().map(provision::requested_addresses))
-                    .unwrap_or_default();
+                let requested = live.map(provision::requested_addresses).unwrap_or_default();
                 static_addresses(st, &requested, self.addresses(key));
             }
             if let Some(push) = &self.settings.push {
                 let sync = push.sync(key);
                 connected += i64::from(sync.connected);
                 in_sync += i64::from(sync.in_sync);
-                let r = ObjectRef::new(&key.name).within(&key.namespace);
-                let live_true = self
-                    .stores
-                    .gateways
-                    .get(&r)
-                    .and_then(|g| g.as_ok().and_then(|g| g.status.clone()))
-                    .is_some_and(|s| programmed_true(&s));
+                let live_true = live
+                    .and_then(|g| g.status.as_ref())
+                    .is_some_and(programmed_true);
                 programmed(st, &sync, live_true);
             }
         }
