@@ -62,7 +62,7 @@ def demo_backend(port: int) -> dict:
     }
 
 
-def to_cluster(docs: list, ns: str) -> list:
+def to_cluster(docs: list, ns: str) -> str:
     ports = {p.get("port") for d in docs if d.get("kind") == "EndpointSlice" for p in d.get("ports", [])}
     ports.discard(None)
     if len(ports) > 1:

@@ -462,8 +462,17 @@ async fn late_secret_and_mount_above_the_state_dir() {
         },
     )
     .await;
+    // The namespace's name holds "late" too: the message must name the Secret itself.
     assert!(
         waiting.message.as_deref().unwrap_or("").contains("late"),
+        "{waiting:?}"
+    );
+    assert!(
+        waiting
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("secret {ns}/late not found")),
         "{waiting:?}"
     );
 
