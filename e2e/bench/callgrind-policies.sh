@@ -14,24 +14,9 @@ bench=$PWD/e2e/bench
 n=${1:-5000}
 out=${2:-$(mktemp -d /tmp/tollgate-callgrind-policies.XXXXXX)}
 mkdir -p "$out"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tollgate/target}"
-bin=$CARGO_TARGET_DIR/release
-oha=$HOME/.cache/tollgate/cargo-bin/bin/oha
-command -v nginx >/dev/null || PATH=$PATH:/usr/sbin
-command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-[ -x "$oha" ] || { echo "oha missing: run e2e/bench/run.sh once" >&2; exit 1; }
-[ "${BUILD:-1}" = 1 ] && cargo build --release -q -p tollgate -p tollgate-proxy
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-. "$bench/backend.sh"
-backend_conf "$out"
-taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
-pids+=($!)
+# shellcheck source=e2e/bench/callgrind-lib.sh
+. "$bench/callgrind-lib.sh"
+callgrind_setup
 python3 "$bench/gen-policies.py" "$out/v" >/dev/null
 
 admin=19930

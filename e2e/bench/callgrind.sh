@@ -4,30 +4,16 @@
 # noisy to decide. Each proxy runs under callgrind with instrumentation off, gets a warm-up,
 # then exactly N keep-alive requests (oha -n N -c 10) with instrumentation on.
 # Needs what run.sh installs, plus valgrind. Writes callgrind.out files to OUT (kept).
-# Usage: e2e/bench/callgrind.sh [N (default 5000)] [OUT (default a temp dir)]
+# Usage: e2e/bench/callgrind.sh [N (default 5000)] [OUT (default a temp dir)]; BUILD=0 uses the binaries already built
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bench=$PWD/e2e/bench
 n=${1:-5000}
 out=${2:-$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)}
 mkdir -p "$out"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tollgate/target}"
-bin=$CARGO_TARGET_DIR/release
-oha=$HOME/.cache/tollgate/cargo-bin/bin/oha
-command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-[ -x "$oha" ] || { echo "oha missing: run e2e/bench/run.sh once" >&2; exit 1; }
-cargo build --release -q -p tollgate -p tollgate-proxy
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-. "$bench/backend.sh"
-backend_conf "$out"
-taskset -c 1 nginx -e "$out/backend.err" -c "$out/backend.conf" &
-pids+=($!)
+# shellcheck source=e2e/bench/callgrind-lib.sh
+. "$bench/callgrind-lib.sh"
+callgrind_setup
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
   -subj /CN=bench.example.test -keyout "$out/key.pem" -out "$out/cert.pem" 2>/dev/null
 python3 "$bench/gen-configs.py" one "$out/cfg" --cert "$out/cert.pem" --key "$out/key.pem" >/dev/null
