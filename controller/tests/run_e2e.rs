@@ -509,3 +509,42 @@ fn compile_writes_the_table_the_proxy_serves() {
     assert_eq!(table.ports[0].address, "127.0.0.1");
     assert!(table.backends.contains_key("default/echo:80"), "{text}");
 }
+
+/// `tollgate demo-backend`: the echo backend alone (what examples/ run as a pod on a cluster),
+/// with its DEMO introspection endpoint, ending cleanly on SIGTERM.
+#[test]
+fn demo_backend_serves_echo_and_introspection_and_stops_on_sigterm() {
+    let logs = temp_dir("demo-backend");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut tg = Tollgate::start(
+        &["demo-backend", "--listen", &listen, "--name", "pod-a"],
+        &logs,
+    );
+    let echo = eventually(WAIT, || get(port, "example.test", "/hello?x=1"))
+        .unwrap_or_else(|| panic!("demo backend never answered; log:\n{}", tg.log()));
+    assert_eq!(echo.status, 200);
+    let doc = echo.json();
+    assert_eq!(doc["backend"], "pod-a");
+    assert_eq!(doc["path"], "/hello?x=1");
+    assert_eq!(doc["host"], "example.test");
+    let introspected = post_h2c(
+        port,
+        "/introspect",
+        &[
+            // demo-client:demo-secret
+            ("authorization", "Basic ZGVtby1jbGllbnQ6ZGVtby1zZWNyZXQ="),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        b"token=demo-token-alice",
+    )
+    .expect("POST /introspect");
+    assert_eq!(introspected.status, 200);
+    let doc = introspected.json();
+    assert_eq!(doc["active"], true, "{doc}");
+    assert_eq!(doc["sub"], "alice");
+    let status = tg
+        .terminate(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("still running 10 s after SIGTERM; log:\n{}", tg.log()));
+    assert!(status.success(), "{status:?}\n{}", tg.log());
+}

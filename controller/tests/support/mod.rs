@@ -33,6 +33,21 @@ impl Tollgate {
         Self { child, log }
     }
 
+    /// Sends SIGTERM and waits (up to `limit`) for the process to exit; its exit status, or
+    /// None if it is still running.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().ok()?;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().ok()? {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Everything the process has written so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
