@@ -80,7 +80,8 @@ impl UpstreamHead<'_> {
         )
         .map_err(|_| StatusCode::BAD_REQUEST)?;
         parts.version = match self.protocol {
-            BackendProtocol::Http1 => Version::HTTP_11,
+            // Tcp backends are only on passthrough ports; never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
             BackendProtocol::H2c => Version::HTTP_2,
         };
         Ok(())

@@ -212,6 +212,11 @@ impl Proxy {
             let tls = match p.protocol {
                 Protocol::Http => None,
                 Protocol::Https => Some(Arc::new(crate::tls::port_tls(p)?)),
+                // Not served yet: never let a passthrough port fall back to plain HTTP.
+                Protocol::TlsPassthrough => {
+                    tracing::warn!(port = p.port, "TLS passthrough ports are not served yet");
+                    continue;
+                }
             };
             ports.insert(p.port, PortState { tls });
             wanted.push((ip, p.port));

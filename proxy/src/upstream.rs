@@ -61,7 +61,8 @@ impl Upstream {
         req: Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         match protocol {
-            BackendProtocol::Http1 => endpoint.pool.send(req).await,
+            // Tcp backends are only on passthrough ports; never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp => endpoint.pool.send(req).await,
             // Boxed: the legacy client's future is large, and would otherwise size (and be
             // copied with) every HTTP/1.1 request's future too.
             BackendProtocol::H2c => Box::pin(self.h2.request(req))
@@ -82,7 +83,7 @@ pub(crate) fn request_uri(
     current: &Uri,
 ) -> Result<Uri, http::Error> {
     match protocol {
-        BackendProtocol::Http1 => {
+        BackendProtocol::Http1 | BackendProtocol::Tcp => {
             // The client's request line already says it (the common case): keep it.
             if current.scheme().is_none()
                 && current.authority().is_none()

@@ -18,7 +18,8 @@
 //! their own key ([`BackendKey::h2c`]), so an HTTPRoute to the same Service port keeps the
 //! protocol its `appProtocol` names. For a GRPCRoute the port's `appProtocol` may be unset,
 //! `http`, `grpc` or `kubernetes.io/h2c`; anything else (WebSocket, TLS) is
-//! `UnsupportedProtocol`.
+//! `UnsupportedProtocol`. A TLSRoute's backends have their own key too ([`BackendKey::tcp`]):
+//! passthrough copies bytes, so any `appProtocol` is accepted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -116,6 +117,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
         let key = match route_kind {
             RouteKind::Http => BackendKey::of(ns, name, port16),
             RouteKind::Grpc => BackendKey::h2c(ns, name, port16),
+            RouteKind::Tls => BackendKey::tcp(ns, name, port16),
         };
         if self.backends.contains_key(&key) {
             return Ok(key);
@@ -231,6 +233,8 @@ impl<'i, 'a> Resolver<'i, 'a> {
 /// cannot speak it.
 fn backend_protocol(sp: &ServicePort, kind: RouteKind) -> Option<BackendProtocol> {
     match (kind, sp.app_protocol.as_deref()) {
+        // Passthrough copies bytes: whatever the port speaks is the client's business.
+        (RouteKind::Tls, _) => Some(BackendProtocol::Tcp),
         (
             RouteKind::Http,
             None | Some("" | "http" | "HTTP" | "kubernetes.io/ws" | "kubernetes.io/wss"),

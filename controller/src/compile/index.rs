@@ -13,6 +13,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
+use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -55,6 +56,8 @@ pub struct Index<'a> {
     pub routes: Vec<&'a HttpRoute>,
     /// GRPCRoutes sorted by key.
     pub grpc_routes: Vec<&'a GrpcRoute>,
+    /// TLSRoutes sorted by key.
+    pub tls_routes: Vec<&'a TlsRoute>,
     /// Services by key.
     pub services: BTreeMap<Ref<'a>, &'a Service>,
     /// EndpointSlices by (namespace, service name), sorted by slice name.
@@ -74,6 +77,7 @@ impl<'a> Index<'a> {
         let gateways = by_key(&inputs.gateways, |g| &g.metadata);
         let routes = by_key(&inputs.http_routes, |r| &r.metadata);
         let grpc_routes = by_key(&inputs.grpc_routes, |r| &r.metadata);
+        let tls_routes = by_key(&inputs.tls_routes, |r| &r.metadata);
         let services = by_key(&inputs.services, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
@@ -119,6 +123,7 @@ impl<'a> Index<'a> {
             gateways,
             routes,
             grpc_routes,
+            tls_routes,
             services,
             slices,
             secrets,

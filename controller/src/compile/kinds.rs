@@ -1,14 +1,14 @@
-//! Route kinds: what HTTPRoute and GRPCRoute share, so attachment, status and rejections are
+//! Route kinds: what HTTPRoute, GRPCRoute and TLSRoute share, so attachment, status and rejections are
 //! written once.
 //!
-//! In: an HTTPRoute or a GRPCRoute. Out: a [`RouteSource`] giving attachment what it reads
+//! In: an HTTPRoute, a GRPCRoute or a TLSRoute. Out: a [`RouteSource`] giving attachment what it reads
 //! (kind, metadata, hostnames, parentRefs) and the compiled rules; and [`RouteParent`], the
 //! accessors of a `status.parents[]` entry that both generated status types share, so the
 //! status writer, `validate` and the rejection list handle both kinds with one body.
 //!
 //! The compiler keeps parentRefs and parent statuses in the HTTPRoute types internally (the
-//! generated GRPCRoute types have the same fields under other names) and converts GRPCRoute
-//! ones at the edges: parentRefs on the way in, statuses on the way out.
+//! generated GRPCRoute and TLSRoute types have the same fields under other names) and converts
+//! theirs at the edges: parentRefs on the way in, statuses on the way out.
 
 use std::borrow::Cow;
 
@@ -16,7 +16,9 @@ use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatus
 use gateway_api::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
+use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use tollgate_api::Protocol;
 
 use super::backends::Resolver;
 use super::rules::{CompiledRoute, compile_route};
@@ -43,17 +45,29 @@ pub enum RouteKind {
     Http,
     /// gateway.networking.k8s.io GRPCRoute: backends always spoken to over h2c.
     Grpc,
+    /// gateway.networking.k8s.io TLSRoute: TLS passthrough, routed on SNI, bytes copied.
+    Tls,
 }
 
 impl RouteKind {
     /// Every kind, in the order listeners advertise them in `supportedKinds`.
-    pub const ALL: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
+    pub const ALL: [RouteKind; 3] = [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls];
+
+    /// The kinds a listener of `protocol` serves, in `supportedKinds` order: HTTPRoute and
+    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS passthrough.
+    pub fn for_protocol(protocol: Protocol) -> &'static [RouteKind] {
+        match protocol {
+            Protocol::Http | Protocol::Https => &[RouteKind::Http, RouteKind::Grpc],
+            Protocol::TlsPassthrough => &[RouteKind::Tls],
+        }
+    }
 
     /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Http => "HTTPRoute",
             Self::Grpc => "GRPCRoute",
+            Self::Tls => "TLSRoute",
         }
     }
 
@@ -76,6 +90,8 @@ pub enum RouteSource<'a> {
     Http(&'a HttpRoute),
     /// A GRPCRoute.
     Grpc(&'a GrpcRoute),
+    /// A TLSRoute.
+    Tls(&'a TlsRoute),
 }
 
 impl<'a> RouteSource<'a> {
@@ -84,6 +100,7 @@ impl<'a> RouteSource<'a> {
         match self {
             Self::Http(_) => RouteKind::Http,
             Self::Grpc(_) => RouteKind::Grpc,
+            Self::Tls(_) => RouteKind::Tls,
         }
     }
 
@@ -92,23 +109,32 @@ impl<'a> RouteSource<'a> {
         match self {
             Self::Http(r) => &r.metadata,
             Self::Grpc(r) => &r.metadata,
+            Self::Tls(r) => &r.metadata,
         }
     }
 
     /// `spec.hostnames`.
     pub fn hostnames(self) -> &'a [String] {
         match self {
-            Self::Http(r) => r.spec.hostnames.as_deref(),
-            Self::Grpc(r) => r.spec.hostnames.as_deref(),
+            Self::Http(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
+            Self::Grpc(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
+            Self::Tls(r) => &r.spec.hostnames,
         }
-        .unwrap_or_default()
     }
 
-    /// `spec.parentRefs`, GRPCRoute ones converted to the HTTPRoute type (same fields).
+    /// `spec.parentRefs`, GRPCRoute and TLSRoute ones converted to the HTTPRoute type (same fields).
     pub fn parent_refs(self) -> Cow<'a, [HttpRouteParentRefs]> {
         match self {
             Self::Http(r) => Cow::Borrowed(r.spec.parent_refs.as_deref().unwrap_or_default()),
             Self::Grpc(r) => Cow::Owned(
+                r.spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
+                    .collect(),
+            ),
+            Self::Tls(r) => Cow::Owned(
                 r.spec
                     .parent_refs
                     .iter()
@@ -124,6 +150,7 @@ impl<'a> RouteSource<'a> {
         match self {
             Self::Http(r) => compile_route(r, resolver),
             Self::Grpc(r) => super::grpc::compile_grpc_route(r, resolver),
+            Self::Tls(r) => super::tlsroute::compile_tls_route(r, resolver),
         }
     }
 }
@@ -132,6 +159,15 @@ impl<'a> RouteSource<'a> {
 pub fn grpc_parent(p: HttpRouteStatusParents) -> GrpcRouteStatusParents {
     GrpcRouteStatusParents {
         parent_ref: parent_ref_as!(GrpcRouteStatusParentsParentRef, &p.parent_ref),
+        conditions: p.conditions,
+        controller_name: p.controller_name,
+    }
+}
+
+/// A TLSRoute `status.parents[]` entry from the compiler's (HTTPRoute-typed) one.
+pub fn tls_parent(p: HttpRouteStatusParents) -> TlsRouteStatusParents {
+    TlsRouteStatusParents {
+        parent_ref: parent_ref_as!(TlsRouteStatusParentsParentRef, &p.parent_ref),
         conditions: p.conditions,
         controller_name: p.controller_name,
     }
@@ -192,6 +228,7 @@ macro_rules! route_parent {
 
 route_parent!(HttpRouteStatusParents);
 route_parent!(GrpcRouteStatusParents);
+route_parent!(TlsRouteStatusParents);
 
 /// The parentRef of a status entry, built from a (HTTPRoute-typed) parentRef.
 pub fn status_parent_ref(p: &HttpRouteParentRefs) -> HttpRouteStatusParentsParentRef {

@@ -6,9 +6,11 @@
 //! Gateway's own conditions. Routes are attached later by [`super::routes`], which fills
 //! `attached` on each listener; [`GatewayModel::status`] then renders the status.
 //!
-//! Listener rules (Gateway API v1.5): HTTP and HTTPS only (`UnsupportedProtocol`), serving
-//! HTTPRoutes and GRPCRoutes (`supportedKinds` lists both unless `allowedRoutes.kinds` narrows
-//! it; other kinds there are `InvalidRouteKinds`); HTTPS needs
+//! Listener rules (Gateway API v1.5): HTTP, HTTPS and TLS only (`UnsupportedProtocol`). HTTP
+//! and HTTPS serve HTTPRoutes and GRPCRoutes, TLS serves TLSRoutes ([`RouteKind::for_protocol`];
+//! `supportedKinds` lists them unless `allowedRoutes.kinds` narrows it; other kinds there are
+//! `InvalidRouteKinds`). TLS needs `tls.mode: Passthrough` (Terminate, also the default, is
+//! `UnsupportedValue`: we do not terminate TLS for TLSRoutes) and uses no certificates; HTTPS needs
 //! `tls.mode: Terminate` and certificates ([`super::certs`]); listeners sharing a port with
 //! different protocols are `ProtocolConflict`, with the same hostname `HostnameConflict`; both
 //! are then neither accepted nor programmed. A listener whose HTTPS certificates all fail, or
@@ -356,6 +358,7 @@ fn validate_listener<'a>(
     let protocol = match l.protocol.as_str() {
         "HTTP" => Some(Protocol::Http),
         "HTTPS" => Some(Protocol::Https),
+        "TLS" => Some(Protocol::TlsPassthrough),
         _ => None,
     };
     let allowed = l.allowed_routes.as_ref();
@@ -434,14 +437,23 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         Some(list) if !list.is_empty() => {
             for k in list {
                 let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                match RouteKind::from_name(&k.kind).filter(|_| group == GATEWAY_GROUP) {
+                let served = |kind: &RouteKind| {
+                    group == GATEWAY_GROUP
+                        && l.protocol
+                            .is_none_or(|p| RouteKind::for_protocol(p).contains(kind))
+                };
+                match RouteKind::from_name(&k.kind).filter(served) {
                     Some(kind) if !kinds.contains(&kind) => kinds.push(kind),
                     Some(_) => {}
                     None => kind_problems.push(format!("{group}/{}", k.kind)),
                 }
             }
         }
-        _ => kinds.extend(RouteKind::ALL),
+        _ => {
+            if let Some(p) = l.protocol {
+                kinds.extend(RouteKind::for_protocol(p));
+            }
+        }
     }
     if l.protocol.is_none() {
         kinds.clear();
@@ -454,8 +466,16 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         l.protocol,
         l.spec.tls.as_ref().and_then(|t| t.mode.as_ref()),
     ) {
-        (Some(Protocol::Https), Some(GatewayListenersTlsMode::Passthrough)) => {
-            Some("tls.mode Passthrough is not supported for HTTPS (only Terminate)".to_owned())
+        (Some(Protocol::Https), Some(GatewayListenersTlsMode::Passthrough)) => Some((
+            reason::UNSUPPORTED_PROTOCOL,
+            "tls.mode Passthrough is not supported for HTTPS (only Terminate)",
+        )),
+        // The mode defaults to Terminate.
+        (Some(Protocol::TlsPassthrough), None | Some(GatewayListenersTlsMode::Terminate)) => {
+            Some((
+                reason::UNSUPPORTED_VALUE,
+                "tls.mode Terminate is not supported for TLS listeners (only Passthrough)",
+            ))
         }
         _ => None,
     };
@@ -466,12 +486,12 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
             ACCEPTED,
             reason::UNSUPPORTED_PROTOCOL,
             format!(
-                "protocol {} is not supported (HTTP and HTTPS only)",
+                "protocol {} is not supported (HTTP, HTTPS and TLS only)",
                 l.spec.protocol
             ),
         )
-    } else if let Some(m) = tls_mode_problem {
-        conds.no(ACCEPTED, reason::UNSUPPORTED_PROTOCOL, m)
+    } else if let Some((why, m)) = tls_mode_problem {
+        conds.no(ACCEPTED, why, m)
     } else if let Some(p) = &l.unsupported_tls {
         conds.no(ACCEPTED, p.reason, p.message.clone())
     } else if l.port.is_none() {

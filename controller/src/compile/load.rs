@@ -136,6 +136,7 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("gateway.networking.k8s.io", "Gateway") => push!(gateways),
         ("gateway.networking.k8s.io", "HTTPRoute") => push!(http_routes),
         ("gateway.networking.k8s.io", "GRPCRoute") => push!(grpc_routes),
+        ("gateway.networking.k8s.io", "TLSRoute") => push!(tls_routes),
         ("gateway.networking.k8s.io", "ReferenceGrant") => push!(reference_grants),
         ("tollgate.dev", "RateLimitPolicy") => push!(rate_limit_policies),
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),

@@ -2,13 +2,14 @@
 //!
 //! In: [`Inputs`], plain gateway-api and k8s-openapi objects plus the time to stamp on
 //! conditions. Out: [`Output`], one [`RouteTable`] per accepted Gateway of our class and the
-//! status every GatewayClass, Gateway, HTTPRoute and GRPCRoute of ours should carry. No I/O, no clock, no
+//! status every GatewayClass, Gateway, HTTPRoute, GRPCRoute and TLSRoute of ours should carry. No I/O, no clock, no
 //! hash-map iteration: the same input gives byte-identical output whatever the input order.
 //!
 //! The pipeline, one module per concern:
 //! [`classes`] (GatewayClass acceptance) → [`listeners`] (Gateway and listener validation,
 //! conflicts, [`certs`], unsupported [`tls`] settings) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
-//! [`rules`] (matches, [`filters`], timeouts), [`grpc`] (GRPCRoute matches) and [`backends`]
+//! [`rules`] (matches, [`filters`], timeouts), [`grpc`] (GRPCRoute matches), [`tlsroute`]
+//! (TLSRoute backends, for TLS passthrough listeners) and [`backends`]
 //! (Services, EndpointSlices, [`grants`]), [`crossserve`] (HTTPRoute/GRPCRoute hostname
 //! conflicts) → [`table`] (virtual hosts sorted by [`precedence`]) → statuses. [`kinds`] holds
 //! what the two route kinds share.
@@ -34,6 +35,7 @@ pub mod routes;
 pub mod rules;
 pub mod table;
 pub mod tls;
+pub mod tlsroute;
 
 use std::collections::BTreeMap;
 
@@ -42,6 +44,7 @@ use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
+use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -68,6 +71,8 @@ pub struct Inputs {
     pub http_routes: Vec<HttpRoute>,
     /// GRPCRoutes.
     pub grpc_routes: Vec<GrpcRoute>,
+    /// TLSRoutes.
+    pub tls_routes: Vec<TlsRoute>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -106,6 +111,7 @@ impl Inputs {
             gateways: Vec::new(),
             http_routes: Vec::new(),
             grpc_routes: Vec::new(),
+            tls_routes: Vec::new(),
             reference_grants: Vec::new(),
             services: Vec::new(),
             endpoint_slices: Vec::new(),
@@ -126,6 +132,7 @@ impl Inputs {
         self.gateways.extend(other.gateways);
         self.http_routes.extend(other.http_routes);
         self.grpc_routes.extend(other.grpc_routes);
+        self.tls_routes.extend(other.tls_routes);
         self.reference_grants.extend(other.reference_grants);
         self.services.extend(other.services);
         self.endpoint_slices.extend(other.endpoint_slices);
@@ -158,6 +165,13 @@ pub struct Output {
     /// HTTPRoutes.
     #[serde(serialize_with = "output::keyed")]
     pub grpc_routes: BTreeMap<ObjectKey, GrpcRouteStatus>,
+    /// Status of every TLSRoute with at least one parentRef to one of our Gateways, as for
+    /// HTTPRoutes.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub tls_routes: BTreeMap<ObjectKey, TlsRouteStatus>,
     /// Status of every RateLimitPolicy.
     #[serde(
         serialize_with = "output::keyed",
@@ -217,6 +231,7 @@ pub fn compile(inputs: &Inputs) -> Output {
         .collect();
     let mut http_routes = BTreeMap::new();
     let mut grpc_routes = BTreeMap::new();
+    let mut tls_routes = BTreeMap::new();
     // The routes are not needed after this: their status entries move out, uncloned.
     for r in routes.routes.into_iter().filter(|r| !r.parents.is_empty()) {
         let mut parents = r.parents;
@@ -243,6 +258,10 @@ pub fn compile(inputs: &Inputs) -> Output {
                 let parents = parents.into_iter().map(kinds::grpc_parent).collect();
                 grpc_routes.insert(r.key, GrpcRouteStatus { parents });
             }
+            RouteKind::Tls => {
+                let parents = parents.into_iter().map(kinds::tls_parent).collect();
+                tls_routes.insert(r.key, TlsRouteStatus { parents });
+            }
         }
     }
     Output {
@@ -254,6 +273,7 @@ pub fn compile(inputs: &Inputs) -> Output {
         gateways: gateway_statuses,
         http_routes,
         grpc_routes,
+        tls_routes,
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
     }

@@ -1,6 +1,6 @@
 //! Route attachment and status, for every route kind ([`RouteSource`]).
 //!
-//! In: every HTTPRoute and GRPCRoute, the validated [`GatewayModel`]s, a backend [`Resolver`].
+//! In: every HTTPRoute, GRPCRoute and TLSRoute, the validated [`GatewayModel`]s, a backend [`Resolver`].
 //! Out: per route that names one of our Gateways, the `status.parents[]` entries for those
 //! Gateways and the listeners (with effective hostnames) it is attached to; each listener's
 //! `attached` set is filled for `attachedRoutes`.
@@ -48,7 +48,7 @@ pub struct Attachment {
 /// One route (of any kind) that names at least one of our Gateways.
 #[derive(Debug)]
 pub struct RouteModel<'a> {
-    /// HTTPRoute or GRPCRoute.
+    /// HTTPRoute, GRPCRoute or TLSRoute.
     pub kind: RouteKind,
     /// The route's metadata.
     pub meta: &'a ObjectMeta,
@@ -66,7 +66,7 @@ pub struct RouteModel<'a> {
 /// Routes plus every backend they resolved.
 #[derive(Debug)]
 pub struct Routes<'a> {
-    /// HTTPRoutes sorted by key, then GRPCRoutes sorted by key.
+    /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, each sorted by key.
     pub routes: Vec<RouteModel<'a>>,
     /// Resolved backends by key.
     pub backends: BTreeMap<String, Backend>,
@@ -94,7 +94,8 @@ pub fn compile_routes<'a>(
         .routes
         .iter()
         .map(|r| RouteSource::Http(r))
-        .chain(idx.grpc_routes.iter().map(|r| RouteSource::Grpc(r)));
+        .chain(idx.grpc_routes.iter().map(|r| RouteSource::Grpc(r)))
+        .chain(idx.tls_routes.iter().map(|r| RouteSource::Tls(r)));
     for route in sources {
         let meta = route.meta();
         let route_ns = ns_of(meta);

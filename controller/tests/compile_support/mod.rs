@@ -162,3 +162,12 @@ pub fn order(v: &VirtualHost) -> Vec<String> {
 pub fn label(r: &Route) -> String {
     format!("{}#{}", r.route.name, r.rule_index)
 }
+
+/// Conditions of the `i`th parents[] entry of a TLSRoute.
+pub fn tls_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> &'a [Condition] {
+    &out.tls_routes
+        .get(&ObjectKey::new(ns, name))
+        .unwrap_or_else(|| panic!("no status for TLSRoute {ns}/{name}"))
+        .parents[i]
+        .conditions
+}

@@ -74,6 +74,13 @@ pub enum Protocol {
     /// TLS-terminated HTTP/1.1 and HTTP/2 (ALPN).
     #[serde(rename = "HTTPS")]
     Https,
+    /// TLS passthrough (Gateway API protocol `TLS`, `tls.mode: Passthrough`): the proxy reads
+    /// the ClientHello's SNI without terminating TLS and copies bytes both ways to a backend.
+    /// Each listener's virtual hosts are the SNI patterns it serves (exact, `*.` wildcard or
+    /// `*`, most specific first, as for HTTP); in each, the first route's weighted backends
+    /// are where connections go; matchers, filters, timeouts and policies are unused.
+    #[serde(rename = "TLSPassthrough")]
+    TlsPassthrough,
 }
 
 /// One socket the proxy binds, shared by every listener on that port.
@@ -435,6 +442,10 @@ pub enum BackendProtocol {
     /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
     #[serde(rename = "h2c")]
     H2c,
+    /// Opaque bytes (TLS passthrough): only referenced from [`Protocol::TlsPassthrough`]
+    /// ports, never from HTTP routes.
+    #[serde(rename = "tcp")]
+    Tcp,
 }
 
 /// Load-balancing algorithm.
@@ -480,6 +491,7 @@ pub struct Endpoint {
 /// - `namespace/service:port#h2c`: the same Service port referenced by a GRPCRoute, always
 ///   spoken to over HTTP/2 with prior knowledge. The suffix keeps the two apart when an
 ///   HTTPRoute and a GRPCRoute share a Service port (each needs its own protocol).
+/// - `namespace/service:port#tcp`: referenced by a TLSRoute; connections are copied as bytes.
 ///
 /// The proxy treats keys as opaque: it only looks them up in [`RouteTable::backends`].
 pub struct BackendKey;
@@ -493,6 +505,11 @@ impl BackendKey {
     /// `namespace/service:port#h2c`: a Service port referenced by a GRPCRoute.
     pub fn h2c(namespace: &str, service: &str, port: u16) -> String {
         format!("{namespace}/{service}:{port}#h2c")
+    }
+
+    /// `namespace/service:port#tcp`: a Service port referenced by a TLSRoute (bytes copied).
+    pub fn tcp(namespace: &str, service: &str, port: u16) -> String {
+        format!("{namespace}/{service}:{port}#tcp")
     }
 }
 
