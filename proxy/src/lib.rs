@@ -46,6 +46,7 @@ mod proxy;
 pub mod router;
 mod service;
 mod signal;
+pub mod sni;
 pub mod subscribe;
 pub mod tls;
 mod upstream;
