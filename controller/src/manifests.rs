@@ -79,6 +79,7 @@ macro_rules! each_list {
         $m!(gateways);
         $m!(http_routes);
         $m!(grpc_routes);
+        $m!(tls_routes);
         $m!(reference_grants);
         $m!(services);
         $m!(endpoint_slices);
@@ -99,6 +100,7 @@ struct Counts {
     gateways: usize,
     http_routes: usize,
     grpc_routes: usize,
+    tls_routes: usize,
     reference_grants: usize,
     services: usize,
     endpoint_slices: usize,
@@ -119,6 +121,7 @@ impl Counts {
             gateways: _,
             http_routes: _,
             grpc_routes: _,
+            tls_routes: _,
             reference_grants: _,
             services: _,
             endpoint_slices: _,

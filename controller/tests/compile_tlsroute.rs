@@ -1,6 +1,7 @@
-//! TLSRoute on TLS passthrough listeners: listener acceptance and supportedKinds, attachment
-//! (sectionName, kinds, hostname intersection), backends (Service, ReferenceGrant, unknown
-//! kind, missing Service), status parents, and the passthrough port in the table. The cases
+//! TLSRoute on TLS listeners, Passthrough, Terminate and both on one port: listener acceptance
+//! and supportedKinds, certificates of terminating listeners, attachment (sectionName, kinds,
+//! hostname intersection), backends (Service, ReferenceGrant, unknown kind, missing Service),
+//! status parents, and the TLS ports in the table. The cases
 //! follow the GATEWAY-TLS conformance tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -65,21 +66,74 @@ fn passthrough_supported_kinds_drop_what_a_tls_listener_cannot_serve() {
 }
 
 #[test]
-fn terminate_mode_is_unsupported_value() {
-    // TLSRouteListenerTerminateNotSupported; an absent mode means Terminate.
+fn terminate_listener_needs_certificates_like_https() {
+    // TLSRouteListenerTerminateSupportedKinds; an absent mode means Terminate.
     let out = out();
-    for name in ["terminate", "no-mode"] {
-        let l = listener(&out, "infra", "tls", name);
-        assert_cond(&l.conditions, "Accepted", "False", "UnsupportedValue");
-        assert_cond(&l.conditions, "Programmed", "False", "Invalid");
-    }
-    // The Gateway stays accepted for its valid listeners.
+    let l = listener(&out, "infra", "tls", "terminate");
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(&l.conditions, "Programmed", "True", "Programmed");
+    assert_eq!(
+        kinds(&out, "terminate"),
+        ["gateway.networking.k8s.io/TLSRoute"]
+    );
+    let l = listener(&out, "infra", "tls", "no-mode");
+    assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+    assert_cond(
+        &l.conditions,
+        "ResolvedRefs",
+        "False",
+        "InvalidCertificateRef",
+    );
+    assert_cond(&l.conditions, "Programmed", "False", "Invalid");
+    assert!(
+        cond(&l.conditions, "ResolvedRefs")
+            .message
+            .contains("TLS listener needs tls.certificateRefs")
+    );
+    // The Gateway is accepted: every listener is valid.
     assert_cond(
         gateway_conds(&out, "infra", "tls"),
         "Accepted",
         "True",
-        "ListenersNotValid",
+        "Accepted",
     );
+}
+
+#[test]
+fn terminate_and_passthrough_listeners_share_a_port() {
+    // TLSRouteMixedTerminationSameNamespace.
+    let out = out();
+    for (listener_name, route) in [
+        ("terminate", "terminated"),
+        ("mixed-passthrough", "mixed-passed"),
+    ] {
+        let l = listener(&out, "infra", "tls", listener_name);
+        assert_cond(&l.conditions, "Accepted", "True", "Accepted");
+        assert_cond(&l.conditions, "Conflicted", "False", "NoConflicts");
+        assert_eq!(l.attached_routes, 1, "{listener_name}");
+        let c = tls_parent_conds(&out, "infra", route, 0);
+        assert_cond(c, "Accepted", "True", "Accepted");
+        assert_cond(c, "ResolvedRefs", "True", "ResolvedRefs");
+    }
+    let t = gw(&out);
+    let p = port(t, 9444);
+    assert_eq!(p.protocol, Protocol::Tls);
+    let names: Vec<(&str, bool, usize)> = p
+        .listeners
+        .iter()
+        .map(|l| (l.name.as_str(), l.passthrough, l.certificates.len()))
+        .collect();
+    assert_eq!(
+        names,
+        [("mixed-passthrough", true, 0), ("terminate", false, 1)]
+    );
+    let terminated = &vhost(table_listener(t, "terminate"), "tls.test").routes[0];
+    let plain = BackendKey::tcp("infra", "plain-backend", 3000);
+    assert_eq!(
+        terminated.backends[0].backend.as_deref(),
+        Some(plain.as_str())
+    );
+    assert_eq!(t.backends[&plain].endpoints[0].port, 3000);
 }
 
 #[test]
@@ -155,8 +209,9 @@ fn passthrough_port_maps_sni_patterns_to_weighted_backends() {
     let out = out();
     let t = gw(&out);
     let p = port(t, 443);
-    assert_eq!(p.protocol, Protocol::TlsPassthrough);
+    assert_eq!(p.protocol, Protocol::Tls);
     let l = table_listener(t, "passthrough");
+    assert!(l.passthrough);
     assert!(l.certificates.is_empty());
     // Exact before wildcard: abc.example.com goes to `simple`, the rest of *.example.com to
     // `wide` (its `*.com` narrowed to the listener's hostname).
@@ -206,9 +261,10 @@ fn unresolved_backends_stay_in_the_table_without_a_key() {
 }
 
 #[test]
-fn non_passthrough_tls_listeners_are_not_in_the_table() {
+fn tls_listeners_without_certificates_are_not_in_the_table() {
     let out = out();
     let t = gw(&out);
     let ports: Vec<u16> = t.ports.iter().map(|p| p.port).collect();
-    assert_eq!(ports, [80, 443, 8443, 9443]);
+    // no-mode (9445) terminates without certificates: not programmed, not served.
+    assert_eq!(ports, [80, 443, 8443, 9443, 9444]);
 }

@@ -68,6 +68,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
             port: 0,
             protocol: Protocol::Http,
             listeners: vec![ListenerConfig {
+                passthrough: false,
                 name: "http".into(),
                 hostname: None,
                 certificates: vec![],

@@ -79,6 +79,7 @@ fn table(vhosts: Vec<VirtualHost>) -> RouteTable {
             port: 80,
             protocol: Protocol::Http,
             listeners: vec![ListenerConfig {
+                passthrough: false,
                 name: "http".into(),
                 hostname: None,
                 certificates: vec![],

@@ -213,7 +213,7 @@ impl Proxy {
                 Protocol::Http => None,
                 Protocol::Https => Some(Arc::new(crate::tls::port_tls(p)?)),
                 // Not served yet: never let a passthrough port fall back to plain HTTP.
-                Protocol::TlsPassthrough => {
+                Protocol::Tls => {
                     tracing::warn!(port = p.port, "TLS passthrough ports are not served yet");
                     continue;
                 }

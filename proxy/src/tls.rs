@@ -359,6 +359,7 @@ mod tests {
             port: 8443,
             protocol: tollgate_api::Protocol::Https,
             listeners: vec![tollgate_api::ListenerConfig {
+                passthrough: false,
                 name: "https".into(),
                 hostname: None,
                 certificates: vec![Certificate {

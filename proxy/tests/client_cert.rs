@@ -133,6 +133,7 @@ impl Fixture {
             port: 0,
             protocol: Protocol::Https,
             listeners: vec![ListenerConfig {
+                passthrough: false,
                 name: "https".into(),
                 hostname: None,
                 certificates: vec![self.server_cert.clone()],

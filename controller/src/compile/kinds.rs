@@ -45,7 +45,8 @@ pub enum RouteKind {
     Http,
     /// gateway.networking.k8s.io GRPCRoute: backends always spoken to over h2c.
     Grpc,
-    /// gateway.networking.k8s.io TLSRoute: TLS passthrough, routed on SNI, bytes copied.
+    /// gateway.networking.k8s.io TLSRoute: TLS streams routed on SNI, passed through or
+    /// terminated, bytes copied.
     Tls,
 }
 
@@ -54,11 +55,11 @@ impl RouteKind {
     pub const ALL: [RouteKind; 3] = [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls];
 
     /// The kinds a listener of `protocol` serves, in `supportedKinds` order: HTTPRoute and
-    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS passthrough.
+    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS.
     pub fn for_protocol(protocol: Protocol) -> &'static [RouteKind] {
         match protocol {
             Protocol::Http | Protocol::Https => &[RouteKind::Http, RouteKind::Grpc],
-            Protocol::TlsPassthrough => &[RouteKind::Tls],
+            Protocol::Tls => &[RouteKind::Tls],
         }
     }
 

@@ -9,8 +9,9 @@
 //! Listener rules (Gateway API v1.5): HTTP, HTTPS and TLS only (`UnsupportedProtocol`). HTTP
 //! and HTTPS serve HTTPRoutes and GRPCRoutes, TLS serves TLSRoutes ([`RouteKind::for_protocol`];
 //! `supportedKinds` lists them unless `allowedRoutes.kinds` narrows it; other kinds there are
-//! `InvalidRouteKinds`). TLS needs `tls.mode: Passthrough` (Terminate, also the default, is
-//! `UnsupportedValue`: we do not terminate TLS for TLSRoutes) and uses no certificates; HTTPS needs
+//! `InvalidRouteKinds`). A TLS listener with `tls.mode: Passthrough` uses no certificates; one
+//! with `Terminate` (the default) needs them, as HTTPS does; Passthrough and Terminate
+//! listeners may share a port (mixed mode: the SNI picks the listener). HTTPS needs
 //! `tls.mode: Terminate` and certificates ([`super::certs`]); listeners sharing a port with
 //! different protocols are `ProtocolConflict`, with the same hostname `HostnameConflict`; both
 //! are then neither accepted nor programmed. A listener whose HTTPS certificates all fail, or
@@ -59,6 +60,8 @@ pub struct ListenerModel<'a> {
     pub port: Option<u16>,
     /// Protocol, when supported.
     pub protocol: Option<Protocol>,
+    /// A TLS listener with `tls.mode: Passthrough`.
+    pub passthrough: bool,
     /// Lower-case hostname.
     pub hostname: Option<String>,
     /// Routes may attach (supported protocol, no conflict, valid port).
@@ -69,7 +72,7 @@ pub struct ListenerModel<'a> {
     pub allowed_kinds: BTreeSet<RouteKind>,
     /// Namespace policy.
     pub namespaces: AllowedNamespaces<'a>,
-    /// Certificates (HTTPS).
+    /// Certificates (HTTPS, and TLS listeners that terminate).
     pub certificates: Vec<Certificate>,
     /// Problems with certificateRefs (consumed when conditions are computed).
     pub cert_problems: Vec<Problem>,
@@ -358,7 +361,7 @@ fn validate_listener<'a>(
     let protocol = match l.protocol.as_str() {
         "HTTP" => Some(Protocol::Http),
         "HTTPS" => Some(Protocol::Https),
-        "TLS" => Some(Protocol::TlsPassthrough),
+        "TLS" => Some(Protocol::Tls),
         _ => None,
     };
     let allowed = l.allowed_routes.as_ref();
@@ -374,24 +377,24 @@ fn validate_listener<'a>(
             AllowedNamespaces::Selector(sel)
         }
     };
+    let passthrough = protocol == Some(Protocol::Tls)
+        && matches!(
+            l.tls.as_ref().and_then(|t| t.mode.as_ref()),
+            Some(GatewayListenersTlsMode::Passthrough)
+        );
     let mut certificates = Vec::new();
     let mut cert_problems = Vec::new();
-    if protocol == Some(Protocol::Https) {
+    if terminates(protocol, passthrough) {
+        let needs = format!("{} listener needs tls.certificateRefs", l.protocol);
         match &l.tls {
-            None => cert_problems.push(Problem::new(
-                reason::INVALID_CERTIFICATE_REF,
-                "HTTPS listener needs tls.certificateRefs",
-            )),
+            None => cert_problems.push(Problem::new(reason::INVALID_CERTIFICATE_REF, needs)),
             Some(tls) => {
                 let refs = tls.certificate_refs.as_deref().unwrap_or_default();
                 let r = certs::resolve(idx, gw_ns, refs);
                 certificates = r.certificates;
                 cert_problems = r.problems;
                 if refs.is_empty() {
-                    cert_problems.push(Problem::new(
-                        reason::INVALID_CERTIFICATE_REF,
-                        "HTTPS listener needs tls.certificateRefs",
-                    ));
+                    cert_problems.push(Problem::new(reason::INVALID_CERTIFICATE_REF, needs));
                 }
             }
         }
@@ -404,6 +407,7 @@ fn validate_listener<'a>(
         spec: l,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,
+        passthrough,
         hostname: l
             .hostname
             .as_deref()
@@ -470,13 +474,6 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
             reason::UNSUPPORTED_PROTOCOL,
             "tls.mode Passthrough is not supported for HTTPS (only Terminate)",
         )),
-        // The mode defaults to Terminate.
-        (Some(Protocol::TlsPassthrough), None | Some(GatewayListenersTlsMode::Terminate)) => {
-            Some((
-                reason::UNSUPPORTED_VALUE,
-                "tls.mode Terminate is not supported for TLS listeners (only Passthrough)",
-            ))
-        }
         _ => None,
     };
     let accepted_cond = if let Some(p) = conflict {
@@ -528,7 +525,7 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         )
     };
 
-    let has_certs = l.protocol != Some(Protocol::Https) || !l.certificates.is_empty();
+    let has_certs = !terminates(l.protocol, l.passthrough) || !l.certificates.is_empty();
     l.programmed = l.accepted && has_certs && !l.allowed_kinds.is_empty();
     let programmed_cond = if l.programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "listener is programmed")
@@ -556,6 +553,16 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
         programmed_cond,
         resolved_cond,
     ];
+}
+
+/// True for listeners that terminate TLS with their own certificates: HTTPS, and TLS unless
+/// `tls.mode` is Passthrough (Terminate is the default).
+fn terminates(protocol: Option<Protocol>, passthrough: bool) -> bool {
+    match protocol {
+        Some(Protocol::Https) => true,
+        Some(Protocol::Tls) => !passthrough,
+        Some(Protocol::Http) | None => false,
+    }
 }
 
 fn supported_kind(kind: RouteKind) -> GatewayStatusListenersSupportedKinds {

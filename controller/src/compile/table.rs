@@ -84,6 +84,7 @@ pub fn build_tables(
                     name: l.spec.name.clone(),
                     hostname: l.hostname.clone(),
                     certificates: l.certificates.clone(),
+                    passthrough: l.passthrough,
                     virtual_hosts,
                 });
         }

@@ -140,6 +140,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
             port: 0,
             protocol: Protocol::Http,
             listeners: vec![ListenerConfig {
+                passthrough: false,
                 name: "http".into(),
                 hostname: None,
                 certificates: vec![],

@@ -74,13 +74,14 @@ pub enum Protocol {
     /// TLS-terminated HTTP/1.1 and HTTP/2 (ALPN).
     #[serde(rename = "HTTPS")]
     Https,
-    /// TLS passthrough (Gateway API protocol `TLS`, `tls.mode: Passthrough`): the proxy reads
-    /// the ClientHello's SNI without terminating TLS and copies bytes both ways to a backend.
-    /// Each listener's virtual hosts are the SNI patterns it serves (exact, `*.` wildcard or
-    /// `*`, most specific first, as for HTTP); in each, the first route's weighted backends
-    /// are where connections go; matchers, filters, timeouts and policies are unused.
-    #[serde(rename = "TLSPassthrough")]
-    TlsPassthrough,
+    /// TLS streams routed on SNI (Gateway API protocol `TLS`, TLSRoutes): the proxy reads the
+    /// ClientHello's SNI, picks the listener and virtual host for it as HTTP ports do for
+    /// Host, and copies bytes both ways to a backend of the first route there. A
+    /// [`ListenerConfig::passthrough`] listener copies the client's TLS bytes untouched; any
+    /// other listener terminates TLS with its certificates and copies the plaintext.
+    /// Matchers, filters, timeouts and policies are unused.
+    #[serde(rename = "TLS")]
+    Tls,
 }
 
 /// One socket the proxy binds, shared by every listener on that port.
@@ -131,9 +132,13 @@ pub struct ListenerConfig {
     /// Listener hostname: exact (`foo.example.com`) or wildcard (`*.example.com`); `None` = any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
-    /// Certificates for an HTTPS listener, first one the default.
+    /// Certificates for an HTTPS listener or a terminating TLS listener, first one the default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<Certificate>,
+    /// [`Protocol::Tls`] only: `tls.mode: Passthrough`, the client's TLS is copied to the
+    /// backend untouched (no certificates); `false` terminates TLS here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
     /// Virtual hosts, most specific hostname first (exact, then longer wildcards, then `*`).
     pub virtual_hosts: Vec<VirtualHost>,
 }
@@ -442,8 +447,8 @@ pub enum BackendProtocol {
     /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
     #[serde(rename = "h2c")]
     H2c,
-    /// Opaque bytes (TLS passthrough): only referenced from [`Protocol::TlsPassthrough`]
-    /// ports, never from HTTP routes.
+    /// Opaque bytes (TLSRoute backends): only referenced from [`Protocol::Tls`] ports, never
+    /// from HTTP routes.
     #[serde(rename = "tcp")]
     Tcp,
 }

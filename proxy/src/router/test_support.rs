@@ -73,6 +73,8 @@ pub(crate) fn mk_listener(
     virtual_hosts: Vec<VirtualHost>,
 ) -> ListenerConfig {
     ListenerConfig {
+        passthrough: false,
+        passthrough: false,
         name: name.into(),
         hostname: hostname.map(Into::into),
         certificates: vec![],

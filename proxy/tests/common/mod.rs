@@ -230,6 +230,7 @@ pub fn http_port(port: u16, routes: Vec<Route>) -> PortConfig {
         port,
         protocol: Protocol::Http,
         listeners: vec![ListenerConfig {
+            passthrough: false,
             name: "http".into(),
             hostname: None,
             certificates: vec![],
