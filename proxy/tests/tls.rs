@@ -86,7 +86,6 @@ fn make_cert(name: &str) -> Pem {
 fn listener(name: &str, hostname: Option<&str>, cert: &Pem) -> ListenerConfig {
     ListenerConfig {
         passthrough: false,
-        passthrough: false,
         name: name.into(),
         hostname: hostname.map(str::to_owned),
         certificates: vec![cert.cert.clone()],

@@ -74,7 +74,6 @@ pub(crate) fn mk_listener(
 ) -> ListenerConfig {
     ListenerConfig {
         passthrough: false,
-        passthrough: false,
         name: name.into(),
         hostname: hostname.map(Into::into),
         certificates: vec![],
