@@ -47,6 +47,7 @@ pub mod router;
 mod service;
 mod signal;
 pub mod sni;
+mod stream;
 pub mod subscribe;
 pub mod tls;
 mod upstream;

@@ -1,6 +1,7 @@
 //! Sockets and connections. In: a bound [`TcpListener`] for one table port. Out: an accept
 //! loop that serves each connection with hyper-util's auto server (HTTP/1.1, and HTTP/2 by
-//! prior knowledge or ALPN), behind rustls when the live snapshot says the port is HTTPS.
+//! prior knowledge or ALPN), behind rustls when the live snapshot says the port is HTTPS; a
+//! TLS (TLSRoute) port hands each connection to [`crate::stream`].
 //! Each connection's [`ConnCtx`] carries its client certificate (leaf DER) only when the
 //! port validates client certificates and this one verified ([`crate::tls::PortTls`]).
 //!
@@ -20,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::proxy::Shared;
+use crate::proxy::{PortState, Shared};
 use crate::service::{self, ConnCtx};
 
 /// How long a TLS handshake may take.
@@ -125,12 +126,15 @@ async fn serve_connection(
         .snapshot
         .load()
         .as_ref()
-        .and_then(|s| s.ports.get(&conn.table_port).map(|p| p.tls.clone()));
+        .and_then(|s| s.ports.get(&conn.table_port).cloned());
     match port {
         // The port left the table between accept and now.
         None => {}
-        Some(None) => serve(&shared, TokioIo::new(stream), conn, stop).await,
-        Some(Some(tls)) => {
+        Some(PortState::Http) => serve(&shared, TokioIo::new(stream), conn, stop).await,
+        Some(PortState::Tls(port)) => {
+            crate::stream::serve(&shared, stream, conn, port, stop).await;
+        }
+        Some(PortState::Https(tls)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {

@@ -38,6 +38,46 @@ struct KindLabels {
     kind: &'static str,
 }
 
+/// Labels of `tollgate_tls_connections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// How a connection on a TLS (TLSRoute) port ended: the `outcome` label of
+/// `tollgate_tls_connections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsOutcome {
+    /// Copied to a backend until one side closed.
+    Served,
+    /// No whole, valid ClientHello in time (or over the size limit).
+    BadHello,
+    /// No listener or route takes the SNI.
+    NoRoute,
+    /// The route's backends are unresolved or have no endpoints.
+    NoBackend,
+    /// Connecting to the endpoint failed.
+    ConnectFailed,
+    /// TLS termination failed (terminating listeners).
+    HandshakeFailed,
+    /// The listener stopped (port removed, shutdown).
+    Stopped,
+}
+
+impl TlsOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Served => "served",
+            Self::BadHello => "bad_hello",
+            Self::NoRoute => "no_route",
+            Self::NoBackend => "no_backend",
+            Self::ConnectFailed => "connect_failed",
+            Self::HandshakeFailed => "handshake_failed",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
 /// Route label used when no route matched.
 pub(crate) const NO_ROUTE: &str = "none";
 
@@ -52,6 +92,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
+    tls_connections: Family<OutcomeLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
@@ -164,6 +205,7 @@ impl Metrics {
         );
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let active_connections = Gauge::default();
+        let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
         registry.register(
@@ -180,6 +222,11 @@ impl Metrics {
             "upstream_errors",
             "Upstream failures, by kind",
             upstream_errors.clone(),
+        );
+        registry.register(
+            "tls_connections",
+            "Connections on TLS (TLSRoute) ports, by outcome",
+            tls_connections.clone(),
         );
         registry.register(
             "active_connections",
@@ -210,6 +257,7 @@ impl Metrics {
             requests,
             durations,
             upstream_errors,
+            tls_connections,
             active_connections,
             table_version,
             access_log_dropped,
@@ -255,6 +303,15 @@ impl Metrics {
         self.upstream_errors
             .get_or_create(&KindLabels {
                 kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts a finished connection of a TLS port.
+    pub(crate) fn tls_connection(&self, outcome: TlsOutcome) {
+        self.tls_connections
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
             })
             .inc();
     }

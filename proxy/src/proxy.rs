@@ -87,10 +87,14 @@ pub(crate) struct Limits {
 }
 
 /// Per-port runtime state of a snapshot.
-#[derive(Debug)]
-pub(crate) struct PortState {
-    /// TLS config and client-certificate rule of an HTTPS port; `None` = plain HTTP.
-    pub tls: Option<Arc<PortTls>>,
+#[derive(Debug, Clone)]
+pub(crate) enum PortState {
+    /// Plain HTTP.
+    Http,
+    /// HTTPS: TLS config and client-certificate rule.
+    Https(Arc<PortTls>),
+    /// TLS streams routed on SNI (TLSRoutes).
+    Tls(Arc<crate::stream::TlsPort>),
 }
 
 /// Everything a request needs, immutable once built.
@@ -209,16 +213,12 @@ impl Proxy {
                 address: p.address.clone(),
                 port: p.port,
             })?;
-            let tls = match p.protocol {
-                Protocol::Http => None,
-                Protocol::Https => Some(Arc::new(crate::tls::port_tls(p)?)),
-                // Not served yet: never let a passthrough port fall back to plain HTTP.
-                Protocol::Tls => {
-                    tracing::warn!(port = p.port, "TLS passthrough ports are not served yet");
-                    continue;
-                }
+            let state = match p.protocol {
+                Protocol::Http => PortState::Http,
+                Protocol::Https => PortState::Https(Arc::new(crate::tls::port_tls(p)?)),
+                Protocol::Tls => PortState::Tls(Arc::new(crate::stream::TlsPort::build(p)?)),
             };
-            ports.insert(p.port, PortState { tls });
+            ports.insert(p.port, state);
             wanted.push((ip, p.port));
         }
         let route_metrics = table

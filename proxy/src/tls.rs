@@ -221,6 +221,16 @@ pub fn server_config(port: &PortConfig) -> Result<Arc<ServerConfig>> {
 
 /// Builds the TLS side of an HTTPS port: certificates by SNI and client validation.
 pub fn port_tls(port: &PortConfig) -> Result<PortTls> {
+    build(port, &[b"h2", b"http/1.1"])
+}
+
+/// The handshake of a TLS port's terminating listeners: certificates by SNI as on HTTPS
+/// ports, and no ALPN (the stream after it is the backend's protocol, not HTTP).
+pub(crate) fn stream_config(port: &PortConfig) -> Result<Arc<ServerConfig>> {
+    Ok(build(port, &[])?.config)
+}
+
+fn build(port: &PortConfig, alpn: &[&[u8]]) -> Result<PortTls> {
     let provider = provider();
     let err = |message: String| ProxyError::Tls {
         port: port.port,
@@ -277,7 +287,7 @@ pub fn port_tls(port: &PortConfig) -> Result<PortTls> {
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(PortTls {
         config: Arc::new(config),
         client,

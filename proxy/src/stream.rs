@@ -1,0 +1,295 @@
+//! TLS ports (Gateway API protocol `TLS`, TLSRoutes). In: an accepted TCP connection on a
+//! [`Protocol::Tls`](tollgate_api::Protocol::Tls) port and the port's [`TlsPort`]. Out: the
+//! connection copied both ways to one endpoint of the route its SNI selects.
+//!
+//! Per connection:
+//!
+//! 1. The ClientHello is buffered (at most [`MAX_CLIENT_HELLO`] bytes, within
+//!    [`HELLO_TIMEOUT`]) and its SNI read by [`sni::parse`], nothing consumed.
+//! 2. The SNI picks the listener and virtual host by the same rules as Host on HTTP ports
+//!    ([`crate::router::Router::route`]); no SNI is served only by a listener without a
+//!    hostname whose routes take any name. The first route there names weighted backends;
+//!    one is chosen by weight, then an endpoint by the backend's balancer.
+//! 3. A passthrough listener connects to the endpoint, replays the buffered bytes and copies
+//!    both ways: the client's TLS ends at the backend. Any other listener terminates TLS here
+//!    with its certificates (chosen by SNI among the port's terminating listeners, no ALPN),
+//!    then connects and copies the plaintext.
+//!
+//! A connection nothing serves (malformed or oversized ClientHello, an SNI no route takes, a
+//! backend without endpoints, a failed connect or handshake) is closed: a TLS client cannot
+//! be answered 404 or 503 before a handshake. Every such close is logged at debug level with
+//! its reason and counted in `tollgate_tls_connections_total` by outcome. Stopping the
+//! listener (port removed, shutdown) closes its open streams.
+
+use std::collections::HashSet;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, Method};
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tollgate_api::PortConfig;
+
+use crate::error::Result;
+use crate::metrics::TlsOutcome;
+use crate::proxy::Shared;
+use crate::service::ConnCtx;
+use crate::sni::{self, MAX_CLIENT_HELLO, Sni};
+use crate::upstream::pick_weighted;
+
+/// How long a client may take to send its ClientHello.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TLS handshake (terminating listeners) may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting to an endpoint may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The runtime side of a TLS port, immutable once built.
+#[derive(Debug)]
+pub(crate) struct TlsPort {
+    /// Names of the listeners that pass TLS through.
+    passthrough: HashSet<String>,
+    /// The handshake of the terminating listeners; `None` when every listener passes through.
+    terminate: Option<Arc<ServerConfig>>,
+}
+
+impl TlsPort {
+    /// Builds the port; a terminating listener's bad certificate rejects the table, as on
+    /// HTTPS ports.
+    pub fn build(port: &PortConfig) -> Result<Self> {
+        let passthrough = port
+            .listeners
+            .iter()
+            .filter(|l| l.passthrough)
+            .map(|l| l.name.clone())
+            .collect();
+        let terminating: Vec<_> = port
+            .listeners
+            .iter()
+            .filter(|l| !l.passthrough)
+            .cloned()
+            .collect();
+        let terminate = if terminating.is_empty() {
+            None
+        } else {
+            let only = PortConfig {
+                listeners: terminating,
+                ..port.clone()
+            };
+            Some(crate::tls::stream_config(&only)?)
+        };
+        Ok(Self {
+            passthrough,
+            terminate,
+        })
+    }
+}
+
+/// Serves one connection of a TLS port until either side closes or `stop` fires.
+pub(crate) async fn serve(
+    shared: &Arc<Shared>,
+    mut client: TcpStream,
+    conn: ConnCtx,
+    port: Arc<TlsPort>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let outcome = tokio::select! {
+        o = serve_inner(shared, &mut client, &conn, &port) => o,
+        _ = stop.changed() => Outcome::closed(TlsOutcome::Stopped, "listener stopped"),
+    };
+    shared.metrics.tls_connection(outcome.kind);
+    if let Some(why) = outcome.why {
+        tracing::debug!(peer = %conn.peer, port = conn.table_port, reason = %why, "TLS connection closed");
+    }
+}
+
+/// How a connection ended, and why when it was not served.
+struct Outcome {
+    kind: TlsOutcome,
+    why: Option<String>,
+}
+
+impl Outcome {
+    fn closed(kind: TlsOutcome, why: impl Into<String>) -> Self {
+        Self {
+            kind,
+            why: Some(why.into()),
+        }
+    }
+}
+
+async fn serve_inner(
+    shared: &Arc<Shared>,
+    client: &mut TcpStream,
+    conn: &ConnCtx,
+    port: &TlsPort,
+) -> Outcome {
+    let mut hello = Vec::with_capacity(2048);
+    let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(client, &mut hello)).await {
+        Ok(Ok(sni)) => sni,
+        Ok(Err(why)) => return Outcome::closed(TlsOutcome::BadHello, why),
+        Err(_) => return Outcome::closed(TlsOutcome::BadHello, "no ClientHello in time"),
+    };
+    let Some(snapshot) = shared.snapshot.load_full() else {
+        return Outcome::closed(TlsOutcome::NoRoute, "no route table");
+    };
+    let name = sni.as_deref().unwrap_or_default();
+    let empty = HeaderMap::new();
+    let Some(found) = snapshot
+        .router
+        .route(conn.table_port, name, &Method::GET, "/", &empty)
+    else {
+        return Outcome::closed(TlsOutcome::NoRoute, format!("no route for SNI {name:?}"));
+    };
+    let passthrough = port.passthrough.contains(found.listener);
+    let backend = pick_weighted(&found.route.api.backends).and_then(|b| b.backend.as_deref());
+    let Some(balancer) = backend.and_then(|k| snapshot.backends.get(k)).cloned() else {
+        return Outcome::closed(
+            TlsOutcome::NoBackend,
+            format!("route {} has no usable backend", found.route.label),
+        );
+    };
+    drop(snapshot);
+    let Some(endpoint) = balancer.pick() else {
+        return Outcome::closed(TlsOutcome::NoBackend, "backend has no endpoints");
+    };
+    let addr = endpoint.endpoint().addr;
+
+    if passthrough {
+        let mut upstream = match connect(addr).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}")),
+        };
+        if let Err(e) = upstream.write_all(&hello).await {
+            return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}"));
+        }
+        copy(client, &mut upstream).await
+    } else {
+        let Some(config) = port.terminate.clone() else {
+            return Outcome::closed(TlsOutcome::NoRoute, "no terminating listener");
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let replay = Rewind::new(hello, client);
+        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(replay)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => return Outcome::closed(TlsOutcome::HandshakeFailed, e.to_string()),
+            Err(_) => return Outcome::closed(TlsOutcome::HandshakeFailed, "handshake timed out"),
+        };
+        let mut upstream = match connect(addr).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}")),
+        };
+        copy(&mut tls, &mut upstream).await
+    }
+}
+
+async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+    let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}
+
+async fn copy<A, B>(a: &mut A, b: &mut B) -> Outcome
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    match tokio::io::copy_bidirectional(a, b).await {
+        Ok(_) => Outcome {
+            kind: TlsOutcome::Served,
+            why: None,
+        },
+        // A reset after bytes flowed is how many TLS peers end; it was still served.
+        Err(e) => Outcome {
+            kind: TlsOutcome::Served,
+            why: Some(format!("copy ended: {e}")),
+        },
+    }
+}
+
+/// Reads until `buf` holds a whole ClientHello; returns its SNI (`None` without one).
+async fn read_hello(
+    client: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<Option<String>, String> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        let room = MAX_CLIENT_HELLO.saturating_sub(buf.len()).min(chunk.len());
+        if room == 0 {
+            return Err(format!("ClientHello over {MAX_CLIENT_HELLO} bytes"));
+        }
+        let n = client
+            .read(&mut chunk[..room])
+            .await
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed before a whole ClientHello".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        match sni::parse(buf) {
+            Sni::Found(name) => return Ok(Some(name)),
+            Sni::Missing => return Ok(None),
+            Sni::Incomplete => {}
+            Sni::Invalid => return Err("not a TLS ClientHello".into()),
+        }
+    }
+}
+
+/// A stream whose first reads return bytes already read from it.
+struct Rewind<'a> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: &'a mut TcpStream,
+}
+
+impl<'a> Rewind<'a> {
+    fn new(prefix: Vec<u8>, inner: &'a mut TcpStream) -> Self {
+        Self {
+            prefix,
+            pos: 0,
+            inner,
+        }
+    }
+}
+
+impl AsyncRead for Rewind<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(rest) = this.prefix.get(this.pos..).filter(|r| !r.is_empty()) {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut *this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,406 @@
+//! Socket tests of TLS ports (TLSRoutes): passthrough (the client's TLS reaches the backend
+//! untouched, SNI included), termination (the backend gets plaintext), both modes on one port
+//! chosen by SNI, and connections nothing serves (unknown SNI, not TLS, no endpoints) closed
+//! without a byte and counted by outcome.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::metrics;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tollgate_api::{
+    Backend, BackendProtocol, Certificate, Endpoint, ListenerConfig, LoadBalancer, ObjectKey,
+    PathMatch, PortConfig, Protocol, Route, RouteMatch, RouteTable, Timeouts, VirtualHost,
+    WeightedBackend,
+};
+use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
+
+struct Cert {
+    der: Vec<u8>,
+    cert_pem: String,
+    key_der: Vec<u8>,
+    key_pem: String,
+}
+
+fn cert(name: &str) -> Cert {
+    let ck = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+    Cert {
+        der: ck.cert.der().to_vec(),
+        cert_pem: ck.cert.pem(),
+        key_der: ck.signing_key.serialize_der(),
+        key_pem: ck.signing_key.serialize_pem(),
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A TLS backend: answers each line with `tls <sni> <line>`.
+async fn tls_backend(cert: &Cert) -> SocketAddr {
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(cert.der.clone())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_der.clone())),
+        )
+        .unwrap();
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let sni = tls.get_ref().1.server_name().unwrap_or("-").to_owned();
+                echo_lines(tls, format!("tls {sni}")).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A plain TCP backend: answers each line with `plain <line>`.
+async fn plain_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(echo_lines(tcp, "plain".to_owned()));
+        }
+    });
+    addr
+}
+
+async fn echo_lines<S>(stream: S, prefix: String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (r, mut w) = tokio::io::split(stream);
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if w.write_all(format!("{prefix} {line}\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn route(name: &str, backend: &str) -> Route {
+    Route {
+        route: ObjectKey::new("apps", name),
+        rule_index: 0,
+        rule_name: None,
+        matcher: RouteMatch {
+            path: PathMatch::PathPrefix("/".into()),
+            method: None,
+            headers: vec![],
+            query_params: vec![],
+        },
+        filters: vec![],
+        backends: vec![WeightedBackend {
+            backend: Some(backend.to_owned()),
+            weight: 1,
+            filters: vec![],
+        }],
+        timeouts: Timeouts::default(),
+        policy: None,
+    }
+}
+
+fn tcp_backend(addrs: &[SocketAddr]) -> Backend {
+    Backend {
+        protocol: BackendProtocol::Tcp,
+        load_balancer: LoadBalancer::default(),
+        endpoints: addrs
+            .iter()
+            .map(|a| Endpoint {
+                ip: a.ip().to_string(),
+                port: a.port(),
+            })
+            .collect(),
+    }
+}
+
+struct Fixture {
+    _proxy: Proxy,
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    /// The certificate of the passthrough backend (abc.example.com).
+    backend_cert: Cert,
+    /// The certificate the terminating listener serves (tls.example.com).
+    gateway_cert: Cert,
+}
+
+/// One TLS port, shaped after TLSRouteMixedTerminationSameNamespace: `terminate`
+/// (tls.example.com, the gateway's certificate, plaintext backend) and `passthrough`
+/// (*.example.com; abc.example.com to the TLS backend, empty.example.com to a backend without
+/// endpoints).
+async fn fixture() -> Fixture {
+    let backend_cert = cert("abc.example.com");
+    let gateway_cert = cert("tls.example.com");
+    let tls_addr = tls_backend(&backend_cert).await;
+    let plain_addr = plain_backend().await;
+    let port = PortConfig {
+        address: "127.0.0.1".into(),
+        port: 0,
+        protocol: Protocol::Tls,
+        listeners: vec![
+            ListenerConfig {
+                name: "terminate".into(),
+                hostname: Some("tls.example.com".into()),
+                certificates: vec![Certificate {
+                    source: "apps/gateway-cert".into(),
+                    cert_pem: gateway_cert.cert_pem.clone(),
+                    key_pem: gateway_cert.key_pem.clone(),
+                }],
+                passthrough: false,
+                virtual_hosts: vec![VirtualHost {
+                    hostname: "tls.example.com".into(),
+                    routes: vec![route("terminated", "plain")],
+                }],
+            },
+            ListenerConfig {
+                name: "passthrough".into(),
+                hostname: Some("*.example.com".into()),
+                certificates: vec![],
+                passthrough: true,
+                virtual_hosts: vec![
+                    VirtualHost {
+                        hostname: "abc.example.com".into(),
+                        routes: vec![route("passed", "tls")],
+                    },
+                    VirtualHost {
+                        hostname: "empty.example.com".into(),
+                        routes: vec![route("empty", "none")],
+                    },
+                ],
+            },
+        ],
+        client_validation: None,
+    };
+    let table = RouteTable {
+        version: 1,
+        gateway: ObjectKey::new("apps", "gw"),
+        policies: Default::default(),
+        ports: vec![port],
+        backends: [
+            ("plain".to_owned(), tcp_backend(&[plain_addr])),
+            ("tls".to_owned(), tcp_backend(&[tls_addr])),
+            ("none".to_owned(), tcp_backend(&[])),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let metrics = metrics();
+    let proxy = Proxy::new(ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    });
+    proxy.apply(table).await.unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    Fixture {
+        _proxy: proxy,
+        addr,
+        metrics,
+        backend_cert,
+        gateway_cert,
+    }
+}
+
+/// A client that trusts only `trusted`.
+fn client(trusted: &Cert) -> TlsConnector {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(trusted.der.clone()))
+        .unwrap();
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Connects over TLS with `sni`, trusting `trusted`, sends `line` and reads the answer line.
+async fn ask(addr: SocketAddr, sni: &str, trusted: &Cert, line: &str) -> std::io::Result<String> {
+    let tcp = TcpStream::connect(addr).await?;
+    let mut tls = client(trusted)
+        .connect(ServerName::try_from(sni.to_owned()).unwrap(), tcp)
+        .await?;
+    let presented = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    assert_eq!(
+        presented, trusted.der,
+        "the certificate the client verified"
+    );
+    tls.write_all(format!("{line}\n").as_bytes()).await?;
+    let mut answer = String::new();
+    BufReader::new(tls).read_line(&mut answer).await?;
+    Ok(answer)
+}
+
+fn count(metrics: &Metrics, outcome: &str) -> u64 {
+    let text = metrics.encode();
+    let prefix = format!("tollgate_tls_connections_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Reads until the proxy closes the connection; returns what arrived.
+async fn read_to_close(mut s: TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    // A reset counts as closed too.
+    let _ = s.read_to_end(&mut got).await;
+    got
+}
+
+#[tokio::test]
+async fn passthrough_hands_the_clients_tls_to_the_backend() {
+    let f = fixture().await;
+    // The client verified the backend's certificate (not the gateway's) and the backend saw
+    // the client's SNI: the TLS session ends at the backend.
+    let answer = ask(f.addr, "abc.example.com", &f.backend_cert, "hello")
+        .await
+        .unwrap();
+    assert_eq!(answer, "tls abc.example.com hello\n");
+}
+
+#[tokio::test]
+async fn terminate_serves_the_gateway_certificate_and_sends_plaintext() {
+    let f = fixture().await;
+    let answer = ask(f.addr, "tls.example.com", &f.gateway_cert, "hello")
+        .await
+        .unwrap();
+    assert_eq!(answer, "plain hello\n");
+}
+
+#[tokio::test]
+async fn both_modes_share_the_port_concurrently() {
+    let f = fixture().await;
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let addr = f.addr;
+        let (sni, cert, want) = if i % 2 == 0 {
+            (
+                "abc.example.com",
+                &f.backend_cert,
+                format!("tls abc.example.com n{i}\n"),
+            )
+        } else {
+            ("tls.example.com", &f.gateway_cert, format!("plain n{i}\n"))
+        };
+        let cert = Cert {
+            der: cert.der.clone(),
+            cert_pem: String::new(),
+            key_der: Vec::new(),
+            key_pem: String::new(),
+        };
+        tasks.push(tokio::spawn(async move {
+            assert_eq!(ask(addr, sni, &cert, &format!("n{i}")).await.unwrap(), want);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_closed_connection_is_counted_as_served() {
+    let f = fixture().await;
+    let answer = ask(f.addr, "tls.example.com", &f.gateway_cert, "x")
+        .await
+        .unwrap();
+    assert_eq!(answer, "plain x\n");
+    // `ask` dropped its stream: the proxy sees the close and counts the connection.
+    assert!(common::eventually(|| count(&f.metrics, "served") == 1).await);
+}
+
+#[tokio::test]
+async fn an_sni_no_route_takes_is_closed_without_an_answer() {
+    let f = fixture().await;
+    for sni in ["other.test", "example.com"] {
+        let err = ask(f.addr, sni, &f.backend_cert, "hello").await;
+        assert!(err.is_err(), "{sni}: {err:?}");
+    }
+    assert!(common::eventually(|| count(&f.metrics, "no_route") == 2).await);
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_tls_are_closed_without_an_answer() {
+    let f = fixture().await;
+    let mut s = TcpStream::connect(f.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: abc.example.com\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_to_close(s).await, b"");
+    assert!(common::eventually(|| count(&f.metrics, "bad_hello") == 1).await);
+}
+
+#[tokio::test]
+async fn a_backend_without_endpoints_closes_the_connection() {
+    let f = fixture().await;
+    let err = ask(f.addr, "empty.example.com", &f.backend_cert, "hello").await;
+    assert!(err.is_err(), "{err:?}");
+    assert!(common::eventually(|| count(&f.metrics, "no_backend") == 1).await);
+}
+
+#[tokio::test]
+async fn a_client_hello_split_over_many_writes_is_reassembled() {
+    let f = fixture().await;
+    // Record the ClientHello a real client sends, then replay it to the proxy a few bytes at
+    // a time: the proxy must wait for all of it, route on it and replay it unchanged.
+    let capture = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let capture_addr = capture.local_addr().unwrap();
+    let connector = client(&f.backend_cert);
+    let client_side = tokio::spawn(async move {
+        let tcp = TcpStream::connect(capture_addr).await.unwrap();
+        let name = ServerName::try_from("abc.example.com").unwrap();
+        connector.connect(name, tcp).await
+    });
+    let (mut from_client, _) = capture.accept().await.unwrap();
+    let mut hello = vec![0u8; 16 * 1024];
+    let n = from_client.read(&mut hello).await.unwrap();
+    hello.truncate(n);
+    let mut to_proxy = TcpStream::connect(f.addr).await.unwrap();
+    to_proxy.set_nodelay(true).unwrap();
+    for chunk in hello.chunks(7) {
+        to_proxy.write_all(chunk).await.unwrap();
+        to_proxy.flush().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    // Splice the two sockets so the real client finishes its handshake with the backend.
+    let splice = tokio::spawn(async move {
+        let _ = tokio::io::copy_bidirectional(&mut from_client, &mut to_proxy).await;
+    });
+    let mut tls = client_side.await.unwrap().unwrap();
+    tls.write_all(b"split\n").await.unwrap();
+    let mut answer = String::new();
+    BufReader::new(&mut tls)
+        .read_line(&mut answer)
+        .await
+        .unwrap();
+    assert_eq!(answer, "tls abc.example.com split\n");
+    drop(tls);
+    let _ = splice.await;
+}
