@@ -148,11 +148,11 @@ can() { # can yes|no VERB RESOURCE [kubectl auth can-i flags...]
   [[ $got == "$want" ]] || fail "can-i $* as the controller: got '$got', want '$want'"
 }
 GW=gateway.networking.k8s.io
-for r in gatewayclasses gateways httproutes grpcroutes referencegrants; do
+for r in gatewayclasses gateways httproutes grpcroutes tlsroutes referencegrants; do
   for verb in get list watch; do can yes "$verb" "$r.$GW" -A; done
   can no update "$r.$GW" -n apps
 done
-for r in gatewayclasses gateways httproutes grpcroutes; do
+for r in gatewayclasses gateways httproutes grpcroutes tlsroutes; do
   can yes patch "$r.$GW" --subresource=status -n apps
   can yes update "$r.$GW" --subresource=status -n apps
 done

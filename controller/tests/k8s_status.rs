@@ -1,5 +1,5 @@
 //! `tollgate controller` against the real kube-apiserver of `e2e/cluster.sh`: exact statuses
-//! and reasons (HTTPRoute and GRPCRoute), no status writes after a restart, a rejected route
+//! and reasons (HTTPRoute, GRPCRoute and TLSRoute), no status writes after a restart, a rejected route
 //! alone, other controllers' route status entries kept, Events for rejections.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,6 +11,7 @@ use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -460,6 +461,128 @@ async fn grpcroute_statuses_carry_exact_conditions_and_reasons() {
         ctl.metric(
             "tollgate_controller_status_writes_total",
             "kind=\"GRPCRoute\",result=\"ok\""
+        ) >= 4.0,
+        "{}",
+        ctl.log()
+    );
+}
+
+async fn tls_route(env: &TestEnv, name: &str, section: &str, host: &str, backend: &str) {
+    env.apply::<TlsRoute>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TLSRoute",
+        "metadata": {"name": name},
+        "spec": {"parentRefs": [{"name": "gw", "sectionName": section}],
+                 "hostnames": [host],
+                 "rules": [{"backendRefs": [{"name": backend, "port": 8080}]}]},
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tlsroute_statuses_carry_exact_conditions_and_reasons() {
+    let env = TestEnv::new("tlsroute").await;
+    env.apply::<Gateway>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": env.class, "listeners": [
+            {"name": "passthrough", "port": 443, "protocol": "TLS", "hostname": "*.example.com",
+             "tls": {"mode": "Passthrough"}},
+            // Terminate with a certificate that does not exist: accepted, not programmed.
+            {"name": "terminate", "port": 8443, "protocol": "TLS", "hostname": "t.example.com",
+             "tls": {"mode": "Terminate", "certificateRefs": [{"name": "absent"}]}},
+            {"name": "http", "port": 80, "protocol": "HTTP"},
+        ]},
+    }))
+    .await;
+    env.service("echo", 8080, "10.1.0.5").await;
+    tls_route(&env, "ok", "passthrough", "abc.example.com", "echo").await;
+    tls_route(
+        &env,
+        "missing",
+        "passthrough",
+        "missing.example.com",
+        "nope",
+    )
+    .await;
+    tls_route(&env, "outside", "passthrough", "abc.other.test", "echo").await;
+    tls_route(&env, "on-http", "http", "abc.example.com", "echo").await;
+    let ctl = env.controller("a", &[]);
+    ctl.wait_ready().await;
+
+    let ok = parents_in::<TlsRoute>(&env, &env, "ok").await;
+    assert_eq!(ok.len(), 1);
+    assert_eq!(
+        ok[0].parent_ref.section_name.as_deref(),
+        Some("passthrough")
+    );
+    assert_eq!(
+        summary(&ok[0].conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "True", "ResolvedRefs")
+        ])
+    );
+    assert!(
+        ok[0]
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
+    for (name, accepted, resolved) in [
+        (
+            "missing",
+            ("Accepted", "True", "Accepted"),
+            ("ResolvedRefs", "False", "BackendNotFound"),
+        ),
+        (
+            "outside",
+            ("Accepted", "False", "NoMatchingListenerHostname"),
+            ("ResolvedRefs", "True", "ResolvedRefs"),
+        ),
+        (
+            "on-http",
+            ("Accepted", "False", "NotAllowedByListeners"),
+            ("ResolvedRefs", "True", "ResolvedRefs"),
+        ),
+    ] {
+        let p = parents_in::<TlsRoute>(&env, &env, name).await;
+        assert_eq!(
+            summary(&p[0].conditions),
+            conds(&[accepted, resolved]),
+            "{name}"
+        );
+    }
+
+    let gw = gateway_written(&env, "gw").await;
+    let listeners = gw.status.unwrap().listeners.unwrap();
+    let by_name = |n: &str| listeners.iter().find(|l| l.name == n).unwrap();
+    let passthrough = by_name("passthrough");
+    assert_eq!(passthrough.attached_routes, 2);
+    let kinds: Vec<&str> = passthrough
+        .supported_kinds
+        .iter()
+        .flatten()
+        .map(|k| k.kind.as_str())
+        .collect();
+    assert_eq!(kinds, vec!["TLSRoute"]);
+    assert_eq!(
+        summary(&by_name("terminate").conditions),
+        conds(&[
+            ("Accepted", "True", "Accepted"),
+            ("Conflicted", "False", "NoConflicts"),
+            ("Programmed", "False", "Invalid"),
+            ("ResolvedRefs", "False", "InvalidCertificateRef"),
+        ])
+    );
+    let class: GatewayClass = Api::all(env.client.clone()).get(&env.class).await.unwrap();
+    let features = class.status.unwrap().supported_features.unwrap_or_default();
+    for f in ["TLSRoute", "TLSRouteModeTerminate", "TLSRouteModeMixed"] {
+        assert!(features.iter().any(|x| x.name == f), "{f}: {features:?}");
+    }
+    assert!(
+        ctl.metric(
+            "tollgate_controller_status_writes_total",
+            "kind=\"TLSRoute\",result=\"ok\""
         ) >= 4.0,
         "{}",
         ctl.log()

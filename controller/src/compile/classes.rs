@@ -45,6 +45,9 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteBackendRequestHeaderModification",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
+    "TLSRoute",
+    "TLSRouteModeTerminate",
+    "TLSRouteModeMixed",
 ];
 
 /// One of our GatewayClasses.

@@ -308,6 +308,11 @@ impl Reconciler {
                 .grpc_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "TLSRoute" => self
+                .stores
+                .tls_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "RateLimitPolicy" => self
                 .stores
                 .rate_limit_policies
@@ -444,6 +449,11 @@ impl Reconciler {
             StatusWrite::GrpcRoute { .. } => self
                 .stores
                 .grpc_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::TlsRoute { .. } => self
+                .stores
+                .tls_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::Policy { kind, .. } => {
@@ -605,6 +615,9 @@ pub fn name_parents(out: &mut Output, controller_name: &str) {
         p.set_controller_name(controller_name);
     }
     for p in out.grpc_routes.values_mut().flat_map(|s| &mut s.parents) {
+        p.set_controller_name(controller_name);
+    }
+    for p in out.tls_routes.values_mut().flat_map(|s| &mut s.parents) {
         p.set_controller_name(controller_name);
     }
 }

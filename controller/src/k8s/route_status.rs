@@ -1,5 +1,5 @@
 //! Route status, for every route kind: what the status writer ([`super::status`]) does with
-//! HTTPRoutes and GRPCRoutes, written once.
+//! HTTPRoutes, GRPCRoutes and TLSRoutes, written once.
 //!
 //! In: the compiler's [`Output`], the watched routes in the [`Stores`]. Out: the
 //! [`StatusWrite`]s of routes whose `status.parents` entries of ours differ from the desired
@@ -11,6 +11,7 @@ use std::fmt::Debug;
 
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
@@ -94,6 +95,13 @@ route_status_kind!(
     "GRPCRoute",
     grpc_routes,
     GrpcRoute
+);
+route_status_kind!(
+    TlsRoute,
+    TlsRouteStatusParents,
+    "TLSRoute",
+    tls_routes,
+    TlsRoute
 );
 
 /// The writes of every route of kind `K` whose entries of ours differ from the desired ones.

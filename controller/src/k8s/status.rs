@@ -22,6 +22,7 @@ use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -81,6 +82,15 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<GrpcRouteStatusParents>,
     },
+    /// A TLSRoute status.
+    TlsRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<TlsRouteStatusParents>,
+    },
     /// Our status on a Gateway or GatewayClass that is no longer ours: applying an empty
     /// status as our field manager removes every field we own.
     Release {
@@ -114,13 +124,14 @@ pub struct NewRejection {
 }
 
 impl StatusWrite {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute` or `GRPCRoute`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `TLSRoute` or a policy kind.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
             Self::Gateway { .. } => "Gateway",
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
+            Self::TlsRoute { .. } => TlsRoute::KIND,
             Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
         }
     }
@@ -132,6 +143,7 @@ impl StatusWrite {
             Self::Gateway { key, .. }
             | Self::HttpRoute { key, .. }
             | Self::GrpcRoute { key, .. }
+            | Self::TlsRoute { key, .. }
             | Self::Policy { key, .. }
             | Self::Release { key, .. } => key.clone(),
         }
@@ -174,6 +186,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     }
     plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
+    plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
     for (kind, desired_all, store) in [
         (
             "RateLimitPolicy",
@@ -485,6 +498,9 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::GrpcRoute { key, parents, .. } => {
             route_rejections::<GrpcRoute>(stores, key, parents, &mut diff);
         }
+        StatusWrite::TlsRoute { key, parents, .. } => {
+            route_rejections::<TlsRoute>(stores, key, parents, &mut diff);
+        }
         StatusWrite::Policy { kind, key, status } => {
             let old = match *kind {
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
@@ -550,6 +566,11 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             resource_version,
             parents,
         } => apply_route::<GrpcRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::TlsRoute {
+            key,
+            resource_version,
+            parents,
+        } => apply_route::<TlsRoute>(client, &pp, key, resource_version, parents).await?,
         StatusWrite::Policy { kind, key, status } => {
             let body = json!({
                 "apiVersion": "tollgate.dev/v1alpha1", "kind": kind,

@@ -14,6 +14,12 @@
 //! (API keys and introspection clients that policies read) are watched whole: users opt them
 //! in. Unlabelled Opaque, token and docker-config Secrets never reach the controller.
 //!
+//! TLSRoutes are optional: TLSRoute is in the Gateway API standard channel from v1.5, and a
+//! cluster with older CRDs must keep serving HTTP. When the API server does not serve
+//! `gateway.networking.k8s.io/v1` TLSRoute, its store counts as listed and empty (a warning
+//! says so) and the API is asked again every [`OPTIONAL_RETRY`]; once the CRD is installed the
+//! watch starts, without a restart.
+//!
 //! A malformed object (valid for the API server, not for our types) is stored as
 //! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
 //! of the compile like a deleted object, and the rest of its watch keeps flowing.
@@ -27,6 +33,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
+use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -57,6 +64,8 @@ pub enum Kind {
     HttpRoute,
     /// gateway.networking.k8s.io GRPCRoute.
     GrpcRoute,
+    /// gateway.networking.k8s.io TLSRoute (optional: see the module docs).
+    TlsRoute,
     /// gateway.networking.k8s.io ReferenceGrant.
     ReferenceGrant,
     /// core Service.
@@ -85,6 +94,7 @@ impl Kind {
             Self::Gateway => "Gateway",
             Self::HttpRoute => "HTTPRoute",
             Self::GrpcRoute => "GRPCRoute",
+            Self::TlsRoute => "TLSRoute",
             Self::ReferenceGrant => "ReferenceGrant",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
@@ -131,6 +141,8 @@ pub struct Stores {
     pub http_routes: Store<Lenient<HttpRoute>>,
     /// GRPCRoutes.
     pub grpc_routes: Store<Lenient<GrpcRoute>>,
+    /// TLSRoutes (empty while the CRD is not installed).
+    pub tls_routes: Store<Lenient<TlsRoute>>,
     /// ReferenceGrants.
     pub reference_grants: Store<Lenient<ReferenceGrant>>,
     /// Services.
@@ -175,6 +187,9 @@ impl Stores {
         tasks.push(t);
         let (grpc_routes, t) = w(Kind::GrpcRoute).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
+        let (tls_routes, t) =
+            w(Kind::TlsRoute).spawn_optional(Api::all(client.clone()), cfg(), OPTIONAL_RETRY);
+        tasks.push(t);
         let (reference_grants, t) = w(Kind::ReferenceGrant).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
         let (services, t) = w(Kind::Service).spawn(Api::all(client.clone()), cfg());
@@ -211,6 +226,7 @@ impl Stores {
             gateways,
             http_routes,
             grpc_routes,
+            tls_routes,
             reference_grants,
             services,
             endpoint_slices,
@@ -231,6 +247,7 @@ impl Stores {
         self.gateways.wait_until_ready().await?;
         self.http_routes.wait_until_ready().await?;
         self.grpc_routes.wait_until_ready().await?;
+        self.tls_routes.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
         self.endpoint_slices.wait_until_ready().await?;
@@ -249,6 +266,7 @@ impl Stores {
         inputs.gateways = well_formed(&self.gateways);
         inputs.http_routes = well_formed(&self.http_routes);
         inputs.grpc_routes = well_formed(&self.grpc_routes);
+        inputs.tls_routes = well_formed(&self.tls_routes);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
         inputs.endpoint_slices = well_formed(&self.endpoint_slices);
@@ -282,6 +300,27 @@ fn well_formed<K: Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>)
         .collect()
 }
 
+/// The watch [`Stores::new`] runs for an optional kind (TLSRoute), on its own: a store that is
+/// listed and empty while the API server does not serve `K`, and follows `K` once it does
+/// (asked again every `retry`). Changes go to `tx` as [`Change`]s of `kind`.
+pub fn watch_optional<K>(
+    api: Api<Lenient<K>>,
+    kind: Kind,
+    retry: std::time::Duration,
+    tx: &UnboundedSender<Change>,
+    metrics: &Arc<Metrics>,
+) -> (Store<Lenient<K>>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let w = Watch {
+        kind,
+        tx: tx.clone(),
+        metrics: metrics.clone(),
+    };
+    w.spawn_optional(api, watcher::Config::default(), retry)
+}
+
 /// One kind's watch.
 struct Watch {
     kind: Kind,
@@ -295,6 +334,9 @@ fn unreferenced(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) 
         .as_ref()
         .is_some_and(|a| a.contains_key(DATA_OMITTED))
 }
+
+/// How often a kind whose CRD is missing is asked for again.
+const OPTIONAL_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A hook run on every watched object before it is stored.
 type Trim<K> = Arc<dyn Fn(&mut Lenient<K>) + Send + Sync>;
@@ -321,9 +363,67 @@ impl Watch {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        let (reader, writer) = reflector::store::<Lenient<K>>();
+        let store = reader.clone();
+        let task = tokio::spawn(self.run(api, config, trim, reader, writer));
+        (store, task)
+    }
+
+    /// [`Watch::spawn`] for a kind whose CRD may be missing (see the module docs): while the
+    /// API server answers 404 for it, the store is listed and empty; asked again every `retry`.
+    fn spawn_optional<K>(
+        self,
+        api: Api<Lenient<K>>,
+        config: watcher::Config,
+        retry: std::time::Duration,
+    ) -> (Store<Lenient<K>>, JoinHandle<()>)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let (reader, mut writer) = reflector::store::<Lenient<K>>();
         let store = reader.clone();
         let task = tokio::spawn(async move {
+            let mut warned = false;
+            loop {
+                match api
+                    .list_metadata(&kube::api::ListParams::default().limit(1))
+                    .await
+                {
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        if !warned {
+                            warn!(
+                                kind = self.kind.as_str(),
+                                "the API server does not serve this kind (CRD not installed): \
+                                 treated as none until it is; install the Gateway API v1.5 \
+                                 standard CRDs to use it"
+                            );
+                            writer.apply_watcher_event(&Event::Init);
+                            writer.apply_watcher_event(&Event::InitDone);
+                            warned = true;
+                        }
+                        tokio::time::sleep(retry).await;
+                    }
+                    // Served (or another error, which the watcher's backoff handles).
+                    _ => break,
+                }
+            }
+            self.run(api, config, None, reader, writer).await;
+        });
+        (store, task)
+    }
+
+    /// Feeds one kind's watch into its store and the change channel until the channel closes.
+    async fn run<K>(
+        self,
+        api: Api<Lenient<K>>,
+        config: watcher::Config,
+        trim: Option<Trim<K>>,
+        reader: Store<Lenient<K>>,
+        mut writer: reflector::store::Writer<Lenient<K>>,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        {
             let mut stream = watch_stream(api, config).default_backoff().boxed();
             let mut listed = false;
             let label = kind_label(self.kind.as_str());
@@ -395,8 +495,7 @@ impl Watch {
                     }
                 }
             }
-        });
-        (store, task)
+        }
     }
 
     fn report_malformed<K: Resource<DynamicType = ()>>(&self, o: &Lenient<K>) {
@@ -436,6 +535,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
+            | Kind::TlsRoute
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy
             | Kind::AuthPolicy
