@@ -17,7 +17,7 @@
 #      e2e/conformance/reports/tollgate-report.yaml (the committed report is the one
 #      this script wrote) and the suite's output to reports/conformance.log.
 #
-# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC
+# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS
 # Env:
 #   CONFORMANCE_RUN_TEST   run only this test (its ShortName); no report is written
 #   CONFORMANCE_SKIP_TESTS comma-separated ShortNames to skip (recorded in the report)
@@ -65,15 +65,19 @@ http_features=(
 grpc_features=(
   Gateway GRPCRoute ReferenceGrant GRPCRouteNamedRouteRule
 )
+tls_features=(
+  Gateway TLSRoute ReferenceGrant TLSRouteModeTerminate TLSRouteModeMixed
+)
 
 profiles=("$@")
-((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC)
+((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS)
 features=()
 for p in "${profiles[@]}"; do
   case $p in
     GATEWAY-HTTP) features+=("${http_features[@]}") ;;
     GATEWAY-GRPC) features+=("${grpc_features[@]}") ;;
-    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC)" ;;
+    GATEWAY-TLS) features+=("${tls_features[@]}") ;;
+    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS)" ;;
   esac
 done
 features_csv=$(printf '%s\n' "${features[@]}" | sort -u | paste -sd, -)

@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https traffic-split grpc rate-limit api-key jwt introspection mtls gitops)
+EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -42,7 +42,7 @@ cleanup() {
   local rc=$? ex
   if ((rc != 0)); then
     for ex in "${EXAMPLES[@]}"; do
-      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,pods -o wide >&2 2>/dev/null || true
+      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,pods -o wide >&2 2>/dev/null || true
     done
     kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
   fi
@@ -112,6 +112,20 @@ expect "https: TLS with the demo certificate" '"host": "app.example.test' body \
   --cacert "$ROOT/examples/https/demo-ca.pem" --resolve "app.example.test:8443:$a" https://app.example.test:8443/
 expect "https: plain HTTP redirected to https" 'https://app.example.test:8443/x' heads \
   -H 'Host: app.example.test' "http://$a:8081/x"
+
+# --- tls -------------------------------------------------------------------------------
+a=$(addr tls tls)
+tls_ca=(--cacert "$ROOT/examples/tls/demo-ca.pem")
+expect "tls: terminated at the gateway, bytes copied to the echo backend" '"host": "terminate.example.test:9443"' body \
+  "${tls_ca[@]}" --resolve "terminate.example.test:9443:$a" https://terminate.example.test:9443/hello
+[[ $(body "${tls_ca[@]}" --resolve "terminate.example.test:9443:$a" https://terminate.example.test:9443/hello) != *x-forwarded-proto* ]] ||
+  die "tls: the terminated stream went through HTTP processing (x-forwarded-proto present)"
+expect "tls: passed through to the HTTPS listener of the proxy pod" '"x-forwarded-proto": "https"' body \
+  "${tls_ca[@]}" --resolve "passthrough.example.test:9443:$a" https://passthrough.example.test:9443/hello
+if body "${tls_ca[@]}" --resolve "other.example.test:9443:$a" https://other.example.test:9443/ >/dev/null; then
+  die "tls: an SNI no route takes was answered"
+fi
+log "ok: tls: an SNI no route takes is closed"
 
 # --- traffic-split ---------------------------------------------------------------------
 a=$(addr traffic-split split)

@@ -63,7 +63,18 @@ def demo_backend(port: int) -> dict:
 
 
 def to_cluster(docs: list, ns: str) -> str:
-    ports = {p.get("port") for d in docs if d.get("kind") == "EndpointSlice" for p in d.get("ports", [])}
+    # The demo backend's port: what the EndpointSlices of selectorless Services name (a Service
+    # with a selector, like examples/tls's TLS server, keeps its own pods).
+    selectorless_services = {
+        d["metadata"]["name"] for d in docs if d.get("kind") == "Service" and not d.get("spec", {}).get("selector")
+    }
+    ports = {
+        p.get("port")
+        for d in docs
+        if d.get("kind") == "EndpointSlice"
+        and d.get("metadata", {}).get("labels", {}).get("kubernetes.io/service-name") in selectorless_services
+        for p in d.get("ports", [])
+    }
     ports.discard(None)
     if len(ports) > 1:
         sys.exit(f"examples-to-cluster: the EndpointSlices name several ports {sorted(ports)}")

@@ -20,6 +20,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn examples_serve_as_documented() {
     quickstart();
     https();
+    tls();
     traffic_split();
     grpc();
     policy_examples::rate_limit();
@@ -106,6 +107,43 @@ fn https() {
         redirect.header("location"),
         Some("https://app.example.test:8443/x?y=1")
     );
+}
+
+/// examples/tls: one TLS port, a terminating listener and a passthrough one picked by SNI.
+fn tls() {
+    let logs = temp_dir("tls");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/tls",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let ca = workspace().join("examples/tls/demo-ca.pem");
+    // Terminated here: the decrypted bytes reach the echo backend as the client wrote them.
+    let resp = eventually(WAIT, || {
+        get_tls(9443, "terminate.example.test", "/hello", &ca)
+    })
+    .unwrap_or_else(|| panic!("the TLS listener never answered; log:\n{}", tg.log()));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let doc = resp.json();
+    assert_eq!(doc["path"], "/hello");
+    assert_eq!(doc["host"], "terminate.example.test");
+    assert!(doc["headers"].get("x-forwarded-proto").is_none(), "{doc}");
+    // Passed through: the client's TLS ends at the HTTPS listener on 9444, which adds its
+    // forwarding headers before the echo backend.
+    let resp = get_tls(9443, "passthrough.example.test", "/hello", &ca)
+        .unwrap_or_else(|| panic!("passthrough failed; log:\n{}", tg.log()));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let doc = resp.json();
+    assert_eq!(doc["headers"]["x-forwarded-proto"], "https", "{doc}");
+    assert_eq!(doc["host"], "passthrough.example.test");
+    // No route takes this SNI: the connection is closed without an answer.
+    assert!(get_tls(9443, "other.example.test", "/", &ca).is_none());
 }
 
 fn traffic_split() {
