@@ -28,9 +28,10 @@ fn gateway_class_accepted_with_sorted_features() {
     let mut sorted = names.clone();
     sorted.sort_unstable();
     assert_eq!(names, sorted);
-    assert_eq!(names.len(), 29);
+    assert_eq!(names.len(), 32);
     assert!(names.contains(&"HTTPRouteCORS") && names.contains(&"GatewayHTTPListenerIsolation"));
     assert!(names.contains(&"GRPCRoute"));
+    assert!(names.contains(&"TLSRoute") && names.contains(&"TLSRouteModeMixed"));
 }
 
 #[test]
