@@ -62,6 +62,8 @@ pub(crate) enum TlsOutcome {
     HandshakeFailed,
     /// The listener stopped (port removed, shutdown).
     Stopped,
+    /// Closed after the idle timeout with no traffic.
+    Idle,
 }
 
 impl TlsOutcome {
@@ -74,6 +76,7 @@ impl TlsOutcome {
             Self::ConnectFailed => "connect_failed",
             Self::HandshakeFailed => "handshake_failed",
             Self::Stopped => "stopped",
+            Self::Idle => "idle",
         }
     }
 }

@@ -50,6 +50,9 @@ pub struct ProxyOptions {
     /// Where rate-limit counters live (built with [`Metrics::rate_limit`]'s handles by
     /// [`ProxyOptions::rate_limiter`]); `None` = in memory.
     pub rate_limiter: Option<RateLimiter>,
+    /// A stream on a TLS (TLSRoute) port with no byte in either direction for this long is
+    /// closed. Default 1 hour.
+    pub stream_idle_timeout: Duration,
 }
 
 impl ProxyOptions {
@@ -75,6 +78,7 @@ impl Default for ProxyOptions {
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
             rate_limiter: None,
+            stream_idle_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -84,6 +88,7 @@ impl Default for ProxyOptions {
 pub(crate) struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
+    pub stream_idle_timeout: Duration,
 }
 
 /// Per-port runtime state of a snapshot.
@@ -153,6 +158,7 @@ impl Proxy {
         let limits = Limits {
             max_header_bytes: opts.max_header_bytes,
             max_body_bytes: opts.max_body_bytes,
+            stream_idle_timeout: opts.stream_idle_timeout,
         };
         let limiter = match opts.rate_limiter.clone() {
             Some(l) => l,

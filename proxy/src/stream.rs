@@ -18,15 +18,18 @@
 //! A connection nothing serves (malformed or oversized ClientHello, an SNI no route takes, a
 //! backend without endpoints, a failed connect or handshake) is closed: a TLS client cannot
 //! be answered 404 or 503 before a handshake. Every such close is logged at debug level with
-//! its reason and counted in `tollgate_tls_connections_total` by outcome. Stopping the
-//! listener (port removed, shutdown) closes its open streams.
+//! its reason and counted in `tollgate_tls_connections_total` by outcome. A stream with no
+//! byte in either direction for [`ProxyOptions::stream_idle_timeout`](crate::ProxyOptions)
+//! is closed (outcome `idle`). Stopping the listener (port removed, shutdown) closes its open
+//! streams.
 
 use std::collections::HashSet;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
 use rustls::ServerConfig;
@@ -98,8 +101,9 @@ pub(crate) async fn serve(
     port: Arc<TlsPort>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let idle = shared.limits.stream_idle_timeout;
     let outcome = tokio::select! {
-        o = serve_inner(shared, &mut client, &conn, &port) => o,
+        o = serve_inner(shared, &mut client, &conn, &port, idle) => o,
         _ = stop.changed() => Outcome::closed(TlsOutcome::Stopped, "listener stopped"),
     };
     shared.metrics.tls_connection(outcome.kind);
@@ -128,6 +132,7 @@ async fn serve_inner(
     client: &mut TcpStream,
     conn: &ConnCtx,
     port: &TlsPort,
+    idle: Duration,
 ) -> Outcome {
     let mut hello = Vec::with_capacity(2048);
     let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(client, &mut hello)).await {
@@ -168,7 +173,7 @@ async fn serve_inner(
         if let Err(e) = upstream.write_all(&hello).await {
             return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}"));
         }
-        copy(client, &mut upstream).await
+        copy(client, &mut upstream, idle).await
     } else {
         let Some(config) = port.terminate.clone() else {
             return Outcome::closed(TlsOutcome::NoRoute, "no terminating listener");
@@ -184,7 +189,7 @@ async fn serve_inner(
             Ok(s) => s,
             Err(e) => return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}")),
         };
-        copy(&mut tls, &mut upstream).await
+        copy(&mut tls, &mut upstream, idle).await
     }
 }
 
@@ -196,21 +201,108 @@ async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
     Ok(s)
 }
 
-async fn copy<A, B>(a: &mut A, b: &mut B) -> Outcome
+/// Copies both ways until either side closes, or nothing was read from either side for `idle`.
+async fn copy<A, B>(a: &mut A, b: &mut B, idle: Duration) -> Outcome
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    match tokio::io::copy_bidirectional(a, b).await {
-        Ok(_) => Outcome {
-            kind: TlsOutcome::Served,
-            why: None,
-        },
-        // A reset after bytes flowed is how many TLS peers end; it was still served.
-        Err(e) => Outcome {
-            kind: TlsOutcome::Served,
-            why: Some(format!("copy ended: {e}")),
-        },
+    let activity = Activity::new();
+    let mut a = Tracked {
+        inner: a,
+        activity: &activity,
+    };
+    let mut b = Tracked {
+        inner: b,
+        activity: &activity,
+    };
+    let copying = tokio::io::copy_bidirectional(&mut a, &mut b);
+    tokio::pin!(copying);
+    loop {
+        let wait = idle.saturating_sub(activity.quiet_for());
+        if wait.is_zero() {
+            return Outcome::closed(TlsOutcome::Idle, format!("no traffic for {idle:?}"));
+        }
+        tokio::select! {
+            r = &mut copying => return match r {
+                Ok(_) => Outcome {
+                    kind: TlsOutcome::Served,
+                    why: None,
+                },
+                // A reset after bytes flowed is how many TLS peers end; it was still served.
+                Err(e) => Outcome {
+                    kind: TlsOutcome::Served,
+                    why: Some(format!("copy ended: {e}")),
+                },
+            },
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// When a stream last read a byte, in milliseconds since it started.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long since the last byte was read (or since the start).
+    fn quiet_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
+/// A stream that records in [`Activity`] every read that returned bytes.
+struct Tracked<'a, S: ?Sized> {
+    inner: &'a mut S,
+    activity: &'a Activity,
+}
+
+impl<S: AsyncRead + Unpin + ?Sized> AsyncRead for Tracked<'_, S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut *this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin + ?Sized> AsyncWrite for Tracked<'_, S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

@@ -8,6 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::metrics;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -157,6 +158,10 @@ struct Fixture {
 /// (*.example.com; abc.example.com to the TLS backend, empty.example.com to a backend without
 /// endpoints).
 async fn fixture() -> Fixture {
+    fixture_with(ProxyOptions::default().stream_idle_timeout).await
+}
+
+async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
     let backend_cert = cert("abc.example.com");
     let gateway_cert = cert("tls.example.com");
     let tls_addr = tls_backend(&backend_cert).await;
@@ -215,6 +220,7 @@ async fn fixture() -> Fixture {
     let metrics = metrics();
     let proxy = Proxy::new(ProxyOptions {
         metrics: metrics.clone(),
+        stream_idle_timeout,
         ..ProxyOptions::default()
     });
     proxy.apply(table).await.unwrap();
@@ -403,4 +409,50 @@ async fn a_client_hello_split_over_many_writes_is_reassembled() {
     assert_eq!(answer, "tls abc.example.com split\n");
     drop(tls);
     let _ = splice.await;
+}
+
+/// Connects to the terminating listener and returns the open stream after one exchange.
+async fn open_terminated(f: &Fixture) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(f.addr).await.unwrap();
+    let mut tls = client(&f.gateway_cert)
+        .connect(ServerName::try_from("tls.example.com").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"first\n").await.unwrap();
+    let mut line = vec![0u8; 64];
+    let n = tls.read(&mut line).await.unwrap();
+    assert_eq!(&line[..n], b"plain first\n");
+    tls
+}
+
+#[tokio::test]
+async fn an_idle_stream_is_closed_after_the_idle_timeout() {
+    let f = fixture_with(Duration::from_millis(300)).await;
+    let mut tls = open_terminated(&f).await;
+    // Nothing more is sent: the proxy closes the stream (EOF or reset), counted as idle.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut rest))
+        .await
+        .expect("the idle stream was never closed");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(common::eventually(|| count(&f.metrics, "idle") == 1).await);
+}
+
+#[tokio::test]
+async fn a_stream_with_traffic_outlives_the_idle_timeout() {
+    let idle = Duration::from_millis(800);
+    let f = fixture_with(idle).await;
+    let mut tls = open_terminated(&f).await;
+    // Traffic every 50 ms for twice the idle timeout: every line is answered.
+    let start = std::time::Instant::now();
+    let mut i = 0;
+    while start.elapsed() < idle * 2 {
+        tls.write_all(format!("n{i}\n").as_bytes()).await.unwrap();
+        let mut line = vec![0u8; 64];
+        let n = tls.read(&mut line).await.unwrap();
+        assert_eq!(&line[..n], format!("plain n{i}\n").as_bytes());
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count(&f.metrics, "idle"), 0);
 }
