@@ -5,7 +5,7 @@
 # stopped again on exit), and, as root, the node agent's tests on `e2e/cluster.sh up --full`
 # (kube-controller-manager and pods run as local processes in network namespaces), the Helm
 # test, every example served on that cluster, and the Gateway API conformance suite
-# (GATEWAY-HTTP and GATEWAY-GRPC) there. Works on a fresh machine with Rust and Go installed; builds are
+# (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS) there. Works on a fresh machine with Rust and Go installed; builds are
 # cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,7 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
   step "e2e/examples-test.sh (every example applied with kubectl, served through its Gateway's address, kstatus Current)"
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
-  step "e2e/conformance.sh (GATEWAY-HTTP and GATEWAY-GRPC; the Gateway API conformance suite; reports to a temporary dir)"
+  step "e2e/conformance.sh (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS; the Gateway API conformance suite; reports to a temporary dir)"
   CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
 else
   step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"
