@@ -268,3 +268,67 @@ fn tls_listeners_without_certificates_are_not_in_the_table() {
     // no-mode (9445) terminates without certificates: not programmed, not served.
     assert_eq!(ports, [80, 443, 8443, 9443, 9444]);
 }
+
+const POLICIES: &str = r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {name: on-route, namespace: apps, generation: 1}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: TLSRoute, name: simple}]
+  rules:
+    authorization:
+      nobody: {predicate: "false"}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: on-listener, namespace: infra, generation: 1}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: tls, sectionName: passthrough}]
+  limits:
+    tight: {rates: [{limit: 1, window: 1m}]}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {name: on-gateway, namespace: infra, generation: 1}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: tls}]
+  rules:
+    authorization:
+      nobody: {predicate: "false"}
+"#;
+
+#[test]
+fn policies_never_claim_tls_streams() {
+    // Policies act on HTTP requests: a TLSRoute or a TLS listener as target is not found
+    // (saying why), and a Gateway-wide policy leaves the TLS ports' routes without one.
+    let out = run(&["tlsroute"], POLICIES);
+    let route = &out.auth_policies[&ObjectKey::new("apps", "on-route")].conditions;
+    assert_cond(route, "Accepted", "False", "TargetNotFound");
+    assert!(
+        cond(route, "Accepted")
+            .message
+            .contains("policies do not apply to TLSRoutes"),
+        "{route:?}"
+    );
+    let listener = &out.rate_limit_policies[&ObjectKey::new("infra", "on-listener")].conditions;
+    assert_cond(listener, "Accepted", "False", "TargetNotFound");
+    let gateway = &out.auth_policies[&ObjectKey::new("infra", "on-gateway")].conditions;
+    assert_cond(gateway, "Accepted", "True", "Accepted");
+    let t = gw(&out);
+    for p in t.ports.iter().filter(|p| p.protocol == Protocol::Tls) {
+        for r in p
+            .listeners
+            .iter()
+            .flat_map(|l| &l.virtual_hosts)
+            .flat_map(|v| &v.routes)
+        {
+            assert_eq!(r.policy, None, "{} on port {}", r.route, p.port);
+        }
+    }
+    // No TLSRoute is marked as affected by a policy.
+    let simple = tls_parent_conds(&out, "apps", "simple", 0);
+    assert!(
+        simple.iter().all(|c| !c.type_.contains("PolicyAffected")),
+        "{simple:?}"
+    );
+}

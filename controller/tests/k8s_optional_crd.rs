@@ -106,3 +106,30 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
     task.abort();
     crd_absent(&crds).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_rbac_forbids_is_an_empty_store_too() {
+    // A controller whose ClusterRole predates TLSRoutes: listing them is forbidden (403).
+    let kc = kube::config::Kubeconfig::read_from(k8s_support::kubeconfig()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info.impersonate = Some("tollgate-test-no-rbac".into());
+    let nobody = kube::Client::try_from(cfg).unwrap();
+    let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = Api::all(nobody);
+    let denied = api.list_metadata(&Default::default()).await.unwrap_err();
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.code == 403),
+        "{denied}"
+    );
+
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let (store, task) = watch_optional(api, Kind::TlsRoute, Duration::from_secs(30), &tx, &metrics);
+    tokio::time::timeout(WAIT, store.wait_until_ready())
+        .await
+        .expect("a store of a forbidden kind never became ready")
+        .unwrap();
+    assert!(store.state().is_empty());
+    task.abort();
+}

@@ -131,9 +131,7 @@ async fn serve_connection(
         // The port left the table between accept and now.
         None => {}
         Some(PortState::Http) => serve(&shared, TokioIo::new(stream), conn, stop).await,
-        Some(PortState::Tls(port)) => {
-            crate::stream::serve(&shared, stream, conn, port, stop).await;
-        }
+        Some(PortState::Tls(_)) => crate::stream::serve(&shared, stream, conn, stop).await,
         Some(PortState::Https(tls)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

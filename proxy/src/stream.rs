@@ -40,7 +40,7 @@ use tollgate_api::PortConfig;
 
 use crate::error::Result;
 use crate::metrics::TlsOutcome;
-use crate::proxy::Shared;
+use crate::proxy::{PortState, Shared};
 use crate::service::ConnCtx;
 use crate::sni::{self, MAX_CLIENT_HELLO, Sni};
 use crate::upstream::pick_weighted;
@@ -98,12 +98,11 @@ pub(crate) async fn serve(
     shared: &Arc<Shared>,
     mut client: TcpStream,
     conn: ConnCtx,
-    port: Arc<TlsPort>,
     mut stop: watch::Receiver<bool>,
 ) {
     let idle = shared.limits.stream_idle_timeout;
     let outcome = tokio::select! {
-        o = serve_inner(shared, &mut client, &conn, &port, idle) => o,
+        o = serve_inner(shared, &mut client, &conn, idle) => o,
         _ = stop.changed() => Outcome::closed(TlsOutcome::Stopped, "listener stopped"),
     };
     shared.metrics.tls_connection(outcome.kind);
@@ -131,7 +130,6 @@ async fn serve_inner(
     shared: &Arc<Shared>,
     client: &mut TcpStream,
     conn: &ConnCtx,
-    port: &TlsPort,
     idle: Duration,
 ) -> Outcome {
     let mut hello = Vec::with_capacity(2048);
@@ -140,8 +138,13 @@ async fn serve_inner(
         Ok(Err(why)) => return Outcome::closed(TlsOutcome::BadHello, why),
         Err(_) => return Outcome::closed(TlsOutcome::BadHello, "no ClientHello in time"),
     };
+    // The table live now, after the ClientHello, decides everything: the port's listeners
+    // (modes, certificates) and the route come from the same snapshot.
     let Some(snapshot) = shared.snapshot.load_full() else {
         return Outcome::closed(TlsOutcome::NoRoute, "no route table");
+    };
+    let Some(PortState::Tls(port)) = snapshot.ports.get(&conn.table_port).cloned() else {
+        return Outcome::closed(TlsOutcome::NoRoute, "the port is no longer a TLS port");
     };
     let name = sni.as_deref().unwrap_or_default();
     let empty = HeaderMap::new();
@@ -325,6 +328,15 @@ async fn read_hello(
             return Err("closed before a whole ClientHello".into());
         }
         buf.extend_from_slice(&chunk[..n]);
+        // Parse only once the first record is whole: a client trickling its ClientHello a
+        // byte at a time must not cost a parse per byte.
+        // (Only for a handshake record header; anything else is judged by the parser now.)
+        if let [22, 3, _, hi, lo, ..] = buf[..] {
+            let record = 5 + usize::from(u16::from_be_bytes([hi, lo]));
+            if buf.len() < record && record <= MAX_CLIENT_HELLO {
+                continue;
+            }
+        }
         match sni::parse(buf) {
             Sni::Found(name) => return Ok(Some(name)),
             Sni::Missing => return Ok(None),

@@ -144,7 +144,9 @@ fn tcp_backend(addrs: &[SocketAddr]) -> Backend {
 }
 
 struct Fixture {
-    _proxy: Proxy,
+    proxy: Proxy,
+    /// The table it serves.
+    table: RouteTable,
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     /// The certificate of the passthrough backend (abc.example.com).
@@ -223,10 +225,11 @@ async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
         stream_idle_timeout,
         ..ProxyOptions::default()
     });
-    proxy.apply(table).await.unwrap();
+    proxy.apply(table.clone()).await.unwrap();
     let addr = proxy.local_addr(0).unwrap();
     Fixture {
-        _proxy: proxy,
+        proxy,
+        table,
         addr,
         metrics,
         backend_cert,
@@ -455,4 +458,34 @@ async fn a_stream_with_traffic_outlives_the_idle_timeout() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(count(&f.metrics, "idle"), 0);
+}
+
+#[tokio::test]
+async fn the_table_live_after_the_client_hello_decides_the_mode() {
+    // Connected while the port only passes through; the ClientHello arrives after a table
+    // that adds the terminating listener: it is terminated by the new table, not refused by
+    // the port as it was at accept time.
+    let f = fixture().await;
+    let mut only_passthrough = f.table.clone();
+    only_passthrough.version = 2;
+    only_passthrough.ports[0]
+        .listeners
+        .retain(|l| l.name == "passthrough");
+    f.proxy.apply(only_passthrough).await.unwrap();
+    let tcp = TcpStream::connect(f.addr).await.unwrap();
+    // Accepted on the passthrough-only port; now the terminating listener comes back.
+    assert!(
+        common::eventually(|| f.metrics.encode().contains("tollgate_active_connections 1")).await
+    );
+    let mut both = f.table.clone();
+    both.version = 3;
+    f.proxy.apply(both).await.unwrap();
+    let mut tls = client(&f.gateway_cert)
+        .connect(ServerName::try_from("tls.example.com").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"late\n").await.unwrap();
+    let mut answer = String::new();
+    BufReader::new(tls).read_line(&mut answer).await.unwrap();
+    assert_eq!(answer, "plain late\n");
 }

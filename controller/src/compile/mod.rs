@@ -296,14 +296,20 @@ fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str
     gws.chain(routes).chain(grpc_routes).collect()
 }
 
-/// Policy attachment view of the Gateways.
+/// Policy attachment view of the Gateways. TLS listeners are left out: policies act on HTTP
+/// requests, and a TLS stream has none, so a policy never claims to be enforced there.
 fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::GatewayTarget> {
     gateways
         .iter()
         .filter(|g| g.accepted)
         .map(|g| policies::GatewayTarget {
             key: g.key.clone(),
-            listeners: g.listeners.iter().map(|l| l.spec.name.clone()).collect(),
+            listeners: g
+                .listeners
+                .iter()
+                .filter(|l| l.protocol != Some(tollgate_api::Protocol::Tls))
+                .map(|l| l.spec.name.clone())
+                .collect(),
         })
         .collect()
 }
@@ -316,6 +322,8 @@ fn policy_routes(
     routes
         .routes
         .iter()
+        // TLSRoutes carry streams, not requests: no policy targets them (see policy_gateways).
+        .filter(|r| r.kind != RouteKind::Tls)
         .filter_map(|r| {
             let rules = r.compiled.rules.as_ref().ok()?;
             let mut attachments: Vec<(ObjectKey, String)> = r

@@ -15,10 +15,11 @@
 //! in. Unlabelled Opaque, token and docker-config Secrets never reach the controller.
 //!
 //! TLSRoutes are optional: TLSRoute is in the Gateway API standard channel from v1.5, and a
-//! cluster with older CRDs must keep serving HTTP. When the API server does not serve
-//! `gateway.networking.k8s.io/v1` TLSRoute, its store counts as listed and empty (a warning
-//! says so) and the API is asked again every [`OPTIONAL_RETRY`]; once the CRD is installed the
-//! watch starts, without a restart.
+//! cluster with older CRDs (or a controller whose ClusterRole predates TLSRoutes) must keep
+//! serving HTTP. When the API server does not serve `gateway.networking.k8s.io/v1` TLSRoute
+//! (404) or forbids listing it (403), its store counts as listed and empty (a warning says
+//! so) and the API is asked again every [`OPTIONAL_RETRY`]; once it can be listed the watch
+//! starts, without a restart.
 //!
 //! A malformed object (valid for the API server, not for our types) is stored as
 //! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
@@ -389,13 +390,21 @@ impl Watch {
                     .list_metadata(&kube::api::ListParams::default().limit(1))
                     .await
                 {
-                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                    // 404: the CRD is not installed. 403: our RBAC does not cover the kind
+                    // (an older ClusterRole). Either way, the other kinds must keep going.
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
                         if !warned {
+                            let why = if e.code == 404 {
+                                "the API server does not serve this kind (CRD not installed); \
+                                 install the Gateway API v1.5 standard CRDs to use it"
+                            } else {
+                                "the controller may not list this kind (RBAC); upgrade the \
+                                 chart's ClusterRole to use it"
+                            };
                             warn!(
                                 kind = self.kind.as_str(),
-                                "the API server does not serve this kind (CRD not installed): \
-                                 treated as none until it is; install the Gateway API v1.5 \
-                                 standard CRDs to use it"
+                                reason = why,
+                                "treated as none until it can be listed"
                             );
                             writer.apply_watcher_event(&Event::Init);
                             writer.apply_watcher_event(&Event::InitDone);

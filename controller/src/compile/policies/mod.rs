@@ -458,9 +458,15 @@ impl<T: Entries> Resolved<T> {
 }
 
 fn describe(t: &TargetRef) -> String {
-    match &t.section_name {
+    let d = match &t.section_name {
         Some(s) => format!("{} {} (section {s})", t.kind, t.name),
         None => format!("{} {}", t.kind, t.name),
+    };
+    if t.kind == "TLSRoute" {
+        // Policies act on HTTP requests; a TLSRoute carries opaque streams.
+        d + " (policies do not apply to TLSRoutes)"
+    } else {
+        d
     }
 }
 
