@@ -4,6 +4,12 @@
 //!
 //! Labels are fixed strings only (method type, outcome, result): never a policy name, a
 //! subject or a URI, so the series count is bounded by the code, not by traffic or config.
+//!
+//! The per-request counters (outcomes, cache lookups) are kept once looked up: a label lookup
+//! in a family hashes the labels with SipHash under a lock, which cost more than the rest of
+//! an API key check. A series still appears on its first use, as with a plain lookup.
+
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +45,20 @@ impl MethodKind {
     }
 }
 
+impl MethodKind {
+    const COUNT: usize = 5;
+
+    fn index(self) -> usize {
+        match self {
+            Self::ApiKey => 0,
+            Self::Jwt => 1,
+            Self::Introspection => 2,
+            Self::X509 => 3,
+            Self::None => 4,
+        }
+    }
+}
+
 /// How a checked request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -68,6 +88,20 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    const COUNT: usize = 5;
+
+    fn index(self) -> usize {
+        match self {
+            Self::Allowed => 0,
+            Self::Unauthenticated => 1,
+            Self::Forbidden => 2,
+            Self::Error => 3,
+            Self::Skipped => 4,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     method: &'static str,
@@ -90,6 +124,13 @@ impl Cache {
             Self::Introspection => "introspection",
         }
     }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Jwt => 0,
+            Self::Introspection => 1,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -110,6 +151,18 @@ pub struct AuthMetrics {
     jwks_fetches: Family<ResultLabels, Counter>,
     introspections: Family<ResultLabels, Counter>,
     cache_lookups: Family<CacheLabels, Counter>,
+    /// The per-request series, each kept once looked up (shared by clones, like the families).
+    kept: Arc<Kept>,
+}
+
+/// Series of [`AuthMetrics`] already looked up in their family (a [`Counter`] shares its value
+/// with the family's).
+#[derive(Debug, Default)]
+struct Kept {
+    /// By `MethodKind::index() * Outcome::COUNT + Outcome::index()`.
+    outcomes: [OnceLock<Counter>; MethodKind::COUNT * Outcome::COUNT],
+    /// By `Cache::index() * 2 + hit`.
+    cache_lookups: [OnceLock<Counter>; 4],
 }
 
 impl AuthMetrics {
@@ -148,12 +201,20 @@ impl AuthMetrics {
 
     /// Counts one checked request.
     pub fn outcome(&self, method: MethodKind, outcome: Outcome) {
-        self.outcomes
-            .get_or_create(&OutcomeLabels {
-                method: method.as_str(),
-                outcome: outcome.as_str(),
-            })
-            .inc();
+        let i = method.index() * Outcome::COUNT + outcome.index();
+        let lookup = || {
+            self.outcomes
+                .get_or_create(&OutcomeLabels {
+                    method: method.as_str(),
+                    outcome: outcome.as_str(),
+                })
+                .clone()
+        };
+        match self.kept.outcomes.get(i) {
+            Some(slot) => slot.get_or_init(lookup).inc(),
+            // Not reached: the index is below the array's length by construction.
+            None => lookup().inc(),
+        };
     }
 
     /// The number of requests counted with these labels (for tests and diagnostics).
@@ -182,12 +243,20 @@ impl AuthMetrics {
     }
 
     pub(crate) fn cache_lookup(&self, cache: Cache, hit: bool) {
-        self.cache_lookups
-            .get_or_create(&CacheLabels {
-                cache: cache.as_str(),
-                result: if hit { "hit" } else { "miss" },
-            })
-            .inc();
+        let i = cache.index() * 2 + usize::from(hit);
+        let lookup = || {
+            self.cache_lookups
+                .get_or_create(&CacheLabels {
+                    cache: cache.as_str(),
+                    result: if hit { "hit" } else { "miss" },
+                })
+                .clone()
+        };
+        match self.kept.cache_lookups.get(i) {
+            Some(slot) => slot.get_or_init(lookup).inc(),
+            // Not reached: the index is below the array's length by construction.
+            None => lookup().inc(),
+        };
     }
 
     pub(crate) fn jwks_fetch(&self, ok: bool) {
@@ -237,5 +306,59 @@ mod tests {
         assert_eq!(m.cache_hits(Cache::Jwt), 1);
         assert_eq!(m.jwks_fetches(false), 1);
         assert_eq!(m.outcome_count(MethodKind::X509, Outcome::Allowed), 0);
+    }
+
+    #[test]
+    fn kept_series_count_each_label_pair_in_its_own_series_across_clones() {
+        let kinds = [
+            MethodKind::ApiKey,
+            MethodKind::Jwt,
+            MethodKind::Introspection,
+            MethodKind::X509,
+            MethodKind::None,
+        ];
+        let outcomes = [
+            Outcome::Allowed,
+            Outcome::Unauthenticated,
+            Outcome::Forbidden,
+            Outcome::Error,
+            Outcome::Skipped,
+        ];
+        let m = AuthMetrics::new();
+        let clone = m.clone();
+        let mut n = 0;
+        for kind in kinds {
+            for outcome in outcomes {
+                n += 1;
+                // Half through the clone: both keep the same series.
+                for i in 0..n {
+                    if i % 2 == 0 { &m } else { &clone }.outcome(kind, outcome);
+                }
+            }
+        }
+        let mut n = 0;
+        for kind in kinds {
+            for outcome in outcomes {
+                n += 1;
+                assert_eq!(m.outcome_count(kind, outcome), n, "{kind:?} {outcome:?}");
+            }
+        }
+        for (cache, hits, misses) in [(Cache::Jwt, 3, 1), (Cache::Introspection, 2, 5)] {
+            for _ in 0..hits {
+                clone.cache_lookup(cache, true);
+            }
+            for _ in 0..misses {
+                m.cache_lookup(cache, false);
+            }
+            assert_eq!(m.cache_hits(cache), hits);
+            let missed = m
+                .cache_lookups
+                .get(&CacheLabels {
+                    cache: cache.as_str(),
+                    result: "miss",
+                })
+                .map_or(0, |c| c.get());
+            assert_eq!(missed, misses);
+        }
     }
 }
