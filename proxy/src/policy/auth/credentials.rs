@@ -65,20 +65,24 @@ impl Source {
         headers: &'r HeaderMap,
         query: Option<&'r str>,
     ) -> Option<Cow<'r, str>> {
+        // Header text is visible ASCII, spaces and tabs (`to_str`), so trimming ASCII
+        // whitespace is `str::trim`, without its Unicode tables.
         let found = match self {
             Self::Authorization { scheme } => {
-                let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
+                let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim_ascii();
                 if scheme.is_empty() {
                     Cow::Borrowed(value)
                 } else {
-                    let (got, rest) = value.split_once(' ')?;
+                    // The first space ends the scheme (a byte search: the scheme is short).
+                    let space = value.bytes().position(|b| b == b' ')?;
+                    let got = value.get(..space)?;
                     if !got.eq_ignore_ascii_case(scheme) {
                         return None;
                     }
-                    Cow::Borrowed(rest.trim())
+                    Cow::Borrowed(value.get(space + 1..)?.trim_ascii())
                 }
             }
-            Self::Header(name) => Cow::Borrowed(headers.get(name)?.to_str().ok()?.trim()),
+            Self::Header(name) => Cow::Borrowed(headers.get(name)?.to_str().ok()?.trim_ascii()),
             Self::Query(name) => form_urlencoded::parse(query?.as_bytes())
                 .find(|(k, _)| k == name.as_str())
                 .map(|(_, v)| v)?,
