@@ -6,8 +6,6 @@
 //! direction; the one exception is `Upgrade` (with `Connection: upgrade`) on an upgrade
 //! request and its 101 answer, which the proxy forwards and then splices.
 
-use std::net::IpAddr;
-
 use http::header::{CONNECTION, HOST, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
 
@@ -202,8 +200,14 @@ pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: b
 }
 
 /// The peer address as an `X-Forwarded-For` value (formatted once per connection).
-pub(crate) fn peer_value(peer: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+#[cfg(test)]
+pub(crate) fn peer_value(peer: std::net::IpAddr) -> HeaderValue {
+    peer_header(&peer.to_string())
+}
+
+/// [`peer_value`] of the address already printed (`IpAddr`'s `Display`).
+pub(crate) fn peer_header(peer: &str) -> HeaderValue {
+    HeaderValue::from_str(peer).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.

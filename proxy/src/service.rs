@@ -53,7 +53,10 @@ pub(crate) struct ConnCtx {
     pub table_port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
-    /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection.
+    /// The peer's IP as `Display` prints it (`source.address` of policy expressions),
+    /// formatted once per connection.
+    pub peer_address: String,
+    /// The same as an `X-Forwarded-For` value.
     pub peer_value: HeaderValue,
     /// The TLS server name the client sent (HTTPS only).
     pub sni: Option<Arc<str>>,
@@ -351,6 +354,7 @@ async fn proxy(
             target,
             scheme: conn.scheme,
             peer: conn.peer,
+            peer_address: Some(&conn.peer_address),
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {

@@ -90,6 +90,9 @@ pub struct RequestInfo<'a> {
     pub scheme: &'a str,
     /// The client.
     pub peer: SocketAddr,
+    /// The client's IP as `Display` prints it, when the caller formatted it already (once per
+    /// connection): expressions reading `source.address` then use it as it is.
+    pub peer_address: Option<&'a str>,
     /// DER of the client certificate the TLS layer verified against the port's CAs; `None`
     /// without one (X.509 authentication then fails).
     pub peer_cert: Option<&'a [u8]>,
@@ -149,6 +152,9 @@ impl Enforcer {
             source: info.peer,
         };
         let mut act = Activation::with_needs(&attrs, &self.needs);
+        if let Some(address) = info.peer_address {
+            act.set_source_address(address);
+        }
         if let Some(auth) = &self.auth
             && let AuthOutcome::Denied(d) = auth.check(parts, info.peer_cert, &mut act).await
         {

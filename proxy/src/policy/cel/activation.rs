@@ -109,6 +109,9 @@ pub struct Activation<'a> {
     host_end: usize,
     path_end: usize,
     source: SocketAddr,
+    /// `source.address` as text, when the caller had it already (see
+    /// [`Activation::set_source_address`]).
+    source_address: Option<&'a str>,
     headers: Headers<'a>,
     /// `auth.identity`; `None` is null.
     identity: Option<Arc<serde_json::Value>>,
@@ -204,17 +207,34 @@ impl<'a> Activation<'a> {
             text.push_str(attrs.path);
             text.push_str(attrs.scheme);
         }
+        // Standard methods are copied without allocating; only `request.method` reads it.
+        let method = if vars & REQUEST != 0 {
+            Method::from_bytes(attrs.method.as_bytes()).unwrap_or_default()
+        } else {
+            Method::default()
+        };
         Self {
-            // Standard methods are copied without allocating.
-            method: Method::from_bytes(attrs.method.as_bytes()).unwrap_or_default(),
+            method,
             text,
             host_end: attrs.host.len(),
             path_end: attrs.host.len() + attrs.path.len(),
             source: attrs.source,
+            source_address: None,
             headers,
             identity: None,
             vars,
             context: OnceLock::new(),
+        }
+    }
+
+    /// Gives `source.address` as text: the source IP as `Display` prints it, formatted once
+    /// per connection by the caller, so that expressions reading it do not format it again
+    /// per request. It must be that address (checked in debug builds): expressions see it as
+    /// it is.
+    pub fn set_source_address(&mut self, text: &'a str) {
+        debug_assert_eq!(text, self.source.ip().to_string(), "not the source address");
+        if self.vars & SOURCE != 0 {
+            self.source_address = Some(text);
         }
     }
 
@@ -268,7 +288,10 @@ impl<'a> Activation<'a> {
             Path::Header(Some(name)) => {
                 self.read_header(name, |v| f(v.map_or(Val::Missing, Val::Str)))
             }
-            Path::Address => with_address(self.source.ip(), |a| f(Val::Str(a))),
+            Path::Address => match self.source_address {
+                Some(a) => f(Val::Str(a)),
+                None => with_address(self.source.ip(), |a| f(Val::Str(a))),
+            },
             Path::Port => f(Val::Int(i64::from(self.source.port()))),
             Path::Identity(keys) => f(Val::identity(self.identity.as_deref(), keys)),
         }
@@ -326,7 +349,11 @@ impl<'a> Activation<'a> {
         }
         if self.vars & SOURCE != 0 {
             let mut source: HashMap<String, Value> = HashMap::with_capacity(2);
-            source.insert("address".into(), self.source.ip().to_string().into());
+            let address = match self.source_address {
+                Some(a) => a.to_owned(),
+                None => self.source.ip().to_string(),
+            };
+            source.insert("address".into(), address.into());
             source.insert("port".into(), Value::Int(i64::from(self.source.port())));
             context.add_variable_from_value("source", source);
         }

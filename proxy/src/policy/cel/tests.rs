@@ -346,15 +346,24 @@ fn the_fast_path_agrees_with_the_interpreter() {
     for (attrs, identity) in requests() {
         let mut full = Activation::new(&attrs);
         let mut lean = Activation::with_needs(&attrs, &needs);
+        // The source address given as text, as the proxy does once per connection.
+        let address = attrs.source.ip().to_string();
+        let mut given = Activation::with_needs(&attrs, &needs);
+        given.set_source_address(&address);
         if let Some(id) = &identity {
             full.set_identity(id);
             lean.set_identity(&Arc::new(id.clone()));
+            given.set_identity(&Arc::new(id.clone()));
         }
         for e in &exprs {
             let src = e.source();
             let want_bool = e.interpret_bool(&full);
             let want_string = e.interpret_string(&full);
-            for (name, act) in [("new", &full), ("with_needs", &lean)] {
+            for (name, act) in [
+                ("new", &full),
+                ("with_needs", &lean),
+                ("with_needs and the address", &given),
+            ] {
                 assert_eq!(
                     e.eval_bool(act),
                     want_bool,
