@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use tollgate_api::policy::RateLimit;
 
+use super::KeyHasher;
 use super::algo::{MAX_EXACT, Spec};
 use super::metrics::DecisionCache;
 use crate::policy::cel::{Activation, CelError, Expr};
@@ -56,6 +57,8 @@ pub struct CompiledLimit {
     id: Arc<str>,
     /// The id as it starts every key (escaped).
     key_prefix: Arc<str>,
+    /// Hashes this limit's keys, the prefix read once here.
+    key_hasher: KeyHasher,
     /// `namespace/policy`: the metrics label.
     policy: Arc<str>,
     specs: Arc<[Spec]>,
@@ -93,6 +96,7 @@ impl CompiledLimit {
         escape_into(&mut key_prefix, id);
         Ok(Self {
             id: id.into(),
+            key_hasher: KeyHasher::after_prefix(&key_prefix),
             key_prefix: key_prefix.into(),
             policy: policy_of(id).into(),
             specs,
@@ -149,6 +153,16 @@ impl CompiledLimit {
         for e in &self.counters {
             e.eval_str_with(act, |v| push_value(key, v));
         }
+    }
+
+    /// The hash of `key`, one of this limit's keys ([`Self::key`]), as the counter stores
+    /// hash keys (the prefix was read at build).
+    pub(crate) fn key_hash(&self, key: &str) -> u64 {
+        debug_assert!(
+            key.starts_with(&*self.key_prefix),
+            "not a key of this limit"
+        );
+        self.key_hasher.hash(key)
     }
 
     /// Its CEL expressions (`when`, then `counters`).

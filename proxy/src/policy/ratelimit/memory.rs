@@ -181,7 +181,14 @@ impl MemoryStore {
 
     /// Decides one request on the counter `key`.
     pub fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
-        let hash = self.hasher.hash(key);
+        self.check_hashed(specs, key, self.hasher.hash(key), now)
+    }
+
+    /// [`Self::check`] with the key's hash computed already (a limit's
+    /// [`CompiledLimit::key_hash`](super::CompiledLimit::key_hash)): `hash` must be
+    /// `KeyHasher::new().hash(key)`.
+    pub fn check_hashed(&self, specs: &[Spec], key: &str, hash: u64, now: i64) -> Decision {
+        debug_assert_eq!(hash, self.hasher.hash(key), "not the key's hash");
         let mut shard = self.shard(hash);
         shard.sweep_if_due(now);
         match shard.map.get_mut(&(hash, key) as &dyn Lookup) {

@@ -281,7 +281,7 @@ impl RateLimiter {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let specs = limit.specs();
         let decision = match &self.inner.store {
-            Store::Memory(memory) => return self.check_memory(memory, limit, key, now_ms),
+            Store::Memory(memory) => return self.check_memory(memory, limit, key, None, now_ms),
             Store::Redis { backend, fallback } => {
                 match backend.call(key, specs, now, Op::Check).await {
                     Some(reply) => algo::decision(specs, &reply.states, now, reply.allowed),
@@ -294,16 +294,21 @@ impl RateLimiter {
         decision
     }
 
-    /// [`Self::check_at`] on in-memory counters: nothing to await.
+    /// [`Self::check_at`] on in-memory counters: nothing to await. `hash` is the key's hash
+    /// when the caller has it ([`CompiledLimit::key_hash`]).
     fn check_memory(
         &self,
         memory: &MemoryStore,
         limit: &CompiledLimit,
         key: &str,
+        hash: Option<u64>,
         now_ms: u64,
     ) -> Decision {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
-        let decision = memory.check(limit.specs(), key, now);
+        let decision = match hash {
+            Some(hash) => memory.check_hashed(limit.specs(), key, hash, now),
+            None => memory.check(limit.specs(), key, now),
+        };
         self.record(limit, decision);
         decision
     }
@@ -347,13 +352,11 @@ impl RateLimiter {
         act: &Activation<'_>,
     ) -> Option<Decision> {
         if let Store::Memory(memory) = &self.inner.store {
-            return KEY_BUFFER.with_borrow_mut(|key| {
-                let out = fold_decisions(limits, act, key, |limit, key| {
-                    self.check_memory(memory, limit, key, self.inner.clock.now_ms())
+            return KEY_BUFFERS.with_borrow_mut(|buffers| {
+                let out = fold_decisions(limits, act, buffers, |limit, key, hash| {
+                    self.check_memory(memory, limit, key, Some(hash), self.inner.clock.now_ms())
                 });
-                if key.capacity() > MAX_KEPT_KEY_BUFFER {
-                    *key = String::new();
-                }
+                buffers.trim();
                 out
             });
         }
@@ -393,49 +396,126 @@ impl RateLimiter {
 }
 
 /// The hash of counter keys: SipHash-1-3 (keys come from clients, so collisions must not be
-/// aimable) under keys drawn from std's per-process random state, over the key's bytes in one
-/// call (std's `Hash for str` feeds SipHash twice, which cost more than the rest of a
+/// aimable) under keys drawn once per process from std's random state, over the key's bytes in
+/// one call (std's `Hash for str` feeds SipHash twice, which cost more than the rest of a
 /// decision's lookup).
+///
+/// Every key of a limit starts with the limit's own prefix, so a limit keeps a hasher that
+/// has read that prefix already ([`KeyHasher::after_prefix`]): per request only the counter
+/// values are hashed, and the hash is the same as [`KeyHasher::new`] gives for the whole key.
 #[derive(Debug, Clone)]
-pub(crate) struct KeyHasher(siphasher::sip::SipHasher13);
+pub(crate) struct KeyHasher {
+    sip: siphasher::sip::SipHasher13,
+    /// Bytes of every key this hasher has read already (a multiple of 8).
+    skip: usize,
+}
 
-impl KeyHasher {
-    pub fn new() -> Self {
+/// The process's keys of [`KeyHasher`].
+static KEY_HASHER: std::sync::LazyLock<siphasher::sip::SipHasher13> =
+    std::sync::LazyLock::new(|| {
         use std::hash::{BuildHasher, RandomState};
         let k0 = RandomState::new().hash_one(0x746f_6c6c_u64);
         let k1 = RandomState::new().hash_one(0x6761_7465_u64);
-        Self(siphasher::sip::SipHasher13::new_with_keys(k0, k1))
+        siphasher::sip::SipHasher13::new_with_keys(k0, k1)
+    });
+
+impl KeyHasher {
+    /// The hasher of whole keys.
+    pub fn new() -> Self {
+        Self {
+            sip: *KEY_HASHER,
+            skip: 0,
+        }
     }
 
+    /// A hasher of keys that start with `prefix`, which has read the whole 8-byte blocks of
+    /// `prefix` already (SipHash reads blocks of 8 bytes; the rest is read with each key).
+    pub fn after_prefix(prefix: &str) -> Self {
+        use std::hash::Hasher as _;
+        let skip = prefix.len() - prefix.len() % 8;
+        let mut sip = *KEY_HASHER;
+        sip.write(prefix.as_bytes().get(..skip).unwrap_or_default());
+        Self { sip, skip }
+    }
+
+    /// The hash of `key`, which must start with the prefix this hasher was made
+    /// [after](Self::after_prefix) (checked in debug builds): the same as
+    /// `KeyHasher::new().hash(key)`.
     pub fn hash(&self, key: &str) -> u64 {
-        self.0.hash(key.as_bytes())
+        let rest = key.as_bytes().get(self.skip..);
+        debug_assert!(rest.is_some(), "key shorter than the prefix read");
+        self.sip.hash(rest.unwrap_or_default())
     }
 }
 
 thread_local! {
-    /// The key buffer of in-memory decisions (never held across an `.await`).
-    static KEY_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    /// The key buffers of in-memory decisions (never held across an `.await`).
+    static KEY_BUFFERS: std::cell::RefCell<KeyBuffers> = const {
+        std::cell::RefCell::new(KeyBuffers {
+            key: String::new(),
+            last: String::new(),
+            last_hash: None,
+        })
+    };
 }
 
 /// A key buffer that grew past this (a very long counter value) is not kept.
 const MAX_KEPT_KEY_BUFFER: usize = 4096;
 
+/// Where one thread builds counter keys, and the last key it decided with that key's hash:
+/// the requests of one client, and every request of a limit without counters, repeat their
+/// key, and comparing it costs less than hashing it again.
+#[derive(Debug, Default)]
+struct KeyBuffers {
+    /// The key being built.
+    key: String,
+    /// The last key built.
+    last: String,
+    /// Its hash (`None` before the first key).
+    last_hash: Option<u64>,
+}
+
+impl KeyBuffers {
+    /// The key of the request of `act` on `limit`, and its hash
+    /// ([`CompiledLimit::key_hash`]).
+    fn key_of(&mut self, limit: &CompiledLimit, act: &Activation<'_>) -> (&str, u64) {
+        self.key.clear();
+        limit.key_into(act, &mut self.key);
+        let hash = match self.last_hash {
+            Some(hash) if self.key == self.last => hash,
+            _ => {
+                let hash = limit.key_hash(&self.key);
+                std::mem::swap(&mut self.key, &mut self.last);
+                self.last_hash = Some(hash);
+                hash
+            }
+        };
+        (&self.last, hash)
+    }
+
+    /// Drops buffers that grew past [`MAX_KEPT_KEY_BUFFER`].
+    fn trim(&mut self) {
+        if self.key.capacity().max(self.last.capacity()) > MAX_KEPT_KEY_BUFFER {
+            *self = Self::default();
+        }
+    }
+}
+
 /// The synchronous loop of [`RateLimiter::check_applicable`]: `decide` on each applicable
-/// limit's key until one refuses, the decisions merged.
+/// limit's key (and its hash) until one refuses, the decisions merged.
 fn fold_decisions(
     limits: &[CompiledLimit],
     act: &Activation<'_>,
-    key: &mut String,
-    mut decide: impl FnMut(&CompiledLimit, &str) -> Decision,
+    buffers: &mut KeyBuffers,
+    mut decide: impl FnMut(&CompiledLimit, &str, u64) -> Decision,
 ) -> Option<Decision> {
     let mut out: Option<Decision> = None;
     for limit in limits {
         if !limit.applies(act) {
             continue;
         }
-        key.clear();
-        limit.key_into(act, key);
-        let d = decide(limit, key);
+        let (key, hash) = buffers.key_of(limit, act);
+        let d = decide(limit, key, hash);
         out = Some(out.map_or(d, |prev| prev.merge(d)));
         if !d.allowed {
             break;

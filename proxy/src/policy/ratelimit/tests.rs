@@ -173,3 +173,111 @@ async fn an_unreachable_redis_falls_back_to_local_counters() {
     assert!(cached.in_fallback());
     cached.flush().await;
 }
+
+#[test]
+fn a_hasher_after_a_prefix_hashes_keys_as_the_whole_key_hasher_does() {
+    let whole = KeyHasher::new();
+    let text = "default/bench-limit/per-client|=127.0.0.1|=\\|x";
+    for cut in 0..=text.len() {
+        let prefix = &text[..cut];
+        let after = KeyHasher::after_prefix(prefix);
+        for end in cut..=text.len() {
+            let key = &text[..end];
+            assert_eq!(
+                after.hash(key),
+                whole.hash(key),
+                "prefix {prefix:?}, key {key:?}"
+            );
+        }
+    }
+    assert_ne!(whole.hash("a"), whole.hash("b"));
+}
+
+#[tokio::test]
+async fn applicable_limits_count_on_the_same_counters_as_explicit_keys() {
+    use http::HeaderMap;
+
+    use crate::policy::cel::Attrs;
+
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let rl = memory(&clock);
+    let l = CompiledLimit::new(&RateLimit {
+        id: "ns/per-client/limit-with-a-long-name".into(),
+        rates: vec![Rate {
+            limit: 5,
+            window_ms: 60_000,
+        }],
+        algorithm: Algorithm::FixedWindow,
+        counters: vec!["source.address".into()],
+        when: vec![],
+    })
+    .unwrap();
+    let headers = HeaderMap::new();
+    let attrs = Attrs {
+        method: "GET",
+        host: "h",
+        path: "/",
+        scheme: "http",
+        headers: &headers,
+        source: "10.0.0.7:4000".parse().unwrap(),
+    };
+    let act = Activation::new(&attrs);
+    let key = l.key(&act);
+    assert_eq!(admitted(&rl, &l, &key, 2).await, 2);
+    let limits = [l];
+    let d = rl.check_applicable(&limits, &act).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 2, "the same counter as the explicit key");
+    assert_eq!(admitted(&rl, &limits[0], &key, 5).await, 2);
+}
+
+#[test]
+fn key_buffers_give_each_key_its_own_hash_whether_it_repeats_or_not() {
+    use http::HeaderMap;
+
+    use crate::policy::cel::Attrs;
+
+    let by_user = |id: &str| {
+        CompiledLimit::new(&RateLimit {
+            id: id.into(),
+            rates: vec![Rate {
+                limit: 5,
+                window_ms: 60_000,
+            }],
+            algorithm: Algorithm::FixedWindow,
+            counters: vec!["request.headers['x-user']".into()],
+            when: vec![],
+        })
+        .unwrap()
+    };
+    let (a, b) = (by_user("ns/p/a"), by_user("ns/p/b-with-a-longer-id"));
+    let whole = KeyHasher::new();
+    let mut buffers = KeyBuffers::default();
+    for (limit, user) in [
+        (&a, "alice"),
+        (&a, "alice"),
+        (&a, "bob"),
+        (&b, "bob"),
+        (&b, "bob"),
+        (&a, "alice"),
+        (&b, "alice"),
+        (&b, ""),
+        (&b, ""),
+    ] {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-user", user.parse().unwrap());
+        let attrs = Attrs {
+            method: "GET",
+            host: "h",
+            path: "/",
+            scheme: "http",
+            headers: &headers,
+            source: "10.0.0.7:4000".parse().unwrap(),
+        };
+        let act = Activation::new(&attrs);
+        let want = limit.key(&act);
+        let (key, hash) = buffers.key_of(limit, &act);
+        assert_eq!(key, want);
+        assert_eq!(hash, whole.hash(&want), "{want}");
+    }
+}
