@@ -70,7 +70,7 @@ impl Decision {
     /// limited route).
     pub fn insert_headers(&self, headers: &mut HeaderMap) {
         let retry = self.retry_after.filter(|_| !self.allowed);
-        headers.reserve(3 + usize::from(retry.is_some()));
+        // No `reserve`: a full map doubles on the first insert, which leaves room for the rest.
         headers.insert(X_RATELIMIT_LIMIT.clone(), limit_number(self.limit));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(self.remaining));
         headers.insert(
