@@ -199,15 +199,10 @@ pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: b
     }
 }
 
-/// The peer address as an `X-Forwarded-For` value (formatted once per connection).
-#[cfg(test)]
+/// The peer address as an `X-Forwarded-For` value (formatted once per connection; its text
+/// is also `source.address` for policy expressions).
 pub(crate) fn peer_value(peer: std::net::IpAddr) -> HeaderValue {
-    peer_header(&peer.to_string())
-}
-
-/// [`peer_value`] of the address already printed (`IpAddr`'s `Display`).
-pub(crate) fn peer_header(peer: &str) -> HeaderValue {
-    HeaderValue::from_str(peer).unwrap_or_else(|_| HeaderValue::from_static(""))
+    HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `X-Forwarded-Host`.

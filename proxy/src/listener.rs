@@ -94,14 +94,12 @@ async fn accept_loop(
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 let local_port = stream.local_addr().map_or(table_port, |a| a.port());
-                let peer_address = peer.ip().to_string();
                 let conn = ConnCtx {
                     peer,
                     local_port,
                     table_port,
                     scheme: "http",
-                    peer_value: crate::forward::peer_header(&peer_address),
-                    peer_address,
+                    peer_value: crate::forward::peer_value(peer.ip()),
                     sni: None,
                     peer_cert: None,
                 };

@@ -53,10 +53,8 @@ pub(crate) struct ConnCtx {
     pub table_port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
-    /// The peer's IP as `Display` prints it (`source.address` of policy expressions),
-    /// formatted once per connection.
-    pub peer_address: String,
-    /// The same as an `X-Forwarded-For` value.
+    /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection; its text
+    /// (`IpAddr`'s `Display`) is also `source.address` for policy expressions.
     pub peer_value: HeaderValue,
     /// The TLS server name the client sent (HTTPS only).
     pub sni: Option<Arc<str>>,
@@ -354,7 +352,7 @@ async fn proxy(
             target,
             scheme: conn.scheme,
             peer: conn.peer,
-            peer_address: Some(&conn.peer_address),
+            peer_address: conn.peer_value.to_str().ok().filter(|a| !a.is_empty()),
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {

@@ -23,7 +23,6 @@
 //! is closed (outcome `idle`). Stopping the listener (port removed, shutdown) closes its open
 //! streams.
 
-use std::collections::HashSet;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -46,50 +45,31 @@ use crate::sni::{self, MAX_CLIENT_HELLO, Sni};
 use crate::upstream::pick_weighted;
 
 /// How long a client may take to send its ClientHello.
-pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a TLS handshake (terminating listeners) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to an endpoint may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The runtime side of a TLS port, immutable once built.
+/// The runtime side of a TLS port, immutable once built. Which listener passes through is
+/// the router's to say ([`crate::router::RouteRef::passthrough`]).
 #[derive(Debug)]
 pub(crate) struct TlsPort {
-    /// Names of the listeners that pass TLS through.
-    passthrough: HashSet<String>,
     /// The handshake of the terminating listeners; `None` when every listener passes through.
     terminate: Option<Arc<ServerConfig>>,
 }
 
 impl TlsPort {
     /// Builds the port; a terminating listener's bad certificate rejects the table, as on
-    /// HTTPS ports.
+    /// HTTPS ports. Passthrough listeners carry no certificates, so the handshake's resolver
+    /// holds the terminating listeners' alone.
     pub fn build(port: &PortConfig) -> Result<Self> {
-        let passthrough = port
-            .listeners
-            .iter()
-            .filter(|l| l.passthrough)
-            .map(|l| l.name.clone())
-            .collect();
-        let terminating: Vec<_> = port
-            .listeners
-            .iter()
-            .filter(|l| !l.passthrough)
-            .cloned()
-            .collect();
-        let terminate = if terminating.is_empty() {
-            None
+        let terminate = if port.listeners.iter().any(|l| !l.passthrough) {
+            Some(crate::tls::stream_config(port)?)
         } else {
-            let only = PortConfig {
-                listeners: terminating,
-                ..port.clone()
-            };
-            Some(crate::tls::stream_config(&only)?)
+            None
         };
-        Ok(Self {
-            passthrough,
-            terminate,
-        })
+        Ok(Self { terminate })
     }
 }
 
@@ -154,7 +134,7 @@ async fn serve_inner(
     else {
         return Outcome::closed(TlsOutcome::NoRoute, format!("no route for SNI {name:?}"));
     };
-    let passthrough = port.passthrough.contains(found.listener);
+    let passthrough = found.passthrough;
     let backend = pick_weighted(&found.route.api.backends).and_then(|b| b.backend.as_deref());
     let Some(balancer) = backend.and_then(|k| snapshot.backends.get(k)).cloned() else {
         return Outcome::closed(
@@ -182,8 +162,13 @@ async fn serve_inner(
             return Outcome::closed(TlsOutcome::NoRoute, "no terminating listener");
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let replay = Rewind::new(hello, client);
-        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(replay)).await {
+        // The ClientHello was read already: hand it to rustls before the handshake reads on.
+        let mut fed = false;
+        let accept = acceptor.accept_with(client, |conn| fed = feed(conn, &hello));
+        if !fed {
+            return Outcome::closed(TlsOutcome::HandshakeFailed, "ClientHello refused by rustls");
+        }
+        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => return Outcome::closed(TlsOutcome::HandshakeFailed, e.to_string()),
             Err(_) => return Outcome::closed(TlsOutcome::HandshakeFailed, "handshake timed out"),
@@ -194,6 +179,18 @@ async fn serve_inner(
         };
         copy(&mut tls, &mut upstream, idle).await
     }
+}
+
+/// Gives rustls the bytes already read from the client and lets it process them (so its
+/// answer is queued and the handshake goes on from the socket); false when it refused them.
+fn feed(conn: &mut rustls::ServerConnection, mut bytes: &[u8]) -> bool {
+    while !bytes.is_empty() {
+        match conn.read_tls(&mut bytes) {
+            Ok(n) if n > 0 => {}
+            _ => return false,
+        }
+    }
+    conn.process_new_packets().is_ok()
 }
 
 async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
@@ -343,57 +340,5 @@ async fn read_hello(
             Sni::Incomplete => {}
             Sni::Invalid => return Err("not a TLS ClientHello".into()),
         }
-    }
-}
-
-/// A stream whose first reads return bytes already read from it.
-struct Rewind<'a> {
-    prefix: Vec<u8>,
-    pos: usize,
-    inner: &'a mut TcpStream,
-}
-
-impl<'a> Rewind<'a> {
-    fn new(prefix: Vec<u8>, inner: &'a mut TcpStream) -> Self {
-        Self {
-            prefix,
-            pos: 0,
-            inner,
-        }
-    }
-}
-
-impl AsyncRead for Rewind<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if let Some(rest) = this.prefix.get(this.pos..).filter(|r| !r.is_empty()) {
-            let n = rest.len().min(buf.remaining());
-            buf.put_slice(&rest[..n]);
-            this.pos += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut *this.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Rewind<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 }

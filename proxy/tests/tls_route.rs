@@ -23,6 +23,7 @@ use tollgate_api::{
 };
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
 
+#[derive(Clone)]
 struct Cert {
     der: Vec<u8>,
     cert_pem: String,
@@ -319,12 +320,7 @@ async fn both_modes_share_the_port_concurrently() {
         } else {
             ("tls.example.com", &f.gateway_cert, format!("plain n{i}\n"))
         };
-        let cert = Cert {
-            der: cert.der.clone(),
-            cert_pem: String::new(),
-            key_der: Vec::new(),
-            key_pem: String::new(),
-        };
+        let cert = cert.clone();
         tasks.push(tokio::spawn(async move {
             assert_eq!(ask(addr, sni, &cert, &format!("n{i}")).await.unwrap(), want);
         }));
@@ -362,6 +358,27 @@ async fn bytes_that_are_not_tls_are_closed_without_an_answer() {
     s.write_all(b"GET / HTTP/1.1\r\nHost: abc.example.com\r\n\r\n")
         .await
         .unwrap();
+    assert_eq!(read_to_close(s).await, b"");
+    assert!(common::eventually(|| count(&f.metrics, "bad_hello") == 1).await);
+}
+
+#[tokio::test]
+async fn a_client_hello_over_the_size_limit_is_closed() {
+    let f = fixture().await;
+    // A handshake record announcing a ClientHello of 16 MiB: the proxy buffers at most
+    // 16 KiB + 5 of it, then closes instead of reading on.
+    let mut s = TcpStream::connect(f.addr).await.unwrap();
+    let mut record = vec![22, 3, 1, 0x40, 0x00, 1, 0xff, 0xff, 0xff];
+    record.resize(5 + 0x4000, 0);
+    let mut sent = 0;
+    for _ in 0..4 {
+        // The proxy may close while this is still writing: stop at the first error.
+        if s.write_all(&record).await.is_err() {
+            break;
+        }
+        sent += record.len();
+    }
+    assert!(sent > 0);
     assert_eq!(read_to_close(s).await, b"");
     assert!(common::eventually(|| count(&f.metrics, "bad_hello") == 1).await);
 }

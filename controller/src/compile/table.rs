@@ -55,10 +55,6 @@ pub fn build_tables(
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let mut policy_for = |kind: RouteKind, route: &ObjectKey, rule: u32| {
-                // A TLS stream has no request to authenticate or count.
-                if protocol == tollgate_api::Protocol::Tls {
-                    return None;
-                }
                 let set = policies.effective.get(&(
                     gw.key.clone(),
                     l.spec.name.clone(),

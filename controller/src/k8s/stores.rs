@@ -432,76 +432,74 @@ impl Watch {
     ) where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        {
-            let mut stream = watch_stream(api, config).default_backoff().boxed();
-            let mut listed = false;
-            let label = kind_label(self.kind.as_str());
-            while let Some(event) = stream.next().await {
-                let mut event = match event {
-                    Ok(e) => e,
-                    Err(e) => {
-                        warn!(kind = self.kind.as_str(), error = %e, "watch failed; retrying with backoff");
-                        continue;
-                    }
-                };
-                event = event.modify(Lenient::strip);
-                if let Some(trim) = &trim {
-                    event = event.modify(|o| trim(o));
+        let mut stream = watch_stream(api, config).default_backoff().boxed();
+        let mut listed = false;
+        let label = kind_label(self.kind.as_str());
+        while let Some(event) = stream.next().await {
+            let mut event = match event {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(kind = self.kind.as_str(), error = %e, "watch failed; retrying with backoff");
+                    continue;
                 }
-                self.metrics.watch_events.get_or_create(&label).inc();
-                let relevance = match &event {
-                    Event::Apply(o) => {
-                        self.report_malformed(o);
-                        let old = reader.get(&ObjectRef::from_obj(o));
-                        // A Secret or ConfigMap no Gateway references, before and after,
-                        // changes nothing a compile reads (nor does a new one).
-                        match &old {
-                            // Nothing can live in a namespace before it exists: its objects
-                            // bring their own events.
-                            None if self.kind == Kind::Namespace => None,
-                            _ if !unreferenced(o.meta()) => {
-                                Some(relevance(self.kind, old.as_deref(), o))
-                            }
-                            Some(old) if !unreferenced(old.meta()) => {
-                                Some(relevance(self.kind, Some(old), o))
-                            }
-                            _ => None,
+            };
+            event = event.modify(Lenient::strip);
+            if let Some(trim) = &trim {
+                event = event.modify(|o| trim(o));
+            }
+            self.metrics.watch_events.get_or_create(&label).inc();
+            let relevance = match &event {
+                Event::Apply(o) => {
+                    self.report_malformed(o);
+                    let old = reader.get(&ObjectRef::from_obj(o));
+                    // A Secret or ConfigMap no Gateway references, before and after,
+                    // changes nothing a compile reads (nor does a new one).
+                    match &old {
+                        // Nothing can live in a namespace before it exists: its objects
+                        // bring their own events.
+                        None if self.kind == Kind::Namespace => None,
+                        _ if !unreferenced(o.meta()) => {
+                            Some(relevance(self.kind, old.as_deref(), o))
                         }
+                        Some(old) if !unreferenced(old.meta()) => {
+                            Some(relevance(self.kind, Some(old), o))
+                        }
+                        _ => None,
                     }
-                    Event::Delete(o) if unreferenced(o.meta()) => None,
-                    Event::Delete(_) => Some(base_relevance(self.kind)),
-                    Event::InitApply(o) => {
-                        self.report_malformed(o);
-                        None
-                    }
-                    Event::Init => None,
-                    Event::InitDone => {
-                        listed = true;
-                        debug!(kind = self.kind.as_str(), "listed");
-                        Some(Relevance::Full)
-                    }
-                };
-                writer.apply_watcher_event(&event);
-                if let (true, Some(relevance), Event::Apply(o) | Event::Delete(o)) =
-                    (listed, relevance, &event)
-                {
-                    let m = o.meta();
-                    debug!(
-                        kind = self.kind.as_str(),
-                        namespace = m.namespace.as_deref().unwrap_or(""),
-                        name = m.name.as_deref().unwrap_or(""),
-                        ?relevance,
-                        "changed"
-                    );
                 }
-                if let (true, Some(relevance)) = (listed, relevance) {
-                    let change = Change {
-                        kind: self.kind,
-                        relevance,
-                    };
-                    if self.tx.send(change).is_err() {
-                        return;
-                    }
+                Event::Delete(o) if unreferenced(o.meta()) => None,
+                Event::Delete(_) => Some(base_relevance(self.kind)),
+                Event::InitApply(o) => {
+                    self.report_malformed(o);
+                    None
+                }
+                Event::Init => None,
+                Event::InitDone => {
+                    listed = true;
+                    debug!(kind = self.kind.as_str(), "listed");
+                    Some(Relevance::Full)
+                }
+            };
+            writer.apply_watcher_event(&event);
+            if let (true, Some(relevance), Event::Apply(o) | Event::Delete(o)) =
+                (listed, relevance, &event)
+            {
+                let m = o.meta();
+                debug!(
+                    kind = self.kind.as_str(),
+                    namespace = m.namespace.as_deref().unwrap_or(""),
+                    name = m.name.as_deref().unwrap_or(""),
+                    ?relevance,
+                    "changed"
+                );
+            }
+            if let (true, Some(relevance)) = (listed, relevance) {
+                let change = Change {
+                    kind: self.kind,
+                    relevance,
+                };
+                if self.tx.send(change).is_err() {
+                    return;
                 }
             }
         }

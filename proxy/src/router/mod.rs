@@ -79,6 +79,8 @@ struct PortRoutes {
 #[derive(Debug)]
 struct ListenerRoutes {
     name: Box<str>,
+    /// A TLS listener that passes TLS through ([`tollgate_api::ListenerConfig::passthrough`]).
+    passthrough: bool,
     vhosts: Vec<RouteSet>,
     hosts: HostIndex,
 }
@@ -97,6 +99,8 @@ pub struct CompiledRoute {
 pub struct RouteRef<'a> {
     /// Name of the listener that took the request.
     pub listener: &'a str,
+    /// That listener passes TLS through (TLS ports only).
+    pub passthrough: bool,
     /// The winning route.
     pub route: &'a CompiledRoute,
     /// For a PathPrefix match, the prefix that matched (what ReplacePrefixMatch replaces).
@@ -117,6 +121,7 @@ impl Router {
             for listener in &port.listeners {
                 let mut lr = ListenerRoutes {
                     name: listener.name.as_str().into(),
+                    passthrough: listener.passthrough,
                     vhosts: Vec::with_capacity(listener.virtual_hosts.len()),
                     hosts: HostIndex::default(),
                 };
@@ -179,6 +184,7 @@ impl Router {
         let entry = vhost.find(path, query, method, headers)?;
         Some(RouteRef {
             listener: &listener.name,
+            passthrough: listener.passthrough,
             route: &entry.route,
             matched_prefix: entry.matcher.prefix(),
         })
