@@ -206,11 +206,13 @@ fn request_host(header: Option<&HeaderValue>, uri: &Uri) -> HeaderValue {
 
 /// `host[:port]` → `host` (IPv6 literals keep their brackets).
 fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
+    let b = host.as_bytes();
+    if b.first() == Some(&b'[') {
+        return b.iter().position(|&c| c == b']').map_or(host, |i| &host[..=i]);
     }
-    match host.rsplit_once(':') {
-        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+    // By byte, as `router::host_without_port` (`rsplit_once(char)` cost ~240 instructions).
+    match b.iter().rposition(|&c| c == b':') {
+        Some(i) if b[i + 1..].iter().all(u8::is_ascii_digit) => &host[..i],
         _ => host,
     }
 }
@@ -524,5 +526,8 @@ mod tests {
         assert_eq!(strip_port("a.example"), "a.example");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("[::1]"), "[::1]");
+        assert_eq!(strip_port("a.example:http"), "a.example:http");
+        assert_eq!(strip_port("a.example:"), "a.example");
+        assert_eq!(strip_port(""), "");
     }
 }

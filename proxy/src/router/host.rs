@@ -17,14 +17,17 @@ use crate::FastMap;
 /// Strips the `:port` suffix of a Host header value, keeping IPv6 brackets
 /// (`[::1]:8080` → `[::1]`). A bare IPv6 literal without brackets is returned whole.
 pub fn host_without_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return match host.find(']') {
+    let b = host.as_bytes();
+    if b.first() == Some(&b'[') {
+        return match b.iter().position(|&c| c == b']') {
             Some(end) => &host[..=end],
             None => host,
         };
     }
-    match host.rfind(':') {
-        Some(i) if !host[..i].contains(':') => &host[..i],
+    // By byte: `str::rfind(char)` cost ~240 instructions per request on a typical host
+    // (callgrind). A `:` is ASCII, so `i` is a char boundary.
+    match b.iter().rposition(|&c| c == b':') {
+        Some(i) if !b[..i].contains(&b':') => &host[..i],
         _ => host,
     }
 }
@@ -80,7 +83,10 @@ impl HostIndex {
     /// Finds the value of the most specific pattern matching `host`, which must already be
     /// normalised (see [`normalize_host`]).
     pub(crate) fn lookup(&self, host: &str) -> Option<usize> {
-        if let Some(&v) = self.exact.get(host) {
+        // An empty map still hashes the key: skip it (catch-all listeners have no names).
+        if !self.exact.is_empty()
+            && let Some(&v) = self.exact.get(host)
+        {
             return Some(v);
         }
         if !self.wildcard.is_empty() {
@@ -117,6 +123,8 @@ mod tests {
     fn port_is_stripped() {
         assert_eq!(host_without_port("a.example.com:8080"), "a.example.com");
         assert_eq!(host_without_port("a.example.com"), "a.example.com");
+        assert_eq!(host_without_port(""), "");
+        assert_eq!(host_without_port("a.example.com:"), "a.example.com");
     }
 
     #[test]
