@@ -208,7 +208,14 @@ fn request_host(header: Option<&HeaderValue>, uri: &Uri) -> HeaderValue {
 fn strip_port(host: &str) -> &str {
     let b = host.as_bytes();
     if b.first() == Some(&b'[') {
-        return b.iter().position(|&c| c == b']').map_or(host, |i| &host[..=i]);
+        return b
+            .iter()
+            .position(|&c| c == b']')
+            .map_or(host, |i| &host[..=i]);
+    }
+    // A host ending in neither a digit nor `:` has no port to strip (the usual case).
+    if !b.last().is_some_and(|c| c.is_ascii_digit() || *c == b':') {
+        return host;
     }
     // By byte, as `router::host_without_port` (`rsplit_once(char)` cost ~240 instructions).
     match b.iter().rposition(|&c| c == b':') {

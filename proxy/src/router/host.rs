@@ -35,7 +35,12 @@ pub fn host_without_port(host: &str) -> &str {
 /// Normalises a Host header value for matching: no port, no trailing dot, lower-case.
 /// Borrows unless the host has upper-case letters.
 pub(crate) fn normalize_host(host: &str) -> Cow<'_, str> {
-    let h = host_without_port(host.trim());
+    // `trim` walks Unicode whitespace from both ends; a host that starts and ends with a
+    // visible ASCII character (the usual case) has none to trim.
+    let b = host.as_bytes();
+    let trimmed =
+        b.first().is_some_and(u8::is_ascii_graphic) && b.last().is_some_and(u8::is_ascii_graphic);
+    let h = host_without_port(if trimmed { host } else { host.trim() });
     let h = h.strip_suffix('.').unwrap_or(h);
     if h.bytes().any(|b| b.is_ascii_uppercase()) {
         Cow::Owned(h.to_ascii_lowercase())
@@ -142,6 +147,15 @@ mod tests {
             normalize_host("foo.example.com"),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_trimmed() {
+        assert_eq!(normalize_host(" a.example.com:80 "), "a.example.com");
+        assert_eq!(normalize_host("\ta.example.com"), "a.example.com");
+        assert_eq!(normalize_host("a.example.com\u{a0}"), "a.example.com");
+        assert_eq!(normalize_host("a"), "a");
+        assert_eq!(normalize_host(""), "");
     }
 
     #[test]
