@@ -49,6 +49,7 @@ mod signal;
 pub mod sni;
 mod stream;
 pub mod subscribe;
+mod timer;
 pub mod tls;
 mod upstream;
 

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::proxy::{PortState, Shared};
 use crate::service::{self, ConnCtx};
+use crate::timer::ConnTimer;
 
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,6 +53,7 @@ impl ListenerHandle {
 pub(crate) fn server_builder(max_header_bytes: usize) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
+        // Replaced per connection by a `ConnTimer` (see `serve`).
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .writev(false)
@@ -160,7 +162,11 @@ where
     let conn = Arc::new(conn);
     let svc_shared = shared.clone();
     let svc = service_fn(move |req| service::handle(svc_shared.clone(), conn.clone(), req));
-    let c = shared.server.serve_connection_with_upgrades(io, svc);
+    // The header read timeout on a timer of this connection's own: one tokio timer entry per
+    // connection instead of one per request (module `timer`).
+    let mut server = shared.server.clone();
+    server.http1().timer(ConnTimer::new());
+    let c = server.serve_connection_with_upgrades(io, svc);
     tokio::pin!(c);
     tokio::select! {
         r = c.as_mut() => {

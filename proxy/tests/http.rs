@@ -502,3 +502,66 @@ async fn backend_filters_apply_only_to_the_picked_backend() {
     }
     assert!(a.hits() > 0 && b.hits() > 0);
 }
+
+/// Reads from `s` until `buf` holds a whole response head plus a `Content-Length` body (or
+/// the connection closes); returns the head.
+async fn read_response(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return text[..end].to_owned();
+            }
+        }
+        match s.read(&mut chunk).await.unwrap() {
+            0 => return text,
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A client that stalls in the middle of a request head is disconnected (hyper answers a
+/// header read timeout with a close, no status) once the timeout (30 s) has passed since the
+/// previous answer, not earlier, although the connection's timer was armed, while the
+/// previous head was awaited, for an earlier deadline. Paused time: the runtime skips ahead
+/// whenever every task waits, so the test takes no 30 s.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_request_head_is_closed_after_the_header_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // No route matches `/nope`: answered by the proxy itself, no upstream involved.
+    let b = echo_backend("b").await;
+    let (_p, url) = proxy_with(
+        vec![route("api", "/api", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let request = b"GET /nope HTTP/1.1\r\nHost: a\r\n\r\n";
+    s.write_all(request).await.unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 404"));
+    // The proxy now awaits the second head (timer armed for 30 s from here); it comes 10 s in.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::advance(std::time::Duration::from_secs(10)).await;
+    s.write_all(request).await.unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 404"));
+    let answered = tokio::time::Instant::now();
+    s.write_all(b"GET /nope HTTP/1.1\r\nHost:").await.unwrap();
+    let rest = read_response(&mut s).await;
+    assert!(rest.is_empty(), "{rest}");
+    assert!(answered.elapsed() >= std::time::Duration::from_secs(30));
+}
