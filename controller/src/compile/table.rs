@@ -162,7 +162,7 @@ fn virtual_hosts(
             entries.dedup_by(|a, b| a.0 == b.0);
             VirtualHost {
                 hostname: hostname.to_owned(),
-                routes: entries.into_iter().map(|(_, r)| r).collect(),
+                routes: std::sync::Arc::new(entries.into_iter().map(|(_, r)| r).collect()),
             }
         })
         .collect();
