@@ -23,6 +23,7 @@ use tollgate_api::{Backend, ObjectKey};
 
 use super::CONTROLLER_NAME;
 use super::backends::Resolver;
+use super::cache::CompileCache;
 use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
 use super::crossserve;
 use super::grants::GATEWAY_GROUP;
@@ -54,8 +55,10 @@ pub struct RouteModel<'a> {
     pub meta: &'a ObjectMeta,
     /// Its key.
     pub key: ObjectKey,
-    /// Compiled rules.
-    pub compiled: CompiledRoute,
+    /// Compiled rules (shared with the [`CompileCache`] that may hold them).
+    pub compiled: std::sync::Arc<CompiledRoute>,
+    /// Names `compiled` for the virtual-host memo of the [`CompileCache`] (0 without one).
+    pub stamp: u64,
     /// Status entries for our Gateways (HTTPRoute-typed; GRPCRoute ones are converted on
     /// output).
     pub parents: Vec<HttpRouteStatusParents>,
@@ -77,17 +80,22 @@ fn is_gateway_ref(p: &HttpRouteParentRefs) -> bool {
         && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
 }
 
-/// Attaches every route to our Gateways.
+/// Attaches every route to our Gateways; with a `cache`, compiles only the routes it does not
+/// hold already.
 pub fn compile_routes<'a>(
     idx: &Index<'a>,
     gateways: &mut [GatewayModel<'_>],
     now: &Time,
+    mut cache: Option<&mut CompileCache>,
 ) -> Routes<'a> {
-    let by_key: BTreeMap<ObjectKey, usize> = gateways
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.key.clone(), i))
-        .collect();
+    // namespace -> name -> index: looked up without building a key per parentRef.
+    let mut by_key: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for (i, g) in gateways.iter().enumerate() {
+        by_key
+            .entry(g.key.namespace.clone())
+            .or_default()
+            .insert(g.key.name.clone(), i);
+    }
     let mut resolver = Resolver::new(idx);
     let mut routes = Vec::new();
     let sources = idx
@@ -106,21 +114,24 @@ pub fn compile_routes<'a>(
                 continue;
             }
             let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
-            if let Some(&gi) = by_key.get(&ObjectKey::new(gw_ns, p.name.as_str())) {
+            if let Some(&gi) = by_key.get(gw_ns).and_then(|m| m.get(p.name.as_str())) {
                 ours.push((p, gi));
             }
         }
         if ours.is_empty() {
             continue;
         }
-        let compiled = route.compile(&mut resolver);
         let key = key_of(meta);
+        let (compiled, stamp) = match cache.as_deref_mut() {
+            Some(c) => c.route(route, &key, &mut resolver),
+            None => (std::sync::Arc::new(route.compile(&mut resolver)), 0),
+        };
         let conds = Conds::new(meta.generation, now);
         let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
         let mut parents = Vec::new();
         let mut attachments = Vec::new();
         for (pi, (p, gi)) in ours.into_iter().enumerate() {
-            let accepted = match attach(idx, route, p, &mut gateways[gi]) {
+            let accepted = match attach(idx, route, &key, p, &mut gateways[gi]) {
                 Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
                 Ok(found) => match &compiled.rules {
                     Ok(_) => {
@@ -146,6 +157,7 @@ pub fn compile_routes<'a>(
             meta,
             key,
             compiled,
+            stamp,
             parents,
             attachments,
         });
@@ -176,10 +188,12 @@ fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
 fn attach(
     idx: &Index<'_>,
     route: RouteSource<'_>,
+    key: &ObjectKey,
     p: &HttpRouteParentRefs,
     gw: &mut GatewayModel<'_>,
 ) -> Result<Vec<(usize, Vec<String>)>, Problem> {
-    let gw_key = gw.key.to_string();
+    // Only error messages name the Gateway: formatted there, not for every route.
+    let gw_key = &gw.key;
     if !gw.accepted {
         return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
@@ -245,7 +259,6 @@ fn attach(
             format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
         ));
     }
-    let key = key_of(route.meta());
     for (i, _) in &found {
         gw.listeners[*i].attached.insert((kind, key.clone()));
     }
