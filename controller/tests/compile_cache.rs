@@ -47,8 +47,11 @@ fn table<'a>(out: &'a Output, ns: &str, name: &str) -> &'a RouteTable {
     &out.tables[&ObjectKey::new(ns, name)]
 }
 
-/// Every virtual host of a table as (port, listener, hostname) and its shared route list.
-fn vhosts(t: &RouteTable) -> Vec<((u16, String, String), Arc<Vec<tollgate_api::Route>>)> {
+/// A virtual host's place: (port, listener, hostname).
+type Place = (u16, String, String);
+
+/// Every virtual host of a table by place, with its shared route list.
+fn vhosts(t: &RouteTable) -> Vec<(Place, Arc<Vec<tollgate_api::Route>>)> {
     t.ports
         .iter()
         .flat_map(|p| {
@@ -260,7 +263,7 @@ fn the_same_object_in_two_files_compiles_as_fresh() {
     add(&mut inputs, NEW_ROUTE);
     let (_, cache) = step(&inputs, CompileCache::default(), "one copy");
     let mut twice = NEW_ROUTE.replace("/posts", "/other");
-    twice.push_str("\n");
+    twice.push('\n');
     add(&mut inputs, &twice);
     let (_, cache) = step(&inputs, cache, "two copies");
     inputs.http_routes.pop();
