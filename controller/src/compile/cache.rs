@@ -40,8 +40,11 @@ pub struct CompileCache {
     /// Services and ReferenceGrants of the last compile, sorted by key.
     services: Vec<Service>,
     grants: Vec<ReferenceGrant>,
-    /// Route memos per kind ([`RouteKind`] as index), by key.
-    routes: [BTreeMap<ObjectKey, RouteMemo>; 3],
+    /// Route memos per kind ([`RouteKind`] as index), sorted by key: the routes of one kind
+    /// are compiled in key order, so a compile walks the previous memos alongside (no lookup).
+    routes: [Vec<(ObjectKey, RouteMemo)>; 3],
+    /// During a compile: the previous compile's route memos not yet walked past.
+    prev: [std::vec::IntoIter<(ObjectKey, RouteMemo)>; 3],
     /// Virtual-host memos by (Gateway, listener, hostname).
     vhosts: BTreeMap<(ObjectKey, String, String), VhostMemo>,
     /// The last stamp handed out.
@@ -73,7 +76,6 @@ struct RouteMemo {
     compiled: Arc<CompiledRoute>,
     resolved: Vec<Resolution>,
     stamp: u64,
-    epoch: u64,
 }
 
 #[derive(Debug)]
@@ -144,6 +146,9 @@ impl CompileCache {
         if !grants_same {
             self.grants = grants.into_iter().cloned().collect();
         }
+        for (prev, memos) in self.prev.iter_mut().zip(&mut self.routes) {
+            *prev = std::mem::take(memos).into_iter();
+        }
     }
 
     /// The compiled rules of `route` (whose key is `key`) and their stamp: the memo's when
@@ -154,31 +159,40 @@ impl CompileCache {
         key: &ObjectKey,
         resolver: &mut Resolver<'_, '_>,
     ) -> (Arc<CompiledRoute>, u64) {
-        let memos = &mut self.routes[slot(route.kind())];
+        let kind = slot(route.kind());
+        // Memos of routes before this one are of routes gone (or not ours any more).
+        let prev = &mut self.prev[kind];
+        while prev.as_slice().first().is_some_and(|(k, _)| k < key) {
+            prev.next();
+        }
+        let memo = match prev.as_slice().first() {
+            Some((k, _)) if k == key => prev.next(),
+            _ => None,
+        };
         if self.env_same
-            && let Some(m) = memos.get_mut(key)
+            && let Some((k, m)) = memo
             && m.source.is(route)
         {
             resolver.replay(&m.resolved);
-            m.epoch = self.epoch;
             self.stats.routes_reused += 1;
-            return (m.compiled.clone(), m.stamp);
+            let out = (m.compiled.clone(), m.stamp);
+            self.routes[kind].push((k, m));
+            return out;
         }
         resolver.record();
         let compiled = Arc::new(route.compile(resolver));
         let resolved = resolver.take_recorded();
         self.stamp += 1;
         self.stats.routes_compiled += 1;
-        memos.insert(
+        self.routes[kind].push((
             key.clone(),
             RouteMemo {
                 source: SourceCopy::of(route),
                 compiled: compiled.clone(),
                 resolved,
                 stamp: self.stamp,
-                epoch: self.epoch,
             },
-        );
+        ));
         (compiled, self.stamp)
     }
 
@@ -214,9 +228,7 @@ impl CompileCache {
     /// Ends a compile: forgets memos it did not use (deleted routes, virtual hosts gone).
     pub(crate) fn finish(&mut self) {
         let epoch = self.epoch;
-        for memos in &mut self.routes {
-            memos.retain(|_, m| m.epoch == epoch);
-        }
+        self.prev = Default::default();
         self.vhosts.retain(|_, m| m.epoch == epoch);
     }
 }

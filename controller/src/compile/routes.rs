@@ -130,27 +130,40 @@ pub fn compile_routes<'a>(
         let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
         let mut parents = Vec::new();
         let mut attachments = Vec::new();
+        // (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules
+        // or not; once each, however many parentRefs lead there.
+        let mut counted: Vec<(usize, usize)> = Vec::new();
         for (pi, (p, gi)) in ours.into_iter().enumerate() {
-            let accepted = match attach(idx, route, &key, p, &mut gateways[gi]) {
+            let accepted = match attach(idx, route, p, &gateways[gi]) {
                 Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
-                Ok(found) => match &compiled.rules {
-                    Ok(_) => {
-                        attachments.extend(found.into_iter().map(|(li, hostnames)| Attachment {
-                            gateway: gi,
-                            listener: li,
-                            hostnames,
-                            parent: pi,
-                        }));
-                        conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                Ok(found) => {
+                    counted.extend(found.iter().map(|(li, _)| (gi, *li)));
+                    match &compiled.rules {
+                        Ok(_) => {
+                            attachments.extend(found.into_iter().map(|(li, hostnames)| {
+                                Attachment {
+                                    gateway: gi,
+                                    listener: li,
+                                    hostnames,
+                                    parent: pi,
+                                }
+                            }));
+                            conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                        }
+                        Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
                     }
-                    Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
-                },
+                }
             };
             parents.push(HttpRouteStatusParents {
                 conditions: vec![accepted, resolved_cond.clone()],
                 controller_name: CONTROLLER_NAME.to_owned(),
                 parent_ref: status_parent_ref(p),
             });
+        }
+        counted.sort_unstable();
+        counted.dedup();
+        for (gi, li) in counted {
+            gateways[gi].listeners[li].attached += 1;
         }
         routes.push(RouteModel {
             kind: route.kind(),
@@ -188,9 +201,8 @@ fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
 fn attach(
     idx: &Index<'_>,
     route: RouteSource<'_>,
-    key: &ObjectKey,
     p: &HttpRouteParentRefs,
-    gw: &mut GatewayModel<'_>,
+    gw: &GatewayModel<'_>,
 ) -> Result<Vec<(usize, Vec<String>)>, Problem> {
     // Only error messages name the Gateway: formatted there, not for every route.
     let gw_key = &gw.key;
@@ -258,9 +270,6 @@ fn attach(
             reason::NO_MATCHING_LISTENER_HOSTNAME,
             format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
         ));
-    }
-    for (i, _) in &found {
-        gw.listeners[*i].attached.insert((kind, key.clone()));
     }
     Ok(found)
 }
