@@ -112,11 +112,11 @@ impl Runner {
             return Ok(());
         }
         self.loaded = true;
-        let (out, cache) = compile_cached(scan.inputs, std::mem::take(&mut self.cache));
+        let (mut out, cache) = compile_cached(scan.inputs, std::mem::take(&mut self.cache));
         self.cache = cache;
         let compiled = started.elapsed();
-        self.report(&out.rejections());
-        let live: BTreeSet<ObjectKey> = out.tables.keys().cloned().collect();
+        let tables = std::mem::take(&mut out.tables);
+        let live: BTreeSet<ObjectKey> = tables.keys().cloned().collect();
         let gone: Vec<ObjectKey> = self
             .served
             .keys()
@@ -130,7 +130,7 @@ impl Runner {
             }
         }
 
-        for (key, mut table) in out.tables {
+        for (key, mut table) in tables {
             table.version = 0;
             let served = self.served.entry(key.clone()).or_insert_with(|| Served {
                 proxy: Proxy::new(ProxyOptions {
@@ -160,6 +160,10 @@ impl Runner {
                 }
             }
         }
+        let applied = started.elapsed();
+        // Rejections are logged once the new tables serve: reading 10k statuses for them need
+        // not delay a route.
+        self.report(&out.rejections());
         let stats = self.cache.stats();
         debug!(
             files_read = read,
@@ -170,7 +174,7 @@ impl Runner {
             vhosts_reused = stats.vhosts_reused,
             scan_ms = ms(scanned),
             compile_ms = ms(compiled - scanned),
-            apply_ms = ms(started.elapsed() - compiled),
+            apply_ms = ms(applied - compiled),
             "reloaded"
         );
         Ok(())

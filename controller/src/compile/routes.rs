@@ -97,7 +97,8 @@ pub fn compile_routes<'a>(
             .insert(g.key.name.clone(), i);
     }
     let mut resolver = Resolver::new(idx);
-    let mut routes = Vec::new();
+    let mut routes =
+        Vec::with_capacity(idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len());
     let sources = idx
         .routes
         .iter()
