@@ -85,28 +85,29 @@ struct VhostMemo {
     epoch: u64,
 }
 
-/// A copy of the route object a memo was compiled from.
+/// A copy of the route object a memo was compiled from. Boxed: memos move from one
+/// compile's list to the next, and a route object inline is over a kilobyte.
 #[derive(Debug)]
 enum SourceCopy {
-    Http(HttpRoute),
-    Grpc(GrpcRoute),
-    Tls(TlsRoute),
+    Http(Box<HttpRoute>),
+    Grpc(Box<GrpcRoute>),
+    Tls(Box<TlsRoute>),
 }
 
 impl SourceCopy {
     fn of(r: RouteSource<'_>) -> Self {
         match r {
-            RouteSource::Http(r) => Self::Http(r.clone()),
-            RouteSource::Grpc(r) => Self::Grpc(r.clone()),
-            RouteSource::Tls(r) => Self::Tls(r.clone()),
+            RouteSource::Http(r) => Self::Http(Box::new(r.clone())),
+            RouteSource::Grpc(r) => Self::Grpc(Box::new(r.clone())),
+            RouteSource::Tls(r) => Self::Tls(Box::new(r.clone())),
         }
     }
 
     fn is(&self, r: RouteSource<'_>) -> bool {
         match (self, r) {
-            (Self::Http(a), RouteSource::Http(b)) => a == b,
-            (Self::Grpc(a), RouteSource::Grpc(b)) => a == b,
-            (Self::Tls(a), RouteSource::Tls(b)) => a == b,
+            (Self::Http(a), RouteSource::Http(b)) => **a == *b,
+            (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
+            (Self::Tls(a), RouteSource::Tls(b)) => **a == *b,
             _ => false,
         }
     }
@@ -148,6 +149,8 @@ impl CompileCache {
         }
         for (prev, memos) in self.prev.iter_mut().zip(&mut self.routes) {
             *prev = std::mem::take(memos).into_iter();
+            // About as many routes as last time: one allocation, not a doubling series.
+            memos.reserve(prev.len() + prev.len() / 8);
         }
     }
 

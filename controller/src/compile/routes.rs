@@ -129,7 +129,7 @@ pub fn compile_routes<'a>(
         };
         let conds = Conds::new(meta.generation, now);
         let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
-        let mut parents = Vec::new();
+        let mut parents = Vec::with_capacity(ours.len());
         let mut attachments = Vec::new();
         // (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules
         // or not; once each, however many parentRefs lead there.

@@ -144,15 +144,17 @@ fn virtual_hosts(
         let Ok(rules) = &r.compiled.rules else {
             continue;
         };
-        let keys: Vec<Option<String>> = rules
-            .iter()
-            .map(|rule| {
-                note_backends(&rule.backends, &rule.filters, used);
-                policy_for(r.kind, &r.key, rule.index)
-            })
-            .collect();
-        // Absent means no policy on any rule (most routes): nothing to store.
-        if keys.iter().any(Option::is_some) {
+        // Policy keys by rule position, as long as the last rule that has one (most routes
+        // have none: no allocation, nothing stored).
+        let mut keys: Vec<Option<String>> = Vec::new();
+        for (k, rule) in rules.iter().enumerate() {
+            note_backends(&rule.backends, &rule.filters, used);
+            if let Some(key) = policy_for(r.kind, &r.key, rule.index) {
+                keys.resize(k, None);
+                keys.push(Some(key));
+            }
+        }
+        if !keys.is_empty() {
             rule_policies.insert(ri, keys);
         }
         for h in &r.attachments[ai].hostnames {
