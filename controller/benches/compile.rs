@@ -10,7 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
-use tollgate::compile::{Inputs, compile};
+use tollgate::compile::{CompileCache, Inputs, compile, compile_cached};
 
 const ROUTES: usize = 10_000;
 const SERVICES: usize = 100;
@@ -84,6 +84,23 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("compile");
     g.sample_size(10);
     g.bench_function("10k_httproutes", |b| b.iter(|| compile(black_box(&inputs))));
+    // What `tollgate run` does per change: one route added to (or, alternately, removed
+    // from) 10k, compiled with the cache the previous compile returned.
+    let mut changed = inputs.clone();
+    let extra = changed.http_routes[0].clone();
+    changed.http_routes[0].metadata.name = Some("route-extra".into());
+    changed.http_routes.push(extra);
+    let (_, mut cache) = compile_cached(&inputs, CompileCache::default());
+    let mut flip = false;
+    g.bench_function("10k_httproutes_one_changed_cached", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let now = if flip { &changed } else { &inputs };
+            let (out, next) = compile_cached(black_box(now), std::mem::take(&mut cache));
+            cache = next;
+            out
+        })
+    });
     g.finish();
 }
 

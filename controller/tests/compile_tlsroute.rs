@@ -320,7 +320,7 @@ fn policies_never_claim_tls_streams() {
             .listeners
             .iter()
             .flat_map(|l| &l.virtual_hosts)
-            .flat_map(|v| &v.routes)
+            .flat_map(|v| v.routes.iter())
         {
             assert_eq!(r.policy, None, "{} on port {}", r.route, p.port);
         }

@@ -74,7 +74,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
                 certificates: vec![],
                 virtual_hosts: vec![VirtualHost {
                     hostname: "*".into(),
-                    routes: vec![route],
+                    routes: vec![route].into(),
                 }],
             }],
             client_validation: None,

@@ -96,12 +96,12 @@ fn many_hosts() -> RouteTable {
     let mut vhosts: Vec<VirtualHost> = (0..HOSTS)
         .map(|i| VirtualHost {
             hostname: format!("host{i}.example.com"),
-            routes: routes(i, ROUTES_PER_HOST),
+            routes: routes(i, ROUTES_PER_HOST).into(),
         })
         .collect();
     vhosts.push(VirtualHost {
         hostname: "*.example.com".into(),
-        routes: routes(HOSTS, ROUTES_PER_HOST),
+        routes: routes(HOSTS, ROUTES_PER_HOST).into(),
     });
     table(vhosts)
 }
@@ -110,7 +110,7 @@ fn many_hosts() -> RouteTable {
 fn one_host() -> RouteTable {
     table(vec![VirtualHost {
         hostname: "*".into(),
-        routes: routes(0, 9_999),
+        routes: routes(0, 9_999).into(),
     }])
 }
 

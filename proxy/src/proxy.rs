@@ -207,8 +207,10 @@ impl Proxy {
         }
         shared.access_log.start();
 
-        // Build everything before touching anything live.
-        let router = Router::build(&table)?;
+        // Build everything before touching anything live. Virtual hosts the table shares
+        // with the live one (the same route lists) keep what was built for them.
+        let prev = shared.snapshot.load_full();
+        let router = Router::build_reusing(&table, prev.as_deref().map(|s| &s.router))?;
         let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?
             .into_iter()
             .collect();
@@ -227,19 +229,17 @@ impl Proxy {
             ports.insert(p.port, state);
             wanted.push((ip, p.port));
         }
-        let route_metrics = table
-            .ports
-            .iter()
-            .flat_map(|p| &p.listeners)
-            .flat_map(|l| &l.virtual_hosts)
-            .flat_map(|v| &v.routes)
-            .map(|r| {
-                let label = r.route.to_string();
-                let handles = shared.metrics.route(&label);
-                (Arc::from(label), handles)
-            })
-            .collect();
-        let prev = shared.snapshot.load_full();
+        let mut route_metrics: FastMap<Arc<str>, Arc<RouteMetrics>> = FastMap::default();
+        for r in router.routes() {
+            if route_metrics.contains_key(&*r.label) {
+                continue;
+            }
+            let handles = match prev.as_deref().and_then(|s| s.route_metrics.get(&*r.label)) {
+                Some(h) => h.clone(),
+                None => shared.metrics.route(&r.label),
+            };
+            route_metrics.insert(r.label.clone(), handles);
+        }
         let backends = build_balancers(
             &table.backends,
             prev.as_deref().map(|s| &s.backends),

@@ -139,7 +139,7 @@ impl Fixture {
                 certificates: vec![self.server_cert.clone()],
                 virtual_hosts: vec![VirtualHost {
                     hostname: "*".into(),
-                    routes: vec![r],
+                    routes: vec![r].into(),
                 }],
             }],
             client_validation: validation,

@@ -149,7 +149,7 @@ async fn failed_apply_keeps_the_live_table() {
     let url = format!("http://{}/", proxy.local_addr(0).unwrap());
 
     let mut bad = one_route_table(2, 0, "b", &b);
-    bad.ports[0].listeners[0].virtual_hosts[0].routes[0]
+    std::sync::Arc::make_mut(&mut bad.ports[0].listeners[0].virtual_hosts[0].routes)[0]
         .matcher
         .path = PathMatch::RegularExpression("(".into());
     assert!(matches!(proxy.apply(bad).await, Err(ProxyError::Router(_))));

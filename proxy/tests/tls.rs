@@ -91,7 +91,7 @@ fn listener(name: &str, hostname: Option<&str>, cert: &Pem) -> ListenerConfig {
         certificates: vec![cert.cert.clone()],
         virtual_hosts: vec![VirtualHost {
             hostname: "*".into(),
-            routes: vec![route(name, "/", vec![wb("b", 1)])],
+            routes: vec![route(name, "/", vec![wb("b", 1)])].into(),
         }],
     }
 }

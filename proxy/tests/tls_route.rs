@@ -185,7 +185,7 @@ async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
                 passthrough: false,
                 virtual_hosts: vec![VirtualHost {
                     hostname: "tls.example.com".into(),
-                    routes: vec![route("terminated", "plain")],
+                    routes: vec![route("terminated", "plain")].into(),
                 }],
             },
             ListenerConfig {
@@ -196,11 +196,11 @@ async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
                 virtual_hosts: vec![
                     VirtualHost {
                         hostname: "abc.example.com".into(),
-                        routes: vec![route("passed", "tls")],
+                        routes: vec![route("passed", "tls")].into(),
                     },
                     VirtualHost {
                         hostname: "empty.example.com".into(),
-                        routes: vec![route("empty", "none")],
+                        routes: vec![route("empty", "none")].into(),
                     },
                 ],
             },

@@ -55,6 +55,19 @@ pub struct Resolver<'i, 'a> {
     idx: &'i Index<'a>,
     /// Every backend resolved so far, by [`BackendKey`].
     pub backends: BTreeMap<String, Backend>,
+    /// Successful resolutions since [`Resolver::record`], when recording.
+    recorded: Option<Vec<Resolution>>,
+}
+
+/// One successful resolution: what [`Resolver::replay`] needs to put the same backend in
+/// [`Resolver::backends`] without the backendRef.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    key: String,
+    namespace: String,
+    name: String,
+    port: i32,
+    kind: RouteKind,
 }
 
 impl<'i, 'a> Resolver<'i, 'a> {
@@ -63,6 +76,51 @@ impl<'i, 'a> Resolver<'i, 'a> {
         Self {
             idx,
             backends: BTreeMap::new(),
+            recorded: None,
+        }
+    }
+
+    /// Starts recording successful resolutions (dropping any recorded before).
+    pub fn record(&mut self) {
+        self.recorded = Some(Vec::new());
+    }
+
+    /// The resolutions recorded since [`Resolver::record`]; stops recording.
+    pub fn take_recorded(&mut self) -> Vec<Resolution> {
+        self.recorded.take().unwrap_or_default()
+    }
+
+    /// Resolves again what `done` records, against the current Services and EndpointSlices:
+    /// [`Resolver::backends`] ends as if the backendRefs behind `done` had been resolved.
+    /// Only valid when the Services and ReferenceGrants are those `done` was recorded with
+    /// (then every entry resolves as it did).
+    pub fn replay(&mut self, done: &[Resolution]) {
+        for r in done {
+            if self.backends.contains_key(&r.key) {
+                continue;
+            }
+            let Some(svc) = self
+                .idx
+                .services
+                .get(&(r.namespace.as_str(), r.name.as_str()))
+            else {
+                continue;
+            };
+            if let Ok(backend) = self.build(svc, r.port, r.kind) {
+                self.backends.insert(r.key.clone(), backend);
+            }
+        }
+    }
+
+    fn note(&mut self, key: &str, ns: &str, name: &str, port: i32, kind: RouteKind) {
+        if let Some(rec) = &mut self.recorded {
+            rec.push(Resolution {
+                key: key.to_owned(),
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                port,
+                kind,
+            });
         }
     }
 
@@ -120,6 +178,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
             RouteKind::Tls => BackendKey::tcp(ns, name, port16),
         };
         if self.backends.contains_key(&key) {
+            self.note(&key, ns, name, port, route_kind);
             return Ok(key);
         }
         let Some(svc) = self.idx.services.get(&(ns, name)) else {
@@ -130,6 +189,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
         };
         let backend = self.build(svc, port, route_kind)?;
         self.backends.insert(key.clone(), backend);
+        self.note(&key, ns, name, port, route_kind);
         Ok(key)
     }
 

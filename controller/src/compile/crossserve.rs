@@ -43,6 +43,12 @@ fn age<'r>(r: &'r RouteModel<'_>) -> (bool, Option<Timestamp>, &'r ObjectKey, Ro
 
 /// Removes the attachments that lose a cross-serving conflict (see the module docs).
 pub fn resolve(routes: &mut Routes<'_>, gateways: &[GatewayModel<'_>], now: &Time) {
+    // Routes of one kind only (the common case) cannot conflict.
+    let mut attached = routes.routes.iter().filter(|r| !r.attachments.is_empty());
+    let first = attached.next().map(|r| r.kind);
+    if attached.all(|r| Some(r.kind) == first) {
+        return;
+    }
     // (gateway, listener) -> [(route, attachment)]
     let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
     for (ri, r) in routes.routes.iter().enumerate() {

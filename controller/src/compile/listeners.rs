@@ -85,8 +85,9 @@ pub struct ListenerModel<'a> {
     pub conditions: Vec<Condition>,
     /// Valid entries of allowedRoutes.kinds (or the default).
     pub supported_kinds: Vec<GatewayStatusListenersSupportedKinds>,
-    /// Routes attached, by kind and key (filled by route attachment).
-    pub attached: BTreeSet<(RouteKind, ObjectKey)>,
+    /// Number of routes attached (filled by route attachment; a route attached through two
+    /// parentRefs counts once).
+    pub attached: usize,
 }
 
 /// One Gateway of our class after validation.
@@ -117,7 +118,7 @@ impl GatewayModel<'_> {
                 self.listeners
                     .iter()
                     .map(|l| GatewayStatusListeners {
-                        attached_routes: i32::try_from(l.attached.len()).unwrap_or(i32::MAX),
+                        attached_routes: i32::try_from(l.attached).unwrap_or(i32::MAX),
                         conditions: l.conditions.clone(),
                         name: l.spec.name.clone(),
                         supported_kinds: Some(l.supported_kinds.clone()),
@@ -421,7 +422,7 @@ fn validate_listener<'a>(
         cert_problems,
         conditions: Vec::new(),
         supported_kinds: Vec::new(),
-        attached: BTreeSet::new(),
+        attached: 0,
     }
 }
 

@@ -134,7 +134,11 @@ fn push_route<P: RouteParent>(
     key: &ObjectKey,
     parents: &[P],
 ) {
-    for p in parents {
+    // Most parents have no rejection: their `part` is not formatted.
+    for p in parents
+        .iter()
+        .filter(|p| p.conditions().iter().any(is_rejection))
+    {
         let (ns, name, section, port) = p.parent();
         let mut part = format!("parent {}/{name}", ns.unwrap_or(&key.namespace));
         if let Some(sn) = section {

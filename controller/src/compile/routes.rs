@@ -23,6 +23,7 @@ use tollgate_api::{Backend, ObjectKey};
 
 use super::CONTROLLER_NAME;
 use super::backends::Resolver;
+use super::cache::CompileCache;
 use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
 use super::crossserve;
 use super::grants::GATEWAY_GROUP;
@@ -54,8 +55,10 @@ pub struct RouteModel<'a> {
     pub meta: &'a ObjectMeta,
     /// Its key.
     pub key: ObjectKey,
-    /// Compiled rules.
-    pub compiled: CompiledRoute,
+    /// Compiled rules (shared with the [`CompileCache`] that may hold them).
+    pub compiled: std::sync::Arc<CompiledRoute>,
+    /// Names `compiled` for the virtual-host memo of the [`CompileCache`] (0 without one).
+    pub stamp: u64,
     /// Status entries for our Gateways (HTTPRoute-typed; GRPCRoute ones are converted on
     /// output).
     pub parents: Vec<HttpRouteStatusParents>,
@@ -77,19 +80,25 @@ fn is_gateway_ref(p: &HttpRouteParentRefs) -> bool {
         && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
 }
 
-/// Attaches every route to our Gateways.
+/// Attaches every route to our Gateways; with a `cache`, compiles only the routes it does not
+/// hold already.
 pub fn compile_routes<'a>(
     idx: &Index<'a>,
     gateways: &mut [GatewayModel<'_>],
     now: &Time,
+    mut cache: Option<&mut CompileCache>,
 ) -> Routes<'a> {
-    let by_key: BTreeMap<ObjectKey, usize> = gateways
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.key.clone(), i))
-        .collect();
+    // namespace -> name -> index: looked up without building a key per parentRef.
+    let mut by_key: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for (i, g) in gateways.iter().enumerate() {
+        by_key
+            .entry(g.key.namespace.clone())
+            .or_default()
+            .insert(g.key.name.clone(), i);
+    }
     let mut resolver = Resolver::new(idx);
-    let mut routes = Vec::new();
+    let mut routes =
+        Vec::with_capacity(idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len());
     let sources = idx
         .routes
         .iter()
@@ -106,34 +115,45 @@ pub fn compile_routes<'a>(
                 continue;
             }
             let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
-            if let Some(&gi) = by_key.get(&ObjectKey::new(gw_ns, p.name.as_str())) {
+            if let Some(&gi) = by_key.get(gw_ns).and_then(|m| m.get(p.name.as_str())) {
                 ours.push((p, gi));
             }
         }
         if ours.is_empty() {
             continue;
         }
-        let compiled = route.compile(&mut resolver);
         let key = key_of(meta);
+        let (compiled, stamp) = match cache.as_deref_mut() {
+            Some(c) => c.route(route, &key, &mut resolver),
+            None => (std::sync::Arc::new(route.compile(&mut resolver)), 0),
+        };
         let conds = Conds::new(meta.generation, now);
         let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
-        let mut parents = Vec::new();
+        let mut parents = Vec::with_capacity(ours.len());
         let mut attachments = Vec::new();
+        // (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules
+        // or not; once each, however many parentRefs lead there.
+        let mut counted: Vec<(usize, usize)> = Vec::new();
         for (pi, (p, gi)) in ours.into_iter().enumerate() {
-            let accepted = match attach(idx, route, p, &mut gateways[gi]) {
+            let accepted = match attach(idx, route, p, &gateways[gi]) {
                 Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
-                Ok(found) => match &compiled.rules {
-                    Ok(_) => {
-                        attachments.extend(found.into_iter().map(|(li, hostnames)| Attachment {
-                            gateway: gi,
-                            listener: li,
-                            hostnames,
-                            parent: pi,
-                        }));
-                        conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                Ok(found) => {
+                    counted.extend(found.iter().map(|(li, _)| (gi, *li)));
+                    match &compiled.rules {
+                        Ok(_) => {
+                            attachments.extend(found.into_iter().map(|(li, hostnames)| {
+                                Attachment {
+                                    gateway: gi,
+                                    listener: li,
+                                    hostnames,
+                                    parent: pi,
+                                }
+                            }));
+                            conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                        }
+                        Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
                     }
-                    Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
-                },
+                }
             };
             parents.push(HttpRouteStatusParents {
                 conditions: vec![accepted, resolved_cond.clone()],
@@ -141,11 +161,17 @@ pub fn compile_routes<'a>(
                 parent_ref: status_parent_ref(p),
             });
         }
+        counted.sort_unstable();
+        counted.dedup();
+        for (gi, li) in counted {
+            gateways[gi].listeners[li].attached += 1;
+        }
         routes.push(RouteModel {
             kind: route.kind(),
             meta,
             key,
             compiled,
+            stamp,
             parents,
             attachments,
         });
@@ -177,9 +203,10 @@ fn attach(
     idx: &Index<'_>,
     route: RouteSource<'_>,
     p: &HttpRouteParentRefs,
-    gw: &mut GatewayModel<'_>,
+    gw: &GatewayModel<'_>,
 ) -> Result<Vec<(usize, Vec<String>)>, Problem> {
-    let gw_key = gw.key.to_string();
+    // Only error messages name the Gateway: formatted there, not for every route.
+    let gw_key = &gw.key;
     if !gw.accepted {
         return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
@@ -244,10 +271,6 @@ fn attach(
             reason::NO_MATCHING_LISTENER_HOSTNAME,
             format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
         ));
-    }
-    let key = key_of(route.meta());
-    for (i, _) in &found {
-        gw.listeners[*i].attached.insert((kind, key.clone()));
     }
     Ok(found)
 }

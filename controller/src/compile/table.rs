@@ -9,12 +9,14 @@
 //! `foo.example.com` host if one exists, and never falls through to `*.example.com` routes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use tollgate_api::{
     Filter, ListenerConfig, ObjectKey, PolicySet, PortConfig, Route, RouteTable, VirtualHost,
     WeightedBackend,
 };
 
+use super::cache::CompileCache;
 use super::hostnames::{listener_order, vhost_order};
 use super::kinds::RouteKind;
 use super::listeners::GatewayModel;
@@ -22,12 +24,16 @@ use super::policies::Policies;
 use super::precedence::Precedence;
 use super::routes::Routes;
 
-/// Builds the tables of every accepted Gateway.
+/// Builds the tables of every accepted Gateway; with a `cache` and no policy in force, the
+/// route list of a virtual host whose routes compiled to what they did last time is the
+/// cached one.
 pub fn build_tables(
     gateways: &[GatewayModel<'_>],
     routes: &Routes<'_>,
     policies: &Policies,
+    cache: Option<&mut CompileCache>,
 ) -> BTreeMap<ObjectKey, RouteTable> {
+    let mut cache = cache.filter(|_| policies.effective.is_empty());
     // (gateway, listener) -> [(route index, attachment index)]
     let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
     for (ri, r) in routes.routes.iter().enumerate() {
@@ -55,6 +61,9 @@ pub fn build_tables(
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let mut policy_for = |kind: RouteKind, route: &ObjectKey, rule: u32| {
+                if policies.effective.is_empty() {
+                    return None;
+                }
                 let set = policies.effective.get(&(
                     gw.key.clone(),
                     l.spec.name.clone(),
@@ -69,7 +78,10 @@ pub fn build_tables(
                     set,
                 ))
             };
-            let virtual_hosts = virtual_hosts(routes, attached, &mut used, &mut policy_for);
+            let memo = cache
+                .as_deref_mut()
+                .map(|c| (c, &gw.key, l.spec.name.as_str()));
+            let virtual_hosts = virtual_hosts(routes, attached, &mut used, &mut policy_for, memo);
             ports
                 .entry(port)
                 .or_insert_with(|| PortConfig {
@@ -113,24 +125,80 @@ pub fn build_tables(
     out
 }
 
-/// Virtual hosts of one listener; records every backend key referenced in `used`.
+/// Virtual hosts of one listener; records every backend key referenced in `used`. With a
+/// `memo` (the cache, the Gateway and the listener), a host whose routes carry the stamps they
+/// had last time keeps its route list.
 fn virtual_hosts(
     routes: &Routes<'_>,
     attached: &[(usize, usize)],
     used: &mut BTreeSet<String>,
     policy_for: &mut dyn FnMut(RouteKind, &ObjectKey, u32) -> Option<String>,
+    mut memo: Option<(&mut CompileCache, &ObjectKey, &str)>,
 ) -> Vec<VirtualHost> {
-    let mut hosts: BTreeMap<&str, Vec<(Precedence, Route)>> = BTreeMap::new();
+    // Per route: the policy key of each rule (the same through every attachment); per host,
+    // the routes attached to it, in attachment order.
+    let mut rule_policies: BTreeMap<usize, Vec<Option<String>>> = BTreeMap::new();
+    let mut hosts: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for &(ri, ai) in attached {
         let r = &routes.routes[ri];
         let Ok(rules) = &r.compiled.rules else {
             continue;
         };
-        let a = &r.attachments[ai];
-        let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
-        for rule in rules {
+        // Policy keys by rule position, as long as the last rule that has one (most routes
+        // have none: no allocation, nothing stored).
+        let mut keys: Vec<Option<String>> = Vec::new();
+        for (k, rule) in rules.iter().enumerate() {
             note_backends(&rule.backends, &rule.filters, used);
-            let policy = policy_for(r.kind, &r.key, rule.index);
+            if let Some(key) = policy_for(r.kind, &r.key, rule.index) {
+                keys.resize(k, None);
+                keys.push(Some(key));
+            }
+        }
+        if !keys.is_empty() {
+            rule_policies.insert(ri, keys);
+        }
+        for h in &r.attachments[ai].hostnames {
+            hosts.entry(h.as_str()).or_default().push(ri);
+        }
+    }
+    let mut out: Vec<VirtualHost> = hosts
+        .into_iter()
+        .map(|(hostname, attached)| {
+            let build = || host_routes(routes, &attached, &rule_policies);
+            let routes = match memo.as_mut() {
+                Some((cache, gateway, listener)) => {
+                    let stamps = attached.iter().map(|&ri| routes.routes[ri].stamp).collect();
+                    cache.vhost((gateway, listener, hostname), stamps, build)
+                }
+                None => Arc::new(build()),
+            };
+            VirtualHost {
+                hostname: hostname.to_owned(),
+                routes,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| vhost_order(&a.hostname, &b.hostname));
+    out
+}
+
+/// The routes of one virtual host in precedence order, from the routes attached to it
+/// (`attached`, indices into `routes`; one attached twice counts once).
+fn host_routes(
+    routes: &Routes<'_>,
+    attached: &[usize],
+    rule_policies: &BTreeMap<usize, Vec<Option<String>>>,
+) -> Vec<Route> {
+    let mut entries: Vec<(Precedence, Route)> = Vec::new();
+    for &ri in attached {
+        let r = &routes.routes[ri];
+        let Ok(rules) = &r.compiled.rules else {
+            continue;
+        };
+        let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
+        let policies = rule_policies.get(&ri);
+        for (k, rule) in rules.iter().enumerate() {
+            let policy = policies.and_then(|p| p.get(k).cloned().flatten());
             let matches = rule.matches.iter().zip(&rule.specificity);
             for (mi, (m, specificity)) in matches.enumerate() {
                 let (ns, name) = (&r.key.namespace, &r.key.name);
@@ -145,29 +213,14 @@ fn virtual_hosts(
                     timeouts: rule.timeouts.clone(),
                     policy: policy.clone(),
                 };
-                for h in &a.hostnames {
-                    hosts
-                        .entry(h.as_str())
-                        .or_default()
-                        .push((key.clone(), entry.clone()));
-                }
+                entries.push((key, entry));
             }
         }
     }
-    let mut out: Vec<VirtualHost> = hosts
-        .into_iter()
-        .map(|(hostname, mut entries)| {
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            // The same route attached through two parentRefs yields the same entry twice.
-            entries.dedup_by(|a, b| a.0 == b.0);
-            VirtualHost {
-                hostname: hostname.to_owned(),
-                routes: entries.into_iter().map(|(_, r)| r).collect(),
-            }
-        })
-        .collect();
-    out.sort_by(|a, b| vhost_order(&a.hostname, &b.hostname));
-    out
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    // The same route attached through two parentRefs yields the same entry twice.
+    entries.dedup_by(|a, b| a.0 == b.0);
+    entries.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The key of `set` in the table's policy map: `namespace/route/rule` (`#grpc` appended for a
@@ -196,13 +249,20 @@ fn note_backends(backends: &[WeightedBackend], filters: &[Filter], used: &mut BT
         if let Filter::RequestMirror(m) = f
             && let Some(k) = &m.backend
         {
-            used.insert(k.clone());
+            note(k, used);
         }
     }
     for b in backends {
         if let Some(k) = &b.backend {
-            used.insert(k.clone());
+            note(k, used);
         }
         note_backends(&[], &b.filters, used);
+    }
+}
+
+/// Adds `key` to `used`; most keys are in already, so it looks before it clones.
+fn note(key: &str, used: &mut BTreeSet<String>) {
+    if !used.contains(key) {
+        used.insert(key.to_owned());
     }
 }

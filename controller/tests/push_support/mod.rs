@@ -146,7 +146,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
                 certificates: vec![],
                 virtual_hosts: vec![VirtualHost {
                     hostname: "*".into(),
-                    routes: vec![route],
+                    routes: vec![route].into(),
                 }],
             }],
             client_validation: None,

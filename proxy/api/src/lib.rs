@@ -11,8 +11,9 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub mod policy;
 
@@ -171,7 +172,23 @@ pub struct VirtualHost {
     /// Lower-case hostname pattern.
     pub hostname: String,
     /// Routes in Gateway API precedence order: first match wins.
-    pub routes: Vec<Route>,
+    ///
+    /// Shared, not copied: a compiler that rebuilds only the virtual hosts a change touched
+    /// hands the others on as they were, and a proxy recognises them by pointer
+    /// ([`Arc::ptr_eq`]) and keeps what it built from them. Comparing two tables compares
+    /// shared lists by pointer first. On the wire it is a plain list.
+    #[serde(serialize_with = "shared_vec", deserialize_with = "to_shared_vec")]
+    pub routes: Arc<Vec<Route>>,
+}
+
+fn shared_vec<S: Serializer, T: Serialize>(v: &Arc<Vec<T>>, s: S) -> Result<S::Ok, S::Error> {
+    v.as_slice().serialize(s)
+}
+
+fn to_shared_vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Arc<Vec<T>>, D::Error> {
+    Vec::deserialize(d).map(Arc::new)
 }
 
 /// One HTTPRoute or GRPCRoute match with the rule it belongs to (a GRPCRoute's service and

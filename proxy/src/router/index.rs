@@ -9,7 +9,10 @@
 //! stops at its first full match, or as soon as it passes the best index found so far:
 //! the minimum over buckets is the first match of the whole list.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, Method};
+use tollgate_api::Route;
 
 use crate::FastMap;
 
@@ -26,6 +29,9 @@ pub(crate) struct Entry {
 /// Indexed routes of one virtual host.
 #[derive(Debug, Default)]
 pub(crate) struct RouteSet {
+    /// The table's list these entries were built from: kept so that its address identifies
+    /// it for as long as this set lives ([`RouteSet::source_id`]).
+    source: Arc<Vec<Route>>,
     entries: Vec<Entry>,
     exact: FastMap<Box<str>, Vec<u32>>,
     prefix: FastMap<Box<str>, Vec<u32>>,
@@ -37,9 +43,12 @@ pub(crate) struct RouteSet {
 }
 
 impl RouteSet {
-    /// Indexes entries, keeping their order as precedence.
-    pub(crate) fn new(entries: Vec<Entry>) -> Self {
-        let mut set = Self::default();
+    /// Indexes entries (built from `source`), keeping their order as precedence.
+    pub(crate) fn new(source: Arc<Vec<Route>>, entries: Vec<Entry>) -> Self {
+        let mut set = Self {
+            source,
+            ..Self::default()
+        };
         for (i, e) in entries.iter().enumerate() {
             // More than u32::MAX routes in one virtual host cannot be served anyway; such
             // entries stay reachable only through the list (never, in practice).
@@ -56,6 +65,22 @@ impl RouteSet {
         }
         set.entries = entries;
         set
+    }
+
+    /// Identity of the route list the set was built from: equal for two sets only when they
+    /// come from the same allocation, which the set keeps alive.
+    pub(crate) fn source_id(&self) -> usize {
+        Self::id_of(&self.source)
+    }
+
+    /// Identity of a table's route list, as [`RouteSet::source_id`].
+    pub(crate) fn id_of(routes: &Arc<Vec<Route>>) -> usize {
+        Arc::as_ptr(routes) as usize
+    }
+
+    /// The routes, in precedence order.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &CompiledRoute> {
+        self.entries.iter().map(|e| &e.route)
     }
 
     /// The first entry matching the request.

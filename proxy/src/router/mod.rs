@@ -81,7 +81,8 @@ struct ListenerRoutes {
     name: Box<str>,
     /// A TLS listener that passes TLS through ([`tollgate_api::ListenerConfig::passthrough`]).
     passthrough: bool,
-    vhosts: Vec<RouteSet>,
+    /// Shared with the router this one was built from when their route lists are the same.
+    vhosts: Vec<Arc<RouteSet>>,
     hosts: HostIndex,
 }
 
@@ -114,6 +115,20 @@ impl Router {
     /// A port listed twice (two addresses) serves the union of its listeners; where two
     /// listeners or virtual hosts on a port share a hostname, the first one wins.
     pub fn build(table: &RouteTable) -> Result<Self, RouterError> {
+        Self::build_reusing(table, None)
+    }
+
+    /// Builds a router like [`Router::build`], taking over from `prev` the indexed routes of
+    /// every virtual host whose route list is the very one (same [`Arc`]) `prev` was built
+    /// from: a table that changed one virtual host costs that virtual host.
+    pub fn build_reusing(table: &RouteTable, prev: Option<&Router>) -> Result<Self, RouterError> {
+        let built: FastMap<usize, &Arc<RouteSet>> = prev
+            .into_iter()
+            .flat_map(|p| p.ports.values())
+            .flat_map(|p| &p.listeners)
+            .flat_map(|l| &l.vhosts)
+            .map(|set| (set.source_id(), set))
+            .collect();
         let mut labels: HashMap<&ObjectKey, Arc<str>> = HashMap::new();
         let mut ports: FastMap<u16, PortRoutes> = FastMap::default();
         for port in &table.ports {
@@ -126,23 +141,12 @@ impl Router {
                     hosts: HostIndex::default(),
                 };
                 for vh in &listener.virtual_hosts {
-                    let mut entries = Vec::with_capacity(vh.routes.len());
-                    for r in &vh.routes {
-                        let label = labels
-                            .entry(&r.route)
-                            .or_insert_with(|| Arc::from(r.route.to_string()))
-                            .clone();
-                        let matcher = Matcher::compile(&r.matcher, &label)?;
-                        entries.push(Entry {
-                            route: CompiledRoute {
-                                api: r.clone(),
-                                label,
-                            },
-                            matcher,
-                        });
-                    }
+                    let set = match built.get(&RouteSet::id_of(&vh.routes)) {
+                        Some(&set) => set.clone(),
+                        None => Arc::new(build_set(&vh.routes, &mut labels)?),
+                    };
                     lr.hosts.insert(Some(&vh.hostname), lr.vhosts.len());
-                    lr.vhosts.push(RouteSet::new(entries));
+                    lr.vhosts.push(set);
                 }
                 pr.hosts
                     .insert(listener.hostname.as_deref(), pr.listeners.len());
@@ -150,6 +154,15 @@ impl Router {
             }
         }
         Ok(Self { ports })
+    }
+
+    /// Every route the router holds, once per virtual host it is in.
+    pub fn routes(&self) -> impl Iterator<Item = &CompiledRoute> {
+        self.ports
+            .values()
+            .flat_map(|p| &p.listeners)
+            .flat_map(|l| &l.vhosts)
+            .flat_map(|set| set.routes())
     }
 
     /// True when a TLS connection whose SNI was `sni` carries a request for `host` that a
@@ -194,4 +207,27 @@ impl Router {
     pub fn serves_port(&self, port: u16) -> bool {
         self.ports.contains_key(&port)
     }
+}
+
+/// Indexes the routes of one virtual host; routes of one HTTPRoute share one label.
+fn build_set<'t>(
+    routes: &'t Arc<Vec<Route>>,
+    labels: &mut HashMap<&'t ObjectKey, Arc<str>>,
+) -> Result<RouteSet, RouterError> {
+    let mut entries = Vec::with_capacity(routes.len());
+    for r in routes.iter() {
+        let label = labels
+            .entry(&r.route)
+            .or_insert_with(|| Arc::from(r.route.to_string()))
+            .clone();
+        let matcher = Matcher::compile(&r.matcher, &label)?;
+        entries.push(Entry {
+            route: CompiledRoute {
+                api: r.clone(),
+                label,
+            },
+            matcher,
+        });
+    }
+    Ok(RouteSet::new(routes.clone(), entries))
 }

@@ -1,5 +1,7 @@
 //! The indexed lookup must agree with a linear scan: random tables, random requests.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, Method};
 use tollgate_api::Route;
 
@@ -91,7 +93,7 @@ fn index_agrees_with_linear_scan() {
                 }
             })
             .collect();
-        let set = RouteSet::new(entries);
+        let set = RouteSet::new(Arc::default(), entries);
         for _ in 0..500 {
             let target = rand_target(&mut rng);
             let (path, query) = super::split_path_and_query(&target);

@@ -63,7 +63,7 @@ pub(crate) fn with_method(mut r: Route, method: &str) -> Route {
 pub(crate) fn mk_vhost(hostname: &str, routes: Vec<Route>) -> VirtualHost {
     VirtualHost {
         hostname: hostname.into(),
-        routes,
+        routes: routes.into(),
     }
 }
 

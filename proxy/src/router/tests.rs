@@ -349,3 +349,59 @@ fn empty_table_routes_nothing() {
     let r = build(&mk_table(vec![]));
     assert_eq!(name_of(&r, 80, "h", "/"), None);
 }
+
+/// The route sets of a router, by (port, listener, virtual host position).
+fn sets(r: &Router) -> Vec<((u16, String, usize), Arc<RouteSet>)> {
+    let mut out = Vec::new();
+    for (port, p) in &r.ports {
+        for l in &p.listeners {
+            for (i, set) in l.vhosts.iter().enumerate() {
+                out.push(((*port, l.name.to_string(), i), set.clone()));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn rebuilding_keeps_the_virtual_hosts_whose_routes_are_shared() {
+    let t1 = mk_table(vec![mk_port(
+        80,
+        vec![mk_listener(
+            "http",
+            None,
+            vec![
+                mk_vhost("a.test", vec![mk_prefix("a", "/")]),
+                mk_vhost("b.test", vec![mk_prefix("b", "/")]),
+            ],
+        )],
+    )]);
+    let r1 = build(&t1);
+    // The next table shares a.test's list and has a new one for b.test.
+    let mut t2 = t1.clone();
+    let vhosts = &mut t2.ports[0].listeners[0].virtual_hosts;
+    vhosts[1].routes = vec![mk_exact("b2", "/only")].into();
+    let r2 = Router::build_reusing(&t2, Some(&r1)).unwrap();
+    let (s1, s2) = (sets(&r1), sets(&r2));
+    assert!(Arc::ptr_eq(&s1[0].1, &s2[0].1), "a.test rebuilt");
+    assert!(!Arc::ptr_eq(&s1[1].1, &s2[1].1), "b.test kept");
+    // It routes exactly as a router built afresh.
+    let fresh = build(&t2);
+    for (host, path) in [("a.test", "/x"), ("b.test", "/only"), ("b.test", "/")] {
+        assert_eq!(
+            name_of(&r2, 80, host, path),
+            name_of(&fresh, 80, host, path),
+            "{host}{path}"
+        );
+    }
+    assert_eq!(name_of(&r2, 80, "b.test", "/").as_deref(), None);
+    assert_eq!(name_of(&r2, 80, "b.test", "/only").as_deref(), Some("b2"));
+    // Equal content in a new allocation is built again (identity, not equality, decides).
+    let mut t3 = t2.clone();
+    let copy: Vec<Route> = t3.ports[0].listeners[0].virtual_hosts[0].routes.to_vec();
+    t3.ports[0].listeners[0].virtual_hosts[0].routes = copy.into();
+    let r3 = Router::build_reusing(&t3, Some(&r2)).unwrap();
+    assert!(!Arc::ptr_eq(&sets(&r2)[0].1, &sets(&r3)[0].1));
+    assert_eq!(name_of(&r3, 80, "a.test", "/x").as_deref(), Some("a"));
+}

@@ -236,7 +236,7 @@ pub fn http_port(port: u16, routes: Vec<Route>) -> PortConfig {
             certificates: vec![],
             virtual_hosts: vec![VirtualHost {
                 hostname: "*".into(),
-                routes,
+                routes: routes.into(),
             }],
         }],
         client_validation: None,

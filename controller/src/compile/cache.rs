@@ -1,0 +1,237 @@
+//! What one compile can hand the next, so that a compile after a small change costs about that
+//! change.
+//!
+//! In: the [`CompileCache`] the previous [`compile_cached`](super::compile_cached) returned
+//! (or an empty one). Out: the cache for the next compile. The cache never changes a result:
+//! `compile_cached(inputs, any cache).0 == compile(inputs)`; it only lets work be skipped
+//! where its inputs are provably the same. Two memos:
+//!
+//! - **Per route** (kind, key): the route object as it was compiled, its compiled rules, and
+//!   the backends its backendRefs resolved to. Reused when the route is equal to that object
+//!   and the Services and ReferenceGrants (all that rule compilation reads besides the route)
+//!   are equal to the previous compile's; its backends are then resolved again against the
+//!   current EndpointSlices, which may have changed. Every compile that is not reused gets a
+//!   new *stamp*, so a stamp names one compiled result of one route object.
+//! - **Per virtual host** (Gateway, listener, hostname): the stamps of the routes in it, in
+//!   order, and the route list built from them. A virtual host's routes are a function of
+//!   those compiled routes alone when no policy applies, so the list is reused (the same
+//!   [`Arc`], which lets the proxy keep what it built from it) when the stamps are the same.
+//!   With any policy in force nothing is reused: policy keys depend on the whole table.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gateway_api::grpcroutes::GrpcRoute;
+use gateway_api::httproutes::HttpRoute;
+use gateway_api::referencegrants::ReferenceGrant;
+use gateway_api::tlsroutes::TlsRoute;
+use k8s_openapi::api::core::v1::Service;
+use tollgate_api::{ObjectKey, Route};
+
+use super::backends::{Resolution, Resolver};
+use super::index::Index;
+use super::kinds::{RouteKind, RouteSource};
+use super::rules::CompiledRoute;
+
+/// Memos carried from one compile to the next (see the module docs). Opaque; start with
+/// `CompileCache::default()`.
+#[derive(Debug, Default)]
+pub struct CompileCache {
+    /// Services and ReferenceGrants of the last compile, sorted by key.
+    services: Vec<Service>,
+    grants: Vec<ReferenceGrant>,
+    /// Route memos per kind ([`RouteKind`] as index), sorted by key: the routes of one kind
+    /// are compiled in key order, so a compile walks the previous memos alongside (no lookup).
+    routes: [Vec<(ObjectKey, RouteMemo)>; 3],
+    /// During a compile: the previous compile's route memos not yet walked past.
+    prev: [std::vec::IntoIter<(ObjectKey, RouteMemo)>; 3],
+    /// Virtual-host memos by (Gateway, listener, hostname).
+    vhosts: BTreeMap<(ObjectKey, String, String), VhostMemo>,
+    /// The last stamp handed out.
+    stamp: u64,
+    /// Number of compiles that used this cache; a memo not used by the current one is dropped.
+    epoch: u64,
+    /// Whether the route memos may be reused in the current compile.
+    env_same: bool,
+    /// Route memos reused and compiled in the current compile (for tests and logs).
+    stats: CacheStats,
+}
+
+/// How much one compile took from its cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Routes whose compiled rules were reused.
+    pub routes_reused: usize,
+    /// Routes compiled.
+    pub routes_compiled: usize,
+    /// Virtual hosts whose route list was reused.
+    pub vhosts_reused: usize,
+    /// Virtual hosts built.
+    pub vhosts_built: usize,
+}
+
+#[derive(Debug)]
+struct RouteMemo {
+    source: SourceCopy,
+    compiled: Arc<CompiledRoute>,
+    resolved: Vec<Resolution>,
+    stamp: u64,
+}
+
+#[derive(Debug)]
+struct VhostMemo {
+    stamps: Vec<u64>,
+    routes: Arc<Vec<Route>>,
+    epoch: u64,
+}
+
+/// A copy of the route object a memo was compiled from. Boxed: memos move from one
+/// compile's list to the next, and a route object inline is over a kilobyte.
+#[derive(Debug)]
+enum SourceCopy {
+    Http(Box<HttpRoute>),
+    Grpc(Box<GrpcRoute>),
+    Tls(Box<TlsRoute>),
+}
+
+impl SourceCopy {
+    fn of(r: RouteSource<'_>) -> Self {
+        match r {
+            RouteSource::Http(r) => Self::Http(Box::new(r.clone())),
+            RouteSource::Grpc(r) => Self::Grpc(Box::new(r.clone())),
+            RouteSource::Tls(r) => Self::Tls(Box::new(r.clone())),
+        }
+    }
+
+    fn is(&self, r: RouteSource<'_>) -> bool {
+        match (self, r) {
+            (Self::Http(a), RouteSource::Http(b)) => **a == *b,
+            (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
+            (Self::Tls(a), RouteSource::Tls(b)) => **a == *b,
+            _ => false,
+        }
+    }
+}
+
+fn slot(kind: RouteKind) -> usize {
+    match kind {
+        RouteKind::Http => 0,
+        RouteKind::Grpc => 1,
+        RouteKind::Tls => 2,
+    }
+}
+
+impl CompileCache {
+    /// What the last compile that used this cache took from it.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Starts a compile over `idx`: decides whether route memos are still valid.
+    pub(crate) fn begin(&mut self, idx: &Index<'_>) {
+        self.epoch += 1;
+        self.stats = CacheStats::default();
+        let services_same = self.services.len() == idx.services.len()
+            && self
+                .services
+                .iter()
+                .zip(idx.services.values())
+                .all(|(a, b)| a == *b);
+        let grants: Vec<&ReferenceGrant> = idx.grants.values().flatten().copied().collect();
+        let grants_same = self.grants.len() == grants.len()
+            && self.grants.iter().zip(&grants).all(|(a, b)| a == *b);
+        self.env_same = services_same && grants_same;
+        if !services_same {
+            self.services = idx.services.values().map(|s| (*s).clone()).collect();
+        }
+        if !grants_same {
+            self.grants = grants.into_iter().cloned().collect();
+        }
+        for (prev, memos) in self.prev.iter_mut().zip(&mut self.routes) {
+            *prev = std::mem::take(memos).into_iter();
+            // About as many routes as last time: one allocation, not a doubling series.
+            memos.reserve(prev.len() + prev.len() / 8);
+        }
+    }
+
+    /// The compiled rules of `route` (whose key is `key`) and their stamp: the memo's when
+    /// it still holds, else compiled now with `resolver`.
+    pub(crate) fn route(
+        &mut self,
+        route: RouteSource<'_>,
+        key: &ObjectKey,
+        resolver: &mut Resolver<'_, '_>,
+    ) -> (Arc<CompiledRoute>, u64) {
+        let kind = slot(route.kind());
+        // Memos of routes before this one are of routes gone (or not ours any more).
+        let prev = &mut self.prev[kind];
+        while prev.as_slice().first().is_some_and(|(k, _)| k < key) {
+            prev.next();
+        }
+        let memo = match prev.as_slice().first() {
+            Some((k, _)) if k == key => prev.next(),
+            _ => None,
+        };
+        if self.env_same
+            && let Some((k, m)) = memo
+            && m.source.is(route)
+        {
+            resolver.replay(&m.resolved);
+            self.stats.routes_reused += 1;
+            let out = (m.compiled.clone(), m.stamp);
+            self.routes[kind].push((k, m));
+            return out;
+        }
+        resolver.record();
+        let compiled = Arc::new(route.compile(resolver));
+        let resolved = resolver.take_recorded();
+        self.stamp += 1;
+        self.stats.routes_compiled += 1;
+        self.routes[kind].push((
+            key.clone(),
+            RouteMemo {
+                source: SourceCopy::of(route),
+                compiled: compiled.clone(),
+                resolved,
+                stamp: self.stamp,
+            },
+        ));
+        (compiled, self.stamp)
+    }
+
+    /// The route list of virtual host `host` of `listener` of `gateway` whose routes have
+    /// `stamps`: the memo's when the stamps are the same, else `build()`.
+    pub(crate) fn vhost(
+        &mut self,
+        (gateway, listener, host): (&ObjectKey, &str, &str),
+        stamps: Vec<u64>,
+        build: impl FnOnce() -> Vec<Route>,
+    ) -> Arc<Vec<Route>> {
+        let key = (gateway.clone(), listener.to_owned(), host.to_owned());
+        if let Some(m) = self.vhosts.get_mut(&key)
+            && m.stamps == stamps
+        {
+            m.epoch = self.epoch;
+            self.stats.vhosts_reused += 1;
+            return m.routes.clone();
+        }
+        let routes = Arc::new(build());
+        self.stats.vhosts_built += 1;
+        self.vhosts.insert(
+            key,
+            VhostMemo {
+                stamps,
+                routes: routes.clone(),
+                epoch: self.epoch,
+            },
+        );
+        routes
+    }
+
+    /// Ends a compile: forgets memos it did not use (deleted routes, virtual hosts gone).
+    pub(crate) fn finish(&mut self) {
+        let epoch = self.epoch;
+        self.prev = Default::default();
+        self.vhosts.retain(|_, m| m.epoch == epoch);
+    }
+}

@@ -1,0 +1,271 @@
+//! The compile cache changes nothing but speed: over a sequence of changes, every
+//! `compile_cached` gives exactly the output of a fresh `compile`, and reuses what the change
+//! did not touch.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod compile_support;
+
+use std::sync::Arc;
+
+use compile_support::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use tollgate::compile::{CompileCache, Inputs, Output, compile, compile_cached, inputs_from_yaml};
+use tollgate_api::{ObjectKey, RouteTable};
+
+/// A world with HTTPRoutes over three listeners, a GRPCRoute, TLSRoutes, cross-namespace
+/// backends and mirrors.
+fn world() -> Inputs {
+    inputs(&["golden", "grpc", "tlsroute"], "")
+}
+
+/// Compiles `inputs` with `cache` and checks the result against a fresh compile.
+#[track_caller]
+fn step(inputs: &Inputs, cache: CompileCache, what: &str) -> (Output, CompileCache) {
+    let (out, cache) = compile_cached(inputs, cache);
+    let fresh = compile(inputs);
+    assert!(
+        out == fresh,
+        "{what}: cached compile differs from a fresh one:\n cached: {}\n  fresh: {}",
+        serde_json::to_string(&out).unwrap(),
+        serde_json::to_string(&fresh).unwrap()
+    );
+    // Byte-identical too (what a golden file or a proxy would see).
+    assert_eq!(
+        serde_json::to_string(&out).unwrap(),
+        serde_json::to_string(&fresh).unwrap(),
+        "{what}"
+    );
+    (out, cache)
+}
+
+fn add(inputs: &mut Inputs, yaml: &str) {
+    inputs.extend(inputs_from_yaml(yaml, now()).unwrap());
+}
+
+fn table<'a>(out: &'a Output, ns: &str, name: &str) -> &'a RouteTable {
+    &out.tables[&ObjectKey::new(ns, name)]
+}
+
+/// A virtual host's place: (port, listener, hostname).
+type Place = (u16, String, String);
+
+/// Every virtual host of a table by place, with its shared route list.
+fn vhosts(t: &RouteTable) -> Vec<(Place, Arc<Vec<tollgate_api::Route>>)> {
+    t.ports
+        .iter()
+        .flat_map(|p| {
+            p.listeners.iter().flat_map(move |l| {
+                l.virtual_hosts.iter().map(move |v| {
+                    (
+                        (p.port, l.name.clone(), v.hostname.clone()),
+                        v.routes.clone(),
+                    )
+                })
+            })
+        })
+        .collect()
+}
+
+/// How many virtual hosts of `after` carry the very route list (same allocation) `before` had.
+fn shared(before: &RouteTable, after: &RouteTable) -> (usize, usize) {
+    let old = vhosts(before);
+    let new = vhosts(after);
+    let same = new
+        .iter()
+        .filter(|(k, r)| old.iter().any(|(ok, or)| ok == k && Arc::ptr_eq(or, r)))
+        .count();
+    (same, new.len())
+}
+
+const NEW_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: blog, namespace: apps, creationTimestamp: "2024-05-01T00:00:00Z"}
+spec:
+  parentRefs: [{name: edge, namespace: infra, sectionName: https}]
+  hostnames: [blog.example.com]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /posts}}]
+    backendRefs: [{name: web, port: 80}]
+"#;
+
+#[test]
+fn a_sequence_of_changes_compiles_as_fresh() {
+    let mut inputs = world();
+    let (first, cache) = step(&inputs, CompileCache::default(), "first compile");
+    let stats = cache.stats();
+    assert!(
+        stats.routes_compiled > 0 && stats.routes_reused == 0,
+        "{stats:?}"
+    );
+
+    // Nothing changed: everything reused, every virtual host the same allocation.
+    let (out, cache) = step(&inputs, cache, "unchanged");
+    let stats = cache.stats();
+    assert_eq!(stats.routes_compiled, 0, "{stats:?}");
+    assert_eq!(stats.vhosts_built, 0, "{stats:?}");
+    let (same, all) = shared(table(&first, "infra", "edge"), table(&out, "infra", "edge"));
+    assert_eq!(same, all);
+
+    // A route added: it alone is compiled; only its virtual host is built.
+    add(&mut inputs, NEW_ROUTE);
+    let (out2, cache) = step(&inputs, cache, "route added");
+    let stats = cache.stats();
+    assert_eq!(stats.routes_compiled, 1, "{stats:?}");
+    assert_eq!(stats.vhosts_built, 1, "{stats:?}");
+    let (same, all) = shared(table(&out, "infra", "edge"), table(&out2, "infra", "edge"));
+    assert_eq!(same + 1, all);
+
+    // The route changed (a new path), then changed back.
+    let blog = inputs
+        .http_routes
+        .iter_mut()
+        .find(|r| r.metadata.name.as_deref() == Some("blog"))
+        .unwrap();
+    blog.spec.rules.as_mut().unwrap()[0]
+        .matches
+        .as_mut()
+        .unwrap()[0]
+        .path
+        .as_mut()
+        .unwrap()
+        .value = Some("/articles".into());
+    let (_, cache) = step(&inputs, cache, "route changed");
+    assert_eq!(cache.stats().routes_compiled, 1);
+
+    // A route's hostnames changed: it moves to another virtual host.
+    let blog = inputs
+        .http_routes
+        .iter_mut()
+        .find(|r| r.metadata.name.as_deref() == Some("blog"))
+        .unwrap();
+    blog.spec.hostnames = Some(vec!["news.example.com".into()]);
+    let (_, cache) = step(&inputs, cache, "route hostnames changed");
+
+    // The route removed.
+    inputs
+        .http_routes
+        .retain(|r| r.metadata.name.as_deref() != Some("blog"));
+    let (_, cache) = step(&inputs, cache, "route removed");
+
+    // Endpoints changed: backends follow, rules and virtual hosts are reused.
+    let slice = inputs
+        .endpoint_slices
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("web-def"))
+        .unwrap();
+    slice.endpoints[1].addresses = vec!["10.0.0.9".into()];
+    let (out3, cache) = step(&inputs, cache, "endpoints changed");
+    assert_eq!(cache.stats().routes_compiled, 0);
+    assert_eq!(cache.stats().vhosts_built, 0);
+    assert!(
+        table(&out3, "infra", "edge")
+            .backends
+            .values()
+            .any(|b| b.endpoints.iter().any(|e| e.ip == "10.0.0.9"))
+    );
+    // A slice removed altogether.
+    inputs
+        .endpoint_slices
+        .retain(|s| s.metadata.name.as_deref() != Some("web-abc"));
+    let (_, cache) = step(&inputs, cache, "endpoint slice removed");
+
+    // A Service changed: the port the routes use disappears (ResolvedRefs turns False).
+    let web = inputs
+        .services
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("web"))
+        .unwrap();
+    web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
+    let (_, cache) = step(&inputs, cache, "service port changed");
+    // And back.
+    let web = inputs
+        .services
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("web"))
+        .unwrap();
+    web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 80;
+    let (_, cache) = step(&inputs, cache, "service port restored");
+    // A Service removed.
+    inputs
+        .services
+        .retain(|s| s.metadata.name.as_deref() != Some("rolling"));
+    let (_, cache) = step(&inputs, cache, "service removed");
+
+    // The ReferenceGrant that lets apps use other/shared removed, then put back.
+    let grant = inputs
+        .reference_grants
+        .iter()
+        .position(|g| g.metadata.name.as_deref() == Some("apps-to-shared"))
+        .unwrap();
+    let removed = inputs.reference_grants.remove(grant);
+    let (_, cache) = step(&inputs, cache, "reference grant removed");
+    inputs.reference_grants.push(removed);
+    let (_, cache) = step(&inputs, cache, "reference grant restored");
+
+    // A Gateway listener changed: its hostname narrows, routes attach elsewhere.
+    let edge = inputs
+        .gateways
+        .iter_mut()
+        .find(|g| g.metadata.name.as_deref() == Some("edge"))
+        .unwrap();
+    let https = edge
+        .spec
+        .listeners
+        .iter_mut()
+        .find(|l| l.name == "https")
+        .unwrap();
+    https.hostname = Some("shop.example.com".into());
+    let (_, cache) = step(&inputs, cache, "listener hostname changed");
+    // A listener removed.
+    let edge = inputs
+        .gateways
+        .iter_mut()
+        .find(|g| g.metadata.name.as_deref() == Some("edge"))
+        .unwrap();
+    edge.spec.listeners.retain(|l| l.name != "https-apex");
+    let (_, cache) = step(&inputs, cache, "listener removed");
+
+    // Policies added (the cache steps aside while they are in force), then removed.
+    let before_policies = inputs.clone();
+    let policies = inputs_from_yaml(&fixture("policies"), now()).unwrap();
+    inputs.extend(policies);
+    let (_, cache) = step(&inputs, cache, "policies added");
+    let pol = inputs.rate_limit_policies.pop().unwrap();
+    let (_, cache) = step(&inputs, cache, "a policy removed");
+    inputs.rate_limit_policies.push(pol);
+    let (_, cache) = step(&inputs, cache, "a policy restored");
+    inputs = before_policies;
+    let (_, cache) = step(&inputs, cache, "policies removed");
+
+    // A GRPCRoute changed.
+    let grpc = inputs.grpc_routes.first_mut().unwrap();
+    grpc.spec.hostnames = Some(vec!["grpc-changed.example.com".into()]);
+    let (_, cache) = step(&inputs, cache, "grpc route changed");
+
+    // A TLSRoute removed.
+    inputs.tls_routes.pop();
+    let (_, cache) = step(&inputs, cache, "tls route removed");
+
+    // Another clock: conditions carry the new time.
+    inputs.now = Time(Timestamp::from_second(1_800_000_000).unwrap());
+    let (_, cache) = step(&inputs, cache, "later");
+
+    // A cache from a different world altogether is still only a cache.
+    let (_, _) = step(&world(), cache, "back to the first world");
+}
+
+#[test]
+fn the_same_object_in_two_files_compiles_as_fresh() {
+    // Duplicate keys: the index keeps one deterministically; the cache must follow it.
+    let mut inputs = world();
+    add(&mut inputs, NEW_ROUTE);
+    let (_, cache) = step(&inputs, CompileCache::default(), "one copy");
+    let mut twice = NEW_ROUTE.replace("/posts", "/other");
+    twice.push('\n');
+    add(&mut inputs, &twice);
+    let (_, cache) = step(&inputs, cache, "two copies");
+    inputs.http_routes.pop();
+    let (_, _) = step(&inputs, cache, "one copy again");
+}
