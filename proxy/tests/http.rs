@@ -539,25 +539,14 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> String {
 #[tokio::test(start_paused = true)]
 async fn a_stalled_request_head_is_closed_after_the_header_read_timeout() {
     use tokio::io::AsyncWriteExt;
-    // No route matches `/nope`: answered by the proxy itself, no upstream involved.
-    let b = echo_backend("b").await;
-    let (_p, url) = proxy_with(
-        vec![route("api", "/api", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
-    let mut s = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let request = b"GET /nope HTTP/1.1\r\nHost: a\r\n\r\n";
-    s.write_all(request).await.unwrap();
+    let (_p, _b, mut s) = proxy_and_connection_after_a_404_request().await;
     assert!(read_response(&mut s).await.starts_with("HTTP/1.1 404"));
     // The proxy now awaits the second head (timer armed for 30 s from here); it comes 10 s in.
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
     tokio::time::advance(std::time::Duration::from_secs(10)).await;
-    s.write_all(request).await.unwrap();
+    s.write_all(NOPE_REQUEST).await.unwrap();
     assert!(read_response(&mut s).await.starts_with("HTTP/1.1 404"));
     let answered = tokio::time::Instant::now();
     s.write_all(b"GET /nope HTTP/1.1\r\nHost:").await.unwrap();

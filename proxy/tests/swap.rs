@@ -298,20 +298,8 @@ async fn in_flight_request_finishes_on_the_snapshot_it_started_with() {
 /// left open would meet the 20 s guard first, which the runtime reaches by skipping ahead.
 #[tokio::test(start_paused = true)]
 async fn shutdown_closes_idle_keep_alive_connections() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let b = echo_backend("b").await;
-    // Only /api is routed: /nope is answered by the proxy itself, no upstream involved.
-    let (proxy, url) = proxy_with(
-        vec![route("api", "/api", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
-    let mut s = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    s.write_all(b"GET /nope HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    use tokio::io::AsyncReadExt;
+    let (proxy, _b, mut s) = proxy_and_connection_after_a_404_request().await;
     let mut head = [0u8; 12];
     s.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 404");

@@ -261,6 +261,31 @@ pub async fn proxy_with(routes: Vec<Route>, backends: Vec<(&str, Backend)>) -> (
     proxy_with_options(ProxyOptions::default(), routes, backends).await
 }
 
+/// A proxy routing only `/api`, and a raw TCP connection to it that has sent
+/// `GET /nope` (which the proxy answers itself with a 404, no upstream involved): for tests of
+/// what happens to a keep-alive connection after an answer. The echo backend is kept alive
+/// with the proxy.
+#[allow(dead_code)]
+pub async fn proxy_and_connection_after_a_404_request()
+-> (Proxy, EchoBackend, tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let b = echo_backend("b").await;
+    let (proxy, url) = proxy_with(
+        vec![route("api", "/api", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    s.write_all(NOPE_REQUEST).await.unwrap();
+    (proxy, b, s)
+}
+
+/// The request [`proxy_and_connection_after_a_404_request`] sends.
+#[allow(dead_code)]
+pub const NOPE_REQUEST: &[u8] = b"GET /nope HTTP/1.1\r\nHost: a\r\n\r\n";
+
 pub async fn proxy_with_options(
     opts: ProxyOptions,
     routes: Vec<Route>,
