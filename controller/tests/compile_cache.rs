@@ -10,6 +10,7 @@ use std::sync::Arc;
 use compile_support::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use tollgate::compile::{CompileCache, Inputs, Output, compile, compile_cached, inputs_from_yaml};
 use tollgate_api::{ObjectKey, RouteTable};
 
@@ -37,6 +38,14 @@ fn step(inputs: &Inputs, cache: CompileCache, what: &str) -> (Output, CompileCac
         "{what}"
     );
     (out, cache)
+}
+
+/// The object named `name` among `objects`.
+fn named<'a, T: ResourceExt>(objects: &'a mut [T], name: &str) -> &'a mut T {
+    objects
+        .iter_mut()
+        .find(|o| o.name_any() == name)
+        .unwrap_or_else(|| panic!("no object named {name}"))
 }
 
 fn add(inputs: &mut Inputs, yaml: &str) {
@@ -118,11 +127,7 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     assert_eq!(same + 1, all);
 
     // The route changed (a new path), then changed back.
-    let blog = inputs
-        .http_routes
-        .iter_mut()
-        .find(|r| r.metadata.name.as_deref() == Some("blog"))
-        .unwrap();
+    let blog = named(&mut inputs.http_routes, "blog");
     blog.spec.rules.as_mut().unwrap()[0]
         .matches
         .as_mut()
@@ -135,26 +140,16 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     assert_eq!(cache.stats().routes_compiled, 1);
 
     // A route's hostnames changed: it moves to another virtual host.
-    let blog = inputs
-        .http_routes
-        .iter_mut()
-        .find(|r| r.metadata.name.as_deref() == Some("blog"))
-        .unwrap();
+    let blog = named(&mut inputs.http_routes, "blog");
     blog.spec.hostnames = Some(vec!["news.example.com".into()]);
     let (_, cache) = step(&inputs, cache, "route hostnames changed");
 
     // The route removed.
-    inputs
-        .http_routes
-        .retain(|r| r.metadata.name.as_deref() != Some("blog"));
+    inputs.http_routes.retain(|o| o.name_any() != "blog");
     let (_, cache) = step(&inputs, cache, "route removed");
 
     // Endpoints changed: backends follow, rules and virtual hosts are reused.
-    let slice = inputs
-        .endpoint_slices
-        .iter_mut()
-        .find(|s| s.metadata.name.as_deref() == Some("web-def"))
-        .unwrap();
+    let slice = named(&mut inputs.endpoint_slices, "web-def");
     slice.endpoints[1].addresses = vec!["10.0.0.9".into()];
     let (out3, cache) = step(&inputs, cache, "endpoints changed");
     assert_eq!(cache.stats().routes_compiled, 0);
@@ -166,31 +161,19 @@ fn a_sequence_of_changes_compiles_as_fresh() {
             .any(|b| b.endpoints.iter().any(|e| e.ip == "10.0.0.9"))
     );
     // A slice removed altogether.
-    inputs
-        .endpoint_slices
-        .retain(|s| s.metadata.name.as_deref() != Some("web-abc"));
+    inputs.endpoint_slices.retain(|o| o.name_any() != "web-abc");
     let (_, cache) = step(&inputs, cache, "endpoint slice removed");
 
     // A Service changed: the port the routes use disappears (ResolvedRefs turns False).
-    let web = inputs
-        .services
-        .iter_mut()
-        .find(|s| s.metadata.name.as_deref() == Some("web"))
-        .unwrap();
+    let web = named(&mut inputs.services, "web");
     web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
     let (_, cache) = step(&inputs, cache, "service port changed");
     // And back.
-    let web = inputs
-        .services
-        .iter_mut()
-        .find(|s| s.metadata.name.as_deref() == Some("web"))
-        .unwrap();
+    let web = named(&mut inputs.services, "web");
     web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 80;
     let (_, cache) = step(&inputs, cache, "service port restored");
     // A Service removed.
-    inputs
-        .services
-        .retain(|s| s.metadata.name.as_deref() != Some("rolling"));
+    inputs.services.retain(|o| o.name_any() != "rolling");
     let (_, cache) = step(&inputs, cache, "service removed");
 
     // The ReferenceGrant that lets apps use other/shared removed, then put back.
@@ -205,11 +188,7 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     let (_, cache) = step(&inputs, cache, "reference grant restored");
 
     // A Gateway listener changed: its hostname narrows, routes attach elsewhere.
-    let edge = inputs
-        .gateways
-        .iter_mut()
-        .find(|g| g.metadata.name.as_deref() == Some("edge"))
-        .unwrap();
+    let edge = named(&mut inputs.gateways, "edge");
     let https = edge
         .spec
         .listeners
@@ -219,11 +198,7 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     https.hostname = Some("shop.example.com".into());
     let (_, cache) = step(&inputs, cache, "listener hostname changed");
     // A listener removed.
-    let edge = inputs
-        .gateways
-        .iter_mut()
-        .find(|g| g.metadata.name.as_deref() == Some("edge"))
-        .unwrap();
+    let edge = named(&mut inputs.gateways, "edge");
     edge.spec.listeners.retain(|l| l.name != "https-apex");
     let (_, cache) = step(&inputs, cache, "listener removed");
 

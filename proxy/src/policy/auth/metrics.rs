@@ -46,16 +46,11 @@ impl MethodKind {
 }
 
 impl MethodKind {
-    const COUNT: usize = 5;
+    const COUNT: usize = Self::None as usize + 1;
 
+    /// The position among the variants (declaration order, no explicit discriminants).
     fn index(self) -> usize {
-        match self {
-            Self::ApiKey => 0,
-            Self::Jwt => 1,
-            Self::Introspection => 2,
-            Self::X509 => 3,
-            Self::None => 4,
-        }
+        self as usize
     }
 }
 
@@ -89,16 +84,11 @@ impl Outcome {
 }
 
 impl Outcome {
-    const COUNT: usize = 5;
+    const COUNT: usize = Self::Skipped as usize + 1;
 
+    /// The position among the variants (declaration order, no explicit discriminants).
     fn index(self) -> usize {
-        match self {
-            Self::Allowed => 0,
-            Self::Unauthenticated => 1,
-            Self::Forbidden => 2,
-            Self::Error => 3,
-            Self::Skipped => 4,
-        }
+        self as usize
     }
 }
 

@@ -21,6 +21,33 @@ fn memory(clock: &Arc<ManualClock>) -> RateLimiter {
     RateLimiter::with_clock(Storage::Memory, clock.clone()).unwrap()
 }
 
+/// A fixed window of 5 per minute with one counter per value of `counter`.
+fn limit_by(id: &str, counter: &str) -> CompiledLimit {
+    CompiledLimit::new(&RateLimit {
+        id: id.into(),
+        rates: vec![Rate {
+            limit: 5,
+            window_ms: 60_000,
+        }],
+        algorithm: Algorithm::FixedWindow,
+        counters: vec![counter.into()],
+        when: vec![],
+    })
+    .unwrap()
+}
+
+/// A `GET /` to host `h` from 10.0.0.7:4000 with `headers`.
+fn get_from_10_0_0_7(headers: &http::HeaderMap) -> crate::policy::cel::Attrs<'_> {
+    crate::policy::cel::Attrs {
+        method: "GET",
+        host: "h",
+        path: "/",
+        scheme: "http",
+        headers,
+        source: "10.0.0.7:4000".parse().unwrap(),
+    }
+}
+
 async fn admitted(rl: &RateLimiter, l: &CompiledLimit, key: &str, n: usize) -> usize {
     let mut ok = 0;
     for _ in 0..n {
@@ -195,32 +222,11 @@ fn a_hasher_after_a_prefix_hashes_keys_as_the_whole_key_hasher_does() {
 
 #[tokio::test]
 async fn applicable_limits_count_on_the_same_counters_as_explicit_keys() {
-    use http::HeaderMap;
-
-    use crate::policy::cel::Attrs;
-
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
     let rl = memory(&clock);
-    let l = CompiledLimit::new(&RateLimit {
-        id: "ns/per-client/limit-with-a-long-name".into(),
-        rates: vec![Rate {
-            limit: 5,
-            window_ms: 60_000,
-        }],
-        algorithm: Algorithm::FixedWindow,
-        counters: vec!["source.address".into()],
-        when: vec![],
-    })
-    .unwrap();
-    let headers = HeaderMap::new();
-    let attrs = Attrs {
-        method: "GET",
-        host: "h",
-        path: "/",
-        scheme: "http",
-        headers: &headers,
-        source: "10.0.0.7:4000".parse().unwrap(),
-    };
+    let l = limit_by("ns/per-client/limit-with-a-long-name", "source.address");
+    let headers = http::HeaderMap::new();
+    let attrs = get_from_10_0_0_7(&headers);
     let act = Activation::new(&attrs);
     let key = l.key(&act);
     assert_eq!(admitted(&rl, &l, &key, 2).await, 2);
@@ -233,23 +239,7 @@ async fn applicable_limits_count_on_the_same_counters_as_explicit_keys() {
 
 #[test]
 fn key_buffers_give_each_key_its_own_hash_whether_it_repeats_or_not() {
-    use http::HeaderMap;
-
-    use crate::policy::cel::Attrs;
-
-    let by_user = |id: &str| {
-        CompiledLimit::new(&RateLimit {
-            id: id.into(),
-            rates: vec![Rate {
-                limit: 5,
-                window_ms: 60_000,
-            }],
-            algorithm: Algorithm::FixedWindow,
-            counters: vec!["request.headers['x-user']".into()],
-            when: vec![],
-        })
-        .unwrap()
-    };
+    let by_user = |id: &str| limit_by(id, "request.headers['x-user']");
     let (a, b) = (by_user("ns/p/a"), by_user("ns/p/b-with-a-longer-id"));
     let whole = KeyHasher::new();
     let mut buffers = KeyBuffers::default();
@@ -264,16 +254,9 @@ fn key_buffers_give_each_key_its_own_hash_whether_it_repeats_or_not() {
         (&b, ""),
         (&b, ""),
     ] {
-        let mut headers = HeaderMap::new();
+        let mut headers = http::HeaderMap::new();
         headers.insert("x-user", user.parse().unwrap());
-        let attrs = Attrs {
-            method: "GET",
-            host: "h",
-            path: "/",
-            scheme: "http",
-            headers: &headers,
-            source: "10.0.0.7:4000".parse().unwrap(),
-        };
+        let attrs = get_from_10_0_0_7(&headers);
         let act = Activation::new(&attrs);
         let want = limit.key(&act);
         let (key, hash) = buffers.key_of(limit, &act);
