@@ -261,24 +261,27 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let mut http_routes = Vec::new();
     let mut grpc_routes = Vec::new();
     let mut tls_routes = Vec::new();
+    // Keys are built per parent only when some policy affects some route.
+    let any_affected = !policies.affecting_routes.is_empty();
     // The routes are not needed after this: their status entries move out, uncloned.
     for r in routes.routes.into_iter().filter(|r| !r.parents.is_empty()) {
         let mut parents = r.parents;
-        // Keys are built per parent only when some policy affects some route.
-        let no_policy = policies.affecting_routes.is_empty();
-        for p in parents.iter_mut().filter(|_| !no_policy) {
-            let gw = ObjectKey::new(
-                p.parent_ref
-                    .namespace
-                    .as_deref()
-                    .unwrap_or(&r.key.namespace),
-                p.parent_ref.name.as_str(),
-            );
-            if let Some(by) = policies
-                .affecting_routes
-                .get(&(r.kind.as_str(), r.key.clone(), gw))
-            {
-                affected(&mut p.conditions, by, r.meta.generation, now);
+        if any_affected {
+            for p in parents.iter_mut() {
+                let gw = ObjectKey::new(
+                    p.parent_ref
+                        .namespace
+                        .as_deref()
+                        .unwrap_or(&r.key.namespace),
+                    p.parent_ref.name.as_str(),
+                );
+                if let Some(by) =
+                    policies
+                        .affecting_routes
+                        .get(&(r.kind.as_str(), r.key.clone(), gw))
+                {
+                    affected(&mut p.conditions, by, r.meta.generation, now);
+                }
             }
         }
         match r.kind {

@@ -46,11 +46,16 @@ impl MethodKind {
 }
 
 impl MethodKind {
-    const COUNT: usize = Self::None as usize + 1;
+    const COUNT: usize = 5;
 
-    /// The position among the variants (declaration order, no explicit discriminants).
     fn index(self) -> usize {
-        self as usize
+        match self {
+            Self::ApiKey => 0,
+            Self::Jwt => 1,
+            Self::Introspection => 2,
+            Self::X509 => 3,
+            Self::None => 4,
+        }
     }
 }
 
@@ -84,11 +89,16 @@ impl Outcome {
 }
 
 impl Outcome {
-    const COUNT: usize = Self::Skipped as usize + 1;
+    const COUNT: usize = 5;
 
-    /// The position among the variants (declaration order, no explicit discriminants).
     fn index(self) -> usize {
-        self as usize
+        match self {
+            Self::Allowed => 0,
+            Self::Unauthenticated => 1,
+            Self::Forbidden => 2,
+            Self::Error => 3,
+            Self::Skipped => 4,
+        }
     }
 }
 
