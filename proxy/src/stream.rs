@@ -163,9 +163,14 @@ async fn serve_inner(
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         // The ClientHello was read already: hand it to rustls before the handshake reads on.
-        let mut fed = false;
-        let accept = acceptor.accept_with(client, |conn| fed = feed(conn, &hello));
-        if !fed {
+        // `None`: rustls made no session (the handshake below reports why).
+        let mut fed = None;
+        let mut accept = acceptor.accept_with(client, |conn| fed = Some(feed(conn, &hello)));
+        if let Some(Err(alert)) = fed {
+            // Tell the client why, as rustls does for what it reads from the socket itself.
+            if let Some(client) = accept.get_mut() {
+                let _ = client.write_all(&alert).await;
+            }
             return Outcome::closed(TlsOutcome::HandshakeFailed, "ClientHello refused by rustls");
         }
         let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
@@ -182,15 +187,19 @@ async fn serve_inner(
 }
 
 /// Gives rustls the bytes already read from the client and lets it process them (so its
-/// answer is queued and the handshake goes on from the socket); false when it refused them.
-fn feed(conn: &mut rustls::ServerConnection, mut bytes: &[u8]) -> bool {
-    while !bytes.is_empty() {
-        match conn.read_tls(&mut bytes) {
-            Ok(n) if n > 0 => {}
-            _ => return false,
-        }
+/// answer is queued and the handshake goes on from the socket). When it refuses them: the
+/// alert it queued for the client.
+fn feed(conn: &mut rustls::ServerConnection, mut bytes: &[u8]) -> Result<(), Vec<u8>> {
+    let mut accepted = true;
+    while accepted && !bytes.is_empty() {
+        accepted = matches!(conn.read_tls(&mut bytes), Ok(n) if n > 0);
     }
-    conn.process_new_packets().is_ok()
+    if accepted && conn.process_new_packets().is_ok() {
+        return Ok(());
+    }
+    let mut alert = Vec::new();
+    let _ = conn.write_tls(&mut alert);
+    Err(alert)
 }
 
 async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {

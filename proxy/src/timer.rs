@@ -8,6 +8,12 @@
 //! armed for the earliest deadline it was asked for; the deadlines of later heads only
 //! re-arm it when it fires before them, at most once per timeout period. A sleep still
 //! finishes exactly at its own deadline.
+//!
+//! This relies on how hyper's HTTP/1 server uses its timer: at most one sleep (the current
+//! head's) is awaited at a time, always from the connection's task. The shared tokio sleep
+//! keeps one waker, so two sleeps awaited at once from different tasks would not both be
+//! woken; hyper never does that. A sleep dropped before its deadline leaves the tokio entry
+//! armed: the connection's task is woken once, at that deadline, for nothing.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -238,7 +238,9 @@ fn build(port: &PortConfig, alpn: &[&[u8]]) -> Result<PortTls> {
     };
     let mut resolver = SniResolver::default();
     let mut first: Option<Arc<CertifiedKey>> = None;
-    for listener in &port.listeners {
+    // Passthrough listeners never terminate: a certificate on one (a hand-written table) is
+    // neither served nor checked.
+    for listener in port.listeners.iter().filter(|l| !l.passthrough) {
         let mut keys = Vec::with_capacity(listener.certificates.len());
         for cert in &listener.certificates {
             let key = certified_key(cert, &provider)
@@ -381,6 +383,21 @@ mod tests {
             }],
             client_validation,
         }
+    }
+
+    #[test]
+    fn certificates_on_passthrough_listeners_are_neither_served_nor_checked() {
+        let mut port = https_port(None);
+        port.protocol = tollgate_api::Protocol::Tls;
+        let mut passthrough = port.listeners[0].clone();
+        passthrough.name = "passthrough".into();
+        passthrough.passthrough = true;
+        passthrough.certificates[0].cert_pem = "not a certificate".into();
+        port.listeners.push(passthrough);
+        assert!(stream_config(&port).is_ok());
+        // The same bad certificate on a terminating listener rejects the port.
+        port.listeners[1].passthrough = false;
+        assert!(stream_config(&port).is_err());
     }
 
     fn validation(ca_pem: &str, mode: ClientCertMode) -> Option<ClientValidation> {

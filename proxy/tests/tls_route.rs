@@ -396,18 +396,8 @@ async fn a_client_hello_split_over_many_writes_is_reassembled() {
     let f = fixture().await;
     // Record the ClientHello a real client sends, then replay it to the proxy a few bytes at
     // a time: the proxy must wait for all of it, route on it and replay it unchanged.
-    let capture = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let capture_addr = capture.local_addr().unwrap();
-    let connector = client(&f.backend_cert);
-    let client_side = tokio::spawn(async move {
-        let tcp = TcpStream::connect(capture_addr).await.unwrap();
-        let name = ServerName::try_from("abc.example.com").unwrap();
-        connector.connect(name, tcp).await
-    });
-    let (mut from_client, _) = capture.accept().await.unwrap();
-    let mut hello = vec![0u8; 16 * 1024];
-    let n = from_client.read(&mut hello).await.unwrap();
-    hello.truncate(n);
+    let (hello, mut from_client, client_side) =
+        captured_hello(&f.backend_cert, "abc.example.com").await;
     let mut to_proxy = TcpStream::connect(f.addr).await.unwrap();
     to_proxy.set_nodelay(true).unwrap();
     for chunk in hello.chunks(7) {
@@ -429,6 +419,53 @@ async fn a_client_hello_split_over_many_writes_is_reassembled() {
     assert_eq!(answer, "tls abc.example.com split\n");
     drop(tls);
     let _ = splice.await;
+}
+
+/// The ClientHello a real client (trusting `ca`) sends for `name`, read from a socket of the
+/// test's own; also that socket and the client's handshake, to finish it elsewhere.
+async fn captured_hello(
+    ca: &Cert,
+    name: &str,
+) -> (
+    Vec<u8>,
+    TcpStream,
+    tokio::task::JoinHandle<std::io::Result<tokio_rustls::client::TlsStream<TcpStream>>>,
+) {
+    let capture = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let capture_addr = capture.local_addr().unwrap();
+    let connector = client(ca);
+    let name = ServerName::try_from(name.to_owned()).unwrap();
+    let client_side = tokio::spawn(async move {
+        let tcp = TcpStream::connect(capture_addr).await.unwrap();
+        connector.connect(name, tcp).await
+    });
+    let (mut from_client, _) = capture.accept().await.unwrap();
+    let mut hello = vec![0u8; 16 * 1024];
+    let n = from_client.read(&mut hello).await.unwrap();
+    hello.truncate(n);
+    (hello, from_client, client_side)
+}
+
+/// A ClientHello that routes (its SNI names the terminating listener) but that rustls refuses
+/// (it offers no cipher suite the proxy has) is answered with rustls's alert, then closed.
+#[tokio::test]
+async fn a_client_hello_rustls_refuses_is_answered_with_an_alert() {
+    let f = fixture().await;
+    let (mut hello, _from_client, _client_side) =
+        captured_hello(&f.gateway_cert, "tls.example.com").await;
+    // Record header (5), handshake header (4), version (2), random (32), session id.
+    let sid = 43;
+    let suites = sid + 1 + usize::from(hello[sid]);
+    let len = usize::from(u16::from_be_bytes([hello[suites], hello[suites + 1]]));
+    for pair in hello[suites + 2..suites + 2 + len].chunks_mut(2) {
+        // TLS_RSA_WITH_RC4_128_SHA: no TLS stack of today offers it.
+        pair.copy_from_slice(&[0x00, 0x05]);
+    }
+    let mut s = TcpStream::connect(f.addr).await.unwrap();
+    s.write_all(&hello).await.unwrap();
+    let answer = read_to_close(s).await;
+    assert_eq!(answer.first(), Some(&21), "an alert record: {answer:?}");
+    assert!(common::eventually(|| count(&f.metrics, "handshake_failed") == 1).await);
 }
 
 /// Connects to the terminating listener and returns the open stream after one exchange.
