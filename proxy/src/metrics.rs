@@ -290,10 +290,13 @@ impl Metrics {
         let Ok(mut routes) = self.routes.lock() else {
             return Arc::new(RouteMetrics::new(label, &self.requests, &self.durations));
         };
-        routes
-            .entry(label.to_owned())
-            .or_insert_with(|| Arc::new(RouteMetrics::new(label, &self.requests, &self.durations)))
-            .clone()
+        // A label seen before (most of a new table's) is found without copying it.
+        if let Some(handles) = routes.get(label) {
+            return handles.clone();
+        }
+        let handles = Arc::new(RouteMetrics::new(label, &self.requests, &self.durations));
+        routes.insert(label.to_owned(), handles.clone());
+        handles
     }
 
     /// The handles for requests no route matched.

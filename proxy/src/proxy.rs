@@ -231,14 +231,9 @@ impl Proxy {
         }
         let mut route_metrics: FastMap<Arc<str>, Arc<RouteMetrics>> = FastMap::default();
         for r in router.routes() {
-            if route_metrics.contains_key(&*r.label) {
-                continue;
-            }
-            let handles = match prev.as_deref().and_then(|s| s.route_metrics.get(&*r.label)) {
-                Some(h) => h.clone(),
-                None => shared.metrics.route(&r.label),
-            };
-            route_metrics.insert(r.label.clone(), handles);
+            route_metrics
+                .entry(r.label.clone())
+                .or_insert_with(|| shared.metrics.route(&r.label));
         }
         let backends = build_balancers(
             &table.backends,
