@@ -144,6 +144,13 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     blog.spec.hostnames = Some(vec!["news.example.com".into()]);
     let (_, cache) = step(&inputs, cache, "route hostnames changed");
 
+    // Only its creationTimestamp changed: compiled again, since virtual hosts order by it.
+    named(&mut inputs.http_routes, "blog")
+        .metadata
+        .creation_timestamp = Some(Time("2024-04-01T00:00:00Z".parse::<Timestamp>().unwrap()));
+    let (_, cache) = step(&inputs, cache, "route creationTimestamp changed");
+    assert_eq!(cache.stats().routes_compiled, 1);
+
     // The route removed.
     inputs.http_routes.retain(|o| o.name_any() != "blog");
     let (_, cache) = step(&inputs, cache, "route removed");

@@ -87,6 +87,9 @@ struct VhostMemo {
 
 /// A copy of the route object a memo was compiled from. Boxed: memos move from one
 /// compile's list to the next, and a route object inline is over a kilobyte.
+///
+/// Compared whole, metadata included: a virtual host's memo relies on it, since its route
+/// order reads `creationTimestamp`, which a comparison of `spec` alone would miss.
 #[derive(Debug)]
 enum SourceCopy {
     Http(Box<HttpRoute>),

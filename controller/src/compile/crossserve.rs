@@ -43,10 +43,15 @@ fn age<'r>(r: &'r RouteModel<'_>) -> (bool, Option<Timestamp>, &'r ObjectKey, Ro
 
 /// Removes the attachments that lose a cross-serving conflict (see the module docs).
 pub fn resolve(routes: &mut Routes<'_>, gateways: &[GatewayModel<'_>], now: &Time) {
-    // Routes of one kind only (the common case) cannot conflict.
-    let mut attached = routes.routes.iter().filter(|r| !r.attachments.is_empty());
-    let first = attached.next().map(|r| r.kind);
-    if attached.all(|r| Some(r.kind) == first) {
+    // Only an attached HTTPRoute and an attached GRPCRoute can conflict (TLSRoutes live on
+    // listeners of their own): without both, the common case, there is nothing to decide.
+    let attached = |kind| {
+        routes
+            .routes
+            .iter()
+            .any(|r| r.kind == kind && !r.attachments.is_empty())
+    };
+    if !(attached(RouteKind::Http) && attached(RouteKind::Grpc)) {
         return;
     }
     // (gateway, listener) -> [(route, attachment)]
