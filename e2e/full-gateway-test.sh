@@ -35,7 +35,14 @@ diagnose() {
   kubectl -n "$NS" get pods,svc,gateway,httproute -o wide >&2 || true
   kubectl -n "$NS" get gateway gw -o jsonpath='{.status}' >&2 || true
   echo >&2
-  kubectl -n "$NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
+  kubectl -n "$NS" get events --sort-by=.lastTimestamp >&2 || true
+  # Every pod's log, not one the Deployment picks: the replica that is not Ready is the one
+  # to read.
+  local pod
+  for pod in $(kubectl -n "$NS" get pods -o name 2>/dev/null); do
+    log "log of $pod (last 60 lines):"
+    kubectl -n "$NS" logs "$pod" --tail 60 >&2 || true
+  done
 }
 
 # shellcheck source=e2e/full-lib.sh
