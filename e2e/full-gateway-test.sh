@@ -23,7 +23,7 @@ NS=tg-gw-test-$$
 RELEASE=tg-gw-test
 TIMEOUT=${TOLLGATE_GW_TEST_TIMEOUT:-90}
 
-log() { printf '[gateway-test] %s\n' "$*" >&2; }
+log() { printf '[gateway-test %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() {
   log "FAIL: $*"
   exit 1

@@ -409,6 +409,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             push,
             provision,
             pki,
+            api_timeout: reconcile::API_CALL_TIMEOUT,
         },
         leader: leader::LeaderConfig {
             owner,

@@ -342,3 +342,52 @@ async fn the_lease_carries_our_owner_from_creation_or_from_the_next_renewal() {
     }
     assert!(*e.subscribe().borrow(), "did not keep leading");
 }
+
+/// A leader whose requests stop being answered (a stalled connection, an API server that
+/// hangs) steps down instead of waiting on the request and believing it leads after its Lease
+/// ran out and another replica took it.
+#[tokio::test]
+async fn a_leader_whose_requests_hang_steps_down() {
+    use k8s_support::Relay;
+    use tollgate::k8s::leader::{Elector, LeaderConfig};
+    let env = TestEnv::new("leasehang").await;
+    let relay = Relay::start().await;
+    let metrics = std::sync::Arc::new(tollgate::k8s::metrics::Metrics::new());
+    let mut e = Elector::new(
+        relay.client().await,
+        LeaderConfig {
+            lease_duration: Duration::from_secs(4),
+            renew_period: Duration::from_millis(500),
+            renew_deadline: Duration::from_millis(1500),
+            ..LeaderConfig::new(&env.ns, "hang", "me")
+        },
+        metrics,
+    );
+    let leading = e.subscribe();
+    e.tick().await;
+    assert!(*leading.borrow(), "did not lead");
+
+    relay.freeze();
+    // Each round gives up on its request; the one after the renew deadline steps down. A
+    // round that waited on the request instead would hit this generous bound.
+    let mut rounds = 0;
+    while *leading.borrow() {
+        rounds += 1;
+        assert!(
+            rounds <= 10,
+            "still leading after {rounds} rounds without a renewal"
+        );
+        tokio::time::timeout(Duration::from_secs(60), e.tick())
+            .await
+            .expect("a lease round waited on a request that is never answered");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Requests answered again: it takes the Lease back (it still holds it by name).
+    relay.thaw();
+    e.tick().await;
+    assert!(
+        *leading.borrow(),
+        "did not lead again once requests were answered"
+    );
+}

@@ -652,3 +652,77 @@ async fn a_gateway_that_leaves_our_class_loses_our_status() {
         ctl.log()
     );
 }
+
+/// A status write the API server never answers is given up after the reconciler's API call
+/// timeout and retried: the reconcile returns (the loop goes on, and the first reconcile
+/// that readiness waits for ends) asking for a retry, and the retry once requests are
+/// answered again writes the status.
+#[tokio::test]
+async fn a_status_write_that_hangs_is_bounded_and_retried() {
+    use std::sync::Arc;
+    use tollgate::k8s::metrics::Metrics;
+    use tollgate::k8s::reconcile::{Reconciler, Settings};
+    use tollgate::k8s::stores::{Relevance, Stores};
+    let env = TestEnv::new("writehang").await;
+    env.apply::<Gateway>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": env.class, "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP"},
+        ]},
+    }))
+    .await;
+    let metrics = Arc::new(Metrics::new());
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let (stores, tasks) = Stores::spawn(&env.client, &tx, &metrics);
+    stores.wait_until_ready().await.unwrap();
+    // Writes go through a relay that stops answering; the watches do not.
+    let relay = k8s_support::Relay::start().await;
+    let settings = Settings {
+        controller_name: env.controller_name.clone(),
+        push: None,
+        provision: None,
+        pki: None,
+        api_timeout: Duration::from_secs(1),
+    };
+    let client = relay.client().await;
+    // One answered request first: the write then goes out on that open connection and meets
+    // no answer (a fresh connection would instead fail at the client's connect timeout).
+    let through: Api<Gateway> = Api::namespaced(client.clone(), &env.ns);
+    through.get("gw").await.unwrap();
+    let mut reconciler = Reconciler::new(client, stores, settings, metrics, "test");
+    relay.freeze();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        reconciler.reconcile(Relevance::Full, true),
+    )
+    .await
+    .expect("the reconcile waited on a status write that is never answered");
+    assert!(
+        outcome.retry,
+        "a write that timed out asks for no retry: {outcome:?}"
+    );
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    let accepted = |g: &Gateway| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Accepted" && c.status == "True")
+            })
+    };
+    assert!(!accepted(&gateways.get("gw").await.unwrap()));
+
+    relay.thaw();
+    let outcome = reconciler.reconcile(Relevance::Status, true).await;
+    assert!(!outcome.retry, "the retry failed too: {outcome:?}");
+    let written = eventually(WAIT, || async {
+        accepted(&gateways.get("gw").await.unwrap()).then_some(())
+    })
+    .await;
+    assert!(written.is_some(), "the retried write did not land");
+    for t in tasks {
+        t.abort();
+    }
+}

@@ -3,8 +3,9 @@
 //! In: a kube [`Client`], [`ControllerConfig`] and a shutdown future. Out: the watches
 //! ([`Stores`]), the leader elector, and a debounced loop: the first change starts a quiet
 //! period of `debounce`; every change within it joins the batch; then one reconcile runs with
-//! the most demanding [`Relevance`] of the batch. Leadership gained, push-server sync changes
-//! and failed writes (retried after a second) also trigger reconciles. Mirrors `tollgate run`'s
+//! the most demanding [`Relevance`] of the batch. Leadership gained, push-server sync changes,
+//! failed writes (retried after a second) and failed provisioning (a full reconcile after
+//! five) also trigger reconciles. Mirrors `tollgate run`'s
 //! shape (`run.rs`): load → compile → apply, with the cluster in place of a directory.
 
 use std::future::Future;
@@ -19,6 +20,10 @@ use super::leader::{Elector, LeaderConfig};
 use super::metrics::Metrics;
 use super::reconcile::{Reconciler, Settings};
 use super::stores::{Change, Relevance, Stores};
+
+/// Pause before a full reconcile retries a failed provisioning (it recompiles everything, so
+/// less eagerly than a status retry).
+const REPROVISION_RETRY: Duration = Duration::from_secs(5);
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -107,9 +112,18 @@ pub async fn run(
                 tokio::task::yield_now().await;
             } else if outcome.retry {
                 tokio::time::sleep(Duration::from_secs(1)).await;
+            } else if outcome.reprovision {
+                tokio::time::sleep(REPROVISION_RETRY).await;
             } else {
                 std::future::pending::<()>().await;
             }
+        };
+        // A failed provisioning is retried by a full reconcile; a status retry alone by a
+        // status pass.
+        let retry_relevance = if outcome.reprovision {
+            Relevance::Full
+        } else {
+            Relevance::Status
         };
         let push_changed = async {
             match push_changes.as_mut() {
@@ -138,7 +152,7 @@ pub async fn run(
                 tokio::time::sleep(cfg.debounce).await;
                 Relevance::Status
             }
-            () = retry => Relevance::Status,
+            () = retry => retry_relevance,
             () = &mut shutdown => break,
         };
         outcome = reconciler.reconcile(relevance, *leading.borrow()).await;

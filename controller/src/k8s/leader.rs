@@ -100,13 +100,23 @@ impl Elector {
     /// One round: read, then create, renew or take over the Lease.
     pub async fn tick(&mut self) {
         let leading = *self.tx.borrow();
-        let now_leading = match self.try_acquire_or_renew().await {
-            Ok(l) => l,
-            Err(e) => {
+        // Bounded by the renew deadline: a request the API server never answers must not keep
+        // a leader that can no longer renew believing it leads after its Lease ran out (a
+        // renewal at t, the next tick from t + renew_period gives up by t + renew_period +
+        // renew_deadline, before t + lease_duration with the defaults).
+        let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew());
+        let now_leading = match attempt.await {
+            Ok(Ok(l)) => l,
+            failed => {
                 let stale = self
                     .last_renewal
                     .is_none_or(|t| t.elapsed() > self.cfg.renew_deadline);
-                warn!(lease = %self.cfg.name, error = %e, leading, "lease update failed");
+                match failed {
+                    Ok(Err(e)) => {
+                        warn!(lease = %self.cfg.name, error = %e, leading, "lease update failed");
+                    }
+                    _ => warn!(lease = %self.cfg.name, leading, "lease update timed out"),
+                }
                 leading && !stale
             }
         };

@@ -41,6 +41,14 @@ use crate::compile::{CONTROLLER_NAME, Inputs, Output, compile};
 use crate::push::PushServer;
 use crate::push::pki::{Ca, ensure_proxy_secret};
 
+/// Default of [`Settings::api_timeout`].
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `fut`, or `None` when it took longer than `limit`.
+async fn bounded<T>(limit: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(limit, fut).await.ok()
+}
+
 /// What the reconciler needs besides the stores.
 #[derive(Clone)]
 pub struct Settings {
@@ -52,6 +60,11 @@ pub struct Settings {
     pub provision: Option<ProvisionConfig>,
     /// The push CA, when tables are pushed: each accepted Gateway gets its proxy Secret.
     pub pki: Option<PushPki>,
+    /// Longest one API call of a reconcile (a status write, an Event, one Gateway's
+    /// provisioning) may take ([`API_CALL_TIMEOUT`]). A request the API server never answers
+    /// would otherwise hold the reconcile loop, and with the first reconcile `/readyz`, for as
+    /// long as the connection lasts; bounded, the call counts as failed and is retried.
+    pub api_timeout: Duration,
 }
 
 /// The current push CA, replaced on rotation. Cheap to clone.
@@ -125,6 +138,9 @@ pub struct Outcome {
     /// More writes are due than one pass sends: run another status pass right away (after
     /// the loop had a chance to handle other changes, e.g. endpoints).
     pub more: bool,
+    /// Provisioning (or a proxy's TLS Secret) failed for some Gateway: run a full reconcile
+    /// again after a pause (a status pass does not provision).
+    pub reprovision: bool,
 }
 
 /// Most status writes one pass sends, so that a mass update (10k routes on first start) never
@@ -192,10 +208,9 @@ impl Reconciler {
         }
         let mut outcome = Outcome::default();
         if relevance != Relevance::Endpoints && leading {
-            if relevance == Relevance::Full {
-                self.provision().await;
-            }
+            let provisioned = relevance != Relevance::Full || self.provision().await;
             outcome = self.write_statuses().await;
+            outcome.reprovision = !provisioned;
         }
         self.metrics
             .reconciles
@@ -374,6 +389,7 @@ impl Reconciler {
         let mut outcome = Outcome {
             retry: false,
             more: planned.len() > WRITES_PER_PASS,
+            reprovision: false,
         };
         planned.truncate(WRITES_PER_PASS);
         info!(
@@ -385,8 +401,9 @@ impl Reconciler {
             let rejections = status::new_rejections(&w, &self.stores);
             let client = self.client.clone();
             let manager = self.settings.controller_name.clone();
+            let limit = self.settings.api_timeout;
             async move {
-                let r = status::apply(&client, &w, &manager).await;
+                let r = bounded(limit, status::apply(&client, &w, &manager)).await;
                 (w, rv, rejections, r)
             }
         });
@@ -396,9 +413,10 @@ impl Reconciler {
             .await;
         for (w, rv, rejections, r) in results {
             let result = match &r {
-                Ok(()) => "ok",
-                Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
-                Err(_) => "error",
+                Some(Ok(())) => "ok",
+                Some(Err(kube::Error::Api(s))) if s.code == 409 => "conflict",
+                Some(Err(_)) => "error",
+                None => "timeout",
             };
             self.metrics
                 .status_writes
@@ -408,16 +426,20 @@ impl Reconciler {
                 })
                 .inc();
             match r {
-                Ok(()) => {
+                Some(Ok(())) => {
                     debug!(kind = w.kind(), object = %w.key(), "status written");
                     if let Some(rv) = rv {
                         self.written.insert((w.kind(), w.key()), rv);
                     }
                     self.publish_events(&w, &rejections).await;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     outcome.retry = true;
                     warn!(kind = w.kind(), object = %w.key(), error = %e, "status write failed; will retry");
+                }
+                None => {
+                    outcome.retry = true;
+                    warn!(kind = w.kind(), object = %w.key(), timeout_ms = self.settings.api_timeout.as_millis(), "status write timed out; will retry");
                 }
             }
         }
@@ -497,14 +519,20 @@ impl Reconciler {
                 action: "Reconcile".to_owned(),
                 secondary: None,
             };
-            match self.recorder.publish(&ev, &reference).await {
-                Ok(()) => {
+            match bounded(
+                self.settings.api_timeout,
+                self.recorder.publish(&ev, &reference),
+            )
+            .await
+            {
+                None => warn!(object = %key, "event not published: timed out"),
+                Some(Err(e)) => warn!(object = %key, error = %e, "event not published"),
+                Some(Ok(())) => {
                     self.metrics
                         .events
                         .get_or_create(&kind_label(w.kind()))
                         .inc();
                 }
-                Err(e) => warn!(object = %key, error = %e, "event not published"),
             }
         }
     }
@@ -514,12 +542,14 @@ impl Reconciler {
     /// deprovisions Gateways that lost their table. Addresses are read from the watched
     /// Service at each status pass, so a load balancer's late address lands without
     /// provisioning again.
-    async fn provision(&mut self) {
+    /// Returns whether every Gateway that needed it was (de)provisioned.
+    async fn provision(&mut self) -> bool {
         let cfg = self.settings.provision.clone();
         let pki = self.settings.pki.clone();
         if cfg.is_none() && pki.is_none() {
-            return;
+            return true;
         }
+        let mut all_done = true;
         let keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
         for key in keys {
             let r = ObjectRef::new(&key.name).within(&key.namespace);
@@ -549,24 +579,44 @@ impl Reconciler {
             let mut done = true;
             if let Some(pki) = &pki {
                 let ca = pki.current();
-                if let Err(e) =
-                    ensure_proxy_secret(&self.client, &key.namespace, &key.name, &ca).await
+                match bounded(
+                    self.settings.api_timeout,
+                    ensure_proxy_secret(&self.client, &key.namespace, &key.name, &ca),
+                )
+                .await
                 {
-                    warn!(gateway = %key, error = %e, "proxy TLS Secret not issued; will retry");
-                    done = false;
-                }
-            }
-            if let Some(cfg) = &cfg {
-                match provision::provision(&self.client, cfg, &gw).await {
-                    Ok(addresses) => {
-                        info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        warn!(gateway = %key, error = %e, "proxy TLS Secret not issued; will retry");
+                        done = false;
                     }
-                    Err(e) => {
-                        warn!(gateway = %key, error = %e, "provisioning failed; will retry");
+                    None => {
+                        warn!(gateway = %key, "proxy TLS Secret not issued: timed out; will retry");
                         done = false;
                     }
                 }
             }
+            if let Some(cfg) = &cfg {
+                match bounded(
+                    self.settings.api_timeout,
+                    provision::provision(&self.client, cfg, &gw),
+                )
+                .await
+                {
+                    Some(Ok(addresses)) => {
+                        info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
+                    }
+                    Some(Err(e)) => {
+                        warn!(gateway = %key, error = %e, "provisioning failed; will retry");
+                        done = false;
+                    }
+                    None => {
+                        warn!(gateway = %key, "provisioning timed out; will retry");
+                        done = false;
+                    }
+                }
+            }
+            all_done &= done;
             if done {
                 let at = Instant::now();
                 self.provisioned
@@ -580,16 +630,30 @@ impl Reconciler {
             .cloned()
             .collect();
         for key in gone {
-            if cfg.is_some()
-                && let Err(e) =
-                    provision::deprovision(&self.client, &key.namespace, &key.name).await
-            {
-                warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
-                continue;
+            if cfg.is_some() {
+                match bounded(
+                    self.settings.api_timeout,
+                    provision::deprovision(&self.client, &key.namespace, &key.name),
+                )
+                .await
+                {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
+                        all_done = false;
+                        continue;
+                    }
+                    None => {
+                        warn!(gateway = %key, "deprovisioning timed out; will retry");
+                        all_done = false;
+                        continue;
+                    }
+                }
             }
             info!(gateway = %key, "proxy deprovisioned");
             self.provisioned.remove(&key);
         }
+        all_done
     }
 }
 

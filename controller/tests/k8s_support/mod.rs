@@ -432,3 +432,103 @@ impl SubscribedProxy {
         std::fs::read_to_string(self.state.join("table.json")).unwrap_or_default()
     }
 }
+
+/// A TCP relay in front of the API server that can be frozen: from then on it passes no byte
+/// either way and answers no new connection, though every connection stays open, the way a
+/// stalled network path or an API server that stopped answering looks to a client.
+pub struct Relay {
+    /// Where clients connect.
+    pub addr: std::net::SocketAddr,
+    frozen: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Relays to the test cluster's API server.
+    pub async fn start() -> Self {
+        let target = api_server_addr();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = tokio::sync::watch::channel(false).0;
+        let rx = frozen.subscribe();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::join!(pipe(cr, sw, rx.clone()), pipe(sr, cw, rx));
+                });
+            }
+        });
+        Self { addr, frozen, task }
+    }
+
+    /// Stops passing bytes; connections stay open.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Passes bytes again.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+
+    /// A client of the test cluster that connects through this relay.
+    pub async fn client(&self) -> Client {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        cfg.cluster_url = format!("https://{}", self.addr).parse().unwrap();
+        Client::try_from(cfg).unwrap()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, holding each chunk while the relay is frozen.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The API server's address, from the kubeconfig.
+fn api_server_addr() -> std::net::SocketAddr {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
+    let server = kc.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .unwrap();
+    let uri: http::Uri = server.parse().unwrap();
+    format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap())
+        .parse()
+        .unwrap()
+}
