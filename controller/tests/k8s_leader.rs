@@ -1,8 +1,9 @@
 //! Two `tollgate controller` replicas on the real kube-apiserver: only the Lease holder
 //! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
 //! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
-//! next leader takes them over; the Lease carries our owner. Also: EndpointSlice-only changes take
-//! the fast way (no status pass), and provisioning is wired in.
+//! next leader takes them over; the Lease carries our owner; a leader whose requests hang steps
+//! down. Also: EndpointSlice-only changes take the fast way (no status pass), provisioning is
+//! wired in, and a failed provisioning is retried without another change.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -200,6 +201,112 @@ async fn provisioning_creates_the_proxy_and_fills_addresses() {
     })
     .await;
     assert!(gone.is_some(), "Deployment left behind:\n{}", ctl.log());
+}
+
+/// A Gateway whose provisioning fails (an admission policy refuses its Deployment) is
+/// provisioned once the cause is gone, with no change to any object the controller watches: a
+/// failed provisioning is retried on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_provisioning_is_retried_without_another_change() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use kube::api::{DeleteParams, PostParams};
+    let env = TestEnv::new("reprov").await;
+    let name = format!("tollgate-test-{}", env.ns);
+    let _: ValidatingAdmissionPolicy = env
+        .apply_cluster(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["apps"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["deployments"],
+                }]},
+                "validations": [{"expression": "false", "message": "no Deployments in this test namespace"}],
+            },
+        }))
+        .await;
+    let _: ValidatingAdmissionPolicyBinding = env
+        .apply_cluster(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": env.ns,
+                }}},
+            },
+        }))
+        .await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    // The API server enforces a new policy after a moment: wait until a dry run is refused.
+    let probe: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {"metadata": {"labels": {"app": "probe"}},
+                         "spec": {"containers": [{"name": "c", "image": "example/probe"}]}},
+        },
+    }))
+    .unwrap();
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let enforced = eventually(WAIT, || async {
+        deployments
+            .create(&dry, &probe)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        enforced.is_some(),
+        "the admission policy never refused a Deployment"
+    );
+
+    env.gateway("gw", &[("http", 80)]).await;
+    let ctl = env.controller(
+        "a",
+        &["--provision=true", "--proxy-image", "example/proxy:test"],
+    );
+    ctl.wait_ready().await;
+    let refused = eventually(WAIT, || async {
+        ctl.log()
+            .contains("provisioning failed; will retry")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "provisioning was not refused:\n{}",
+        ctl.log()
+    );
+    assert!(deployments.get_opt("gw-tollgate").await.unwrap().is_none());
+
+    // Nothing the controller watches changes: only its own retry can provision now.
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let provisioned = eventually(WAIT, || async {
+        deployments.get_opt("gw-tollgate").await.ok()?
+    })
+    .await;
+    assert!(
+        provisioned.is_some(),
+        "not provisioned after the policy went:\n{}",
+        ctl.log()
+    );
 }
 
 /// `Programmed` of a Gateway: its status, or `None` before one is written.
