@@ -44,9 +44,24 @@ use crate::push::pki::{Ca, ensure_proxy_secret};
 /// Default of [`Settings::api_timeout`].
 pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// `fut`, or `None` when it took longer than `limit`.
-async fn bounded<T>(limit: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
-    tokio::time::timeout(limit, fut).await.ok()
+/// How a bounded API call failed: its own error, or no answer in time.
+#[derive(Debug, thiserror::Error)]
+enum CallError<E> {
+    #[error(transparent)]
+    Failed(E),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// `fut`'s result, or [`CallError::TimedOut`] when it took longer than `limit`.
+async fn bounded<T, E>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, CallError<E>> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(CallError::Failed),
+        Err(_) => Err(CallError::TimedOut(limit)),
+    }
 }
 
 /// What the reconciler needs besides the stores.
@@ -413,10 +428,10 @@ impl Reconciler {
             .await;
         for (w, rv, rejections, r) in results {
             let result = match &r {
-                Some(Ok(())) => "ok",
-                Some(Err(kube::Error::Api(s))) if s.code == 409 => "conflict",
-                Some(Err(_)) => "error",
-                None => "timeout",
+                Ok(()) => "ok",
+                Err(CallError::Failed(kube::Error::Api(s))) if s.code == 409 => "conflict",
+                Err(CallError::Failed(_)) => "error",
+                Err(CallError::TimedOut(_)) => "timeout",
             };
             self.metrics
                 .status_writes
@@ -426,20 +441,16 @@ impl Reconciler {
                 })
                 .inc();
             match r {
-                Some(Ok(())) => {
+                Ok(()) => {
                     debug!(kind = w.kind(), object = %w.key(), "status written");
                     if let Some(rv) = rv {
                         self.written.insert((w.kind(), w.key()), rv);
                     }
                     self.publish_events(&w, &rejections).await;
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     outcome.retry = true;
                     warn!(kind = w.kind(), object = %w.key(), error = %e, "status write failed; will retry");
-                }
-                None => {
-                    outcome.retry = true;
-                    warn!(kind = w.kind(), object = %w.key(), timeout_ms = self.settings.api_timeout.as_millis(), "status write timed out; will retry");
                 }
             }
         }
@@ -525,9 +536,8 @@ impl Reconciler {
             )
             .await
             {
-                None => warn!(object = %key, "event not published: timed out"),
-                Some(Err(e)) => warn!(object = %key, error = %e, "event not published"),
-                Some(Ok(())) => {
+                Err(e) => warn!(object = %key, error = %e, "event not published"),
+                Ok(()) => {
                     self.metrics
                         .events
                         .get_or_create(&kind_label(w.kind()))
@@ -579,21 +589,14 @@ impl Reconciler {
             let mut done = true;
             if let Some(pki) = &pki {
                 let ca = pki.current();
-                match bounded(
+                if let Err(e) = bounded(
                     self.settings.api_timeout,
                     ensure_proxy_secret(&self.client, &key.namespace, &key.name, &ca),
                 )
                 .await
                 {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        warn!(gateway = %key, error = %e, "proxy TLS Secret not issued; will retry");
-                        done = false;
-                    }
-                    None => {
-                        warn!(gateway = %key, "proxy TLS Secret not issued: timed out; will retry");
-                        done = false;
-                    }
+                    warn!(gateway = %key, error = %e, "proxy TLS Secret not issued; will retry");
+                    done = false;
                 }
             }
             if let Some(cfg) = &cfg {
@@ -603,15 +606,11 @@ impl Reconciler {
                 )
                 .await
                 {
-                    Some(Ok(addresses)) => {
+                    Ok(addresses) => {
                         info!(gateway = %key, addresses = addresses.len(), "proxy provisioned");
                     }
-                    Some(Err(e)) => {
+                    Err(e) => {
                         warn!(gateway = %key, error = %e, "provisioning failed; will retry");
-                        done = false;
-                    }
-                    None => {
-                        warn!(gateway = %key, "provisioning timed out; will retry");
                         done = false;
                     }
                 }
@@ -630,25 +629,16 @@ impl Reconciler {
             .cloned()
             .collect();
         for key in gone {
-            if cfg.is_some() {
-                match bounded(
+            if cfg.is_some()
+                && let Err(e) = bounded(
                     self.settings.api_timeout,
                     provision::deprovision(&self.client, &key.namespace, &key.name),
                 )
                 .await
-                {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
-                        all_done = false;
-                        continue;
-                    }
-                    None => {
-                        warn!(gateway = %key, "deprovisioning timed out; will retry");
-                        all_done = false;
-                        continue;
-                    }
-                }
+            {
+                warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
+                all_done = false;
+                continue;
             }
             info!(gateway = %key, "proxy deprovisioned");
             self.provisioned.remove(&key);
