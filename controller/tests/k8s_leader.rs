@@ -126,8 +126,23 @@ async fn endpoint_changes_skip_the_status_pass() {
     eventually(WAIT, || async { has_status(&env, "r").await.then_some(()) })
         .await
         .expect("no status");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let writes = ctl.metric("tollgate_controller_status_writes_total", "");
+    // The first writes settle (the Gateway's may follow the route's): wait until the count
+    // holds still for two seconds.
+    let mut writes = ctl.metric("tollgate_controller_status_writes_total", "");
+    let started = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = ctl.metric("tollgate_controller_status_writes_total", "");
+        if now == writes {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "status writes never settled:\n{}",
+            ctl.log()
+        );
+        writes = now;
+    }
     let full = ctl.metric("tollgate_controller_reconciles_total", "path=\"full\"");
     for ip in ["10.2.0.3", "10.2.0.4"] {
         env.apply::<EndpointSlice>(json!({
