@@ -31,6 +31,11 @@ pub struct Agent {
     client: Client,
     ctx: NodeCtx,
     pods: HashMap<String, Local>,
+    /// Pods being stopped, by UID: the address they still hold (not handed out again until
+    /// their namespace is gone) and the task that stops them. A pod's grace period (30 s by
+    /// default) runs in that task, so one slow pod does not hold up binding, starting and
+    /// probing the others, nor the Service forwarders synced in the same loop.
+    stopping: HashMap<String, (Ipv4Addr, tokio::task::JoinHandle<()>)>,
     /// Pod UIDs deleted from the API server after teardown (so they are not deleted twice).
     finished: BTreeSet<String>,
     /// Pod UIDs bound here whose new nodeName the watch has not shown yet.
@@ -66,6 +71,7 @@ impl Agent {
             client,
             ctx,
             pods: HashMap::new(),
+            stopping: HashMap::new(),
             finished: BTreeSet::new(),
             bound: BTreeSet::new(),
             logs,
@@ -78,7 +84,12 @@ impl Agent {
     }
 
     fn alloc_ip(&self, pod: &Pod) -> Result<Ipv4Addr> {
-        let used: BTreeSet<Ipv4Addr> = self.pods.values().map(|l| l.rt.ip).collect();
+        let used: BTreeSet<Ipv4Addr> = self
+            .pods
+            .values()
+            .map(|l| l.rt.ip)
+            .chain(self.stopping.values().map(|(ip, _)| *ip))
+            .collect();
         let net = self.ctx.gateway.octets();
         let in_range = |ip: &Ipv4Addr| {
             ip.octets()[..3] == net[..3] && !used.contains(ip) && *ip != self.ctx.gateway
@@ -145,7 +156,16 @@ impl Agent {
         }
     }
 
+    /// Stops `local` in a task of its own (see [`Agent::stopping`]).
+    fn stop_in_background(&mut self, uid: String, mut local: Local) {
+        self.unindex(&local.rt);
+        let ip = local.rt.ip;
+        let task = tokio::spawn(async move { local.rt.stop().await });
+        self.stopping.insert(uid, (ip, task));
+    }
+
     pub async fn sync(&mut self, store: &Store<Pod>, hosts: &[HostEntry]) {
+        self.stopping.retain(|_, (_, task)| !task.is_finished());
         let pods = store.state();
         let mut seen = BTreeSet::new();
         for pod in &pods {
@@ -171,12 +191,12 @@ impl Agent {
             }
             seen.insert(uid.clone());
             if terminating(pod) {
-                if let Some(mut local) = self.pods.remove(&uid) {
+                if let Some(local) = self.pods.remove(&uid) {
                     tracing::info!(pod = %pod.name_any(), "stopping");
-                    self.unindex(&local.rt);
-                    local.rt.stop().await;
+                    self.stop_in_background(uid.clone(), local);
                 }
-                if !self.finished.contains(&uid) {
+                // The pod object goes once its processes have (a later pass).
+                if !self.stopping.contains_key(&uid) && !self.finished.contains(&uid) {
                     self.finalize(pod).await;
                 }
                 continue;
@@ -233,10 +253,9 @@ impl Agent {
             .cloned()
             .collect();
         for uid in gone {
-            if let Some(mut local) = self.pods.remove(&uid) {
+            if let Some(local) = self.pods.remove(&uid) {
                 tracing::info!(pod = %local.rt.name, "pod is gone, stopping");
-                self.unindex(&local.rt);
-                local.rt.stop().await;
+                self.stop_in_background(uid, local);
             }
         }
         self.finished.retain(|u| seen.contains(u));
@@ -303,10 +322,12 @@ impl Agent {
 
     /// Stops every pod (on shutdown of the agent).
     pub async fn shutdown(&mut self) {
-        let pods: Vec<Local> = self.pods.drain().map(|(_, l)| l).collect();
-        for mut local in pods {
-            self.unindex(&local.rt);
-            local.rt.stop().await;
+        let pods: Vec<(String, Local)> = self.pods.drain().collect();
+        for (uid, local) in pods {
+            self.stop_in_background(uid, local);
+        }
+        for (_, (_, task)) in self.stopping.drain() {
+            let _ = task.await;
         }
         // No pod is left, so no mount uses these any more.
         for p in self.mount_points.drain(..).rev() {

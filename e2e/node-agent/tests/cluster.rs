@@ -1,7 +1,8 @@
 //! The node agent against a real cluster (`e2e/cluster.sh up --full`): a Deployment of a
 //! mapped image becomes Ready pods with IPs that answer from the host, with env and volumes
 //! resolved and logs readable through the API server; a ClusterIP and a LoadBalancer Service reach them; an unmapped image is reported;
-//! deleting the Deployment removes the processes and network namespaces.
+//! deleting the Deployment removes the processes and network namespaces; a pod slow to stop
+//! holds up no other pod.
 //!
 //! Skips (passes with a message) without KUBECONFIG, as non-root, or when no Node
 //! `tollgate-node` exists (a cluster started without `--full`), unless
@@ -503,6 +504,64 @@ async fn late_secret_and_mount_above_the_state_dir() {
             .await
             .is_some_and(|n| n == ns),
         "the service-account volume is mounted too"
+    );
+
+    Api::<Namespace>::all(client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// A pod that ignores SIGTERM keeps its whole grace period, and meanwhile the agent goes on
+/// with every other pod (as a kubelet's per-pod workers do): a pod created after the slow one
+/// was deleted runs while the slow one is still being stopped.
+#[tokio::test]
+async fn a_pod_slow_to_stop_holds_up_no_other_pod() {
+    let Some(client) = client_or_skip().await else {
+        return;
+    };
+    let ns = fresh_namespace(&client, "tg-node-slow").await;
+    let pp = PostParams::default();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    // The image maps to /bin/sh (e2e/full.sh); `command` replaces the mapping's entrypoint.
+    let pod = |name: &str, grace: u32, script: &str| {
+        obj::<Pod>(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": grace,
+                "containers": [{
+                    "name": "sh",
+                    "image": "registry.k8s.io/coredns/coredns:v1.12.0",
+                    "command": ["sh", "-c", script],
+                }],
+            },
+        }))
+    };
+    pods.create(
+        &pp,
+        &pod("stubborn", 30, "trap '' TERM; while :; do sleep 1; done"),
+    )
+    .await
+    .unwrap();
+    eventually("the stubborn pod Ready", || async {
+        ready(&pods.get("stubborn").await.ok()?).then_some(())
+    })
+    .await;
+    pods.delete("stubborn", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    pods.create(&pp, &pod("next", 1, "exec sleep 1000"))
+        .await
+        .unwrap();
+    eventually("the next pod Ready", || async {
+        ready(&pods.get("next").await.ok()?).then_some(())
+    })
+    .await;
+    let stubborn = pods.get_opt("stubborn").await.unwrap();
+    assert!(
+        stubborn.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "the next pod ran only after the stubborn one was gone"
     );
 
     Api::<Namespace>::all(client.clone())
