@@ -101,9 +101,11 @@ pub async fn run(
     // Changes queued during the lists are covered by the first full reconcile.
     while rx.try_recv().is_ok() {}
     info!("every kind listed; first reconcile");
-    let mut outcome = reconciler
-        .reconcile(Relevance::Full, *leading.borrow())
-        .await;
+    // The value is copied out first: a `borrow()` guard alive across the await would block
+    // the elector's send (and with it a runtime worker) until the reconcile ends, which then
+    // could never be polled again.
+    let is_leading = *leading.borrow();
+    let mut outcome = reconciler.reconcile(Relevance::Full, is_leading).await;
     metrics.set_ready();
 
     loop {
@@ -155,7 +157,8 @@ pub async fn run(
             () = retry => retry_relevance,
             () = &mut shutdown => break,
         };
-        outcome = reconciler.reconcile(relevance, *leading.borrow()).await;
+        let is_leading = *leading.borrow();
+        outcome = reconciler.reconcile(relevance, is_leading).await;
     }
     info!("shutting down");
     stop(watch_tasks, stop_elector, elector_task).await;
