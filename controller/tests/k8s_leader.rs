@@ -520,3 +520,49 @@ async fn a_leader_whose_requests_hang_steps_down() {
         "did not lead again once requests were answered"
     );
 }
+
+/// Leadership lost while a reconcile waits on the API server: the leader's requests stop being
+/// answered just as a change is reconciled; its lease round gives up and it steps down while
+/// the reconcile's status write still waits. Once requests are answered again it leads again
+/// and writes the route's status. (The controller used to hold the leadership channel's read
+/// guard across the reconcile: the elector's send then blocked a runtime worker and the whole
+/// process stopped for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_lost_during_a_reconcile_stops_nothing() {
+    let env = TestEnv::new("leadlost").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    let relay = k8s_support::Relay::start().await;
+    let kubeconfig = relay.kubeconfig(&env.dir.join("relay.kubeconfig"));
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    // A long quiet period: the change passes the relay, then the relay stops answering before
+    // the reconcile that writes its status begins.
+    let ctl = env.controller("a", &["--kubeconfig", kubeconfig, "--debounce-ms", "2000"]);
+    ctl.wait_ready().await;
+    env.route("first", json!([{"name": "gw"}]), "echo", 80)
+        .await;
+    eventually(WAIT, || async {
+        has_status(&env, "first").await.then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("no status for the first route:\n{}", ctl.log()));
+
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    relay.freeze();
+    let stepped_down = eventually(Duration::from_secs(60), || async {
+        ctl.log().contains("leading=false").then_some(())
+    })
+    .await;
+    assert!(stepped_down.is_some(), "never stepped down:\n{}", ctl.log());
+    relay.thaw();
+    let written = eventually(Duration::from_secs(60), || async {
+        has_status(&env, "r").await.then_some(())
+    })
+    .await;
+    assert!(
+        written.is_some(),
+        "no status for the route after requests were answered again:\n{}",
+        ctl.log()
+    );
+}

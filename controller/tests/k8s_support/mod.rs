@@ -76,7 +76,8 @@ pub struct TestEnv {
     pub class: String,
     /// The controllerName of that class, owned by this test's controllers.
     pub controller_name: String,
-    dir: PathBuf,
+    /// A scratch directory of the test (logs, files it writes).
+    pub dir: PathBuf,
 }
 
 impl TestEnv {
@@ -238,10 +239,12 @@ impl ControllerProc {
         let err = out.try_clone().unwrap();
         let kubeconfig = kubeconfig().to_str().unwrap().to_owned();
         let metrics = format!("127.0.0.1:{metrics_port}");
-        let mut args = vec![
-            "controller",
-            "--kubeconfig",
-            &kubeconfig,
+        let mut args = vec!["controller"];
+        // A test may name its own kubeconfig (e.g. [`Relay::kubeconfig`]).
+        if !extra.contains(&"--kubeconfig") {
+            args.extend(["--kubeconfig", kubeconfig.as_str()]);
+        }
+        args.extend([
             "--namespace",
             &env.ns,
             "--id",
@@ -250,7 +253,7 @@ impl ControllerProc {
             &metrics,
             "--controller-name",
             &env.controller_name,
-        ];
+        ]);
         if !extra.iter().any(|a| a.starts_with("--provision")) {
             args.push("--provision=false");
         }
@@ -475,6 +478,19 @@ impl Relay {
     /// Passes bytes again.
     pub fn thaw(&self) {
         self.frozen.send_replace(false);
+    }
+
+    /// A copy of the test cluster's kubeconfig, written to `path`, whose server is this relay.
+    pub fn kubeconfig(&self, path: &Path) -> PathBuf {
+        let text = std::fs::read_to_string(kubeconfig()).unwrap();
+        let server = format!("https://{}", api_server_addr());
+        assert!(text.contains(&server), "{server} not in the kubeconfig");
+        std::fs::write(
+            path,
+            text.replace(&server, &format!("https://{}", self.addr)),
+        )
+        .unwrap();
+        path.to_owned()
     }
 
     /// A client of the test cluster that connects through this relay.
