@@ -664,14 +664,7 @@ async fn a_status_write_that_hangs_is_bounded_and_retried() {
     use tollgate::k8s::reconcile::{Reconciler, Settings};
     use tollgate::k8s::stores::{Relevance, Stores};
     let env = TestEnv::new("writehang").await;
-    env.apply::<Gateway>(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-        "metadata": {"name": "gw"},
-        "spec": {"gatewayClassName": env.class, "listeners": [
-            {"name": "http", "port": 80, "protocol": "HTTP"},
-        ]},
-    }))
-    .await;
+    env.gateway("gw", &[("http", 80)]).await;
     let metrics = Arc::new(Metrics::new());
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let (stores, tasks) = Stores::spawn(&env.client, &tx, &metrics);
