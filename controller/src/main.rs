@@ -142,7 +142,8 @@ struct ControllerArgs {
     /// Name of the leader-election Lease (in --namespace).
     #[arg(long, default_value = "tollgate-controller")]
     lease_name: String,
-    /// Quiet period after a change before recompiling, in milliseconds.
+    /// Quiet period after a change before recompiling, in milliseconds. Changes that keep
+    /// arriving delay a recompile by at most ten quiet periods.
     #[arg(long, default_value_t = 100)]
     debounce_ms: u64,
     /// spec.controllerName of the GatewayClasses this controller owns.

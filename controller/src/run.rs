@@ -17,6 +17,7 @@ use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
 use tracing::{debug, error, info, warn};
 
 use crate::compile::{CompileCache, Rejection, compile_cached};
+use crate::k8s::controller::MAX_BATCH_QUIET_PERIODS;
 use crate::manifests::ManifestDir;
 
 /// Errors that stop `tollgate run`.
@@ -235,16 +236,23 @@ fn changes_content(kind: &notify::EventKind) -> bool {
     }
 }
 
-/// Debounces a change stream: after one change, waits until `quiet` passes without another.
+/// Debounces a change stream: after one change, waits until `quiet` passes without another,
+/// or at most [`MAX_BATCH_QUIET_PERIODS`] quiet periods (a file rewritten without pause must
+/// not hold back every reload).
 pub async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<()>, quiet: Duration) -> bool {
     if rx.recv().await.is_none() {
         return false;
     }
+    let deadline = tokio::time::Instant::now() + quiet * MAX_BATCH_QUIET_PERIODS;
     loop {
-        match tokio::time::timeout(quiet, rx.recv()).await {
-            Ok(Some(())) => continue,
+        let until = (tokio::time::Instant::now() + quiet).min(deadline);
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(())) => {}
             Ok(None) => return false,
             Err(_) => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return true;
         }
     }
 }
@@ -274,5 +282,38 @@ mod tests {
         ] {
             assert!(changes_content(&kind), "{kind:?}");
         }
+    }
+
+    /// A file rewritten every half quiet period, for ever, still reloads: the wait ends after
+    /// MAX_BATCH_QUIET_PERIODS quiet periods (paused, virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn changes_without_pause_still_reload() {
+        let quiet = Duration::from_millis(20);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let writer = tokio::spawn(async move {
+            while tx.send(()).await.is_ok() {
+                tokio::time::sleep(quiet / 2).await;
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let changed = tokio::time::timeout(Duration::from_secs(3600), next_change(&mut rx, quiet))
+            .await
+            .expect("no reload while the file kept changing");
+        assert!(changed);
+        let took = started.elapsed();
+        assert!(took <= quiet * (MAX_BATCH_QUIET_PERIODS + 1), "{took:?}");
+        writer.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_change_reloads_after_the_quiet_period() {
+        let quiet = Duration::from_millis(20);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        tx.send(()).await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(next_change(&mut rx, quiet).await);
+        assert_eq!(started.elapsed(), quiet);
+        drop(tx);
+        assert!(!next_change(&mut rx, quiet).await);
     }
 }

@@ -2,8 +2,9 @@
 //! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
 //! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
 //! next leader takes them over; the Lease carries our owner; a leader whose requests hang steps
-//! down. Also: EndpointSlice-only changes take the fast way (no status pass), provisioning is
-//! wired in, and a failed provisioning is retried without another change.
+//! down. Also: EndpointSlice-only changes take the fast way (no status pass), endpoint churn
+//! holds back no route, provisioning is wired in, and a failed provisioning is retried without
+//! another change.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -168,6 +169,64 @@ async fn endpoint_changes_skip_the_status_pass() {
     assert_eq!(
         ctl.metric("tollgate_controller_status_writes_total", ""),
         writes
+    );
+}
+
+/// EndpointSlice updates every 100 ms against a 500 ms quiet period: changes never stop
+/// arriving, and a route created meanwhile still gets its status while they go on (a batch
+/// closes ten quiet periods after its first change at the latest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_churn_holds_back_no_route() {
+    let env = TestEnv::new("churn").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    env.route("r0", json!([{"name": "gw"}]), "echo", 80).await;
+    let ctl = env.controller("a", &["--debounce-ms", "500"]);
+    ctl.wait_ready().await;
+    eventually(WAIT, || async {
+        has_status(&env, "r0").await.then_some(())
+    })
+    .await
+    .expect("no status for r0");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (stop, client, ns) = (stop.clone(), env.client.clone(), env.ns.clone());
+        tokio::spawn(async move {
+            let slices: Api<EndpointSlice> = Api::namespaced(client, &ns);
+            let mut updates = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let ip = format!("10.2.0.{}", 3 + updates % 2);
+                let slice: EndpointSlice = serde_json::from_value(json!({
+                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": "echo-churn",
+                                 "labels": {"kubernetes.io/service-name": "echo"}},
+                    "addressType": "IPv4",
+                    "ports": [{"port": 80, "protocol": "TCP"}],
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                }))
+                .unwrap();
+                let pp = kube::api::PatchParams::apply("churn").force();
+                slices
+                    .patch("echo-churn", &pp, &kube::api::Patch::Apply(&slice))
+                    .await
+                    .unwrap();
+                updates += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            updates
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    let seen = eventually(WAIT, || async { has_status(&env, "r").await.then_some(()) }).await;
+    let churning = !churn.is_finished();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let updates = churn.await.unwrap();
+    assert!(churning, "the churn ended early (after {updates} updates)");
+    assert!(
+        seen.is_some(),
+        "no status for r within {WAIT:?} while {updates} endpoint updates came in:\n{}",
+        ctl.log()
     );
 }
 

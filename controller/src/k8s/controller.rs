@@ -3,7 +3,9 @@
 //! In: a kube [`Client`], [`ControllerConfig`] and a shutdown future. Out: the watches
 //! ([`Stores`]), the leader elector, and a debounced loop: the first change starts a quiet
 //! period of `debounce`; every change within it joins the batch; then one reconcile runs with
-//! the most demanding [`Relevance`] of the batch. Leadership gained, push-server sync changes,
+//! the most demanding [`Relevance`] of the batch. A batch closes at the latest
+//! [`MAX_BATCH_QUIET_PERIODS`] quiet periods after its first change, so a steady stream of
+//! changes (endpoint churn during a rollout) delays reconciles by that much, never for good. Leadership gained, push-server sync changes,
 //! failed writes (retried after a second) and failed provisioning (a full reconcile after
 //! five) also trigger reconciles. Mirrors `tollgate run`'s
 //! shape (`run.rs`): load → compile → apply, with the cluster in place of a directory.
@@ -24,6 +26,11 @@ use super::stores::{Change, Relevance, Stores};
 /// Pause before a full reconcile retries a failed provisioning (it recompiles everything, so
 /// less eagerly than a status retry).
 const REPROVISION_RETRY: Duration = Duration::from_secs(5);
+
+/// A batch of changes closes at the latest this many quiet periods after its first change,
+/// however many changes keep arriving (without a bound, changes spaced closer than the quiet
+/// period would hold back every reconcile for as long as they last).
+pub const MAX_BATCH_QUIET_PERIODS: u32 = 10;
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -165,17 +172,24 @@ pub async fn run(
     Ok(())
 }
 
-/// Collects the changes arriving within `quiet` of each other into one [`Relevance`].
+/// Collects the changes arriving within `quiet` of each other into one [`Relevance`], for at
+/// most [`MAX_BATCH_QUIET_PERIODS`] quiet periods after `first`; changes still arriving then
+/// start the next batch.
 async fn debounced(
     first: Change,
     rx: &mut UnboundedReceiver<Change>,
     quiet: Duration,
 ) -> Relevance {
+    let deadline = tokio::time::Instant::now() + quiet * MAX_BATCH_QUIET_PERIODS;
     let mut relevance = first.relevance;
     loop {
-        match tokio::time::timeout(quiet, rx.recv()).await {
+        let until = (tokio::time::Instant::now() + quiet).min(deadline);
+        match tokio::time::timeout_at(until, rx.recv()).await {
             Ok(Some(c)) => relevance = relevance.max(c.relevance),
             Ok(None) | Err(_) => return relevance,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return relevance;
         }
     }
 }
@@ -211,5 +225,39 @@ mod tests {
         assert!(rx.try_recv().is_err());
         let r = debounced(first, &mut rx, Duration::from_millis(20)).await;
         assert_eq!(r, Relevance::Endpoints);
+    }
+
+    /// Changes every half quiet period, for ever: the batch still closes, after
+    /// MAX_BATCH_QUIET_PERIODS quiet periods (virtual time: the clock is paused and moves only
+    /// when every task waits), and what kept arriving starts the next batch.
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_stream_of_changes_closes_the_batch_in_time() {
+        let quiet = Duration::from_millis(100);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let c = |kind, relevance| Change { kind, relevance };
+        let producer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(quiet / 2).await;
+                if tx
+                    .send(c(Kind::EndpointSlice, Relevance::Endpoints))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let first = c(Kind::HttpRoute, Relevance::Full);
+        let r = tokio::time::timeout(Duration::from_secs(3600), debounced(first, &mut rx, quiet))
+            .await
+            .expect("the batch never closed while changes kept coming");
+        assert_eq!(r, Relevance::Full);
+        let took = started.elapsed();
+        assert!(took >= quiet * (MAX_BATCH_QUIET_PERIODS - 1), "{took:?}");
+        assert!(took <= quiet * (MAX_BATCH_QUIET_PERIODS + 1), "{took:?}");
+        // The next batch is the changes that go on arriving, with their own relevance.
+        let next = rx.recv().await.unwrap();
+        assert_eq!(debounced(next, &mut rx, quiet).await, Relevance::Endpoints);
+        producer.abort();
     }
 }
