@@ -142,6 +142,10 @@ struct ControllerArgs {
     /// Name of the leader-election Lease (in --namespace).
     #[arg(long, default_value = "tollgate-controller")]
     lease_name: String,
+    /// Seconds after which a status write, Event or provisioning call the API server has not
+    /// answered is given up (and retried).
+    #[arg(long, default_value_t = tollgate::k8s::reconcile::API_CALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    api_timeout_secs: u64,
     /// Quiet period after a change before recompiling, in milliseconds. Changes that keep
     /// arriving delay a recompile by at most ten quiet periods.
     #[arg(long, default_value_t = 100)]
@@ -410,7 +414,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             push,
             provision,
             pki,
-            api_timeout: reconcile::API_CALL_TIMEOUT,
+            api_timeout: Duration::from_secs(args.api_timeout_secs),
         },
         leader: leader::LeaderConfig {
             owner,

@@ -2,8 +2,8 @@
 //! writes; when it dies (SIGKILL, no release) the other takes the Lease and writes status
 //! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
 //! next leader takes them over; the Lease carries our owner; a leader whose requests hang steps
-//! down. Also: EndpointSlice-only changes take the fast way (no status pass), endpoint churn
-//! holds back no route, provisioning is wired in, and a failed provisioning is retried without
+//! down, and one stopped while a reconcile hangs exits at once. Also: EndpointSlice-only
+//! changes take the fast way (no status pass), endpoint churn holds back no route, provisioning is wired in, and a failed provisioning is retried without
 //! another change.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -624,4 +624,43 @@ async fn leadership_lost_during_a_reconcile_stops_nothing() {
         "no status for the route after requests were answered again:\n{}",
         ctl.log()
     );
+}
+
+/// SIGTERM while a reconcile waits on an API server that stopped answering (calls given up
+/// only after 120 s here): the controller exits without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_hung_reconcile() {
+    let env = TestEnv::new("hungstop").await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    let relay = k8s_support::Relay::start().await;
+    let kubeconfig = relay.kubeconfig(&env.dir.join("relay.kubeconfig"));
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    // The change passes the relay; the relay stops answering before the reconcile that
+    // writes its status begins (after the 2 s quiet period).
+    let mut ctl = env.controller(
+        "a",
+        &[
+            "--kubeconfig",
+            kubeconfig,
+            "--debounce-ms",
+            "2000",
+            "--api-timeout-secs",
+            "120",
+        ],
+    );
+    ctl.wait_ready().await;
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    relay.freeze();
+    // The reconcile of the change has begun and waits on the relay.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !has_status(&env, "r").await,
+        "the status passed the frozen relay"
+    );
+    let exited = tokio::task::block_in_place(|| ctl.terminate_within(Duration::from_secs(30)));
+    assert!(exited, "still running 30 s after SIGTERM:\n{}", ctl.log());
+    assert!(ctl.log().contains("shutting down"), "{}", ctl.log());
+    relay.thaw();
 }

@@ -51,7 +51,8 @@ pub struct ControllerConfig {
     pub debounce: Duration,
 }
 
-/// Runs the controller until `shutdown` completes; releases the Lease on the way out.
+/// Runs the controller until `shutdown` completes (abandoning a reconcile in flight); releases
+/// the Lease on the way out.
 pub async fn run(
     client: Client,
     cfg: ControllerConfig,
@@ -112,7 +113,16 @@ pub async fn run(
     // the elector's send (and with it a runtime worker) until the reconcile ends, which then
     // could never be polled again.
     let is_leading = *leading.borrow();
-    let mut outcome = reconciler.reconcile(Relevance::Full, is_leading).await;
+    // Shutdown abandons a reconcile in flight (its writes are the next leader's to redo):
+    // one waiting on an API server that stopped answering must not hold the exit.
+    let mut outcome = tokio::select! {
+        o = reconciler.reconcile(Relevance::Full, is_leading) => o,
+        () = &mut shutdown => {
+            info!("shutting down during the first reconcile");
+            stop(watch_tasks, stop_elector, elector_task).await;
+            return Ok(());
+        }
+    };
     metrics.set_ready();
 
     loop {
@@ -165,7 +175,10 @@ pub async fn run(
             () = &mut shutdown => break,
         };
         let is_leading = *leading.borrow();
-        outcome = reconciler.reconcile(relevance, is_leading).await;
+        outcome = tokio::select! {
+            o = reconciler.reconcile(relevance, is_leading) => o,
+            () = &mut shutdown => break,
+        };
     }
     info!("shutting down");
     stop(watch_tasks, stop_elector, elector_task).await;

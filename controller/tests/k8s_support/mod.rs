@@ -322,19 +322,26 @@ impl ControllerProc {
         let _ = self.child.wait();
     }
 
-    /// Stops the process with SIGTERM and waits for it.
+    /// Stops the process with SIGTERM and waits for it (SIGKILL after 10 s).
     pub fn terminate(&mut self) {
+        self.terminate_within(Duration::from_secs(10));
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the process to exit; kills it after that.
+    /// True when it exited by itself.
+    pub fn terminate_within(&mut self, limit: Duration) -> bool {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         self.kill();
+        false
     }
 }
 
