@@ -3,12 +3,15 @@
 //! within 15 s; a clean shutdown hands over at once; only the leader serves proxies, and the
 //! next leader takes them over; the Lease carries our owner; a leader whose requests hang steps
 //! down, and one stopped while a reconcile hangs exits at once. Also: EndpointSlice-only
-//! changes take the fast way (no status pass), endpoint churn holds back no route, provisioning is wired in, and a failed provisioning is retried without
-//! another change.
+//! changes take the fast way (no status pass), endpoint churn holds back no route,
+//! provisioning is wired in, and a failed provisioning is retried without another change and
+//! during endpoint churn.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gateway_api::gateways::Gateway;
@@ -188,39 +191,12 @@ async fn endpoint_churn_holds_back_no_route() {
     })
     .await
     .expect("no status for r0");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = {
-        let (stop, client, ns) = (stop.clone(), env.client.clone(), env.ns.clone());
-        tokio::spawn(async move {
-            let slices: Api<EndpointSlice> = Api::namespaced(client, &ns);
-            let mut updates = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let ip = format!("10.2.0.{}", 3 + updates % 2);
-                let slice: EndpointSlice = serde_json::from_value(json!({
-                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {"name": "echo-churn",
-                                 "labels": {"kubernetes.io/service-name": "echo"}},
-                    "addressType": "IPv4",
-                    "ports": [{"port": 80, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-                }))
-                .unwrap();
-                let pp = kube::api::PatchParams::apply("churn").force();
-                slices
-                    .patch("echo-churn", &pp, &kube::api::Patch::Apply(&slice))
-                    .await
-                    .unwrap();
-                updates += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            updates
-        })
-    };
+    let (stop, churn) = churn(&env, "echo");
     tokio::time::sleep(Duration::from_secs(1)).await;
     env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
     let seen = eventually(WAIT, || async { has_status(&env, "r").await.then_some(()) }).await;
     let churning = !churn.is_finished();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
     let updates = churn.await.unwrap();
     assert!(churning, "the churn ended early (after {updates} updates)");
     assert!(
@@ -282,11 +258,87 @@ async fn provisioning_creates_the_proxy_and_fills_addresses() {
 /// failed provisioning is retried on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_provisioning_is_retried_without_another_change() {
+    let env = TestEnv::new("reprov").await;
+    let policy = refuse_deployments(&env).await;
+    env.gateway("gw", &[("http", 80)]).await;
+    let ctl = env.controller(
+        "a",
+        &["--provision=true", "--proxy-image", "example/proxy:test"],
+    );
+    ctl.wait_ready().await;
+    wait_refused(&ctl).await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(deployments.get_opt("gw-tollgate").await.unwrap().is_none());
+
+    // Nothing the controller watches changes: only its own retry can provision now.
+    allow_deployments(&env, &policy).await;
+    let provisioned = eventually(WAIT, || async {
+        deployments.get_opt("gw-tollgate").await.ok()?
+    })
+    .await;
+    assert!(
+        provisioned.is_some(),
+        "not provisioned after the policy went:\n{}",
+        ctl.log()
+    );
+}
+
+/// The same, while EndpointSlice changes keep coming: the endpoints passes they cause do not
+/// provision, and neither forget the failed provisioning nor keep pushing its retry back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_provisioning_is_retried_during_endpoint_churn() {
+    let env = TestEnv::new("reprovchurn").await;
+    let policy = refuse_deployments(&env).await;
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    env.route("r0", json!([{"name": "gw"}]), "echo", 80).await;
+    let ctl = env.controller(
+        "a",
+        &[
+            "--provision=true",
+            "--proxy-image",
+            "example/proxy:test",
+            "--debounce-ms",
+            "500",
+        ],
+    );
+    ctl.wait_ready().await;
+    wait_refused(&ctl).await;
+    let (stop, churn) = churn(&env, "echo");
+    // A reconcile of the churn has run since the refused first one (an endpoints pass, which
+    // does not provision, unless the owed provisioning made it a full one).
+    let reconciles = || ctl.metric("tollgate_controller_reconciles_total", "");
+    let passed = eventually(WAIT, || async { (reconciles() >= 2.0).then_some(()) }).await;
+    assert!(
+        passed.is_some(),
+        "no reconcile of the churn:\n{}",
+        ctl.log()
+    );
+    allow_deployments(&env, &policy).await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    let provisioned = eventually(WAIT, || async {
+        deployments.get_opt("gw-tollgate").await.ok()?
+    })
+    .await;
+    let churning = !churn.is_finished();
+    stop.store(true, Ordering::SeqCst);
+    let updates = churn.await.unwrap();
+    assert!(churning, "the churn ended early (after {updates} updates)");
+    assert!(
+        provisioned.is_some(),
+        "not provisioned after the policy went, {updates} endpoint updates later:\n{}",
+        ctl.log()
+    );
+}
+
+/// Refuses every Deployment created or updated in the test's namespace (a
+/// ValidatingAdmissionPolicy and its binding, both named after the namespace); returns once
+/// the API server enforces it, with the name to pass to [`allow_deployments`].
+async fn refuse_deployments(env: &TestEnv) -> String {
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
-    use kube::api::{DeleteParams, PostParams};
-    let env = TestEnv::new("reprov").await;
+    use kube::api::PostParams;
     let name = format!("tollgate-test-{}", env.ns);
     let _: ValidatingAdmissionPolicy = env
         .apply_cluster(json!({
@@ -343,13 +395,27 @@ async fn failed_provisioning_is_retried_without_another_change() {
         enforced.is_some(),
         "the admission policy never refused a Deployment"
     );
+    name
+}
 
-    env.gateway("gw", &[("http", 80)]).await;
-    let ctl = env.controller(
-        "a",
-        &["--provision=true", "--proxy-image", "example/proxy:test"],
-    );
-    ctl.wait_ready().await;
+/// Removes what [`refuse_deployments`] made.
+async fn allow_deployments(env: &TestEnv, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use kube::api::DeleteParams;
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// Waits until the controller logs a refused provisioning.
+async fn wait_refused(ctl: &ControllerProc) {
     let refused = eventually(WAIT, || async {
         ctl.log()
             .contains("provisioning failed; will retry")
@@ -361,26 +427,39 @@ async fn failed_provisioning_is_retried_without_another_change() {
         "provisioning was not refused:\n{}",
         ctl.log()
     );
-    assert!(deployments.get_opt("gw-tollgate").await.unwrap().is_none());
+}
 
-    // Nothing the controller watches changes: only its own retry can provision now.
-    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
-    let provisioned = eventually(WAIT, || async {
-        deployments.get_opt("gw-tollgate").await.ok()?
-    })
-    .await;
-    assert!(
-        provisioned.is_some(),
-        "not provisioned after the policy went:\n{}",
-        ctl.log()
-    );
+/// Applies a changed EndpointSlice of `service` (its one address flipping between two) every
+/// 100 ms until the returned flag is raised; the task returns how many updates it made.
+fn churn(env: &TestEnv, service: &str) -> (Arc<AtomicBool>, tokio::task::JoinHandle<u32>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, client, ns) = (stop.clone(), env.client.clone(), env.ns.clone());
+    let service = service.to_owned();
+    let task = tokio::spawn(async move {
+        let slices: Api<EndpointSlice> = Api::namespaced(client, &ns);
+        let name = format!("{service}-churn");
+        let mut updates = 0u32;
+        while !flag.load(Ordering::SeqCst) {
+            let ip = format!("10.2.0.{}", 3 + updates % 2);
+            let slice: EndpointSlice = serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "ports": [{"port": 80, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            }))
+            .unwrap();
+            let pp = kube::api::PatchParams::apply("churn").force();
+            slices
+                .patch(&name, &pp, &kube::api::Patch::Apply(&slice))
+                .await
+                .unwrap();
+            updates += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        updates
+    });
+    (stop, task)
 }
 
 /// `Programmed` of a Gateway: its status, or `None` before one is written.

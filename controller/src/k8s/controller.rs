@@ -7,7 +7,8 @@
 //! [`MAX_BATCH_QUIET_PERIODS`] quiet periods after its first change, so a steady stream of
 //! changes (endpoint churn during a rollout) delays reconciles by that much, never for good. Leadership gained, push-server sync changes,
 //! failed writes (retried after a second) and failed provisioning (a full reconcile after
-//! five) also trigger reconciles. Mirrors `tollgate run`'s
+//! five) also trigger reconciles; work a reconcile left owed stays owed until a reconcile that
+//! does it runs, and its retry time is not pushed back by other changes. Mirrors `tollgate run`'s
 //! shape (`run.rs`): load → compile → apply, with the cluster in place of a directory.
 
 use std::future::Future;
@@ -22,10 +23,6 @@ use super::leader::{Elector, LeaderConfig};
 use super::metrics::Metrics;
 use super::reconcile::{Reconciler, Settings};
 use super::stores::{Change, Relevance, Stores};
-
-/// Pause before a full reconcile retries a failed provisioning (it recompiles everything, so
-/// less eagerly than a status retry).
-const REPROVISION_RETRY: Duration = Duration::from_secs(5);
 
 /// A batch of changes closes at the latest this many quiet periods after its first change,
 /// however many changes keep arriving (without a bound, changes spaced closer than the quiet
@@ -115,7 +112,7 @@ pub async fn run(
     let is_leading = *leading.borrow();
     // Shutdown abandons a reconcile in flight (its writes are the next leader's to redo):
     // one waiting on an API server that stopped answering must not hold the exit.
-    let mut outcome = tokio::select! {
+    let mut owed = tokio::select! {
         o = reconciler.reconcile(Relevance::Full, is_leading) => o,
         () = &mut shutdown => {
             info!("shutting down during the first reconcile");
@@ -125,24 +122,20 @@ pub async fn run(
     };
     metrics.set_ready();
 
+    // The retry the owed work asks for: when, and what it needs. The deadline holds across
+    // iterations (a stream of changes does not push it back), and once passed the batch that
+    // runs next does that work too.
+    let mut due: Option<(tokio::time::Instant, Relevance)> = None;
     loop {
+        due = schedule(due, owed.wants(), tokio::time::Instant::now());
         let retry = async {
-            if outcome.more {
-                tokio::task::yield_now().await;
-            } else if outcome.retry {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            } else if outcome.reprovision {
-                tokio::time::sleep(REPROVISION_RETRY).await;
-            } else {
-                std::future::pending::<()>().await;
+            match due {
+                Some((at, _)) if at <= tokio::time::Instant::now() => {
+                    tokio::task::yield_now().await;
+                }
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending::<()>().await,
             }
-        };
-        // A failed provisioning is retried by a full reconcile; a status retry alone by a
-        // status pass.
-        let retry_relevance = if outcome.reprovision {
-            Relevance::Full
-        } else {
-            Relevance::Status
         };
         let push_changed = async {
             match push_changes.as_mut() {
@@ -150,7 +143,7 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
-        let relevance = tokio::select! {
+        let mut relevance = tokio::select! {
             change = rx.recv() => {
                 let Some(change) = change else {
                     error!("every watch stopped");
@@ -171,18 +164,42 @@ pub async fn run(
                 tokio::time::sleep(cfg.debounce).await;
                 Relevance::Status
             }
-            () = retry => retry_relevance,
+            () = retry => Relevance::Status,
             () = &mut shutdown => break,
         };
+        if let Some((at, need)) = due
+            && at <= tokio::time::Instant::now()
+        {
+            relevance = relevance.join(need);
+        }
         let is_leading = *leading.borrow();
-        outcome = tokio::select! {
+        let outcome = tokio::select! {
             o = reconciler.reconcile(relevance, is_leading) => o,
             () = &mut shutdown => break,
         };
+        owed = owed.after(relevance, outcome);
+        if due.is_some_and(|(_, need)| relevance.covers(need)) {
+            due = None;
+        }
     }
     info!("shutting down");
     stop(watch_tasks, stop_elector, elector_task).await;
     Ok(())
+}
+
+/// The next retry: `due` (kept, so that a stream of changes never pushes it back, and made
+/// sooner or more demanding if `wanted` asks so), or a new one `wanted` asks for from `now`;
+/// none once nothing is owed.
+fn schedule(
+    due: Option<(tokio::time::Instant, Relevance)>,
+    wanted: Option<(Duration, Relevance)>,
+    now: tokio::time::Instant,
+) -> Option<(tokio::time::Instant, Relevance)> {
+    let (delay, need) = wanted?;
+    Some(match due {
+        Some((at, had)) => (at.min(now + delay), had.join(need)),
+        None => (now + delay, need),
+    })
 }
 
 /// Collects the changes arriving within `quiet` of each other into one [`Relevance`], for at
@@ -198,7 +215,7 @@ async fn debounced(
     loop {
         let until = (tokio::time::Instant::now() + quiet).min(deadline);
         match tokio::time::timeout_at(until, rx.recv()).await {
-            Ok(Some(c)) => relevance = relevance.max(c.relevance),
+            Ok(Some(c)) => relevance = relevance.join(c.relevance),
             Ok(None) | Err(_) => return relevance,
         }
         if tokio::time::Instant::now() >= deadline {
@@ -272,5 +289,59 @@ mod tests {
         let next = rx.recv().await.unwrap();
         assert_eq!(debounced(next, &mut rx, quiet).await, Relevance::Endpoints);
         producer.abort();
+    }
+
+    #[test]
+    fn a_status_pass_and_an_endpoints_pass_join_into_a_full_one() {
+        use Relevance::{Endpoints, Full, Status};
+        assert_eq!(Status.join(Endpoints), Full);
+        assert_eq!(Endpoints.join(Status), Full);
+        assert_eq!(Status.join(Status), Status);
+        assert_eq!(Endpoints.join(Full), Full);
+        assert!(Full.covers(Status) && Full.covers(Endpoints));
+        assert!(!Endpoints.covers(Status) && !Status.covers(Endpoints));
+        assert!(!Status.covers(Full));
+    }
+
+    #[test]
+    fn owed_work_survives_passes_that_do_not_do_it() {
+        use crate::k8s::reconcile::{Outcome, REPROVISION_RETRY, STATUS_RETRY};
+        let failed = Outcome {
+            reprovision: true,
+            ..Outcome::default()
+        };
+        let clean = Outcome::default();
+        // An endpoints pass or a status pass does not provision: the retry stays owed.
+        let owed = failed.after(Relevance::Endpoints, clean);
+        assert!(owed.reprovision);
+        let owed = owed.after(Relevance::Status, clean);
+        assert!(owed.reprovision);
+        assert_eq!(owed.wants(), Some((REPROVISION_RETRY, Relevance::Full)));
+        // A full pass settles it.
+        assert_eq!(owed.after(Relevance::Full, clean), clean);
+        assert_eq!(clean.wants(), None);
+        // A failed status write is settled by the next status pass, not by an endpoints pass.
+        let retry = Outcome {
+            retry: true,
+            ..Outcome::default()
+        };
+        assert!(retry.after(Relevance::Endpoints, clean).retry);
+        assert!(!retry.after(Relevance::Status, clean).retry);
+        assert_eq!(retry.wants(), Some((STATUS_RETRY, Relevance::Status)));
+    }
+
+    #[test]
+    fn a_retry_time_is_not_pushed_back() {
+        let t0 = tokio::time::Instant::now();
+        let later = t0 + Duration::from_secs(3);
+        let five = Some((Duration::from_secs(5), Relevance::Full));
+        let due = schedule(None, five, t0);
+        assert_eq!(due, Some((t0 + Duration::from_secs(5), Relevance::Full)));
+        // Asked again three seconds later (another change ran meanwhile): the same deadline.
+        assert_eq!(schedule(due, five, later), due);
+        // Something sooner brings it forward and keeps what both need.
+        let now = Some((Duration::ZERO, Relevance::Status));
+        assert_eq!(schedule(due, now, later), Some((later, Relevance::Full)));
+        assert_eq!(schedule(due, None, later), None);
     }
 }

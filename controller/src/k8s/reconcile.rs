@@ -158,6 +158,47 @@ pub struct Outcome {
     pub reprovision: bool,
 }
 
+/// Pause before statuses are compared again after a failed or conflicting write.
+pub const STATUS_RETRY: Duration = Duration::from_secs(1);
+
+/// Pause before a full reconcile retries a failed provisioning (it recompiles everything, so
+/// less eagerly than a status retry).
+pub const REPROVISION_RETRY: Duration = Duration::from_secs(5);
+
+impl Outcome {
+    /// The work still owed once a reconcile of `relevance` returned `next`, `self` being what
+    /// was owed before it: only a pass that writes statuses (Status, Full) settles `retry` and
+    /// `more`, only a Full pass settles `reprovision`; a pass that does not do that work (an
+    /// endpoints pass among a stream of EndpointSlice changes) leaves it owed.
+    pub fn after(self, relevance: Relevance, next: Outcome) -> Outcome {
+        let statuses = relevance.covers(Relevance::Status);
+        let provisions = relevance == Relevance::Full;
+        Outcome {
+            retry: next.retry || (!statuses && self.retry),
+            more: next.more || (!statuses && self.more),
+            reprovision: next.reprovision || (!provisions && self.reprovision),
+        }
+    }
+
+    /// The reconcile this owed work asks for and how soon; `None` when nothing is owed.
+    pub fn wants(&self) -> Option<(Duration, Relevance)> {
+        let relevance = if self.reprovision {
+            Relevance::Full
+        } else {
+            Relevance::Status
+        };
+        if self.more {
+            Some((Duration::ZERO, relevance))
+        } else if self.retry {
+            Some((STATUS_RETRY, relevance))
+        } else if self.reprovision {
+            Some((REPROVISION_RETRY, relevance))
+        } else {
+            None
+        }
+    }
+}
+
 /// Most status writes one pass sends, so that a mass update (10k routes on first start) never
 /// holds table publishing back for long: the loop interleaves other reconciles between passes.
 const WRITES_PER_PASS: usize = 256;

@@ -122,6 +122,24 @@ pub enum Relevance {
     Full,
 }
 
+impl Relevance {
+    /// What one reconcile must do to serve both needs: the larger of the two, except that a
+    /// status pass and an endpoints pass, neither of which does the other's work, take a full
+    /// one.
+    pub fn join(self, other: Relevance) -> Relevance {
+        match (self, other) {
+            (Relevance::Status, Relevance::Endpoints)
+            | (Relevance::Endpoints, Relevance::Status) => Relevance::Full,
+            (a, b) => a.max(b),
+        }
+    }
+
+    /// Whether a reconcile of this relevance does everything `need` asks.
+    pub fn covers(self, need: Relevance) -> bool {
+        self.join(need) == self
+    }
+}
+
 /// One store change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change {
