@@ -1,6 +1,7 @@
 //! Secrets and ConfigMaps on the real kube-apiserver are held whole only while a Gateway
 //! references them: objects created before any Gateway names them are fetched when one does,
-//! and their updates reach the compile.
+//! and their updates reach the compile; one the controller cannot read holds its listener's
+//! status (and table) back instead of rejecting the listener.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -11,7 +12,7 @@ use gateway_api::gateways::Gateway;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::json;
 
-use k8s_support::{TestEnv, eventually};
+use k8s_support::{ControllerProc, TestEnv, eventually};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -99,4 +100,163 @@ async fn referenced_payloads_are_fetched_and_follow_updates() {
     })
     .await
     .unwrap_or_else(|| panic!("the broken CA was not noticed:\n{}", ctl.log()));
+}
+
+/// A certificate the controller cannot read (its GETs refused, as when the API server fails
+/// to answer around a control-plane restart) publishes nothing and writes no status calling
+/// the listener's certificate invalid; once it can be read, the listener is resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_certificate_rejects_no_listener() {
+    let env = TestEnv::new("unreadable").await;
+    let (ctl, user) = controller_without_secret_reads(&env).await;
+    // A few retries later, still nothing calls the certificate invalid.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        listener_cond(&env, "ResolvedRefs").await,
+        None,
+        "{}",
+        ctl.log()
+    );
+    allow_secret_reads(&env, &user).await;
+    let resolved = eventually(WAIT, || async {
+        let r = listener_cond(&env, "ResolvedRefs").await?;
+        (r.0 == "True").then_some(r)
+    })
+    .await;
+    assert!(
+        resolved.is_some(),
+        "not resolved once readable: {:?}\n{}",
+        listener_cond(&env, "ResolvedRefs").await,
+        ctl.log()
+    );
+}
+
+/// Past the grace period the controller compiles without the unreadable certificate (the
+/// listener is rejected rather than every change held back for good), and keeps trying: once
+/// readable, the listener is resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_certificate_is_rejected_after_the_grace_period() {
+    let env = TestEnv::new("unreadgrace").await;
+    let (ctl, user) = controller_without_secret_reads(&env).await;
+    let rejected = eventually(Duration::from_secs(90), || async {
+        let r = listener_cond(&env, "ResolvedRefs").await?;
+        (r.0 == "False").then_some(r)
+    })
+    .await;
+    assert_eq!(
+        rejected,
+        Some(("False".into(), "InvalidCertificateRef".into())),
+        "{}",
+        ctl.log()
+    );
+    assert!(ctl.log().contains("still unreadable"), "{}", ctl.log());
+    allow_secret_reads(&env, &user).await;
+    let resolved = eventually(WAIT, || async {
+        let r = listener_cond(&env, "ResolvedRefs").await?;
+        (r.0 == "True").then_some(r)
+    })
+    .await;
+    assert!(
+        resolved.is_some(),
+        "not resolved once readable:\n{}",
+        ctl.log()
+    );
+}
+
+fn cluster_role(name: &str, rules: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name}, "rules": rules,
+    })
+}
+
+fn cluster_role_binding(name: &str, user: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    })
+}
+
+/// A Gateway with an HTTPS listener whose certificate Secret exists, and a controller acting
+/// as a user that may list and watch Secrets but not get one; returns once a read was refused,
+/// with that user's name.
+async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, String) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let user = format!("tollgate-test-{}", env.ns);
+    let groups = [
+        "gateway.networking.k8s.io",
+        "tollgate.dev",
+        "discovery.k8s.io",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "apps",
+    ];
+    let _: ClusterRole = env
+        .apply_cluster(cluster_role(
+            &user,
+            json!([
+                {"apiGroups": groups, "resources": ["*"], "verbs": ["*"]},
+                {"apiGroups": [""], "resources": ["services", "namespaces", "configmaps", "events"],
+                 "verbs": ["*"]},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]},
+            ]),
+        ))
+        .await;
+    let _: ClusterRoleBinding = env.apply_cluster(cluster_role_binding(&user, &user)).await;
+    let admin = std::fs::read_to_string(k8s_support::kubeconfig()).unwrap();
+    let key_line = admin
+        .lines()
+        .find(|l| l.trim_start().starts_with("client-key:"))
+        .expect("a client-key line in the test kubeconfig")
+        .to_owned();
+    let indent = &key_line[..key_line.len() - key_line.trim_start().len()];
+    let acting = admin.replace(&key_line, &format!("{key_line}\n{indent}as: {user}"));
+    let kubeconfig = env.dir.join("no-get-secrets.kubeconfig");
+    std::fs::write(&kubeconfig, acting).unwrap();
+
+    let cert = rcgen::generate_simple_self_signed(vec!["shop.example.com".to_owned()]).unwrap();
+    let (crt, key) = (cert.cert.pem(), cert.signing_key.serialize_pem());
+    env.apply::<Secret>(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shop-cert"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": crt, "tls.key": key},
+    }))
+    .await;
+    env.apply::<Gateway>(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw"},
+        "spec": {
+            "gatewayClassName": env.class,
+            "listeners": [{"name": "https", "port": 443, "protocol": "HTTPS",
+                           "tls": {"certificateRefs": [{"name": "shop-cert"}]}}],
+        },
+    }))
+    .await;
+    let ctl = env.controller("a", &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    ctl.wait_ready().await;
+    let refused = eventually(WAIT, || async {
+        ctl.log().contains("forbidden").then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "the read was not refused:\n{}",
+        ctl.log()
+    );
+    (ctl, user)
+}
+
+/// Lets the user of [`controller_without_secret_reads`] get Secrets.
+async fn allow_secret_reads(env: &TestEnv, user: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let reader = format!("{user}-get-secrets");
+    let _: ClusterRole = env
+        .apply_cluster(cluster_role(
+            &reader,
+            json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+        ))
+        .await;
+    let _: ClusterRoleBinding = env.apply_cluster(cluster_role_binding(&reader, user)).await;
 }

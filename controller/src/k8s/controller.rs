@@ -344,4 +344,36 @@ mod tests {
         assert_eq!(schedule(due, now, later), Some((later, Relevance::Full)));
         assert_eq!(schedule(due, None, later), None);
     }
+
+    #[test]
+    fn a_reconcile_that_stopped_early_settles_nothing() {
+        use crate::k8s::reconcile::{Outcome, REPROVISION_RETRY, STATUS_RETRY};
+        let owed = Outcome {
+            reprovision: true,
+            retry: true,
+            ..Outcome::default()
+        };
+        let stopped = Outcome {
+            incomplete: true,
+            ..Outcome::default()
+        };
+        // A full pass that could not read a referenced object did no work: all stays owed.
+        let after = owed.after(Relevance::Full, stopped);
+        assert!(after.reprovision && after.retry && after.incomplete);
+        assert_eq!(after.wants(), Some((STATUS_RETRY, Relevance::Full)));
+        // The next full pass that reads everything settles it.
+        let clean = Outcome::default();
+        assert_eq!(after.after(Relevance::Full, clean), clean);
+        // An endpoints pass does not.
+        assert!(after.after(Relevance::Endpoints, clean).incomplete);
+        // Compiled without the object past the grace period: tried again after a pause.
+        let unread = Outcome {
+            unread: true,
+            ..Outcome::default()
+        };
+        assert_eq!(
+            clean.after(Relevance::Full, unread).wants(),
+            Some((REPROVISION_RETRY, Relevance::Full))
+        );
+    }
 }

@@ -134,6 +134,8 @@ pub struct Reconciler {
     stores: Stores,
     /// Payloads of referenced objects the watches stored without them.
     fetched: referenced::Fetched,
+    /// Since when a referenced object could not be read (`None` while all can).
+    unreadable_since: Option<Instant>,
     settings: Settings,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -156,7 +158,20 @@ pub struct Outcome {
     /// Provisioning (or a proxy's TLS Secret) failed for some Gateway: run a full reconcile
     /// again after a pause (a status pass does not provision).
     pub reprovision: bool,
+    /// A referenced Secret or ConfigMap could not be read: nothing was published, written or
+    /// provisioned (see [`UNREADABLE_GRACE`]); run a full reconcile again soon.
+    pub incomplete: bool,
+    /// A referenced object unreadable past [`UNREADABLE_GRACE`] was compiled without its
+    /// payload: run a full reconcile again after a pause, to read it once it can be.
+    pub unread: bool,
 }
+
+/// How long a referenced object that cannot be read (an API server failing or slow to answer,
+/// as during a control-plane restart) holds back publishing, status writes and provisioning:
+/// within it, the tables and statuses in place stay (proxies keep serving the listeners that
+/// name the object); past it, the controller compiles without the object, which rejects those
+/// listeners, rather than hold every other change back for good.
+pub const UNREADABLE_GRACE: Duration = Duration::from_secs(30);
 
 /// Pause before statuses are compared again after a failed or conflicting write.
 pub const STATUS_RETRY: Duration = Duration::from_secs(1);
@@ -171,27 +186,36 @@ impl Outcome {
     /// `more`, only a Full pass settles `reprovision`; a pass that does not do that work (an
     /// endpoints pass among a stream of EndpointSlice changes) leaves it owed.
     pub fn after(self, relevance: Relevance, next: Outcome) -> Outcome {
+        if next.incomplete {
+            // It stopped before doing any of that work.
+            return Outcome {
+                incomplete: true,
+                ..self
+            };
+        }
         let statuses = relevance.covers(Relevance::Status);
-        let provisions = relevance == Relevance::Full;
+        let full = relevance == Relevance::Full;
         Outcome {
             retry: next.retry || (!statuses && self.retry),
             more: next.more || (!statuses && self.more),
-            reprovision: next.reprovision || (!provisions && self.reprovision),
+            reprovision: next.reprovision || (!full && self.reprovision),
+            incomplete: !full && self.incomplete,
+            unread: next.unread || (!full && self.unread),
         }
     }
 
     /// The reconcile this owed work asks for and how soon; `None` when nothing is owed.
     pub fn wants(&self) -> Option<(Duration, Relevance)> {
-        let relevance = if self.reprovision {
+        let relevance = if self.reprovision || self.incomplete || self.unread {
             Relevance::Full
         } else {
             Relevance::Status
         };
         if self.more {
             Some((Duration::ZERO, relevance))
-        } else if self.retry {
+        } else if self.retry || self.incomplete {
             Some((STATUS_RETRY, relevance))
-        } else if self.reprovision {
+        } else if self.reprovision || self.unread {
             Some((REPROVISION_RETRY, relevance))
         } else {
             None
@@ -221,6 +245,7 @@ impl Reconciler {
             client,
             stores,
             fetched: referenced::Fetched::default(),
+            unreadable_since: None,
             settings,
             metrics,
             compiled: Output::default(),
@@ -243,12 +268,30 @@ impl Reconciler {
             Relevance::Endpoints => "endpoints",
             Relevance::Status => "status",
         };
+        let mut unread = false;
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
             own_classes(&mut inputs, &self.settings.controller_name);
             let refs = referenced::references(&inputs);
             self.stores.referenced.replace(refs.clone());
-            self.fetched.fill(&self.client, &mut inputs, &refs).await;
+            unread = match self.fetched.fill(&self.client, &mut inputs, &refs).await {
+                Ok(()) => {
+                    self.unreadable_since = None;
+                    false
+                }
+                Err(e) => {
+                    let since = *self.unreadable_since.get_or_insert(started);
+                    if since.elapsed() < UNREADABLE_GRACE {
+                        warn!(error = %e, "a referenced object could not be read: tables, statuses and proxies stay as they are; retrying");
+                        return Outcome {
+                            incomplete: true,
+                            ..Outcome::default()
+                        };
+                    }
+                    warn!(error = %e, grace_s = UNREADABLE_GRACE.as_secs(), "a referenced object is still unreadable: compiling without it (the listeners naming it are rejected)");
+                    true
+                }
+            };
             let snapshot = started.elapsed();
             let mut out = compile(&inputs);
             drop(inputs);
@@ -268,6 +311,7 @@ impl Reconciler {
             outcome = self.write_statuses().await;
             outcome.reprovision = !provisioned;
         }
+        outcome.unread = unread;
         self.metrics
             .reconciles
             .get_or_create(&PathLabel {
@@ -443,9 +487,8 @@ impl Reconciler {
             return Outcome::default();
         }
         let mut outcome = Outcome {
-            retry: false,
             more: planned.len() > WRITES_PER_PASS,
-            reprovision: false,
+            ..Outcome::default()
         };
         planned.truncate(WRITES_PER_PASS);
         info!(

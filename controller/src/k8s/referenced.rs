@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::{Client, Resource};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::lenient::Lenient;
 use crate::compile::Inputs;
@@ -178,12 +178,35 @@ fn omitted<K: Resource>(k: &K) -> bool {
         .is_some_and(|a| a.contains_key(DATA_OMITTED))
 }
 
+/// A referenced object whose payload could not be read (the API server did not answer in
+/// time, or answered with an error other than "not found"): compiling without it would read
+/// as an invalid reference and drop the listeners that name it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {namespace}/{name} could not be read: {reason}")]
+pub struct Unreadable {
+    /// Secret or ConfigMap.
+    pub kind: &'static str,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
 impl Fetched {
     /// Replaces, in `inputs`, every referenced object whose payload was dropped with a fetched
-    /// copy (fetching it when its resourceVersion changed), and forgets unreferenced ones.
-    pub async fn fill(&mut self, client: &Client, inputs: &mut Inputs, refs: &BTreeSet<RefKey>) {
-        fill_kind(client, &mut inputs.secrets, &mut self.secrets, refs).await;
-        fill_kind(client, &mut inputs.config_maps, &mut self.config_maps, refs).await;
+    /// copy (fetching it when its resourceVersion changed), and forgets unreferenced ones. An
+    /// object gone in the meantime (404) stays without its payload (the watch brings its
+    /// deletion); any other failure stops at that object and is returned.
+    pub async fn fill(
+        &mut self,
+        client: &Client,
+        inputs: &mut Inputs,
+        refs: &BTreeSet<RefKey>,
+    ) -> Result<(), Unreadable> {
+        fill_kind(client, &mut inputs.secrets, &mut self.secrets, refs).await?;
+        fill_kind(client, &mut inputs.config_maps, &mut self.config_maps, refs).await
     }
 }
 
@@ -192,7 +215,8 @@ async fn fill_kind<K>(
     objects: &mut [K],
     fetched: &mut BTreeMap<(String, String), (String, K)>,
     refs: &BTreeSet<RefKey>,
-) where
+) -> Result<(), Unreadable>
+where
     K: Payload<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
@@ -221,14 +245,20 @@ async fn fill_kind<K>(
         let api: Api<K> = Api::namespaced(client.clone(), &key.0);
         // Bounded: a slow API server must not hold the whole reconcile (and readiness).
         let got = tokio::time::timeout(FETCH_TIMEOUT, api.get(&key.1)).await;
+        let unreadable = |reason: String| Unreadable {
+            kind: K::KIND,
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            reason,
+        };
         match got {
-            Err(_) => {
-                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetching a referenced object timed out");
+            Err(_) => return Err(unreadable(format!("no answer within {FETCH_TIMEOUT:?}"))),
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+                // Deleted since the watch saw it: compiled without its payload, which is what
+                // its deletion (on its way through the watch) will compile to as well.
+                debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "a referenced object is gone");
             }
-            Ok(Err(e)) => {
-                // Compiled without its payload: the reference reads as invalid until a retry.
-                warn!(kind = K::KIND, namespace = %key.0, name = %key.1, error = %e, "fetching a referenced object failed");
-            }
+            Ok(Err(e)) => return Err(unreadable(e.to_string())),
             Ok(Ok(mut full)) => {
                 debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetched a referenced object's payload");
                 full.meta_mut().managed_fields = None;
@@ -238,6 +268,7 @@ async fn fill_kind<K>(
             }
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
