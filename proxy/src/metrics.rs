@@ -184,6 +184,8 @@ pub(crate) enum UpstreamErrorKind {
     NoEndpoints,
     /// A mirrored request failed or timed out (never affects the client).
     Mirror,
+    /// A mirror copy was not sent: as many as the proxy allows were in flight already.
+    MirrorOverload,
 }
 
 impl UpstreamErrorKind {
@@ -194,6 +196,7 @@ impl UpstreamErrorKind {
             Self::Timeout => "timeout",
             Self::NoEndpoints => "no_endpoints",
             Self::Mirror => "mirror",
+            Self::MirrorOverload => "mirror_overload",
         }
     }
 }

@@ -2,7 +2,9 @@
 //! buffered body, and the mirror backends the route's filters picked (after `per_million`
 //! sampling). Out: one detached task per mirror that sends the copy and discards the answer.
 //! A mirror never delays or changes the client's response; its failures only count in
-//! `tollgate_upstream_errors_total{kind="mirror"}`.
+//! `tollgate_upstream_errors_total{kind="mirror"}`. At most
+//! [`crate::ProxyOptions::max_mirrors_in_flight`] copies are in flight at once; a copy past that
+//! is not sent (`kind="mirror_overload"`), so a slow mirror backend cannot exhaust the proxy.
 //!
 //! Bodies: a request without a body is mirrored as is; a request whose body is declared
 //! (`Content-Length`) at most [`MAX_MIRROR_BODY`] bytes is buffered once and sent to both the
@@ -76,6 +78,12 @@ pub(crate) fn spawn(
         let Ok(mut copy) = builder.body(full(req.body.clone())) else {
             continue;
         };
+        let Ok(slot) = shared.mirror_slots.clone().try_acquire_owned() else {
+            shared
+                .metrics
+                .upstream_error(UpstreamErrorKind::MirrorOverload);
+            continue;
+        };
         *copy.headers_mut() = req.headers.clone();
         let shared = shared.clone();
         let protocol = balancer.protocol;
@@ -93,6 +101,7 @@ pub(crate) fn spawn(
             if !matches!(sent, Ok(Ok(()))) {
                 shared.metrics.upstream_error(UpstreamErrorKind::Mirror);
             }
+            drop(slot);
         });
     }
 }

@@ -53,6 +53,11 @@ pub struct ProxyOptions {
     /// A stream on a TLS (TLSRoute) port with no byte in either direction for this long is
     /// closed. Default 1 hour.
     pub stream_idle_timeout: Duration,
+    /// Most mirror copies (RequestMirror) in flight at once; a copy past it is not sent
+    /// (counted as `tollgate_upstream_errors_total{kind="mirror_overload"}`), so a slow or
+    /// unreachable mirror backend cannot pile up tasks, sockets and buffered bodies. Default
+    /// 1024.
+    pub max_mirrors_in_flight: usize,
 }
 
 impl ProxyOptions {
@@ -79,6 +84,7 @@ impl Default for ProxyOptions {
             max_body_bytes: 10 * 1024 * 1024,
             rate_limiter: None,
             stream_idle_timeout: Duration::from_secs(3600),
+            max_mirrors_in_flight: 1024,
         }
     }
 }
@@ -134,6 +140,8 @@ pub(crate) struct Shared {
     pub idle: Notify,
     /// Auth caches and rate-limit counters, shared by every snapshot.
     pub policy: PolicyRuntime,
+    /// One permit per mirror copy in flight ([`ProxyOptions::max_mirrors_in_flight`]).
+    pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug)]
@@ -178,6 +186,7 @@ impl Proxy {
             server: listener::server_builder(limits.max_header_bytes),
             connections: AtomicUsize::new(0),
             idle: Notify::new(),
+            mirror_slots: Arc::new(tokio::sync::Semaphore::new(opts.max_mirrors_in_flight)),
         };
         Self {
             inner: Arc::new(Inner {

@@ -187,6 +187,56 @@ async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
     assert!(seen.iter().any(|v| v["path"] == "/m/get"));
 }
 
+/// A mirror backend that answers only after 5 s, with room for 3 copies in flight: of 8
+/// requests, 3 are mirrored and 5 copies are dropped and counted; every client is answered by
+/// the main backend; once those copies end, mirroring resumes.
+#[tokio::test]
+async fn mirror_copies_in_flight_are_bounded() {
+    let main = echo_backend("main").await;
+    let shadow = slow_backend("shadow", 5_000).await;
+    let r = with_filters(
+        route("r", "/", vec![wb("main", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 1_000_000,
+            sampler: Default::default(),
+        })],
+    );
+    let metrics = metrics();
+    let opts = tollgate_proxy::ProxyOptions {
+        metrics: metrics.clone(),
+        max_mirrors_in_flight: 3,
+        ..tollgate_proxy::ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![r],
+        vec![
+            ("main", backend_of(&[&main])),
+            ("shadow", backend_of(&[&shadow])),
+        ],
+    )
+    .await;
+    let c = h1_client();
+    for i in 0..8 {
+        let a = get(&c, &format!("{url}/{i}")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.json()["backend"], "main");
+    }
+    assert_eq!(main.hits(), 8);
+    let overload = r#"tollgate_upstream_errors_total{kind="mirror_overload"} 5"#;
+    assert!(metrics.encode().contains(overload), "{}", metrics.encode());
+    assert!(eventually(|| shadow.hits() == 3).await);
+    // The three copies end after 5 s and free their slots.
+    tokio::time::sleep(std::time::Duration::from_millis(5_500)).await;
+    assert_eq!(
+        get(&c, &format!("{url}/again")).await.status,
+        StatusCode::OK
+    );
+    assert!(eventually(|| shadow.hits() == 4).await, "{}", shadow.hits());
+    assert!(metrics.encode().contains(overload), "{}", metrics.encode());
+}
+
 #[tokio::test]
 async fn slow_mirror_does_not_delay_the_main_response() {
     let main = echo_backend("main").await;
