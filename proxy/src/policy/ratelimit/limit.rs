@@ -9,7 +9,10 @@
 //! value is introduced by `|=`, and a counter expression that fails to evaluate (a missing
 //! header, a type error) contributes `|!` instead. Failing closed this way puts every request
 //! that lacks the value in one shared counter for "missing": a client cannot escape its limit
-//! by leaving out the header the counter is keyed on.
+//! by leaving out the header the counter is keyed on. A value longer than
+//! [`MAX_RAW_COUNTER_VALUE`] bytes is introduced by `|#` and replaced by its SHA-256 (in hex):
+//! counters keyed on a client's header then cost at most a few hundred bytes each, however
+//! long the values a client sends (a key is held in memory or Redis for its whole window).
 
 use std::sync::Arc;
 
@@ -192,9 +195,21 @@ pub(crate) fn encode_key(id: &str, values: &[Option<String>]) -> String {
     key
 }
 
-/// One counter value of a key: `|=` and the value escaped, or `|!` when it did not evaluate.
+/// Longest counter value kept as it is in a key; a longer one is hashed.
+pub const MAX_RAW_COUNTER_VALUE: usize = 256;
+
+/// One counter value of a key: `|=` and the value escaped, `|#` and the SHA-256 of a value
+/// over [`MAX_RAW_COUNTER_VALUE`] bytes, or `|!` when it did not evaluate.
 fn push_value(key: &mut String, v: Option<&str>) {
     match v {
+        Some(v) if v.len() > MAX_RAW_COUNTER_VALUE => {
+            use sha2::{Digest, Sha256};
+            use std::fmt::Write as _;
+            key.push_str("|#");
+            for b in Sha256::digest(v.as_bytes()) {
+                let _ = write!(key, "{b:02x}");
+            }
+        }
         Some(v) => {
             key.push_str("|=");
             escape_into(key, v);
@@ -379,5 +394,23 @@ mod tests {
         assert_eq!(policy_of("ns/pol/limit"), "ns/pol");
         assert_eq!(policy_of("ns/pol"), "ns/pol");
         assert_eq!(policy_of("x"), "x");
+    }
+
+    #[test]
+    fn long_counter_values_are_hashed_into_short_keys() {
+        let l = CompiledLimit::new(&limit(&["request.headers['x-user']"], &[])).unwrap();
+        let key_of = |v: &str| with_act(&[("x-user", v)], |a| l.key(a));
+        let at_limit = "a".repeat(MAX_RAW_COUNTER_VALUE);
+        assert_eq!(key_of(&at_limit), format!("shop/per-user/api|={at_limit}"));
+        let long = "b".repeat(60_000);
+        let key = key_of(&long);
+        assert_eq!(key.len(), "shop/per-user/api|#".len() + 64, "{key}");
+        assert!(key.starts_with("shop/per-user/api|#"));
+        assert_eq!(key_of(&long), key);
+        let other = format!("{}c", "b".repeat(59_999));
+        assert_ne!(key_of(&other), key);
+        // No raw value can look like a hashed one: its `|` would be escaped.
+        let forged = format!("x|#{}", &key["shop/per-user/api|#".len()..]);
+        assert_ne!(key_of(&forged), key);
     }
 }
