@@ -28,6 +28,12 @@ use crate::pool::{CONNECT_TIMEOUT, EndpointPool, PooledBody, Pools, UpstreamErro
 /// The pooled HTTP/2-only client (h2c).
 type H2Client = Client<HttpConnector, ProxyBody>;
 
+/// How often an h2c connection to a backend is PINGed when nothing arrives on it.
+const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long an unanswered PING is waited for before the connection (and any request on it,
+/// answered 502) is given up.
+const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Upstream connections: HTTP/1.1 pools by endpoint address, and the h2c client.
 #[derive(Debug)]
 pub(crate) struct Upstream {
@@ -46,6 +52,12 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .http2_only(true)
+            // A backend that goes silent without closing (its node died) is given up once a
+            // PING goes unanswered, not when TCP gives up minutes later; idle connections are
+            // checked too, so a request never starts on a dead one.
+            .http2_keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
+            .http2_keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         Self {
             pools: Pools::default(),

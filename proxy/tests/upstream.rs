@@ -10,7 +10,7 @@ use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio_tungstenite::tungstenite::Message;
-use tollgate_api::{BackendProtocol, Filter, LoadBalancer, Mirror};
+use tollgate_api::{Backend, BackendProtocol, Filter, LoadBalancer, Mirror};
 
 #[tokio::test]
 async fn weighted_split_sends_to_both_and_never_to_weight_zero() {
@@ -112,6 +112,34 @@ async fn h2c_backend_gets_http2() {
         );
         assert_eq!(a.upstream_header("host").as_deref(), Some("svc.example"));
     }
+}
+
+/// An h2c backend that goes silent without closing (forwarding stops, sockets stay open)
+/// while a request waits on it: HTTP/2 PINGs go unanswered, the connection is given up and
+/// the client gets 502, instead of waiting until TCP gives up (minutes).
+#[tokio::test]
+async fn a_silent_h2c_backend_is_given_up() {
+    let h2 = h2_backend("h2").await;
+    let relay = Relay::start(h2.addr).await;
+    let be = Backend {
+        protocol: BackendProtocol::H2c,
+        load_balancer: LoadBalancer::default(),
+        endpoints: vec![relay.endpoint()],
+    };
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+    let c = h1_client();
+    assert_eq!(
+        get(&c, &format!("{url}/first")).await.status,
+        StatusCode::OK
+    );
+    relay.freeze();
+    let a = tokio::time::timeout(
+        std::time::Duration::from_secs(90),
+        get(&c, &format!("{url}/second")),
+    )
+    .await
+    .expect("the request still waits on the silent backend after 90 s");
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
 }
 
 #[tokio::test]

@@ -182,6 +182,73 @@ fn headers_json(h: &HeaderMap) -> Value {
     Value::Object(m)
 }
 
+/// A TCP relay to a backend whose forwarding can be stopped, in both directions, with every
+/// socket kept open: a peer that went silent without closing (a node that died).
+pub struct Relay {
+    pub addr: SocketAddr,
+    frozen: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Relay {
+    pub async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = Arc::new(tokio::sync::watch::Sender::new(false));
+        let watch = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, watch.subscribe()));
+                tokio::spawn(pipe(sr, cw, watch.subscribe()));
+            }
+        });
+        Relay { addr, frozen }
+    }
+
+    /// Stops forwarding: bytes read from now on are held.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            ip: self.addr.ip().to_string(),
+            port: self.addr.port(),
+        }
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        loop {
+            let held = *frozen.borrow_and_update();
+            if !held {
+                break;
+            }
+            if frozen.changed().await.is_err() {
+                return;
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
 // ---- route-table builders ----
 
 pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
