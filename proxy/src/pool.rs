@@ -35,6 +35,30 @@ use crate::body::{BoxError, ProxyBody};
 const MAX_IDLE_PER_ENDPOINT: usize = 256;
 /// How often idle connections are swept; one idle through two sweeps is closed.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// TCP keepalive of upstream connections: probes after this long without traffic...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// ...every this long...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// ...and this many unanswered end the connection: a backend whose node died without a
+/// reset, while a request waits for its answer, fails that request about a minute later
+/// instead of holding it until TCP gives up (minutes to hours).
+const KEEPALIVE_RETRIES: u32 = 3;
+/// Data the backend has not acknowledged for this long ends the connection
+/// (`TCP_USER_TIMEOUT`): the same for a request still being sent.
+const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sets [`KEEPALIVE_IDLE`] and the rest on an upstream socket.
+fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
+    let sock = socket2::SockRef::from(stream);
+    sock.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES),
+    )?;
+    sock.set_tcp_user_timeout(Some(UNACKED_TIMEOUT))
+}
+
 /// How long a TCP connect to an endpoint may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -165,6 +189,7 @@ impl EndpointPool {
             .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?
             .map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
+        let _ = dead_peer_detection(&stream);
         let (tx, conn) = http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))

@@ -142,6 +142,55 @@ async fn a_silent_h2c_backend_is_given_up() {
     assert_eq!(a.status, StatusCode::BAD_GATEWAY);
 }
 
+/// An HTTP/1.1 upstream connection has TCP keepalive armed (first probe 30 s after its last
+/// traffic): a backend that vanishes without a reset while a request waits is noticed after
+/// the probes go unanswered (about a minute), not when TCP gives up. Read from the kernel's
+/// own view of the proxy's socket (`/proc/net/tcp`: timer 2 is keepalive, in 1/100 s).
+#[tokio::test]
+async fn upstream_connections_probe_a_silent_backend() {
+    let b = echo_backend("b").await;
+    let (_p, url) = proxy_with(
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    assert_eq!(
+        get(&h1_client(), &format!("{url}/")).await.status,
+        StatusCode::OK
+    );
+    let peer = format!("0100007F:{:04X}", b.addr.port());
+    let timers = || {
+        let rows = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        rows.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // rem_address, state ESTABLISHED: the proxy's end of the upstream connection.
+                (f.get(2) == Some(&peer.as_str()) && f.get(3) == Some(&"01")).then(|| {
+                    let (tr, when) = f[5].split_once(':').unwrap();
+                    (
+                        u32::from_str_radix(tr, 16).unwrap(),
+                        u64::from_str_radix(when, 16).unwrap(),
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Right after the exchange another timer (a delayed ACK) may still be pending.
+    let armed = eventually(|| {
+        let t = timers();
+        !t.is_empty()
+            && t.iter()
+                .all(|&(tr, when)| tr == 2 && when > 0 && when <= 3_000)
+    })
+    .await;
+    assert!(
+        armed,
+        "upstream sockets (timer, 1/100 s left): {:?}",
+        timers()
+    );
+}
+
 #[tokio::test]
 async fn websocket_upgrade_is_spliced_end_to_end() {
     let b = echo_backend("ws").await;
