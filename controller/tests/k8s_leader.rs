@@ -331,6 +331,95 @@ async fn failed_provisioning_is_retried_during_endpoint_churn() {
     );
 }
 
+/// An admission webhook that never answers (every Deployment write waits out its 10 s
+/// timeout) and eight Gateways to provision: a route created meanwhile still gets its status
+/// within a minute, where one pass over all eight would take 80 s before writing any status
+/// (a provisioning pass stops starting work after its budget; the rest waits for the next).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_webhook_holds_back_no_route() {
+    use base64::Engine as _;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use kube::api::DeleteParams;
+    let env = TestEnv::new("hangwebhook").await;
+    // Accepts connections and never says a word (not even a TLS handshake).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let listener = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let ca = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .cert
+        .pem();
+    let name = format!("tollgate-test-{}", env.ns);
+    let _: ValidatingWebhookConfiguration = env
+        .apply_cluster(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "hang.tollgate.test",
+                "clientConfig": {
+                    "url": format!("https://127.0.0.1:{port}/"),
+                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca),
+                },
+                "rules": [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                           "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ns}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }],
+        }))
+        .await;
+    for i in 0..8 {
+        env.gateway(&format!("gw{i}"), &[("http", 80)]).await;
+    }
+    env.service("echo", 80, "10.2.0.2").await;
+    let ctl = env.controller(
+        "a",
+        &["--provision=true", "--proxy-image", "example/proxy:test"],
+    );
+    ctl.wait_ready().await;
+    wait_refused(&ctl).await;
+    env.route("r", json!([{"name": "gw0"}]), "echo", 80).await;
+    let written = eventually(Duration::from_secs(60), || async {
+        has_status(&env, "r").await.then_some(())
+    })
+    .await;
+    Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    listener.abort();
+    assert!(
+        written.is_some(),
+        "no status for the route within 60 s while provisioning hung:\n{}",
+        ctl.log()
+    );
+    // Once the webhook is gone, every Gateway is provisioned.
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    let all = eventually(Duration::from_secs(90), || async {
+        let n = deployments
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        (n == 8).then_some(())
+    })
+    .await;
+    assert!(
+        all.is_some(),
+        "not every Gateway provisioned:\n{}",
+        ctl.log()
+    );
+}
+
 /// Refuses every Deployment created or updated in the test's namespace (a
 /// ValidatingAdmissionPolicy and its binding, both named after the namespace); returns once
 /// the API server enforces it, with the name to pass to [`allow_deployments`].

@@ -128,6 +128,13 @@ struct Provisioned {
 /// deleted Deployment comes back within this period).
 const REPROVISION: Duration = Duration::from_secs(300);
 
+/// How long one reconcile goes on starting provisioning work: past it, the Gateways not
+/// reached are left for the next full reconcile ([`REPROVISION_RETRY`] later; least recently
+/// attempted first), so an API server or admission webhook that answers slowly holds status
+/// writes and the next table publication back by about this much (plus the calls in flight),
+/// not by its delay times the number of Gateways.
+pub const PROVISION_BUDGET: Duration = Duration::from_secs(10);
+
 /// The reconciler's state between reconciles.
 pub struct Reconciler {
     client: Client,
@@ -142,6 +149,8 @@ pub struct Reconciler {
     compiled: Output,
     versions: BTreeMap<ObjectKey, u64>,
     provisioned: BTreeMap<ObjectKey, Provisioned>,
+    /// When provisioning of each Gateway was last attempted (successful or not).
+    attempted: BTreeMap<ObjectKey, Instant>,
     /// resourceVersion each written object had when we planned its write: until the watch
     /// brings a newer one (the echo of our write), planning it again would be a duplicate.
     written: BTreeMap<(&'static str, ObjectKey), String>,
@@ -251,6 +260,7 @@ impl Reconciler {
             compiled: Output::default(),
             versions: BTreeMap::new(),
             provisioned: BTreeMap::new(),
+            attempted: BTreeMap::new(),
             written: BTreeMap::new(),
         }
     }
@@ -643,9 +653,19 @@ impl Reconciler {
         if cfg.is_none() && pki.is_none() {
             return true;
         }
+        let started = Instant::now();
         let mut all_done = true;
-        let keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
+        let tables = &self.compiled.tables;
+        self.attempted.retain(|k, _| tables.contains_key(k));
+        let mut keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
+        // Least recently attempted first (never attempted before all): when the budget stops
+        // a pass, the next one goes on with the Gateways this one did not reach.
+        keys.sort_by_key(|k| self.attempted.get(k).copied());
         for key in keys {
+            if started.elapsed() >= PROVISION_BUDGET {
+                all_done = false;
+                break;
+            }
             let r = ObjectRef::new(&key.name).within(&key.namespace);
             let Some(gw) = self
                 .stores
@@ -670,6 +690,7 @@ impl Reconciler {
             if fresh {
                 continue;
             }
+            self.attempted.insert(key.clone(), Instant::now());
             let mut done = true;
             if let Some(pki) = &pki {
                 let ca = pki.current();
@@ -713,6 +734,11 @@ impl Reconciler {
             .cloned()
             .collect();
         for key in gone {
+            if started.elapsed() >= PROVISION_BUDGET {
+                all_done = false;
+                break;
+            }
+            self.attempted.remove(&key);
             if cfg.is_some()
                 && let Err(e) = bounded(
                     self.settings.api_timeout,
