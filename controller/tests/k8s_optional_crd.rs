@@ -123,19 +123,7 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kind_rbac_forbids_is_an_empty_store_too() {
     // A controller whose ClusterRole predates TLSRoutes: listing them is forbidden (403).
-    let kc = kube::config::Kubeconfig::read_from(k8s_support::kubeconfig()).unwrap();
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    cfg.auth_info.impersonate = Some("tollgate-test-no-rbac".into());
-    let nobody = kube::Client::try_from(cfg).unwrap();
-    let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = Api::all(nobody);
-    let denied = api.list_metadata(&Default::default()).await.unwrap_err();
-    assert!(
-        matches!(&denied, kube::Error::Api(s) if s.code == 403),
-        "{denied}"
-    );
-
+    let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = forbidden().await;
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let (store, task) = watch_optional(api, Kind::TlsRoute, Duration::from_secs(30), &tx, &metrics);
@@ -175,18 +163,7 @@ async fn a_missing_policy_crd_is_an_empty_store() {
 /// stays unlisted (and the controller not Ready).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_kind_rbac_forbids_is_never_empty() {
-    let kc = kube::config::Kubeconfig::read_from(k8s_support::kubeconfig()).unwrap();
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    cfg.auth_info.impersonate = Some("tollgate-test-no-rbac".into());
-    let nobody = kube::Client::try_from(cfg).unwrap();
-    let api: Api<Lenient<tollgate::crds::AuthPolicy>> = Api::all(nobody);
-    let denied = api.list_metadata(&Default::default()).await.unwrap_err();
-    assert!(
-        matches!(&denied, kube::Error::Api(s) if s.code == 403),
-        "{denied}"
-    );
+    let api: Api<Lenient<tollgate::crds::AuthPolicy>> = forbidden().await;
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let (store, task) =
@@ -196,4 +173,24 @@ async fn a_policy_kind_rbac_forbids_is_never_empty() {
     let ready = tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready()).await;
     assert!(ready.is_err(), "a forbidden policy kind read as empty");
     task.abort();
+}
+
+/// The API of `K` for a user RBAC grants nothing, checked to answer 403.
+async fn forbidden<K>() -> Api<Lenient<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let kc = kube::config::Kubeconfig::read_from(k8s_support::kubeconfig()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info.impersonate = Some("tollgate-test-no-rbac".into());
+    let nobody = kube::Client::try_from(cfg).unwrap();
+    let api: Api<Lenient<K>> = Api::all(nobody);
+    let denied = api.list_metadata(&Default::default()).await.unwrap_err();
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.code == 403),
+        "{denied}"
+    );
+    api
 }

@@ -118,17 +118,7 @@ async fn an_unreadable_certificate_rejects_no_listener() {
         ctl.log()
     );
     allow_secret_reads(&env, &user).await;
-    let resolved = eventually(WAIT, || async {
-        let r = listener_cond(&env, "ResolvedRefs").await?;
-        (r.0 == "True").then_some(r)
-    })
-    .await;
-    assert!(
-        resolved.is_some(),
-        "not resolved once readable: {:?}\n{}",
-        listener_cond(&env, "ResolvedRefs").await,
-        ctl.log()
-    );
+    wait_resolved(&env, &ctl).await;
 }
 
 /// Past the grace period the controller compiles without the unreadable certificate (the
@@ -151,14 +141,20 @@ async fn an_unreadable_certificate_is_rejected_after_the_grace_period() {
     );
     assert!(ctl.log().contains("still unreadable"), "{}", ctl.log());
     allow_secret_reads(&env, &user).await;
+    wait_resolved(&env, &ctl).await;
+}
+
+/// Waits for the listener's `ResolvedRefs=True`.
+async fn wait_resolved(env: &TestEnv, ctl: &ControllerProc) {
     let resolved = eventually(WAIT, || async {
-        let r = listener_cond(&env, "ResolvedRefs").await?;
+        let r = listener_cond(env, "ResolvedRefs").await?;
         (r.0 == "True").then_some(r)
     })
     .await;
     assert!(
         resolved.is_some(),
-        "not resolved once readable:\n{}",
+        "not resolved once readable: {:?}\n{}",
+        listener_cond(env, "ResolvedRefs").await,
         ctl.log()
     );
 }

@@ -269,16 +269,7 @@ async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
 /// the main backend; once those copies end, mirroring resumes.
 #[tokio::test]
 async fn mirror_copies_in_flight_are_bounded() {
-    let main = echo_backend("main").await;
-    let shadow = slow_backend("shadow", 5_000).await;
-    let r = with_filters(
-        route("r", "/", vec![wb("main", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 1_000_000,
-            sampler: Default::default(),
-        })],
-    );
+    let (main, shadow, r) = mirrored_to_a_slow_backend().await;
     let metrics = metrics();
     let opts = tollgate_proxy::ProxyOptions {
         metrics: metrics.clone(),
@@ -316,17 +307,7 @@ async fn mirror_copies_in_flight_are_bounded() {
 
 #[tokio::test]
 async fn slow_mirror_does_not_delay_the_main_response() {
-    let main = echo_backend("main").await;
-    let shadow = slow_backend("shadow", 5_000).await;
-    let r = with_filters(
-        route("r", "/", vec![wb("main", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 1_000_000,
-            sampler: Default::default(),
-        })],
-    );
-    let mut r = r;
+    let (main, shadow, mut r) = mirrored_to_a_slow_backend().await;
     // Were the mirror awaited, this request would time out.
     r.timeouts.request_ms = Some(2_000);
     let (_p, url) = proxy_with(
@@ -341,4 +322,20 @@ async fn slow_mirror_does_not_delay_the_main_response() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.json()["backend"], "main");
     assert!(eventually(|| shadow.hits() == 1).await);
+}
+
+/// A main backend, a mirror backend answering after 5 s, and a route to main mirroring every
+/// request to it (backend keys `main` and `shadow`).
+async fn mirrored_to_a_slow_backend() -> (EchoBackend, EchoBackend, tollgate_api::Route) {
+    let main = echo_backend("main").await;
+    let shadow = slow_backend("shadow", 5_000).await;
+    let r = with_filters(
+        route("r", "/", vec![wb("main", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 1_000_000,
+            sampler: Default::default(),
+        })],
+    );
+    (main, shadow, r)
 }
