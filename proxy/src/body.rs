@@ -3,10 +3,12 @@
 //! ([`LimitedBody`]) and a response body ([`TrackedBody`]) that reports how many bytes went
 //! out once the response is finished, so the access log and metrics see the whole exchange.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -34,21 +36,51 @@ pub(crate) fn empty() -> ProxyBody {
 #[error("request body exceeds the limit")]
 pub(crate) struct BodyTooLarge;
 
-/// A request body that fails (and raises `exceeded`) past `remaining` bytes.
+/// The client sent no request body bytes for the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("request body idle for too long")]
+pub(crate) struct BodyIdle;
+
+/// What went wrong with a request body, for the answer (413 or 408); set by [`LimitedBody`].
+#[derive(Debug, Default)]
+pub(crate) struct BodyFault(AtomicU8);
+
+impl BodyFault {
+    const TOO_LARGE: u8 = 1;
+    const IDLE: u8 = 2;
+
+    /// The body went past the size limit.
+    pub fn too_large(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::TOO_LARGE
+    }
+
+    /// The client stopped sending the body.
+    pub fn idle(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::IDLE
+    }
+}
+
+/// A request body that fails past `remaining` bytes, or when the client sends nothing for
+/// `idle_timeout` while more is due, and records which in `fault`.
 #[derive(Debug)]
 pub(crate) struct LimitedBody {
     inner: Incoming,
     remaining: u64,
-    exceeded: Arc<AtomicBool>,
+    fault: Arc<BodyFault>,
+    idle_timeout: Duration,
+    /// Armed the first time the client keeps us waiting; pushed back by every frame.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl LimitedBody {
-    /// Wraps `inner`; `exceeded` is set when the limit is crossed.
-    pub fn new(inner: Incoming, limit: u64, exceeded: Arc<AtomicBool>) -> Self {
+    /// Wraps `inner`.
+    pub fn new(inner: Incoming, limit: u64, idle_timeout: Duration, fault: Arc<BodyFault>) -> Self {
         Self {
             inner,
             remaining: limit,
-            exceeded,
+            fault,
+            idle_timeout,
+            idle: None,
         }
     }
 }
@@ -66,16 +98,30 @@ impl Body for LimitedBody {
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > self.remaining {
-                        self.exceeded.store(true, Ordering::Release);
+                        self.fault.0.store(BodyFault::TOO_LARGE, Ordering::Release);
                         return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
                     }
                     self.remaining -= len;
+                }
+                let timeout = self.idle_timeout;
+                if let Some(idle) = self.idle.as_mut() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + timeout);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let timeout = self.idle_timeout;
+                let idle = self
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if idle.as_mut().poll(cx).is_ready() {
+                    self.fault.0.store(BodyFault::IDLE, Ordering::Release);
+                    return Poll::Ready(Some(Err(Box::new(BodyIdle))));
+                }
+                Poll::Pending
+            }
         }
     }
 

@@ -5,7 +5,6 @@
 //! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,7 +16,7 @@ use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::body::{LimitedBody, ProxyBody, empty, full};
+use crate::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
 use crate::filters;
 use crate::forward::{self, X_REQUEST_ID};
 use crate::metrics::UpstreamErrorKind;
@@ -96,8 +95,8 @@ pub(crate) struct Call<'a> {
     pub endpoint: &'a EndpointState,
     pub path_and_query: &'a str,
     pub mirrors: &'a [&'a str],
-    /// Raised by the request body past the limit; `None` for a bodiless request.
-    pub exceeded: Option<&'a Arc<AtomicBool>>,
+    /// Set by the request body past the limit or when idle; `None` for a bodiless request.
+    pub fault: Option<&'a Arc<BodyFault>>,
     pub backend_timeout: Option<Duration>,
 }
 
@@ -124,9 +123,17 @@ impl Call<'_> {
 
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
     async fn prepare_body(&self, body: Incoming, parts: &Parts) -> Result<ProxyBody, Failure> {
-        let limit = self.shared.limits.max_body_bytes;
-        let flag = || self.exceeded.cloned().unwrap_or_default();
-        let limited = |body| LimitedBody::new(body, limit, flag()).boxed();
+        let limits = self.shared.limits;
+        let fault = || self.fault.cloned().unwrap_or_default();
+        let limited = |body| {
+            LimitedBody::new(
+                body,
+                limits.max_body_bytes,
+                limits.request_body_idle_timeout,
+                fault(),
+            )
+            .boxed()
+        };
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {
                 empty()
@@ -200,10 +207,13 @@ pub(crate) enum Failure {
 pub(crate) fn failure_response(
     shared: &Shared,
     f: Failure,
-    exceeded: Option<&AtomicBool>,
+    fault: Option<&BodyFault>,
 ) -> Response<ProxyBody> {
-    if exceeded.is_some_and(|e| e.load(Ordering::Acquire)) {
+    if fault.is_some_and(BodyFault::too_large) {
         return status(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    if fault.is_some_and(BodyFault::idle) {
+        return status(StatusCode::REQUEST_TIMEOUT);
     }
     let (kind, code) = match f {
         Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),

@@ -53,6 +53,10 @@ pub struct ProxyOptions {
     /// A stream on a TLS (TLSRoute) port with no byte in either direction for this long is
     /// closed. Default 1 hour.
     pub stream_idle_timeout: Duration,
+    /// A request body the client stops sending for this long (more being due) ends the
+    /// request: 408 when no answer has started, and the upstream request is abandoned, so a
+    /// client trickling a body cannot hold an upstream connection for ever. Default 60 s.
+    pub request_body_idle_timeout: Duration,
     /// Most mirror copies (RequestMirror) in flight at once; a copy past it is not sent
     /// (counted as `tollgate_upstream_errors_total{kind="mirror_overload"}`), so a slow or
     /// unreachable mirror backend cannot pile up tasks, sockets and buffered bodies. Default
@@ -85,6 +89,7 @@ impl Default for ProxyOptions {
             rate_limiter: None,
             stream_idle_timeout: Duration::from_secs(3600),
             max_mirrors_in_flight: 1024,
+            request_body_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -95,6 +100,7 @@ pub(crate) struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
     pub stream_idle_timeout: Duration,
+    pub request_body_idle_timeout: Duration,
 }
 
 /// Per-port runtime state of a snapshot.
@@ -167,6 +173,7 @@ impl Proxy {
             max_header_bytes: opts.max_header_bytes,
             max_body_bytes: opts.max_body_bytes,
             stream_idle_timeout: opts.stream_idle_timeout,
+            request_body_idle_timeout: opts.request_body_idle_timeout,
         };
         let limiter = match opts.rate_limiter.clone() {
             Some(l) => l,

@@ -20,7 +20,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -31,7 +30,7 @@ use hyper::body::{Body as _, Incoming};
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
-use crate::body::{OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::body::{BodyFault, OnComplete, ProxyBody, TrackedBody, empty, full};
 use crate::call::{Call, Failure, UpstreamHead, failure_response, response_filters};
 use crate::filters::{self, RequestView};
 use crate::forward;
@@ -438,8 +437,8 @@ async fn proxy(
         .timeouts
         .request_ms
         .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
-    // Only a request with a body can exceed the body limit.
-    let exceeded = (!body.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+    // Only a request with a body can exceed the body limit or stall it.
+    let fault = (!body.is_end_stream()).then(|| Arc::new(BodyFault::default()));
     let call = Call {
         shared,
         snapshot,
@@ -447,7 +446,7 @@ async fn proxy(
         endpoint: guard.endpoint(),
         path_and_query: pq,
         mirrors: &plan.mirrors,
-        exceeded: exceeded.as_ref(),
+        fault: fault.as_ref(),
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {
@@ -466,7 +465,7 @@ async fn proxy(
             client.origin.as_ref(),
             client_upgrade,
         ),
-        Err(f) => failure_response(shared, f, exceeded.as_deref()),
+        Err(f) => failure_response(shared, f, fault.as_deref()),
     };
     if let Some(decision) = rate_limit {
         decision.insert_headers(resp.headers_mut());

@@ -257,6 +257,53 @@ async fn strips_hop_by_hop_headers_both_ways() {
     assert_eq!(a.headers["x-backend"], "b");
 }
 
+/// A client that stops sending a request body it announced (1 s idle timeout here) gets 408
+/// and the upstream request is abandoned; one that sends slowly but steadily (every 300 ms,
+/// for longer than the timeout in all) is served.
+#[tokio::test]
+async fn a_stalled_request_body_gets_408_and_a_slow_one_is_served() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = echo_backend("b").await;
+    let opts = ProxyOptions {
+        request_body_idle_timeout: Duration::from_secs(1),
+        ..ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let addr = url.trim_start_matches("http://").to_owned();
+
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /stall HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhello")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(read.is_ok(), "no answer 20 s into the stall: {out:?}");
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(
+        b"POST /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 8\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.write_all(b"z").await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("zzzzzzzz"), "{out}");
+}
+
 #[tokio::test]
 async fn oversized_headers_get_431_and_bodies_413() {
     let b = echo_backend("b").await;
