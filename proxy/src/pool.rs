@@ -36,15 +36,16 @@ const MAX_IDLE_PER_ENDPOINT: usize = 256;
 /// How often idle connections are swept; one idle through two sweeps is closed.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// TCP keepalive of upstream connections: probes after this long without traffic...
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 /// ...every this long...
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ...and this many unanswered end the connection: a backend whose node died without a
 /// reset, while a request waits for its answer, fails that request about a minute later
 /// instead of holding it until TCP gives up (minutes to hours).
-const KEEPALIVE_RETRIES: u32 = 3;
+pub(crate) const KEEPALIVE_RETRIES: u32 = 3;
 /// Data the backend has not acknowledged for this long ends the connection
-/// (`TCP_USER_TIMEOUT`): the same for a request still being sent.
+/// (`TCP_USER_TIMEOUT`, Linux only): the same for a request still being sent.
+#[cfg(target_os = "linux")]
 const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sets [`KEEPALIVE_IDLE`] and the rest on an upstream socket.
@@ -56,7 +57,9 @@ fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
             .with_interval(KEEPALIVE_INTERVAL)
             .with_retries(KEEPALIVE_RETRIES),
     )?;
-    sock.set_tcp_user_timeout(Some(UNACKED_TIMEOUT))
+    #[cfg(target_os = "linux")]
+    sock.set_tcp_user_timeout(Some(UNACKED_TIMEOUT))?;
+    Ok(())
 }
 
 /// How long a TCP connect to an endpoint may take.

@@ -23,16 +23,13 @@ use tollgate_api::{Backend, BackendProtocol, LoadBalancer, WeightedBackend};
 
 use crate::FastMap;
 use crate::body::ProxyBody;
-use crate::pool::{CONNECT_TIMEOUT, EndpointPool, PooledBody, Pools, UpstreamError};
+use crate::pool::{
+    CONNECT_TIMEOUT, EndpointPool, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES,
+    PooledBody, Pools, UpstreamError,
+};
 
 /// The pooled HTTP/2-only client (h2c).
 type H2Client = Client<HttpConnector, ProxyBody>;
-
-/// How often an h2c connection to a backend is PINGed when nothing arrives on it.
-const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// How long an unanswered PING is waited for before the connection (and any request on it,
-/// answered 502) is given up.
-const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Upstream connections: HTTP/1.1 pools by endpoint address, and the h2c client.
 #[derive(Debug)]
@@ -47,17 +44,17 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // Dead peers are found by TCP keepalive, as on HTTP/1.1 connections, not by HTTP/2
+        // PINGs: gRPC servers by default answer a client that PINGs more often than every
+        // five minutes (or PINGs an idle connection) with GOAWAY "too_many_pings".
+        connector.set_keepalive(Some(KEEPALIVE_IDLE));
+        connector.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+        connector.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
         let h2 = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .http2_only(true)
-            // A backend that goes silent without closing (its node died) is given up once a
-            // PING goes unanswered, not when TCP gives up minutes later; idle connections are
-            // checked too, so a request never starts on a dead one.
-            .http2_keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
-            .http2_keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT)
-            .http2_keep_alive_while_idle(true)
             .build(connector);
         Self {
             pools: Pools::default(),
