@@ -61,20 +61,25 @@ impl BodyFault {
 }
 
 /// A request body that fails past `remaining` bytes, or when the client sends nothing for
-/// `idle_timeout` while more is due, and records which in `fault`.
+/// `idle_timeout` (if any) while more is due, and records which in `fault`.
 #[derive(Debug)]
 pub(crate) struct LimitedBody {
     inner: Incoming,
     remaining: u64,
     fault: Arc<BodyFault>,
-    idle_timeout: Duration,
+    idle_timeout: Option<Duration>,
     /// Armed the first time the client keeps us waiting; pushed back by every frame.
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl LimitedBody {
     /// Wraps `inner`.
-    pub fn new(inner: Incoming, limit: u64, idle_timeout: Duration, fault: Arc<BodyFault>) -> Self {
+    pub fn new(
+        inner: Incoming,
+        limit: u64,
+        idle_timeout: Option<Duration>,
+        fault: Arc<BodyFault>,
+    ) -> Self {
         Self {
             inner,
             remaining: limit,
@@ -103,8 +108,7 @@ impl Body for LimitedBody {
                     }
                     self.remaining -= len;
                 }
-                let timeout = self.idle_timeout;
-                if let Some(idle) = self.idle.as_mut() {
+                if let (Some(timeout), Some(idle)) = (self.idle_timeout, self.idle.as_mut()) {
                     idle.as_mut().reset(tokio::time::Instant::now() + timeout);
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -112,7 +116,9 @@ impl Body for LimitedBody {
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                let timeout = self.idle_timeout;
+                let Some(timeout) = self.idle_timeout else {
+                    return Poll::Pending;
+                };
                 let idle = self
                     .idle
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));

@@ -97,6 +97,8 @@ pub(crate) struct Call<'a> {
     pub mirrors: &'a [&'a str],
     /// Set by the request body past the limit or when idle; `None` for a bodiless request.
     pub fault: Option<&'a Arc<BodyFault>>,
+    /// How long the client may leave the request body waiting; `None`: without bound.
+    pub body_idle_timeout: Option<Duration>,
     pub backend_timeout: Option<Duration>,
 }
 
@@ -126,13 +128,7 @@ impl Call<'_> {
         let limits = self.shared.limits;
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {
-            LimitedBody::new(
-                body,
-                limits.max_body_bytes,
-                limits.request_body_idle_timeout,
-                fault(),
-            )
-            .boxed()
+            LimitedBody::new(body, limits.max_body_bytes, self.body_idle_timeout, fault()).boxed()
         };
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {

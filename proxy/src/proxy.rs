@@ -53,9 +53,11 @@ pub struct ProxyOptions {
     /// A stream on a TLS (TLSRoute) port with no byte in either direction for this long is
     /// closed. Default 1 hour.
     pub stream_idle_timeout: Duration,
-    /// A request body the client stops sending for this long (more being due) ends the
-    /// request: 408 when no answer has started, and the upstream request is abandoned, so a
-    /// client trickling a body cannot hold an upstream connection for ever. Default 60 s.
+    /// An HTTP/1.x request body the client stops sending for this long (more being due)
+    /// ends the request: 408 when no answer has started, and the upstream request is
+    /// abandoned, so a client trickling a body cannot hold an upstream connection for ever.
+    /// Not for HTTP/2 requests, whose bodies (gRPC streams) may rightly stay quiet while the
+    /// answer streams. Default 60 s.
     pub request_body_idle_timeout: Duration,
     /// Most mirror copies (RequestMirror) in flight at once; a copy past it is not sent
     /// (counted as `tollgate_upstream_errors_total{kind="mirror_overload"}`), so a slow or

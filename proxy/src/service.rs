@@ -429,6 +429,10 @@ async fn proxy(
         protocol,
         upgrade,
     };
+    // HTTP/1.x bodies only: an HTTP/2 request body (a gRPC stream) may rightly stay quiet
+    // while its answer streams.
+    let body_idle_timeout =
+        (parts.version < Version::HTTP_2).then_some(shared.limits.request_body_idle_timeout);
     if let Err(code) = head.apply(&mut parts) {
         return status(code);
     }
@@ -447,6 +451,7 @@ async fn proxy(
         path_and_query: pq,
         mirrors: &plan.mirrors,
         fault: fault.as_ref(),
+        body_idle_timeout,
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {

@@ -304,6 +304,57 @@ async fn a_stalled_request_body_gets_408_and_a_slow_one_is_served() {
     assert!(out.contains("zzzzzzzz"), "{out}");
 }
 
+/// An HTTP/2 request body (a gRPC stream) may pause longer than the idle timeout: it is
+/// not cut off.
+#[tokio::test]
+async fn an_http2_request_body_may_pause() {
+    use std::time::Duration;
+    let b = echo_backend("b").await;
+    let opts = ProxyOptions {
+        request_body_idle_timeout: Duration::from_secs(1),
+        ..ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        let data = rx.recv().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(data)),
+            rx,
+        ))
+    });
+    let body = http_body_util::StreamBody::new(Box::pin(frames));
+    let req = Request::post(format!("{url}/stream")).body(body).unwrap();
+    let answer = tokio::spawn(async move { sender.send_request(req).await });
+    tx.send(Bytes::from_static(b"a")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tx.send(Bytes::from_static(b"b")).await.unwrap();
+    drop(tx);
+    let resp = answer.await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["body"], "ab");
+}
+
 #[tokio::test]
 async fn oversized_headers_get_431_and_bodies_413() {
     let b = echo_backend("b").await;
