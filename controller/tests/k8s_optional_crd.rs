@@ -2,8 +2,7 @@
 //! while its CRD is not installed the store counts as listed and empty, so the controller
 //! starts and serves everything else; once the CRD is installed the watch starts by itself
 //! and the store follows the objects. A test CRD stands in for TLSRoute so the cluster's
-//! Gateway API CRDs (which other tests use) are never removed. Policies are optional while
-//! their CRD is missing, but a policy kind the controller may not list never reads as empty.
+//! Gateway API CRDs (which other tests use) are never removed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -32,18 +31,6 @@ use k8s_support::{TestEnv, eventually};
     namespaced
 )]
 struct WidgetSpec {
-    size: u32,
-}
-
-/// A kind no cluster here ever serves (its CRD is never installed).
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "absent.test.tollgate.dev",
-    version = "v1",
-    kind = "Gizmo",
-    namespaced
-)]
-struct GizmoSpec {
     size: u32,
 }
 
@@ -132,46 +119,6 @@ async fn a_kind_rbac_forbids_is_an_empty_store_too() {
         .expect("a store of a forbidden kind never became ready")
         .unwrap();
     assert!(store.state().is_empty());
-    task.abort();
-}
-
-/// AuthPolicy's (or RateLimitPolicy's) CRD not installed: no policy can exist, so the store is
-/// listed and empty and the controller serves routes as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_policy_crd_is_an_empty_store() {
-    let env = TestEnv::new("optional-policy").await;
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let api: Api<Lenient<Gizmo>> = Api::all(env.client.clone());
-    let (store, task) = watch_optional(
-        api,
-        Kind::AuthPolicy,
-        Duration::from_secs(30),
-        &tx,
-        &metrics,
-    );
-    tokio::time::timeout(WAIT, store.wait_until_ready())
-        .await
-        .expect("the store of a policy kind without its CRD never became ready")
-        .unwrap();
-    assert!(store.state().is_empty());
-    task.abort();
-}
-
-/// A policy kind the controller may not list (403) does not read as "no policies": routes
-/// would then be served without the authentication the controller cannot see. Its store
-/// stays unlisted (and the controller not Ready).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_policy_kind_rbac_forbids_is_never_empty() {
-    let api: Api<Lenient<tollgate::crds::AuthPolicy>> = forbidden().await;
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let (store, task) =
-        watch_optional(api, Kind::AuthPolicy, Duration::from_secs(1), &tx, &metrics);
-    // A TLSRoute store in the same position is ready at once (the test above); this one is
-    // not after several retries.
-    let ready = tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready()).await;
-    assert!(ready.is_err(), "a forbidden policy kind read as empty");
     task.abort();
 }
 

@@ -19,11 +19,7 @@
 //! serving HTTP. When the API server does not serve `gateway.networking.k8s.io/v1` TLSRoute
 //! (404) or forbids listing it (403), its store counts as listed and empty (a warning says
 //! so) and the API is asked again every [`OPTIONAL_RETRY`]; once it can be listed the watch
-//! starts, without a restart. RateLimitPolicy and AuthPolicy are optional the same way while
-//! their CRDs are not installed (no policy can exist then, so routes serve as before), but
-//! not when listing them is forbidden: a policy the controller may not read must not read as
-//! none (routes would be served without their authentication), so the controller then waits,
-//! not Ready, logging why.
+//! starts, without a restart.
 //!
 //! A malformed object (valid for the API server, not for our types) is stored as
 //! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
@@ -92,12 +88,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Whether a kind the controller may not list (403) is treated as having no objects.
-    /// Never for policies: routes would be served without the policies it cannot read.
-    pub fn forbidden_is_empty(self) -> bool {
-        !matches!(self, Self::RateLimitPolicy | Self::AuthPolicy)
-    }
-
     /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -242,14 +232,10 @@ impl Stores {
         tasks.push(t);
         let (namespaces, t) = w(Kind::Namespace).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
-        let (rate_limit_policies, t) = w(Kind::RateLimitPolicy).spawn_optional(
-            Api::all(client.clone()),
-            cfg(),
-            OPTIONAL_RETRY,
-        );
+        let (rate_limit_policies, t) =
+            w(Kind::RateLimitPolicy).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
-        let (auth_policies, t) =
-            w(Kind::AuthPolicy).spawn_optional(Api::all(client.clone()), cfg(), OPTIONAL_RETRY);
+        let (auth_policies, t) = w(Kind::AuthPolicy).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
@@ -423,27 +409,15 @@ impl Watch {
                     .await
                 {
                     // 404: the CRD is not installed. 403: our RBAC does not cover the kind
-                    // (an older ClusterRole). Either way, the other kinds must keep going;
-                    // unless a forbidden kind cannot read as empty (policies).
-                    Err(kube::Error::Api(e))
-                        if e.code == 404 || (e.code == 403 && self.kind.forbidden_is_empty()) =>
-                    {
+                    // (an older ClusterRole). Either way, the other kinds must keep going.
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
                         if !warned {
-                            let why = match (e.code, self.kind) {
-                                (404, Kind::RateLimitPolicy | Kind::AuthPolicy) => {
-                                    "the API server does not serve this kind (CRD not \
-                                     installed); apply Tollgate's CRDs (crds/ in the \
-                                     repository, or the chart's) to use it"
-                                }
-                                (404, _) => {
-                                    "the API server does not serve this kind (CRD not \
-                                     installed); install the Gateway API v1.5 standard CRDs \
-                                     to use it"
-                                }
-                                _ => {
-                                    "the controller may not list this kind (RBAC); upgrade \
-                                     the chart's ClusterRole to use it"
-                                }
+                            let why = if e.code == 404 {
+                                "the API server does not serve this kind (CRD not installed); \
+                                 install the Gateway API v1.5 standard CRDs to use it"
+                            } else {
+                                "the controller may not list this kind (RBAC); upgrade the \
+                                 chart's ClusterRole to use it"
                             };
                             warn!(
                                 kind = self.kind.as_str(),
