@@ -376,4 +376,28 @@ mod tests {
             Some((REPROVISION_RETRY, Relevance::Full))
         );
     }
+
+    #[test]
+    fn a_failed_pass_pauses_even_with_more_writes_due() {
+        use crate::k8s::reconcile::{Outcome, STATUS_RETRY};
+        // Writes that fail at once (an API server refusing connections) with more due, or a
+        // pass that could not read an object: one second, not straight away.
+        let failed = Outcome {
+            more: true,
+            retry: true,
+            ..Outcome::default()
+        };
+        assert_eq!(failed.wants(), Some((STATUS_RETRY, Relevance::Status)));
+        let stopped = Outcome {
+            more: true,
+            incomplete: true,
+            ..Outcome::default()
+        };
+        assert_eq!(stopped.wants(), Some((STATUS_RETRY, Relevance::Full)));
+        let more = Outcome {
+            more: true,
+            ..Outcome::default()
+        };
+        assert_eq!(more.wants(), Some((Duration::ZERO, Relevance::Status)));
+    }
 }

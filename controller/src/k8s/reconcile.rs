@@ -220,10 +220,12 @@ impl Outcome {
         } else {
             Relevance::Status
         };
-        if self.more {
-            Some((Duration::ZERO, relevance))
-        } else if self.retry || self.incomplete {
+        // A pass that failed pauses before the next, even with more writes due: failures that
+        // come back at once (an API server refusing connections) must not spin the loop.
+        if self.retry || self.incomplete {
             Some((STATUS_RETRY, relevance))
+        } else if self.more {
+            Some((Duration::ZERO, relevance))
         } else if self.reprovision || self.unread {
             Some((REPROVISION_RETRY, relevance))
         } else {
@@ -653,8 +655,37 @@ impl Reconciler {
         if cfg.is_none() && pki.is_none() {
             return true;
         }
-        let started = Instant::now();
         let mut all_done = true;
+        let gone: Vec<ObjectKey> = self
+            .provisioned
+            .keys()
+            .filter(|k| !self.compiled.tables.contains_key(*k))
+            .cloned()
+            .collect();
+        // Removals first, on a budget of their own: a Gateway whose provisioning hangs must
+        // not keep a deleted one's objects alive.
+        let removing = Instant::now();
+        for key in gone {
+            if removing.elapsed() >= PROVISION_BUDGET {
+                all_done = false;
+                break;
+            }
+            self.attempted.remove(&key);
+            if cfg.is_some()
+                && let Err(e) = bounded(
+                    self.settings.api_timeout,
+                    provision::deprovision(&self.client, &key.namespace, &key.name),
+                )
+                .await
+            {
+                warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
+                all_done = false;
+                continue;
+            }
+            info!(gateway = %key, "proxy deprovisioned");
+            self.provisioned.remove(&key);
+        }
+        let started = Instant::now();
         let tables = &self.compiled.tables;
         self.attempted.retain(|k, _| tables.contains_key(k));
         let mut keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
@@ -662,10 +693,6 @@ impl Reconciler {
         // a pass, the next one goes on with the Gateways this one did not reach.
         keys.sort_by_key(|k| self.attempted.get(k).copied());
         for key in keys {
-            if started.elapsed() >= PROVISION_BUDGET {
-                all_done = false;
-                break;
-            }
             let r = ObjectRef::new(&key.name).within(&key.namespace);
             let Some(gw) = self
                 .stores
@@ -689,6 +716,10 @@ impl Reconciler {
                 .is_some_and(|p| p.fingerprint == fingerprint && p.at.elapsed() < REPROVISION);
             if fresh {
                 continue;
+            }
+            if started.elapsed() >= PROVISION_BUDGET {
+                all_done = false;
+                break;
             }
             self.attempted.insert(key.clone(), Instant::now());
             let mut done = true;
@@ -726,32 +757,6 @@ impl Reconciler {
                 self.provisioned
                     .insert(key, Provisioned { fingerprint, at });
             }
-        }
-        let gone: Vec<ObjectKey> = self
-            .provisioned
-            .keys()
-            .filter(|k| !self.compiled.tables.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if started.elapsed() >= PROVISION_BUDGET {
-                all_done = false;
-                break;
-            }
-            self.attempted.remove(&key);
-            if cfg.is_some()
-                && let Err(e) = bounded(
-                    self.settings.api_timeout,
-                    provision::deprovision(&self.client, &key.namespace, &key.name),
-                )
-                .await
-            {
-                warn!(gateway = %key, error = %e, "deprovisioning failed; will retry");
-                all_done = false;
-                continue;
-            }
-            info!(gateway = %key, "proxy deprovisioned");
-            self.provisioned.remove(&key);
         }
         all_done
     }

@@ -198,15 +198,18 @@ impl Fetched {
     /// Replaces, in `inputs`, every referenced object whose payload was dropped with a fetched
     /// copy (fetching it when its resourceVersion changed), and forgets unreferenced ones. An
     /// object gone in the meantime (404) stays without its payload (the watch brings its
-    /// deletion); any other failure stops at that object and is returned.
+    /// deletion); any other failure leaves that object without it, the others are still
+    /// filled, and the first such failure is returned.
     pub async fn fill(
         &mut self,
         client: &Client,
         inputs: &mut Inputs,
         refs: &BTreeSet<RefKey>,
     ) -> Result<(), Unreadable> {
-        fill_kind(client, &mut inputs.secrets, &mut self.secrets, refs).await?;
-        fill_kind(client, &mut inputs.config_maps, &mut self.config_maps, refs).await
+        let secrets = fill_kind(client, &mut inputs.secrets, &mut self.secrets, refs).await;
+        let config_maps =
+            fill_kind(client, &mut inputs.config_maps, &mut self.config_maps, refs).await;
+        secrets.and(config_maps)
     }
 }
 
@@ -223,6 +226,7 @@ where
         + std::fmt::Debug,
 {
     fetched.retain(|(ns, name), _| refs.contains(&(K::KIND, ns.clone(), name.clone())));
+    let mut first_failure = Ok(());
     for o in objects.iter_mut() {
         if !omitted(o) {
             continue;
@@ -252,13 +256,17 @@ where
             reason,
         };
         match got {
-            Err(_) => return Err(unreadable(format!("no answer within {FETCH_TIMEOUT:?}"))),
+            Err(_) => {
+                first_failure = first_failure.and(Err(unreadable(format!(
+                    "no answer within {FETCH_TIMEOUT:?}"
+                ))));
+            }
             Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
                 // Deleted since the watch saw it: compiled without its payload, which is what
                 // its deletion (on its way through the watch) will compile to as well.
                 debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "a referenced object is gone");
             }
-            Ok(Err(e)) => return Err(unreadable(e.to_string())),
+            Ok(Err(e)) => first_failure = first_failure.and(Err(unreadable(e.to_string()))),
             Ok(Ok(mut full)) => {
                 debug!(kind = K::KIND, namespace = %key.0, name = %key.1, "fetched a referenced object's payload");
                 full.meta_mut().managed_fields = None;
@@ -268,7 +276,7 @@ where
             }
         }
     }
-    Ok(())
+    first_failure
 }
 
 #[cfg(test)]
