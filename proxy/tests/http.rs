@@ -257,6 +257,22 @@ async fn strips_hop_by_hop_headers_both_ways() {
     assert_eq!(a.headers["x-backend"], "b");
 }
 
+/// An echo backend behind a proxy whose request body idle timeout is 1 s.
+async fn proxy_with_a_1s_body_idle_timeout() -> (EchoBackend, tollgate_proxy::Proxy, String) {
+    let b = echo_backend("b").await;
+    let opts = ProxyOptions {
+        request_body_idle_timeout: std::time::Duration::from_secs(1),
+        ..ProxyOptions::default()
+    };
+    let (p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", backend_of(&[&b]))],
+    )
+    .await;
+    (b, p, url)
+}
+
 /// A client that stops sending a request body it announced (1 s idle timeout here) gets 408
 /// and the upstream request is abandoned; one that sends slowly but steadily (every 300 ms,
 /// for longer than the timeout in all) is served.
@@ -264,17 +280,7 @@ async fn strips_hop_by_hop_headers_both_ways() {
 async fn a_stalled_request_body_gets_408_and_a_slow_one_is_served() {
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let b = echo_backend("b").await;
-    let opts = ProxyOptions {
-        request_body_idle_timeout: Duration::from_secs(1),
-        ..ProxyOptions::default()
-    };
-    let (_p, url) = proxy_with_options(
-        opts,
-        vec![route("r", "/", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
+    let (_b, _p, url) = proxy_with_a_1s_body_idle_timeout().await;
     let addr = url.trim_start_matches("http://").to_owned();
 
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -309,17 +315,7 @@ async fn a_stalled_request_body_gets_408_and_a_slow_one_is_served() {
 #[tokio::test]
 async fn an_http2_request_body_may_pause() {
     use std::time::Duration;
-    let b = echo_backend("b").await;
-    let opts = ProxyOptions {
-        request_body_idle_timeout: Duration::from_secs(1),
-        ..ProxyOptions::default()
-    };
-    let (_p, url) = proxy_with_options(
-        opts,
-        vec![route("r", "/", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
+    let (_b, _p, url) = proxy_with_a_1s_body_idle_timeout().await;
     let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
         .await
         .unwrap();
