@@ -17,7 +17,7 @@ use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
 use tracing::{debug, error, info, warn};
 
 use crate::compile::{CompileCache, Rejection, compile_cached};
-use crate::k8s::controller::MAX_BATCH_QUIET_PERIODS;
+use crate::k8s::controller::Batch;
 use crate::manifests::ManifestDir;
 
 /// Errors that stop `tollgate run`.
@@ -237,29 +237,27 @@ fn changes_content(kind: &notify::EventKind) -> bool {
 }
 
 /// Debounces a change stream: after one change, waits until `quiet` passes without another,
-/// or at most [`MAX_BATCH_QUIET_PERIODS`] quiet periods (a file rewritten without pause must
-/// not hold back every reload).
+/// within the limits of a [`Batch`] (a file rewritten without pause must not hold back every
+/// reload).
 pub async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<()>, quiet: Duration) -> bool {
     if rx.recv().await.is_none() {
         return false;
     }
-    let deadline = tokio::time::Instant::now() + quiet * MAX_BATCH_QUIET_PERIODS;
-    loop {
-        let until = (tokio::time::Instant::now() + quiet).min(deadline);
+    let batch = Batch::start(quiet);
+    while let Some(until) = batch.wait_until() {
         match tokio::time::timeout_at(until, rx.recv()).await {
             Ok(Some(())) => {}
             Ok(None) => return false,
-            Err(_) => return true,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return true;
+            Err(_) => break,
         }
     }
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k8s::controller::MAX_BATCH_QUIET_PERIODS;
     use notify::EventKind;
     use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
 

@@ -56,6 +56,12 @@ pub(crate) fn spawn(
         let Some(balancer) = snapshot.backends.get(*key) else {
             continue;
         };
+        let Ok(slot) = shared.mirror_slots.clone().try_acquire_owned() else {
+            shared
+                .metrics
+                .upstream_error(UpstreamErrorKind::MirrorOverload);
+            continue;
+        };
         let Some(guard) = balancer.pick() else {
             shared.metrics.upstream_error(UpstreamErrorKind::Mirror);
             continue;
@@ -76,12 +82,6 @@ pub(crate) fn spawn(
             BackendProtocol::H2c => Version::HTTP_2,
         });
         let Ok(mut copy) = builder.body(full(req.body.clone())) else {
-            continue;
-        };
-        let Ok(slot) = shared.mirror_slots.clone().try_acquire_owned() else {
-            shared
-                .metrics
-                .upstream_error(UpstreamErrorKind::MirrorOverload);
             continue;
         };
         *copy.headers_mut() = req.headers.clone();

@@ -4,12 +4,13 @@
 //! ([`Stores`]), the leader elector, and a debounced loop: the first change starts a quiet
 //! period of `debounce`; every change within it joins the batch; then one reconcile runs with
 //! the most demanding [`Relevance`] of the batch. A batch closes at the latest
-//! [`MAX_BATCH_QUIET_PERIODS`] quiet periods after its first change, so a steady stream of
-//! changes (endpoint churn during a rollout) delays reconciles by that much, never for good. Leadership gained, push-server sync changes,
-//! failed writes (retried after a second) and failed provisioning (a full reconcile after
-//! five) also trigger reconciles; work a reconcile left owed stays owed until a reconcile that
-//! does it runs, and its retry time is not pushed back by other changes. Mirrors `tollgate run`'s
-//! shape (`run.rs`): load → compile → apply, with the cluster in place of a directory.
+//! [`MAX_BATCH_QUIET_PERIODS`] quiet periods after its first change ([`Batch`]), so a steady
+//! stream of changes (endpoint churn during a rollout) delays reconciles by that much, never
+//! for good. Leadership gained, push-server sync changes, failed writes (retried after a
+//! second) and failed provisioning (a full reconcile after five) also trigger reconciles;
+//! work a reconcile left owed stays owed until a reconcile that does it runs, and its retry
+//! time is not pushed back by other changes. Mirrors `tollgate run`'s shape (`run.rs`):
+//! load → compile → apply, with the cluster in place of a directory.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,6 +29,30 @@ use super::stores::{Change, Relevance, Stores};
 /// however many changes keep arriving (without a bound, changes spaced closer than the quiet
 /// period would hold back every reconcile for as long as they last).
 pub const MAX_BATCH_QUIET_PERIODS: u32 = 10;
+
+/// The time limits of one batch of changes (here and in `tollgate run`): the next change may
+/// join it within `quiet` of the last, up to [`MAX_BATCH_QUIET_PERIODS`] quiet periods after
+/// the first.
+pub struct Batch {
+    quiet: Duration,
+    deadline: tokio::time::Instant,
+}
+
+impl Batch {
+    /// A batch whose first change arrived now.
+    pub fn start(quiet: Duration) -> Self {
+        Self {
+            quiet,
+            deadline: tokio::time::Instant::now() + quiet * MAX_BATCH_QUIET_PERIODS,
+        }
+    }
+
+    /// Until when to wait for the next change; `None` once the batch is closed.
+    pub fn wait_until(&self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        (now < self.deadline).then(|| (now + self.quiet).min(self.deadline))
+    }
+}
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -210,18 +235,15 @@ async fn debounced(
     rx: &mut UnboundedReceiver<Change>,
     quiet: Duration,
 ) -> Relevance {
-    let deadline = tokio::time::Instant::now() + quiet * MAX_BATCH_QUIET_PERIODS;
+    let batch = Batch::start(quiet);
     let mut relevance = first.relevance;
-    loop {
-        let until = (tokio::time::Instant::now() + quiet).min(deadline);
+    while let Some(until) = batch.wait_until() {
         match tokio::time::timeout_at(until, rx.recv()).await {
             Ok(Some(c)) => relevance = relevance.join(c.relevance),
-            Ok(None) | Err(_) => return relevance,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return relevance;
+            Ok(None) | Err(_) => break,
         }
     }
+    relevance
 }
 
 async fn stop(

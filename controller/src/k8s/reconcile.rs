@@ -117,10 +117,12 @@ impl PushPki {
     }
 }
 
-/// A Gateway's provisioning as last done.
+/// A Gateway's last provisioning attempt.
 #[derive(Debug, Clone)]
 struct Provisioned {
-    fingerprint: String,
+    /// What it applied; `None` when it failed (objects may exist in part).
+    fingerprint: Option<String>,
+    /// When it started.
     at: Instant,
 }
 
@@ -149,8 +151,6 @@ pub struct Reconciler {
     compiled: Output,
     versions: BTreeMap<ObjectKey, u64>,
     provisioned: BTreeMap<ObjectKey, Provisioned>,
-    /// When provisioning of each Gateway was last attempted (successful or not).
-    attempted: BTreeMap<ObjectKey, Instant>,
     /// resourceVersion each written object had when we planned its write: until the watch
     /// brings a newer one (the echo of our write), planning it again would be a duplicate.
     written: BTreeMap<(&'static str, ObjectKey), String>,
@@ -262,7 +262,6 @@ impl Reconciler {
             compiled: Output::default(),
             versions: BTreeMap::new(),
             provisioned: BTreeMap::new(),
-            attempted: BTreeMap::new(),
             written: BTreeMap::new(),
         }
     }
@@ -662,15 +661,15 @@ impl Reconciler {
             .filter(|k| !self.compiled.tables.contains_key(*k))
             .cloned()
             .collect();
-        // Removals first, on a budget of their own: a Gateway whose provisioning hangs must
-        // not keep a deleted one's objects alive.
+        // Removals first (of what any attempt may have created, failed ones included), on a
+        // budget of their own: a Gateway whose provisioning hangs must not keep a deleted
+        // one's objects alive.
         let removing = Instant::now();
         for key in gone {
             if removing.elapsed() >= PROVISION_BUDGET {
                 all_done = false;
                 break;
             }
-            self.attempted.remove(&key);
             if cfg.is_some()
                 && let Err(e) = bounded(
                     self.settings.api_timeout,
@@ -686,12 +685,10 @@ impl Reconciler {
             self.provisioned.remove(&key);
         }
         let started = Instant::now();
-        let tables = &self.compiled.tables;
-        self.attempted.retain(|k, _| tables.contains_key(k));
         let mut keys: Vec<ObjectKey> = self.compiled.tables.keys().cloned().collect();
         // Least recently attempted first (never attempted before all): when the budget stops
         // a pass, the next one goes on with the Gateways this one did not reach.
-        keys.sort_by_key(|k| self.attempted.get(k).copied());
+        keys.sort_by_key(|k| self.provisioned.get(k).map(|p| p.at));
         for key in keys {
             let r = ObjectRef::new(&key.name).within(&key.namespace);
             let Some(gw) = self
@@ -710,10 +707,9 @@ impl Reconciler {
                 gw.metadata.annotations,
                 pki.as_ref().map_or(0, PushPki::generation),
             );
-            let fresh = self
-                .provisioned
-                .get(&key)
-                .is_some_and(|p| p.fingerprint == fingerprint && p.at.elapsed() < REPROVISION);
+            let fresh = self.provisioned.get(&key).is_some_and(|p| {
+                p.fingerprint.as_ref() == Some(&fingerprint) && p.at.elapsed() < REPROVISION
+            });
             if fresh {
                 continue;
             }
@@ -721,7 +717,7 @@ impl Reconciler {
                 all_done = false;
                 break;
             }
-            self.attempted.insert(key.clone(), Instant::now());
+            let at = Instant::now();
             let mut done = true;
             if let Some(pki) = &pki {
                 let ca = pki.current();
@@ -752,11 +748,9 @@ impl Reconciler {
                 }
             }
             all_done &= done;
-            if done {
-                let at = Instant::now();
-                self.provisioned
-                    .insert(key, Provisioned { fingerprint, at });
-            }
+            let fingerprint = done.then_some(fingerprint);
+            self.provisioned
+                .insert(key, Provisioned { fingerprint, at });
         }
         all_done
     }
