@@ -191,14 +191,11 @@ async fn endpoint_churn_holds_back_no_route() {
     })
     .await
     .expect("no status for r0");
-    let (stop, churn) = churn(&env, "echo");
+    let churn = churn(&env, "echo");
     tokio::time::sleep(Duration::from_secs(1)).await;
     env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
     let seen = eventually(WAIT, || async { has_status(&env, "r").await.then_some(()) }).await;
-    let churning = !churn.is_finished();
-    stop.store(true, Ordering::SeqCst);
-    let updates = churn.await.unwrap();
-    assert!(churning, "the churn ended early (after {updates} updates)");
+    let updates = churn.stop().await;
     assert!(
         seen.is_some(),
         "no status for r within {WAIT:?} while {updates} endpoint updates came in:\n{}",
@@ -304,7 +301,7 @@ async fn failed_provisioning_is_retried_during_endpoint_churn() {
     );
     ctl.wait_ready().await;
     wait_refused(&ctl).await;
-    let (stop, churn) = churn(&env, "echo");
+    let churn = churn(&env, "echo");
     // A reconcile of the churn has run since the refused first one (an endpoints pass, which
     // does not provision, unless the owed provisioning made it a full one).
     let reconciles = || ctl.metric("tollgate_controller_reconciles_total", "");
@@ -320,10 +317,7 @@ async fn failed_provisioning_is_retried_during_endpoint_churn() {
         deployments.get_opt("gw-tollgate").await.ok()?
     })
     .await;
-    let churning = !churn.is_finished();
-    stop.store(true, Ordering::SeqCst);
-    let updates = churn.await.unwrap();
-    assert!(churning, "the churn ended early (after {updates} updates)");
+    let updates = churn.stop().await;
     assert!(
         provisioned.is_some(),
         "not provisioned after the policy went, {updates} endpoint updates later:\n{}",
@@ -520,7 +514,7 @@ async fn wait_refused(ctl: &ControllerProc) {
 
 /// Applies a changed EndpointSlice of `service` (its one address flipping between two) every
 /// 100 ms until the returned flag is raised; the task returns how many updates it made.
-fn churn(env: &TestEnv, service: &str) -> (Arc<AtomicBool>, tokio::task::JoinHandle<u32>) {
+fn churn(env: &TestEnv, service: &str) -> Churn {
     let stop = Arc::new(AtomicBool::new(false));
     let (flag, client, ns) = (stop.clone(), env.client.clone(), env.ns.clone());
     let service = service.to_owned();
@@ -548,7 +542,25 @@ fn churn(env: &TestEnv, service: &str) -> (Arc<AtomicBool>, tokio::task::JoinHan
         }
         updates
     });
-    (stop, task)
+    Churn { stop, task }
+}
+
+/// A running [`churn`].
+struct Churn {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u32>,
+}
+
+impl Churn {
+    /// Stops it, checking it was still going (what the test observed happened during the
+    /// churn); returns how many updates it made.
+    async fn stop(self) -> u32 {
+        let churning = !self.task.is_finished();
+        self.stop.store(true, Ordering::SeqCst);
+        let updates = self.task.await.unwrap();
+        assert!(churning, "the churn ended early (after {updates} updates)");
+        updates
+    }
 }
 
 /// `Programmed` of a Gateway: its status, or `None` before one is written.
@@ -757,15 +769,7 @@ async fn a_leader_whose_requests_hang_steps_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_lost_during_a_reconcile_stops_nothing() {
     let env = TestEnv::new("leadlost").await;
-    env.gateway("gw", &[("http", 80)]).await;
-    env.service("echo", 80, "10.2.0.2").await;
-    let relay = k8s_support::Relay::start().await;
-    let kubeconfig = relay.kubeconfig(&env.dir.join("relay.kubeconfig"));
-    let kubeconfig = kubeconfig.to_str().unwrap();
-    // A long quiet period: the change passes the relay, then the relay stops answering before
-    // the reconcile that writes its status begins.
-    let ctl = env.controller("a", &["--kubeconfig", kubeconfig, "--debounce-ms", "2000"]);
-    ctl.wait_ready().await;
+    let (relay, ctl) = controller_behind_a_relay(&env, &[]).await;
     env.route("first", json!([{"name": "gw"}]), "echo", 80)
         .await;
     eventually(WAIT, || async {
@@ -774,9 +778,7 @@ async fn leadership_lost_during_a_reconcile_stops_nothing() {
     .await
     .unwrap_or_else(|| panic!("no status for the first route:\n{}", ctl.log()));
 
-    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    relay.freeze();
+    change_then_freeze(&env, &relay).await;
     let stepped_down = eventually(Duration::from_secs(60), || async {
         ctl.log().contains("leading=false").then_some(())
     })
@@ -799,28 +801,8 @@ async fn leadership_lost_during_a_reconcile_stops_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_does_not_wait_for_a_hung_reconcile() {
     let env = TestEnv::new("hungstop").await;
-    env.gateway("gw", &[("http", 80)]).await;
-    env.service("echo", 80, "10.2.0.2").await;
-    let relay = k8s_support::Relay::start().await;
-    let kubeconfig = relay.kubeconfig(&env.dir.join("relay.kubeconfig"));
-    let kubeconfig = kubeconfig.to_str().unwrap();
-    // The change passes the relay; the relay stops answering before the reconcile that
-    // writes its status begins (after the 2 s quiet period).
-    let mut ctl = env.controller(
-        "a",
-        &[
-            "--kubeconfig",
-            kubeconfig,
-            "--debounce-ms",
-            "2000",
-            "--api-timeout-secs",
-            "120",
-        ],
-    );
-    ctl.wait_ready().await;
-    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    relay.freeze();
+    let (relay, mut ctl) = controller_behind_a_relay(&env, &["--api-timeout-secs", "120"]).await;
+    change_then_freeze(&env, &relay).await;
     // The reconcile of the change has begun and waits on the relay.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
@@ -831,4 +813,35 @@ async fn shutdown_does_not_wait_for_a_hung_reconcile() {
     assert!(exited, "still running 30 s after SIGTERM:\n{}", ctl.log());
     assert!(ctl.log().contains("shutting down"), "{}", ctl.log());
     relay.thaw();
+}
+
+/// A Gateway `gw`, a Service `echo`, and a Ready controller (with `extra` arguments) whose
+/// requests to the API server all go through a relay the test can freeze. Its quiet period
+/// is 2 s, so that a change passes the relay well before the reconcile it starts.
+async fn controller_behind_a_relay(
+    env: &TestEnv,
+    extra: &[&str],
+) -> (k8s_support::Relay, ControllerProc) {
+    env.gateway("gw", &[("http", 80)]).await;
+    env.service("echo", 80, "10.2.0.2").await;
+    let relay = k8s_support::Relay::start().await;
+    let kubeconfig = relay.kubeconfig(&env.dir.join("relay.kubeconfig"));
+    let mut args = vec![
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--debounce-ms",
+        "2000",
+    ];
+    args.extend_from_slice(extra);
+    let ctl = env.controller("a", &args);
+    ctl.wait_ready().await;
+    (relay, ctl)
+}
+
+/// Creates the route `r` (to `echo` through `gw`); the relay stops answering once the change
+/// has passed it, before the reconcile that writes its status begins.
+async fn change_then_freeze(env: &TestEnv, relay: &k8s_support::Relay) {
+    env.route("r", json!([{"name": "gw"}]), "echo", 80).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    relay.freeze();
 }

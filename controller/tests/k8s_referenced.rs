@@ -18,12 +18,17 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// (status, reason) of a listener condition, once the controller has written one.
 async fn listener_cond(env: &TestEnv, t: &str) -> Option<(String, String)> {
+    listener_cond_of(env, "https", t).await
+}
+
+/// [`listener_cond`] of the listener named `listener`.
+async fn listener_cond_of(env: &TestEnv, listener: &str, t: &str) -> Option<(String, String)> {
     let g: Gateway = env.get("gw").await;
     let l = g
         .status?
         .listeners?
         .into_iter()
-        .find(|l| l.name == "https")?;
+        .find(|l| l.name == listener)?;
     let c = l.conditions.into_iter().find(|c| c.type_ == t)?;
     Some((c.status, c.reason))
 }
@@ -140,6 +145,15 @@ async fn an_unreadable_certificate_is_rejected_after_the_grace_period() {
         ctl.log()
     );
     assert!(ctl.log().contains("still unreadable"), "{}", ctl.log());
+    // The certificates it may read are read all the same, whichever comes first.
+    for open in READABLE {
+        assert_eq!(
+            listener_cond_of(&env, open, "ResolvedRefs").await,
+            Some(("True".into(), "ResolvedRefs".into())),
+            "{open}: {}",
+            ctl.log()
+        );
+    }
     allow_secret_reads(&env, &user).await;
     wait_resolved(&env, &ctl).await;
 }
@@ -175,9 +189,13 @@ fn cluster_role_binding(name: &str, user: &str) -> serde_json::Value {
     })
 }
 
+/// Secrets the user of [`controller_without_secret_reads`] may get, each the certificate of a
+/// listener of its own name (named to come after the unreadable `shop-cert`).
+const READABLE: [&str; 3] = ["x-open-1", "x-open-2", "x-open-3"];
+
 /// A Gateway with an HTTPS listener whose certificate Secret exists, and a controller acting
-/// as a user that may list and watch Secrets but not get one; returns once a read was refused,
-/// with that user's name.
+/// as a user that may list and watch Secrets but get none except [`READABLE`]; returns once
+/// a read was refused, with that user's name.
 async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, String) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let user = format!("tollgate-test-{}", env.ns);
@@ -197,6 +215,8 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
                 {"apiGroups": [""], "resources": ["services", "namespaces", "configmaps", "events"],
                  "verbs": ["*"]},
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                 "resourceNames": READABLE},
             ]),
         ))
         .await;
@@ -214,20 +234,24 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
 
     let cert = rcgen::generate_simple_self_signed(vec!["shop.example.com".to_owned()]).unwrap();
     let (crt, key) = (cert.cert.pem(), cert.signing_key.serialize_pem());
-    env.apply::<Secret>(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shop-cert"},
-        "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": crt, "tls.key": key},
-    }))
-    .await;
+    let mut listeners = vec![json!({"name": "https", "port": 443, "protocol": "HTTPS",
+                                    "tls": {"certificateRefs": [{"name": "shop-cert"}]}})];
+    for (i, name) in std::iter::once("shop-cert").chain(READABLE).enumerate() {
+        env.apply::<Secret>(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": crt, "tls.key": key},
+        }))
+        .await;
+        if i > 0 {
+            listeners.push(json!({"name": name, "port": 8440 + i, "protocol": "HTTPS",
+                                  "tls": {"certificateRefs": [{"name": name}]}}));
+        }
+    }
     env.apply::<Gateway>(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
         "metadata": {"name": "gw"},
-        "spec": {
-            "gatewayClassName": env.class,
-            "listeners": [{"name": "https", "port": 443, "protocol": "HTTPS",
-                           "tls": {"certificateRefs": [{"name": "shop-cert"}]}}],
-        },
+        "spec": {"gatewayClassName": env.class, "listeners": listeners},
     }))
     .await;
     let ctl = env.controller("a", &["--kubeconfig", kubeconfig.to_str().unwrap()]);
