@@ -1,8 +1,11 @@
-//! An optional kind (the controller watches TLSRoute this way) on the real kube-apiserver:
-//! while its CRD is not installed the store counts as listed and empty, so the controller
-//! starts and serves everything else; once the CRD is installed the watch starts by itself
-//! and the store follows the objects. A test CRD stands in for TLSRoute so the cluster's
-//! Gateway API CRDs (which other tests use) are never removed.
+//! Optional kinds (the controller watches TLSRoute, RateLimitPolicy and AuthPolicy this way) on
+//! the real kube-apiserver: while a kind's CRD is confirmed absent its store counts as listed
+//! and empty, so the controller starts and serves everything else; once the CRD is installed
+//! the watch starts by itself and the store follows the objects. What cannot be confirmed
+//! (the controller may not list the kind, or may not read CRDs to confirm a 404) counts as
+//! none only for a forgiving kind (TLSRoute); a fail-closed kind (the policies) holds its store
+//! back until it can be listed. Test CRDs stand in for the real ones so the cluster's CRDs
+//! (which other tests use) are never removed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod k8s_support;
@@ -12,13 +15,14 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResource, CustomResourceExt};
+use kube::{Api, CustomResource, CustomResourceExt, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tollgate::crds::RateLimitPolicy;
 use tollgate::k8s::lenient::Lenient;
 use tollgate::k8s::metrics::Metrics;
-use tollgate::k8s::stores::{Kind, Relevance, watch_optional};
+use tollgate::k8s::stores::{Kind, Optional, Relevance, watch_optional};
 
 use k8s_support::{TestEnv, eventually};
 
@@ -34,6 +38,18 @@ struct WidgetSpec {
     size: u32,
 }
 
+/// A kind no test ever installs.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "optional.test.tollgate.dev",
+    version = "v1",
+    kind = "Gadget",
+    namespaced
+)]
+struct GadgetSpec {
+    size: u32,
+}
+
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn crd_absent(crds: &Api<CustomResourceDefinition>) {
@@ -46,6 +62,8 @@ async fn crd_absent(crds: &Api<CustomResourceDefinition>) {
     assert!(gone.is_some(), "CRD {name} still present");
 }
 
+/// Both modes: a CRD confirmed absent (the test's client may read CRDs) is none for a
+/// fail-closed kind too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
     let env = TestEnv::new("optional-crd").await;
@@ -54,21 +72,29 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    let api: Api<Lenient<Widget>> = Api::all(env.client.clone());
-    let (store, task) = watch_optional(
-        api,
-        Kind::TlsRoute,
-        Duration::from_millis(200),
-        &tx,
-        &metrics,
-    );
+    let watches = [Optional::Forgiving, Optional::FailClosed].map(|mode| {
+        let api: Api<Lenient<Widget>> = Api::all(env.client.clone());
+        let (store, task) = watch_optional(
+            api,
+            Kind::TlsRoute,
+            mode,
+            Duration::from_millis(200),
+            &tx,
+            &metrics,
+        );
+        (mode, store, task)
+    });
 
     // Not served: listed (ready) and empty, well within the wait.
-    tokio::time::timeout(WAIT, store.wait_until_ready())
-        .await
-        .expect("store of a kind the API server does not serve never became ready")
-        .unwrap();
-    assert!(store.state().is_empty());
+    for (mode, store, _) in &watches {
+        tokio::time::timeout(WAIT, store.wait_until_ready())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{mode:?}: a store of a kind whose CRD is absent never became ready")
+            })
+            .unwrap();
+        assert!(store.state().is_empty());
+    }
 
     // Installed later: the watch starts on its own and the store follows the objects.
     crds.create(&PostParams::default(), &Widget::crd())
@@ -88,22 +114,29 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
     })
     .await;
     assert!(created.is_some(), "could not create a Widget");
-    let seen = eventually(WAIT, || async {
-        store
-            .state()
-            .iter()
-            .find_map(|w| w.as_ok().map(|w| w.spec.size))
-    })
-    .await;
-    assert_eq!(seen, Some(3));
-    // The first full list after installation asks for a full reconcile.
-    let mut full = false;
-    while let Ok(c) = rx.try_recv() {
-        full |= c.kind == Kind::TlsRoute && c.relevance == Relevance::Full;
+    for (mode, store, _) in &watches {
+        let seen = eventually(WAIT, || async {
+            store
+                .state()
+                .iter()
+                .find_map(|w| w.as_ok().map(|w| w.spec.size))
+        })
+        .await;
+        assert_eq!(seen, Some(3), "{mode:?}");
     }
-    assert!(full, "no full-relevance change after the CRD appeared");
+    // The first full list after installation asks for a full reconcile.
+    let mut full = 0;
+    while let Ok(c) = rx.try_recv() {
+        full += usize::from(c.kind == Kind::TlsRoute && c.relevance == Relevance::Full);
+    }
+    assert!(
+        full >= 2,
+        "not a full-relevance change from each watch after the CRD appeared"
+    );
 
-    task.abort();
+    for (_, _, task) in watches {
+        task.abort();
+    }
     crd_absent(&crds).await;
 }
 
@@ -113,7 +146,14 @@ async fn a_kind_rbac_forbids_is_an_empty_store_too() {
     let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = forbidden().await;
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    let (store, task) = watch_optional(api, Kind::TlsRoute, Duration::from_secs(30), &tx, &metrics);
+    let (store, task) = watch_optional(
+        api,
+        Kind::TlsRoute,
+        Optional::Forgiving,
+        Duration::from_secs(30),
+        &tx,
+        &metrics,
+    );
     tokio::time::timeout(WAIT, store.wait_until_ready())
         .await
         .expect("a store of a forbidden kind never became ready")
@@ -127,17 +167,155 @@ async fn forbidden<K>() -> Api<Lenient<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let kc = kube::config::Kubeconfig::read_from(k8s_support::kubeconfig()).unwrap();
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    cfg.auth_info.impersonate = Some("tollgate-test-no-rbac".into());
-    let nobody = kube::Client::try_from(cfg).unwrap();
-    let api: Api<Lenient<K>> = Api::all(nobody);
+    let api: Api<Lenient<K>> = Api::all(k8s_support::client_as("tollgate-test-no-rbac").await);
     let denied = api.list_metadata(&Default::default()).await.unwrap_err();
     assert!(
         matches!(&denied, kube::Error::Api(s) if s.code == 403),
         "{denied}"
     );
     api
+}
+
+/// How long a store held back must stay unlisted to count as held back: many times the
+/// 200 ms between attempts of these tests.
+const HELD: Duration = Duration::from_secs(3);
+
+/// A fail-closed kind (the policies) that RBAC forbids listing holds its store back (left
+/// out, an AuthPolicy's routes would be served unauthenticated); once allowed, the watch
+/// starts and the store holds the objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let env = TestEnv::new("optional-forbidden").await;
+    env.apply::<RateLimitPolicy>(json!({
+        "apiVersion": "tollgate.dev/v1alpha1", "kind": "RateLimitPolicy",
+        "metadata": {"name": "held"},
+        "spec": {
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "r"}],
+            "limits": {"l": {"rates": [{"limit": 1, "window": "1m"}]}},
+        },
+    }))
+    .await;
+    let user = format!("tollgate-test-{}", env.ns);
+    let api: Api<Lenient<RateLimitPolicy>> = Api::all(k8s_support::client_as(&user).await);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let (store, task) = watch_optional(
+        api,
+        Kind::RateLimitPolicy,
+        Optional::FailClosed,
+        Duration::from_millis(200),
+        &tx,
+        &metrics,
+    );
+    assert!(
+        tokio::time::timeout(HELD, store.wait_until_ready())
+            .await
+            .is_err(),
+        "a fail-closed kind RBAC forbids counted as listed"
+    );
+
+    let _: ClusterRole = env
+        .apply_cluster(k8s_support::cluster_role(
+            &user,
+            json!([{"apiGroups": ["tollgate.dev"], "resources": ["ratelimitpolicies"],
+                    "verbs": ["list", "watch"]}]),
+        ))
+        .await;
+    let _: ClusterRoleBinding = env
+        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
+        .await;
+    tokio::time::timeout(WAIT, store.wait_until_ready())
+        .await
+        .expect("the store was still held back once listing was allowed")
+        .unwrap();
+    let ns = env.ns.clone();
+    let seen = eventually(WAIT, || async {
+        store.state().iter().find_map(|p| {
+            let m = p.meta();
+            (m.namespace.as_deref() == Some(&ns) && m.name.as_deref() == Some("held")).then_some(())
+        })
+    })
+    .await;
+    assert!(seen.is_some(), "the policy never reached the store");
+    task.abort();
+}
+
+/// A 404 the controller may not confirm by reading the CRD (RBAC allows listing the kind,
+/// not reading CRDs): none for a forgiving kind, held back for a fail-closed one until the
+/// CRD can be read and is found absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_counts_as_none_for_a_fail_closed_kind_only_once_the_crd_is_confirmed_absent() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let env = TestEnv::new("optional-unconfirmed").await;
+    let user = format!("tollgate-test-{}", env.ns);
+    let _: ClusterRole = env
+        .apply_cluster(k8s_support::cluster_role(
+            &user,
+            json!([{"apiGroups": ["optional.test.tollgate.dev"], "resources": ["gadgets"],
+                    "verbs": ["list", "watch"]}]),
+        ))
+        .await;
+    let _: ClusterRoleBinding = env
+        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
+        .await;
+    let client = k8s_support::client_as(&user).await;
+    let api: Api<Lenient<Gadget>> = Api::all(client.clone());
+    // Allowed to list, and not served: 404. Reading the CRD: forbidden.
+    let listed = api.list_metadata(&Default::default()).await.unwrap_err();
+    assert!(
+        matches!(&listed, kube::Error::Api(s) if s.code == 404),
+        "{listed}"
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let lookup = crds.get_opt(Gadget::crd_name()).await.unwrap_err();
+    assert!(
+        matches!(&lookup, kube::Error::Api(s) if s.code == 403),
+        "{lookup}"
+    );
+
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let watch = |mode| {
+        watch_optional(
+            api.clone(),
+            Kind::AuthPolicy,
+            mode,
+            Duration::from_millis(200),
+            &tx,
+            &metrics,
+        )
+    };
+    let (forgiving, t1) = watch(Optional::Forgiving);
+    let (fail_closed, t2) = watch(Optional::FailClosed);
+    tokio::time::timeout(WAIT, forgiving.wait_until_ready())
+        .await
+        .expect("a forgiving kind in doubt never counted as none")
+        .unwrap();
+    assert!(
+        tokio::time::timeout(HELD, fail_closed.wait_until_ready())
+            .await
+            .is_err(),
+        "a fail-closed kind counted as none on an unconfirmed 404"
+    );
+
+    // May read its CRD: confirmed absent, so none.
+    let reader = format!("{user}-crd");
+    let _: ClusterRole = env
+        .apply_cluster(k8s_support::cluster_role(
+            &reader,
+            json!([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                    "verbs": ["get"], "resourceNames": [Gadget::crd_name()]}]),
+        ))
+        .await;
+    let _: ClusterRoleBinding = env
+        .apply_cluster(k8s_support::cluster_role_binding(&reader, &user))
+        .await;
+    tokio::time::timeout(WAIT, fail_closed.wait_until_ready())
+        .await
+        .expect("a fail-closed kind whose CRD is confirmed absent never counted as none")
+        .unwrap();
+    assert!(fail_closed.state().is_empty());
+    t1.abort();
+    t2.abort();
 }

@@ -173,22 +173,6 @@ async fn wait_resolved(env: &TestEnv, ctl: &ControllerProc) {
     );
 }
 
-fn cluster_role(name: &str, rules: serde_json::Value) -> serde_json::Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": name}, "rules": rules,
-    })
-}
-
-fn cluster_role_binding(name: &str, user: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    })
-}
-
 /// Secrets the user of [`controller_without_secret_reads`] may get, each the certificate of a
 /// listener of its own name (named to come after the unreadable `shop-cert`).
 const READABLE: [&str; 3] = ["x-open-1", "x-open-2", "x-open-3"];
@@ -208,7 +192,7 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
         "apps",
     ];
     let _: ClusterRole = env
-        .apply_cluster(cluster_role(
+        .apply_cluster(k8s_support::cluster_role(
             &user,
             json!([
                 {"apiGroups": groups, "resources": ["*"], "verbs": ["*"]},
@@ -220,7 +204,9 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
             ]),
         ))
         .await;
-    let _: ClusterRoleBinding = env.apply_cluster(cluster_role_binding(&user, &user)).await;
+    let _: ClusterRoleBinding = env
+        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
+        .await;
     let admin = std::fs::read_to_string(k8s_support::kubeconfig()).unwrap();
     let key_line = admin
         .lines()
@@ -273,10 +259,12 @@ async fn allow_secret_reads(env: &TestEnv, user: &str) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let reader = format!("{user}-get-secrets");
     let _: ClusterRole = env
-        .apply_cluster(cluster_role(
+        .apply_cluster(k8s_support::cluster_role(
             &reader,
             json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
         ))
         .await;
-    let _: ClusterRoleBinding = env.apply_cluster(cluster_role_binding(&reader, user)).await;
+    let _: ClusterRoleBinding = env
+        .apply_cluster(k8s_support::cluster_role_binding(&reader, user))
+        .await;
 }

@@ -1,7 +1,8 @@
 //! The thin Kubernetes shell around the compiler: watches and stores, the controller loop,
 //! status writing, leader election and provisioning.
 //!
-//! Flow: [`stores`] (one watcher per kind, per-object deserialization through [`lenient`]) →
+//! Flow: [`stores`] (one watcher per kind, per-object deserialization through [`lenient`];
+//! [`optional`] decides whether a kind whose CRD may be missing can be done without) →
 //! [`controller`] (debounce) → [`reconcile`] (compile, publish to the push server, provision,
 //! [`status`] plan and server-side apply, [`route_status`] for both route kinds, Events) with [`leader`] gating every write, and
 //! [`metrics`] served on the admin address.
@@ -24,6 +25,7 @@ pub mod controller;
 pub mod leader;
 pub mod lenient;
 pub mod metrics;
+pub mod optional;
 pub mod overlay;
 pub mod owner;
 pub mod provision;

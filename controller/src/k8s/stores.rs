@@ -14,12 +14,18 @@
 //! (API keys and introspection clients that policies read) are watched whole: users opt them
 //! in. Unlabelled Opaque, token and docker-config Secrets never reach the controller.
 //!
-//! TLSRoutes are optional: TLSRoute is in the Gateway API standard channel from v1.5, and a
-//! cluster with older CRDs (or a controller whose ClusterRole predates TLSRoutes) must keep
-//! serving HTTP. When the API server does not serve `gateway.networking.k8s.io/v1` TLSRoute
-//! (404) or forbids listing it (403), its store counts as listed and empty (a warning says
-//! so) and the API is asked again every [`OPTIONAL_RETRY`]; once it can be listed the watch
-//! starts, without a restart.
+//! Three kinds are optional, so that a cluster without their CRDs still gets everything else:
+//! TLSRoute (in the Gateway API standard channel from v1.5; a cluster with older CRDs, or a
+//! controller whose ClusterRole predates TLSRoutes, must keep serving HTTP) and Tollgate's
+//! RateLimitPolicy and AuthPolicy (`helm upgrade` does not install a chart's new CRDs, nor does
+//! `helm install --skip-crds`). When such a kind cannot be listed, [`super::optional`] decides:
+//! a kind whose CRD is confirmed absent counts as listed and empty (a warning says so); a 404
+//! while the CRD is installed (an API server still starting) leaves the store unlisted, which
+//! holds the controller back rather than compiling without the kind's objects; a 403 counts as
+//! none for TLSRoute and holds the controller back for the policies (left out, an AuthPolicy's
+//! routes would be served unauthenticated). The API is asked again every [`OPTIONAL_RETRY`]
+//! ([`WAIT_RETRY`] while in doubt); once the kind can be listed the watch starts, without a
+//! restart.
 //!
 //! A malformed object (valid for the API server, not for our types) is stored as
 //! [`Lenient::Malformed`]: logged, counted in `tollgate_controller_malformed_objects`, left out
@@ -49,6 +55,8 @@ use tracing::{debug, warn};
 
 use super::lenient::Lenient;
 use super::metrics::{Metrics, kind as kind_label};
+pub use super::optional::Optional;
+use super::optional::{CrdLookup, Listing, Verdict, crd_lookup, listing, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
@@ -206,8 +214,12 @@ impl Stores {
         tasks.push(t);
         let (grpc_routes, t) = w(Kind::GrpcRoute).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
-        let (tls_routes, t) =
-            w(Kind::TlsRoute).spawn_optional(Api::all(client.clone()), cfg(), OPTIONAL_RETRY);
+        let (tls_routes, t) = w(Kind::TlsRoute).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
         tasks.push(t);
         let (reference_grants, t) = w(Kind::ReferenceGrant).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
@@ -232,10 +244,19 @@ impl Stores {
         tasks.push(t);
         let (namespaces, t) = w(Kind::Namespace).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
-        let (rate_limit_policies, t) =
-            w(Kind::RateLimitPolicy).spawn(Api::all(client.clone()), cfg());
+        let (rate_limit_policies, t) = w(Kind::RateLimitPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::FailClosed,
+            OPTIONAL_RETRY,
+        );
         tasks.push(t);
-        let (auth_policies, t) = w(Kind::AuthPolicy).spawn(Api::all(client.clone()), cfg());
+        let (auth_policies, t) = w(Kind::AuthPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::FailClosed,
+            OPTIONAL_RETRY,
+        );
         tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
@@ -319,12 +340,14 @@ fn well_formed<K: Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>)
         .collect()
 }
 
-/// The watch [`Stores::new`] runs for an optional kind (TLSRoute), on its own: a store that is
-/// listed and empty while the API server does not serve `K`, and follows `K` once it does
-/// (asked again every `retry`). Changes go to `tx` as [`Change`]s of `kind`.
+/// The watch [`Stores::spawn`] runs for an optional kind (TLSRoute in [`Optional::Forgiving`]
+/// mode, the policies in [`Optional::FailClosed`] mode), on its own: a store that is listed and
+/// empty while `K` counts as none, unlisted while in doubt, and follows `K` once it can be
+/// listed (asked again every `retry`). Changes go to `tx` as [`Change`]s of `kind`.
 pub fn watch_optional<K>(
     api: Api<Lenient<K>>,
     kind: Kind,
+    mode: Optional,
     retry: std::time::Duration,
     tx: &UnboundedSender<Change>,
     metrics: &Arc<Metrics>,
@@ -337,7 +360,7 @@ where
         tx: tx.clone(),
         metrics: metrics.clone(),
     };
-    w.spawn_optional(api, watcher::Config::default(), retry)
+    w.spawn_optional(api, watcher::Config::default(), mode, retry)
 }
 
 /// One kind's watch.
@@ -356,6 +379,9 @@ fn unreferenced(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) 
 
 /// How often a kind whose CRD is missing is asked for again.
 const OPTIONAL_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often an optional kind in doubt (neither listed nor counted as none) is asked for
+/// again, at most.
+pub const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A hook run on every watched object before it is stored.
 type Trim<K> = Arc<dyn Fn(&mut Lenient<K>) + Send + Sync>;
@@ -388,12 +414,15 @@ impl Watch {
         (store, task)
     }
 
-    /// [`Watch::spawn`] for a kind whose CRD may be missing (see the module docs): while the
-    /// API server answers 404 for it, the store is listed and empty; asked again every `retry`.
+    /// [`Watch::spawn`] for a kind whose CRD may be missing (see the module docs and
+    /// [`super::optional`]): until the kind can be listed its store is left unlisted, or
+    /// listed and empty when the [`verdict`] says it counts as none; asked again every `retry`
+    /// (every [`WAIT_RETRY`] at most while in doubt).
     fn spawn_optional<K>(
         self,
         api: Api<Lenient<K>>,
         config: watcher::Config,
+        mode: Optional,
         retry: std::time::Duration,
     ) -> (Store<Lenient<K>>, JoinHandle<()>)
     where
@@ -402,37 +431,41 @@ impl Watch {
         let (reader, mut writer) = reflector::store::<Lenient<K>>();
         let store = reader.clone();
         let task = tokio::spawn(async move {
-            let mut warned = false;
+            let client = api.clone().into_client();
+            let mut said = None;
+            let mut none = false;
             loop {
-                match api
+                let listed = api
                     .list_metadata(&kube::api::ListParams::default().limit(1))
-                    .await
+                    .await;
+                let crd = match listing(&listed) {
+                    Listing::NotFound => Some(crd_lookup::<K>(client.clone()).await),
+                    _ => None,
+                };
+                let why = match verdict(mode, listing(&listed), || crd.unwrap_or(CrdLookup::Failed))
                 {
-                    // 404: the CRD is not installed. 403: our RBAC does not cover the kind
-                    // (an older ClusterRole). Either way, the other kinds must keep going.
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
-                        if !warned {
-                            let why = if e.code == 404 {
-                                "the API server does not serve this kind (CRD not installed); \
-                                 install the Gateway API v1.5 standard CRDs to use it"
-                            } else {
-                                "the controller may not list this kind (RBAC); upgrade the \
-                                 chart's ClusterRole to use it"
-                            };
-                            warn!(
-                                kind = self.kind.as_str(),
-                                reason = why,
-                                "treated as none until it can be listed"
-                            );
+                    Verdict::Watch => break,
+                    Verdict::None(why) => {
+                        if !none {
                             writer.apply_watcher_event(&Event::Init);
                             writer.apply_watcher_event(&Event::InitDone);
-                            warned = true;
+                            none = true;
                         }
-                        tokio::time::sleep(retry).await;
+                        why
                     }
-                    // Served (or another error, which the watcher's backoff handles).
-                    _ => break,
+                    Verdict::Wait(why) => why,
+                };
+                if said != Some(why) {
+                    let state = if none {
+                        "treated as none until it can be listed"
+                    } else {
+                        "not listed yet: the controller waits for it"
+                    };
+                    warn!(kind = self.kind.as_str(), reason = why, "{state}");
+                    said = Some(why);
                 }
+                let pause = if none { retry } else { retry.min(WAIT_RETRY) };
+                tokio::time::sleep(pause).await;
             }
             self.run(api, config, None, reader, writer).await;
         });

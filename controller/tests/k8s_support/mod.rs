@@ -555,3 +555,31 @@ fn api_server_addr() -> std::net::SocketAddr {
         .parse()
         .unwrap()
 }
+
+/// A ClusterRole `name` with `rules`, to apply with [`TestEnv::apply_cluster`].
+pub fn cluster_role(name: &str, rules: Value) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name}, "rules": rules,
+    })
+}
+
+/// A ClusterRoleBinding `name` of the ClusterRole `name` to the user `user`.
+pub fn cluster_role_binding(name: &str, user: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    })
+}
+
+/// A client of the test cluster acting as `user` (impersonation: RBAC decides what it may do).
+pub async fn client_as(user: &str) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(cfg).unwrap()
+}

@@ -1,0 +1,221 @@
+//! Kinds whose CRD may be missing: whether the controller may go on without them.
+//!
+//! In: what the API server answered to a list of the kind and, after a 404, what it says of
+//! the kind's CustomResourceDefinition ([`crd_lookup`]). Out: a [`Verdict`]: watch the kind,
+//! count it as none for now, or wait and ask again.
+//!
+//! A 404 for a list is not proof that the CRD is missing: a kube-apiserver that has just
+//! started answers 404 for custom resources until its CRD cache has synced, and so does one
+//! that has just seen a CRD created (kubernetes/kubernetes#115241, #125471). Counting the kind
+//! as none then would compile tables without its objects: TLS routes dropped for TLSRoute,
+//! routes served without their AuthPolicy for the policies. So a 404 counts as none only once
+//! the CRD itself is confirmed absent, or present without serving the version we read.
+//!
+//! How much doubt a kind tolerates is its [`Optional`] mode: leaving TLSRoutes out stops only
+//! those routes, so a kind RBAC forbids still counts as none ([`Optional::Forgiving`], which
+//! lets a controller whose ClusterRole predates TLSRoutes serve HTTP); leaving an AuthPolicy
+//! out serves its routes unauthenticated, so the policies count as none only when their CRD is
+//! confirmed absent ([`Optional::FailClosed`]) and otherwise hold the controller back, as any
+//! required kind does.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, Client, Resource};
+
+/// How a kind whose CRD may be missing is treated when it cannot be listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optional {
+    /// Leaving the kind out only stops its own objects from being served (TLSRoute): counted
+    /// as none when its CRD is missing or RBAC forbids listing it.
+    Forgiving,
+    /// Leaving objects of the kind out would weaken what is served (RateLimitPolicy,
+    /// AuthPolicy): counted as none only when its CRD is confirmed absent.
+    FailClosed,
+}
+
+/// How a list of the kind ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Listed: the kind is served.
+    Listed,
+    /// 404.
+    NotFound,
+    /// 403: RBAC does not let the controller list the kind.
+    Forbidden,
+    /// Any other failure (the API server unreachable, 5xx, a timeout).
+    Failed,
+}
+
+/// What the API server says of the kind's CustomResourceDefinition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrdLookup {
+    /// No such CRD.
+    Absent,
+    /// The CRD exists but does not serve the version the controller reads.
+    NotServing,
+    /// The CRD exists and serves that version.
+    Serving,
+    /// RBAC does not let the controller read the CRD.
+    Forbidden,
+    /// The lookup failed otherwise.
+    Failed,
+}
+
+/// What to do about an optional kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Start its watch.
+    Watch,
+    /// Count it as none (its store listed and empty) and ask again later; says why.
+    None(&'static str),
+    /// Neither: leave its store as it is, ask again soon; says why.
+    Wait(&'static str),
+}
+
+/// The verdict for a kind in `mode` whose list ended as `listing`; `crd` is asked only after
+/// a 404.
+pub fn verdict(mode: Optional, listing: Listing, crd: impl FnOnce() -> CrdLookup) -> Verdict {
+    match listing {
+        Listing::Listed => Verdict::Watch,
+        Listing::Failed => Verdict::Wait("the API server did not answer the list"),
+        Listing::Forbidden => match mode {
+            Optional::Forgiving => Verdict::None(
+                "the controller may not list this kind (RBAC); upgrade the chart's ClusterRole \
+                 to use it",
+            ),
+            Optional::FailClosed => Verdict::Wait(
+                "the controller may not list this kind (RBAC): upgrade the chart's ClusterRole; \
+                 until then nothing is compiled, the tables and statuses in place stay",
+            ),
+        },
+        Listing::NotFound => match crd() {
+            CrdLookup::Absent => Verdict::None("its CRD is not installed"),
+            CrdLookup::NotServing => {
+                Verdict::None("its CRD is installed but does not serve the version read")
+            }
+            CrdLookup::Serving => Verdict::Wait(
+                "its CRD is installed and served, yet the list answered 404 (an API server \
+                 that is starting, or a CRD just installed)",
+            ),
+            CrdLookup::Forbidden => match mode {
+                Optional::Forgiving => Verdict::None(
+                    "the list answered 404 and the controller may not read CRDs to confirm \
+                     it (RBAC)",
+                ),
+                Optional::FailClosed => Verdict::Wait(
+                    "the list answered 404 and the controller may not read CRDs to confirm \
+                     the CRD is absent (RBAC: upgrade the chart's ClusterRole)",
+                ),
+            },
+            CrdLookup::Failed => Verdict::Wait("the list answered 404 and the CRD lookup failed"),
+        },
+    }
+}
+
+/// The name of `K`'s CustomResourceDefinition: `<plural>.<group>`.
+pub fn crd_name<K: Resource<DynamicType = ()>>() -> String {
+    format!("{}.{}", K::plural(&()), K::group(&()))
+}
+
+/// What the API server says of `K`'s CRD.
+pub async fn crd_lookup<K: Resource<DynamicType = ()>>(client: Client) -> CrdLookup {
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    match crds.get_opt(&crd_name::<K>()).await {
+        Ok(None) => CrdLookup::Absent,
+        Ok(Some(crd)) => {
+            let version = K::version(&());
+            if crd
+                .spec
+                .versions
+                .iter()
+                .any(|v| v.served && v.name == version)
+            {
+                CrdLookup::Serving
+            } else {
+                CrdLookup::NotServing
+            }
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => CrdLookup::Forbidden,
+        Err(_) => CrdLookup::Failed,
+    }
+}
+
+/// What a list of a kind ended as.
+pub fn listing<T>(r: &Result<T, kube::Error>) -> Listing {
+    match r {
+        Ok(_) => Listing::Listed,
+        Err(kube::Error::Api(e)) if e.code == 404 => Listing::NotFound,
+        Err(kube::Error::Api(e)) if e.code == 403 => Listing::Forbidden,
+        Err(_) => Listing::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODES: [Optional; 2] = [Optional::Forgiving, Optional::FailClosed];
+
+    fn never() -> CrdLookup {
+        panic!("the CRD was looked up without a 404")
+    }
+
+    #[test]
+    fn a_listed_kind_is_watched_and_a_failed_list_asked_again() {
+        for mode in MODES {
+            assert_eq!(verdict(mode, Listing::Listed, never), Verdict::Watch);
+            assert!(matches!(
+                verdict(mode, Listing::Failed, never),
+                Verdict::Wait(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_404_counts_as_none_only_when_the_crd_confirms_it() {
+        for mode in MODES {
+            let v = |crd| verdict(mode, Listing::NotFound, move || crd);
+            assert!(matches!(v(CrdLookup::Absent), Verdict::None(_)), "{mode:?}");
+            assert!(matches!(v(CrdLookup::NotServing), Verdict::None(_)));
+            // Served CRD, 404 list: the API server is starting (or the CRD is new).
+            assert!(matches!(v(CrdLookup::Serving), Verdict::Wait(_)));
+            assert!(matches!(v(CrdLookup::Failed), Verdict::Wait(_)));
+        }
+    }
+
+    #[test]
+    fn doubt_is_none_for_a_forgiving_kind_and_a_wait_for_a_fail_closed_one() {
+        let unconfirmed = || CrdLookup::Forbidden;
+        assert!(matches!(
+            verdict(Optional::Forgiving, Listing::Forbidden, never),
+            Verdict::None(_)
+        ));
+        assert!(matches!(
+            verdict(Optional::Forgiving, Listing::NotFound, unconfirmed),
+            Verdict::None(_)
+        ));
+        assert!(matches!(
+            verdict(Optional::FailClosed, Listing::Forbidden, never),
+            Verdict::Wait(_)
+        ));
+        assert!(matches!(
+            verdict(Optional::FailClosed, Listing::NotFound, unconfirmed),
+            Verdict::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn crd_names_are_plural_dot_group() {
+        assert_eq!(
+            crd_name::<gateway_api::tlsroutes::TlsRoute>(),
+            "tlsroutes.gateway.networking.k8s.io"
+        );
+        assert_eq!(
+            crd_name::<crate::crds::AuthPolicy>(),
+            "authpolicies.tollgate.dev"
+        );
+        assert_eq!(
+            crd_name::<crate::crds::RateLimitPolicy>(),
+            "ratelimitpolicies.tollgate.dev"
+        );
+    }
+}
