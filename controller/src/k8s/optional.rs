@@ -9,7 +9,8 @@
 //! that has just seen a CRD created (kubernetes/kubernetes#115241, #125471). Counting the kind
 //! as none then would compile tables without its objects: TLS routes dropped for TLSRoute,
 //! routes served without their AuthPolicy for the policies. So a 404 counts as none only once
-//! the CRD itself is confirmed absent, or present without serving the version we read.
+//! the CRD itself is confirmed absent, or present without serving the version we read (or not
+//! Established: no object of it can exist then).
 //!
 //! How much doubt a kind tolerates is its [`Optional`] mode: leaving TLSRoutes out stops only
 //! those routes, so a kind RBAC forbids still counts as none ([`Optional::Forgiving`], which
@@ -50,9 +51,10 @@ pub enum Listing {
 pub enum CrdLookup {
     /// No such CRD.
     Absent,
-    /// The CRD exists but does not serve the version the controller reads.
+    /// The CRD exists but does not serve the version the controller reads, or is not
+    /// Established.
     NotServing,
-    /// The CRD exists and serves that version.
+    /// The CRD is Established and serves that version.
     Serving,
     /// RBAC does not let the controller read the CRD.
     Forbidden,
@@ -89,9 +91,9 @@ pub fn verdict(mode: Optional, listing: Listing, crd: impl FnOnce() -> CrdLookup
         },
         Listing::NotFound => match crd() {
             CrdLookup::Absent => Verdict::None("its CRD is not installed"),
-            CrdLookup::NotServing => {
-                Verdict::None("its CRD is installed but does not serve the version read")
-            }
+            CrdLookup::NotServing => Verdict::None(
+                "its CRD is installed but not Established or not serving the version read",
+            ),
             CrdLookup::Serving => Verdict::Wait(
                 "its CRD is installed and served, yet the list answered 404 (an API server \
                  that is starting, or a CRD just installed)",
@@ -123,12 +125,22 @@ pub async fn crd_lookup<K: Resource<DynamicType = ()>>(client: Client) -> CrdLoo
         Ok(None) => CrdLookup::Absent,
         Ok(Some(crd)) => {
             let version = K::version(&());
-            if crd
+            let served = crd
                 .spec
                 .versions
                 .iter()
-                .any(|v| v.served && v.name == version)
-            {
+                .any(|v| v.served && v.name == version);
+            // Not Established (its names conflict with another CRD's, or it was created a
+            // moment ago): no object of it can exist yet.
+            let established = crd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if served && established {
                 CrdLookup::Serving
             } else {
                 CrdLookup::NotServing
