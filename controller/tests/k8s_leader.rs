@@ -796,6 +796,77 @@ async fn leadership_lost_during_a_reconcile_stops_nothing() {
     );
 }
 
+/// A leader whose API server stops answering in the middle of a long status pass (300 routes
+/// to write, each write given up after 2 s, 16 at a time) loses the Lease to a second replica
+/// and abandons the pass: once its requests are answered again it writes nothing more as a
+/// follower, while the new leader writes every status. (Before, the pass went on writing what
+/// it had computed as leader, against the new leader's writes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_the_lease_mid_reconcile_stops_writing() {
+    const ROUTES: usize = 300;
+    let env = TestEnv::new("leadmid").await;
+    let (relay, a) = controller_behind_a_relay(&env, &["--api-timeout-secs", "2"]).await;
+    let b = env.controller("b", &[]);
+    b.wait_ready().await;
+    let names: Vec<String> = (0..ROUTES).map(|i| format!("r{i:03}")).collect();
+    for chunk in names.chunks(30) {
+        futures_util::future::join_all(
+            chunk
+                .iter()
+                .map(|n| env.route(n, json!([{"name": "gw"}]), "echo", 80)),
+        )
+        .await;
+    }
+    // The changes have passed the relay; the pass that writes their statuses starts after
+    // the 2 s quiet period, against a relay that no longer answers.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    relay.freeze();
+    let stepped_down = eventually(Duration::from_secs(60), || async {
+        a.log().contains("leading=false").then_some(())
+    })
+    .await;
+    assert!(stepped_down.is_some(), "a never stepped down:\n{}", a.log());
+    // Frozen until b has taken the Lease (a, still its holder by name, would take it back).
+    let b_leads = eventually(Duration::from_secs(60), || async {
+        b.log().contains("leading=true").then_some(())
+    })
+    .await;
+    assert!(b_leads.is_some(), "b never took over:\n{}", b.log());
+    relay.thaw();
+    // The new leader writes every status...
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let all = eventually(Duration::from_secs(90), || async {
+        let list = routes.list(&Default::default()).await.ok()?;
+        let done = list
+            .items
+            .iter()
+            .filter(|r| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.parents
+                        .iter()
+                        .any(|p| p.controller_name == env.controller_name)
+                })
+            })
+            .count();
+        (done == ROUTES).then_some(())
+    })
+    .await;
+    assert!(all.is_some(), "not every route got a status:\n{}", b.log());
+    // ...and the former leader, answered again, wrote none after it stepped down (a pass
+    // that went on would have written the rest of its 300 within seconds of the thaw).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let log = a.log();
+    let after = &log[log.find("leading=false").unwrap()..];
+    assert!(
+        !after.contains("status written"),
+        "the former leader wrote statuses after it stepped down:\n{log}"
+    );
+    assert!(
+        log.contains("leadership lost during a reconcile"),
+        "the pass was not abandoned:\n{log}"
+    );
+}
+
 /// SIGTERM while a reconcile waits on an API server that stopped answering (calls given up
 /// only after 120 s here): the controller exits without waiting for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

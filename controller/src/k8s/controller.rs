@@ -8,6 +8,8 @@
 //! stream of changes (endpoint churn during a rollout) delays reconciles by that much, never
 //! for good. Leadership gained, push-server sync changes, failed writes (retried after a
 //! second) and failed provisioning (a full reconcile after five) also trigger reconciles;
+//! a reconcile in flight when this replica loses the Lease is abandoned (its remaining writes
+//! are the new leader's);
 //! work a reconcile left owed stays owed until a reconcile that does it runs, and its retry
 //! time is not pushed back by other changes. Mirrors `tollgate run`'s shape (`run.rs`):
 //! load → compile → apply, with the cluster in place of a directory.
@@ -22,7 +24,7 @@ use tracing::{error, info};
 
 use super::leader::{Elector, LeaderConfig};
 use super::metrics::Metrics;
-use super::reconcile::{Reconciler, Settings};
+use super::reconcile::{Outcome, Reconciler, Settings};
 use super::stores::{Change, Relevance, Stores};
 
 /// A batch of changes closes at the latest this many quiet periods after its first change,
@@ -144,6 +146,10 @@ pub async fn run(
             stop(watch_tasks, stop_elector, elector_task).await;
             return Ok(());
         }
+        () = stepped_down(&mut leading), if is_leading => {
+            info!("leadership lost during the first reconcile: its remaining writes are abandoned");
+            Outcome::default()
+        }
     };
     metrics.set_ready();
 
@@ -201,6 +207,14 @@ pub async fn run(
         let outcome = tokio::select! {
             o = reconciler.reconcile(relevance, is_leading) => o,
             () = &mut shutdown => break,
+            // A reconcile outlives the leadership it started with when its writes are slow
+            // (an API server that hangs, the same trouble that cost the Lease): what it has
+            // not written yet is the new leader's to write, from what it sees. What stays
+            // owed stays owed, should this replica lead again.
+            () = stepped_down(&mut leading), if is_leading => {
+                info!("leadership lost during a reconcile: its remaining writes are abandoned");
+                continue;
+            }
         };
         owed = owed.after(relevance, outcome);
         if due.is_some_and(|(_, need)| relevance.covers(need)) {
@@ -210,6 +224,13 @@ pub async fn run(
     info!("shutting down");
     stop(watch_tasks, stop_elector, elector_task).await;
     Ok(())
+}
+
+/// Completes once `leading` says this replica no longer leads (never, if the elector is gone).
+async fn stepped_down(leading: &mut tokio::sync::watch::Receiver<bool>) {
+    if leading.wait_for(|l| !*l).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The next retry: `due` (kept, so that a stream of changes never pushes it back, and made
