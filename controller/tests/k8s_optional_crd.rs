@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::Store;
 use kube::{Api, CustomResource, CustomResourceExt, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::task::JoinHandle;
 use tollgate::crds::RateLimitPolicy;
 use tollgate::k8s::lenient::Lenient;
 use tollgate::k8s::metrics::Metrics;
@@ -144,20 +146,8 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
 async fn a_kind_rbac_forbids_is_an_empty_store_too() {
     // A controller whose ClusterRole predates TLSRoutes: listing them is forbidden (403).
     let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = forbidden().await;
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let (store, task) = watch_optional(
-        api,
-        Kind::TlsRoute,
-        Optional::Forgiving,
-        Duration::from_secs(30),
-        &tx,
-        &metrics,
-    );
-    tokio::time::timeout(WAIT, store.wait_until_ready())
-        .await
-        .expect("a store of a forbidden kind never became ready")
-        .unwrap();
+    let (store, task) = watch(api, Kind::TlsRoute, Optional::Forgiving);
+    listed(&store, "a store of a forbidden kind never became ready").await;
     assert!(store.state().is_empty());
     task.abort();
 }
@@ -185,7 +175,6 @@ const HELD: Duration = Duration::from_secs(3);
 /// starts and the store holds the objects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let env = TestEnv::new("optional-forbidden").await;
     env.apply::<RateLimitPolicy>(json!({
         "apiVersion": "tollgate.dev/v1alpha1", "kind": "RateLimitPolicy",
@@ -198,37 +187,24 @@ async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
     .await;
     let user = format!("tollgate-test-{}", env.ns);
     let api: Api<Lenient<RateLimitPolicy>> = Api::all(k8s_support::client_as(&user).await);
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let (store, task) = watch_optional(
-        api,
-        Kind::RateLimitPolicy,
-        Optional::FailClosed,
-        Duration::from_millis(200),
-        &tx,
-        &metrics,
-    );
+    let (store, task) = watch(api, Kind::RateLimitPolicy, Optional::FailClosed);
     assert!(
-        tokio::time::timeout(HELD, store.wait_until_ready())
-            .await
-            .is_err(),
+        held_back(&store).await,
         "a fail-closed kind RBAC forbids counted as listed"
     );
 
-    let _: ClusterRole = env
-        .apply_cluster(k8s_support::cluster_role(
-            &user,
-            json!([{"apiGroups": ["tollgate.dev"], "resources": ["ratelimitpolicies"],
-                    "verbs": ["list", "watch"]}]),
-        ))
-        .await;
-    let _: ClusterRoleBinding = env
-        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
-        .await;
-    tokio::time::timeout(WAIT, store.wait_until_ready())
-        .await
-        .expect("the store was still held back once listing was allowed")
-        .unwrap();
+    env.grant(
+        &user,
+        &user,
+        json!([{"apiGroups": ["tollgate.dev"], "resources": ["ratelimitpolicies"],
+                "verbs": ["list", "watch"]}]),
+    )
+    .await;
+    listed(
+        &store,
+        "the store was still held back once listing was allowed",
+    )
+    .await;
     let ns = env.ns.clone();
     let seen = eventually(WAIT, || async {
         store.state().iter().find_map(|p| {
@@ -246,26 +222,22 @@ async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
 /// CRD can be read and is found absent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_404_counts_as_none_for_a_fail_closed_kind_only_once_the_crd_is_confirmed_absent() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let env = TestEnv::new("optional-unconfirmed").await;
     let user = format!("tollgate-test-{}", env.ns);
-    let _: ClusterRole = env
-        .apply_cluster(k8s_support::cluster_role(
-            &user,
-            json!([{"apiGroups": ["optional.test.tollgate.dev"], "resources": ["gadgets"],
-                    "verbs": ["list", "watch"]}]),
-        ))
-        .await;
-    let _: ClusterRoleBinding = env
-        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
-        .await;
+    env.grant(
+        &user,
+        &user,
+        json!([{"apiGroups": ["optional.test.tollgate.dev"], "resources": ["gadgets"],
+                "verbs": ["list", "watch"]}]),
+    )
+    .await;
     let client = k8s_support::client_as(&user).await;
     let api: Api<Lenient<Gadget>> = Api::all(client.clone());
     // Allowed to list, and not served: 404. Reading the CRD: forbidden.
-    let listed = api.list_metadata(&Default::default()).await.unwrap_err();
+    let listing = api.list_metadata(&Default::default()).await.unwrap_err();
     assert!(
-        matches!(&listed, kube::Error::Api(s) if s.code == 404),
-        "{listed}"
+        matches!(&listing, kube::Error::Api(s) if s.code == 404),
+        "{listing}"
     );
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     let lookup = crds.get_opt(Gadget::crd_name()).await.unwrap_err();
@@ -274,48 +246,66 @@ async fn a_404_counts_as_none_for_a_fail_closed_kind_only_once_the_crd_is_confir
         "{lookup}"
     );
 
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let watch = |mode| {
-        watch_optional(
-            api.clone(),
-            Kind::AuthPolicy,
-            mode,
-            Duration::from_millis(200),
-            &tx,
-            &metrics,
-        )
-    };
-    let (forgiving, t1) = watch(Optional::Forgiving);
-    let (fail_closed, t2) = watch(Optional::FailClosed);
-    tokio::time::timeout(WAIT, forgiving.wait_until_ready())
-        .await
-        .expect("a forgiving kind in doubt never counted as none")
-        .unwrap();
+    let (forgiving, t1) = watch(api.clone(), Kind::AuthPolicy, Optional::Forgiving);
+    let (fail_closed, t2) = watch(api, Kind::AuthPolicy, Optional::FailClosed);
+    listed(
+        &forgiving,
+        "a forgiving kind in doubt never counted as none",
+    )
+    .await;
     assert!(
-        tokio::time::timeout(HELD, fail_closed.wait_until_ready())
-            .await
-            .is_err(),
+        held_back(&fail_closed).await,
         "a fail-closed kind counted as none on an unconfirmed 404"
     );
 
     // May read its CRD: confirmed absent, so none.
-    let reader = format!("{user}-crd");
-    let _: ClusterRole = env
-        .apply_cluster(k8s_support::cluster_role(
-            &reader,
-            json!([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                    "verbs": ["get"], "resourceNames": [Gadget::crd_name()]}]),
-        ))
-        .await;
-    let _: ClusterRoleBinding = env
-        .apply_cluster(k8s_support::cluster_role_binding(&reader, &user))
-        .await;
-    tokio::time::timeout(WAIT, fail_closed.wait_until_ready())
-        .await
-        .expect("a fail-closed kind whose CRD is confirmed absent never counted as none")
-        .unwrap();
+    env.grant(
+        &format!("{user}-crd"),
+        &user,
+        json!([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                "verbs": ["get"], "resourceNames": [Gadget::crd_name()]}]),
+    )
+    .await;
+    listed(
+        &fail_closed,
+        "a fail-closed kind whose CRD is confirmed absent never counted as none",
+    )
+    .await;
     assert!(fail_closed.state().is_empty());
     t1.abort();
     t2.abort();
+}
+
+/// An optional watch of `api` in `mode`, asking again every 200 ms; its changes are dropped.
+fn watch<K>(api: Api<Lenient<K>>, kind: Kind, mode: Optional) -> (Store<Lenient<K>>, JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    watch_optional(api, kind, mode, Duration::from_millis(200), &tx, &metrics)
+}
+
+/// Waits until `store` is listed (or counted as none), failing with `what` after [`WAIT`].
+async fn listed<K: kube::Resource<DynamicType = ()> + Clone>(
+    store: &Store<Lenient<K>>,
+    what: &str,
+) {
+    tokio::time::timeout(WAIT, store.wait_until_ready())
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .unwrap();
+}
+
+/// True when `store` stays unlisted for [`HELD`].
+async fn held_back<K: kube::Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>) -> bool {
+    tokio::time::timeout(HELD, store.wait_until_ready())
+        .await
+        .is_err()
 }

@@ -181,7 +181,6 @@ const READABLE: [&str; 3] = ["x-open-1", "x-open-2", "x-open-3"];
 /// as a user that may list and watch Secrets but get none except [`READABLE`]; returns once
 /// a read was refused, with that user's name.
 async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, String) {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let user = format!("tollgate-test-{}", env.ns);
     let groups = [
         "gateway.networking.k8s.io",
@@ -191,22 +190,19 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
         "events.k8s.io",
         "apps",
     ];
-    let _: ClusterRole = env
-        .apply_cluster(k8s_support::cluster_role(
-            &user,
-            json!([
-                {"apiGroups": groups, "resources": ["*"], "verbs": ["*"]},
-                {"apiGroups": [""], "resources": ["services", "namespaces", "configmaps", "events"],
-                 "verbs": ["*"]},
-                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]},
-                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
-                 "resourceNames": READABLE},
-            ]),
-        ))
-        .await;
-    let _: ClusterRoleBinding = env
-        .apply_cluster(k8s_support::cluster_role_binding(&user, &user))
-        .await;
+    env.grant(
+        &user,
+        &user,
+        json!([
+            {"apiGroups": groups, "resources": ["*"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["services", "namespaces", "configmaps", "events"],
+             "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+             "resourceNames": READABLE},
+        ]),
+    )
+    .await;
     let admin = std::fs::read_to_string(k8s_support::kubeconfig()).unwrap();
     let key_line = admin
         .lines()
@@ -256,15 +252,10 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
 
 /// Lets the user of [`controller_without_secret_reads`] get Secrets.
 async fn allow_secret_reads(env: &TestEnv, user: &str) {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let reader = format!("{user}-get-secrets");
-    let _: ClusterRole = env
-        .apply_cluster(k8s_support::cluster_role(
-            &reader,
-            json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
-        ))
-        .await;
-    let _: ClusterRoleBinding = env
-        .apply_cluster(k8s_support::cluster_role_binding(&reader, user))
-        .await;
+    env.grant(
+        &format!("{user}-get-secrets"),
+        user,
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+    )
+    .await;
 }

@@ -194,25 +194,30 @@ mod tests {
         }
     }
 
+    /// What `mode` makes of `listing` (with `crd` after a 404): "watch", "none" or "wait".
+    fn outcome(mode: Optional, listing: Listing, crd: CrdLookup) -> &'static str {
+        match verdict(mode, listing, move || crd) {
+            Verdict::Watch => "watch",
+            Verdict::None(_) => "none",
+            Verdict::Wait(_) => "wait",
+        }
+    }
+
     #[test]
     fn doubt_is_none_for_a_forgiving_kind_and_a_wait_for_a_fail_closed_one() {
-        let unconfirmed = || CrdLookup::Forbidden;
-        assert!(matches!(
-            verdict(Optional::Forgiving, Listing::Forbidden, never),
-            Verdict::None(_)
-        ));
-        assert!(matches!(
-            verdict(Optional::Forgiving, Listing::NotFound, unconfirmed),
-            Verdict::None(_)
-        ));
-        assert!(matches!(
-            verdict(Optional::FailClosed, Listing::Forbidden, never),
-            Verdict::Wait(_)
-        ));
-        assert!(matches!(
-            verdict(Optional::FailClosed, Listing::NotFound, unconfirmed),
-            Verdict::Wait(_)
-        ));
+        use {CrdLookup::Forbidden as CrdForbidden, Listing::*, Optional::*};
+        for (mode, listing, want) in [
+            (Forgiving, Forbidden, "none"),
+            (Forgiving, NotFound, "none"),
+            (FailClosed, Forbidden, "wait"),
+            (FailClosed, NotFound, "wait"),
+        ] {
+            assert_eq!(
+                outcome(mode, listing, CrdForbidden),
+                want,
+                "{mode:?} {listing:?}"
+            );
+        }
     }
 
     #[test]

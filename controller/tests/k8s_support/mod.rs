@@ -574,6 +574,15 @@ pub fn cluster_role_binding(name: &str, user: &str) -> Value {
     })
 }
 
+impl TestEnv {
+    /// Grants `user` the RBAC `rules`: a ClusterRole `name` and its ClusterRoleBinding.
+    pub async fn grant(&self, name: &str, user: &str, rules: Value) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let _: ClusterRole = self.apply_cluster(cluster_role(name, rules)).await;
+        let _: ClusterRoleBinding = self.apply_cluster(cluster_role_binding(name, user)).await;
+    }
+}
+
 /// A client of the test cluster acting as `user` (impersonation: RBAC decides what it may do).
 pub async fn client_as(user: &str) -> Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
