@@ -37,8 +37,12 @@ async fn holder(env: &TestEnv) -> Option<String> {
 }
 
 async fn has_status(env: &TestEnv, route: &str) -> bool {
-    let r: HttpRoute = env.get(route).await;
-    r.status.is_some_and(|s| {
+    has_our_status(env, &env.get(route).await)
+}
+
+/// Whether `r` carries a status of this test's controller.
+fn has_our_status(env: &TestEnv, r: &HttpRoute) -> bool {
+    r.status.as_ref().is_some_and(|s| {
         s.parents
             .iter()
             .any(|p| p.controller_name == env.controller_name)
@@ -840,13 +844,7 @@ async fn a_leader_that_loses_the_lease_mid_reconcile_stops_writing() {
         let done = list
             .items
             .iter()
-            .filter(|r| {
-                r.status.as_ref().is_some_and(|s| {
-                    s.parents
-                        .iter()
-                        .any(|p| p.controller_name == env.controller_name)
-                })
-            })
+            .filter(|r| has_our_status(&env, r))
             .count();
         (done == ROUTES).then_some(())
     })

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tollgate::crds::RateLimitPolicy;
 use tollgate::k8s::lenient::Lenient;
 use tollgate::k8s::metrics::Metrics;
-use tollgate::k8s::stores::{Kind, Optional, Relevance, watch_optional};
+use tollgate::k8s::stores::{Change, Kind, Optional, Relevance, watch_optional};
 
 use k8s_support::{TestEnv, eventually};
 
@@ -146,10 +146,9 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
 async fn a_kind_rbac_forbids_is_an_empty_store_too() {
     // A controller whose ClusterRole predates TLSRoutes: listing them is forbidden (403).
     let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = forbidden().await;
-    let (store, task) = watch(api, Kind::TlsRoute, Optional::Forgiving);
+    let (store, _watch) = watch(api, Kind::TlsRoute, Optional::Forgiving);
     listed(&store, "a store of a forbidden kind never became ready").await;
     assert!(store.state().is_empty());
-    task.abort();
 }
 
 /// The API of `K` for a user RBAC grants nothing, checked to answer 403.
@@ -187,7 +186,7 @@ async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
     .await;
     let user = format!("tollgate-test-{}", env.ns);
     let api: Api<Lenient<RateLimitPolicy>> = Api::all(k8s_support::client_as(&user).await);
-    let (store, task) = watch(api, Kind::RateLimitPolicy, Optional::FailClosed);
+    let (store, _watch) = watch(api, Kind::RateLimitPolicy, Optional::FailClosed);
     assert!(
         held_back(&store).await,
         "a fail-closed kind RBAC forbids counted as listed"
@@ -214,7 +213,6 @@ async fn a_fail_closed_kind_rbac_forbids_holds_its_store_back() {
     })
     .await;
     assert!(seen.is_some(), "the policy never reached the store");
-    task.abort();
 }
 
 /// A 404 the controller may not confirm by reading the CRD (RBAC allows listing the kind,
@@ -246,8 +244,8 @@ async fn a_404_counts_as_none_for_a_fail_closed_kind_only_once_the_crd_is_confir
         "{lookup}"
     );
 
-    let (forgiving, t1) = watch(api.clone(), Kind::AuthPolicy, Optional::Forgiving);
-    let (fail_closed, t2) = watch(api, Kind::AuthPolicy, Optional::FailClosed);
+    let (forgiving, _w1) = watch(api.clone(), Kind::AuthPolicy, Optional::Forgiving);
+    let (fail_closed, _w2) = watch(api, Kind::AuthPolicy, Optional::FailClosed);
     listed(
         &forgiving,
         "a forgiving kind in doubt never counted as none",
@@ -272,12 +270,10 @@ async fn a_404_counts_as_none_for_a_fail_closed_kind_only_once_the_crd_is_confir
     )
     .await;
     assert!(fail_closed.state().is_empty());
-    t1.abort();
-    t2.abort();
 }
 
-/// An optional watch of `api` in `mode`, asking again every 200 ms; its changes are dropped.
-fn watch<K>(api: Api<Lenient<K>>, kind: Kind, mode: Optional) -> (Store<Lenient<K>>, JoinHandle<()>)
+/// An optional watch of `api` in `mode`, asking again every 200 ms, and its [`Watching`].
+fn watch<K>(api: Api<Lenient<K>>, kind: Kind, mode: Optional) -> (Store<Lenient<K>>, Watching)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -287,9 +283,29 @@ where
         + Sync
         + 'static,
 {
-    let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, changes) = tokio::sync::mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    watch_optional(api, kind, mode, Duration::from_millis(200), &tx, &metrics)
+    let (store, task) = watch_optional(api, kind, mode, Duration::from_millis(200), &tx, &metrics);
+    (
+        store,
+        Watching {
+            task,
+            _changes: changes,
+        },
+    )
+}
+
+/// A watch started by [`watch`], aborted when dropped; it holds the change channel open
+/// meanwhile (a watch whose receiver is gone stops at its first change).
+struct Watching {
+    task: JoinHandle<()>,
+    _changes: tokio::sync::mpsc::UnboundedReceiver<Change>,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Waits until `store` is listed (or counted as none), failing with `what` after [`WAIT`].

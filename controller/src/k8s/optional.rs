@@ -1,7 +1,7 @@
 //! Kinds whose CRD may be missing: whether the controller may go on without them.
 //!
 //! In: what the API server answered to a list of the kind and, after a 404, what it says of
-//! the kind's CustomResourceDefinition ([`crd_lookup`]). Out: a [`Verdict`]: watch the kind,
+//! the kind's CustomResourceDefinition ([`probe`]). Out: a [`Verdict`]: watch the kind,
 //! count it as none for now, or wait and ask again.
 //!
 //! A 404 for a list is not proof that the CRD is missing: a kube-apiserver that has just
@@ -33,13 +33,13 @@ pub enum Optional {
     FailClosed,
 }
 
-/// How a list of the kind ended.
+/// How a list of the kind ended ([`probe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listing {
     /// Listed: the kind is served.
     Listed,
-    /// 404.
-    NotFound,
+    /// 404, and what the API server then said of the kind's CRD.
+    NotFound(CrdLookup),
     /// 403: RBAC does not let the controller list the kind.
     Forbidden,
     /// Any other failure (the API server unreachable, 5xx, a timeout).
@@ -73,9 +73,8 @@ pub enum Verdict {
     Wait(&'static str),
 }
 
-/// The verdict for a kind in `mode` whose list ended as `listing`; `crd` is asked only after
-/// a 404.
-pub fn verdict(mode: Optional, listing: Listing, crd: impl FnOnce() -> CrdLookup) -> Verdict {
+/// The verdict for a kind in `mode` whose list ended as `listing`.
+pub fn verdict(mode: Optional, listing: Listing) -> Verdict {
     match listing {
         Listing::Listed => Verdict::Watch,
         Listing::Failed => Verdict::Wait("the API server did not answer the list"),
@@ -89,7 +88,7 @@ pub fn verdict(mode: Optional, listing: Listing, crd: impl FnOnce() -> CrdLookup
                  until then nothing is compiled, the tables and statuses in place stay",
             ),
         },
-        Listing::NotFound => match crd() {
+        Listing::NotFound(crd) => match crd {
             CrdLookup::Absent => Verdict::None("its CRD is not installed"),
             CrdLookup::NotServing => Verdict::None(
                 "its CRD is installed but not Established or not serving the version read",
@@ -151,11 +150,19 @@ pub async fn crd_lookup<K: Resource<DynamicType = ()>>(client: Client) -> CrdLoo
     }
 }
 
-/// What a list of a kind ended as.
-pub fn listing<T>(r: &Result<T, kube::Error>) -> Listing {
-    match r {
+/// Lists `K` (one object at most) and, after a 404, looks its CRD up.
+pub async fn probe<K>(api: &Api<K>) -> Listing
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
         Ok(_) => Listing::Listed,
-        Err(kube::Error::Api(e)) if e.code == 404 => Listing::NotFound,
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            Listing::NotFound(crd_lookup::<K>(api.clone().into_client()).await)
+        }
         Err(kube::Error::Api(e)) if e.code == 403 => Listing::Forbidden,
         Err(_) => Listing::Failed,
     }
@@ -167,25 +174,18 @@ mod tests {
 
     const MODES: [Optional; 2] = [Optional::Forgiving, Optional::FailClosed];
 
-    fn never() -> CrdLookup {
-        panic!("the CRD was looked up without a 404")
-    }
-
     #[test]
     fn a_listed_kind_is_watched_and_a_failed_list_asked_again() {
         for mode in MODES {
-            assert_eq!(verdict(mode, Listing::Listed, never), Verdict::Watch);
-            assert!(matches!(
-                verdict(mode, Listing::Failed, never),
-                Verdict::Wait(_)
-            ));
+            assert_eq!(verdict(mode, Listing::Listed), Verdict::Watch);
+            assert!(matches!(verdict(mode, Listing::Failed), Verdict::Wait(_)));
         }
     }
 
     #[test]
     fn a_404_counts_as_none_only_when_the_crd_confirms_it() {
         for mode in MODES {
-            let v = |crd| verdict(mode, Listing::NotFound, move || crd);
+            let v = |crd| verdict(mode, Listing::NotFound(crd));
             assert!(matches!(v(CrdLookup::Absent), Verdict::None(_)), "{mode:?}");
             assert!(matches!(v(CrdLookup::NotServing), Verdict::None(_)));
             // Served CRD, 404 list: the API server is starting (or the CRD is new).
@@ -194,9 +194,9 @@ mod tests {
         }
     }
 
-    /// What `mode` makes of `listing` (with `crd` after a 404): "watch", "none" or "wait".
-    fn outcome(mode: Optional, listing: Listing, crd: CrdLookup) -> &'static str {
-        match verdict(mode, listing, move || crd) {
+    /// What `mode` makes of `listing`: "watch", "none" or "wait".
+    fn outcome(mode: Optional, listing: Listing) -> &'static str {
+        match verdict(mode, listing) {
             Verdict::Watch => "watch",
             Verdict::None(_) => "none",
             Verdict::Wait(_) => "wait",
@@ -208,15 +208,11 @@ mod tests {
         use {CrdLookup::Forbidden as CrdForbidden, Listing::*, Optional::*};
         for (mode, listing, want) in [
             (Forgiving, Forbidden, "none"),
-            (Forgiving, NotFound, "none"),
+            (Forgiving, NotFound(CrdForbidden), "none"),
             (FailClosed, Forbidden, "wait"),
-            (FailClosed, NotFound, "wait"),
+            (FailClosed, NotFound(CrdForbidden), "wait"),
         ] {
-            assert_eq!(
-                outcome(mode, listing, CrdForbidden),
-                want,
-                "{mode:?} {listing:?}"
-            );
+            assert_eq!(outcome(mode, listing), want, "{mode:?} {listing:?}");
         }
     }
 

@@ -56,7 +56,7 @@ use tracing::{debug, warn};
 use super::lenient::Lenient;
 use super::metrics::{Metrics, kind as kind_label};
 pub use super::optional::Optional;
-use super::optional::{CrdLookup, Listing, Verdict, crd_lookup, listing, verdict};
+use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
@@ -431,19 +431,10 @@ impl Watch {
         let (reader, mut writer) = reflector::store::<Lenient<K>>();
         let store = reader.clone();
         let task = tokio::spawn(async move {
-            let client = api.clone().into_client();
             let mut said = None;
             let mut none = false;
             loop {
-                let listed = api
-                    .list_metadata(&kube::api::ListParams::default().limit(1))
-                    .await;
-                let crd = match listing(&listed) {
-                    Listing::NotFound => Some(crd_lookup::<K>(client.clone()).await),
-                    _ => None,
-                };
-                let why = match verdict(mode, listing(&listed), || crd.unwrap_or(CrdLookup::Failed))
-                {
+                let why = match verdict(mode, probe(&api).await) {
                     Verdict::Watch => break,
                     Verdict::None(why) => {
                         if !none {
