@@ -146,7 +146,7 @@ pub async fn run(
             stop(watch_tasks, stop_elector, elector_task).await;
             return Ok(());
         }
-        () = stepped_down(&mut leading), if is_leading => {
+        () = stepped_down(&leading), if is_leading => {
             info!("leadership lost during the first reconcile: its remaining writes are abandoned");
             Outcome::default()
         }
@@ -211,7 +211,7 @@ pub async fn run(
             // (an API server that hangs, the same trouble that cost the Lease): what it has
             // not written yet is the new leader's to write, from what it sees. What stays
             // owed stays owed, should this replica lead again.
-            () = stepped_down(&mut leading), if is_leading => {
+            () = stepped_down(&leading), if is_leading => {
                 info!("leadership lost during a reconcile: its remaining writes are abandoned");
                 continue;
             }
@@ -227,8 +227,10 @@ pub async fn run(
 }
 
 /// Completes once `leading` says this replica no longer leads (never, if the elector is gone).
-async fn stepped_down(leading: &mut tokio::sync::watch::Receiver<bool>) {
-    if leading.wait_for(|l| !*l).await.is_err() {
+/// Waits on a clone: `wait_for` marks what it saw as seen, and the loop must still see a
+/// leadership gained meanwhile (it runs the full reconcile that provisions).
+async fn stepped_down(leading: &tokio::sync::watch::Receiver<bool>) {
+    if leading.clone().wait_for(|l| !*l).await.is_err() {
         std::future::pending::<()>().await;
     }
 }
@@ -332,6 +334,27 @@ mod tests {
         let next = rx.recv().await.unwrap();
         assert_eq!(debounced(next, &mut rx, quiet).await, Relevance::Endpoints);
         producer.abort();
+    }
+
+    /// Leadership gained while a reconcile runs (the first one runs before the Lease is
+    /// taken): waiting for a step-down must leave that change for the loop, which answers it
+    /// with the full reconcile that provisions. (Waiting on the loop's own receiver consumed
+    /// it: no provisioning until some later full change.)
+    #[tokio::test]
+    async fn waiting_for_a_step_down_leaves_a_gained_leadership_to_the_loop() {
+        let (tx, mut leading) = tokio::sync::watch::channel(false);
+        leading.borrow_and_update();
+        tx.send(true).unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(50), stepped_down(&leading)).await;
+        assert!(waited.is_err(), "stepped down while leading");
+        assert!(
+            leading.has_changed().unwrap(),
+            "the gained leadership was consumed"
+        );
+        tx.send(false).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), stepped_down(&leading))
+            .await
+            .expect("a step-down went unnoticed");
     }
 
     #[test]
