@@ -136,6 +136,8 @@ expect "traffic-split: the split serves v1" '"x-version": "v1"' body "http://$a:
 a=$(addr grpc grpc)
 expect "grpc: a call reaches the backend over HTTP/2" '"path": "/helloworld.Greeter/SayHello"' body \
   --http2-prior-knowledge -X POST -H 'content-type: application/grpc' "http://$a:8083/helloworld.Greeter/SayHello"
+expect "grpc: a method without a route is UNIMPLEMENTED" 'grpc-status: 12' heads \
+  --http2-prior-knowledge -X POST -H 'content-type: application/grpc' "http://$a:8083/helloworld.Greeter/SayGoodbye"
 
 # --- rate-limit ------------------------------------------------------------------------
 a=$(addr rate-limit rate-limit)

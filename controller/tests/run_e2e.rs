@@ -220,8 +220,18 @@ fn grpc() {
     assert_eq!(health.status, 200, "{health:?}");
     assert_eq!(health.json()["headers"]["x-rule"], "health");
     // Another method of Greeter has no route; a service whose name extends Health's neither.
-    assert_eq!(call("/helloworld.Greeter/SayGoodbye").unwrap().status, 404);
-    assert_eq!(call("/grpc.health.v1.HealthX/Check").unwrap().status, 404);
+    // The gateway says so as a gRPC server would: UNIMPLEMENTED (12), in a Trailers-Only
+    // answer.
+    for path in [
+        "/helloworld.Greeter/SayGoodbye",
+        "/grpc.health.v1.HealthX/Check",
+    ] {
+        let r = call(path).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("grpc-status"), Some("12"), "{path}: {r:?}");
+        assert_eq!(r.header("content-type"), Some("application/grpc"));
+        assert!(r.body.is_empty(), "{r:?}");
+    }
 }
 
 /// An h2c upstream answering every call like a gRPC server: one message frame, then

@@ -7,7 +7,8 @@
 //! request and its 101 answer, which the proxy forwards and then splices.
 
 use http::header::{
-    CONNECTION, CONTENT_LENGTH, HOST, HeaderName, ORIGIN, TE, TRANSFER_ENCODING, UPGRADE,
+    CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, ORIGIN, TE, TRANSFER_ENCODING,
+    UPGRADE,
 };
 use http::{HeaderMap, HeaderValue};
 
@@ -36,6 +37,8 @@ pub(crate) struct Seen<'h> {
     pub content_length: Option<&'h HeaderValue>,
     /// First `Origin`.
     pub origin: Option<&'h HeaderValue>,
+    /// First `Content-Type` (a gRPC request is answered the gRPC way: module `grpc`).
+    pub content_type: Option<&'h HeaderValue>,
     upgrade: bool,
     connection: bool,
 }
@@ -57,6 +60,8 @@ impl<'h> Seen<'h> {
                 s.content_length = s.content_length.or(Some(value));
             } else if *name == ORIGIN {
                 s.origin = s.origin.or(Some(value));
+            } else if *name == CONTENT_TYPE {
+                s.content_type = s.content_type.or(Some(value));
             } else if *name == UPGRADE {
                 s.upgrade = true;
             } else if *name == CONNECTION {

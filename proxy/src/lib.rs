@@ -4,8 +4,9 @@
 //!
 //! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
 //! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream`
-//! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header hygiene), `mirror`, `body`, then [`metrics`] and `access_log`;
-//! [`subscribe`] feeds tables from the controller.
+//! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
+//! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body`, then
+//! [`metrics`] and `access_log`; [`subscribe`] feeds tables from the controller.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,6 +38,7 @@ mod call;
 mod error;
 pub mod filters;
 mod forward;
+mod grpc;
 mod listener;
 pub mod metrics;
 mod mirror;

@@ -15,6 +15,7 @@
 //!    502, body over the limit → 413; upgrades spliced.
 //! 6. `response_filters` (module `call`): hop-by-hop removal, response header edits, CORS.
 //!
+//! The gateway's own error answers to a gRPC client go out as gRPC statuses (module `grpc`).
 //! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
 //! ([`Completion`]). The request keeps its snapshot `Arc` to the end, across any swap.
 
@@ -35,6 +36,7 @@ use crate::call::{Call, Failure, UpstreamHead, failure_response, response_filter
 use crate::filters::{self, RequestView};
 use crate::forward;
 use crate::forward::X_REQUEST_ID;
+use crate::grpc;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
 use crate::mirror;
 use crate::policy::enforce::RequestInfo;
@@ -130,6 +132,7 @@ pub(crate) async fn handle(
     let start = Instant::now();
     let seen = forward::Seen::scan(req.headers());
     let request_id = seen.request_id();
+    let grpc_client = seen.content_type.is_some_and(grpc::is_grpc);
     let client = ClientHead {
         host: request_host(seen.host, req.uri()),
         limits: check_limits(&shared, &seen),
@@ -172,8 +175,13 @@ pub(crate) async fn handle(
         }
         None => status(StatusCode::NOT_FOUND),
     };
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+    // Metrics and the access log count the answer by what it means (a gRPC client's 404 is
+    // a 404, though it goes out as 200 with `grpc-status: 12`).
     done.status = resp.status().as_u16();
+    if grpc_client {
+        resp = grpc::trailers_only(resp);
+    }
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     let (parts, body) = resp.into_parts();
     Ok(Response::from_parts(parts, TrackedBody::new(body, done)))
 }
@@ -223,8 +231,14 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// A bodiless answer with a short text reason.
+/// A bodiless answer with a short text reason, marked as the gateway's own
+/// ([`grpc::LocalReply`]).
 pub(crate) fn status(code: StatusCode) -> Response<ProxyBody> {
+    local_status(code, grpc::LocalReply::default())
+}
+
+/// [`status`] with what a gRPC client is told instead of what the HTTP status implies.
+fn local_status(code: StatusCode, reply: grpc::LocalReply) -> Response<ProxyBody> {
     let mut r = Response::new(full(Bytes::from(format!(
         "{}\n",
         code.canonical_reason().unwrap_or("error")
@@ -234,6 +248,7 @@ pub(crate) fn status(code: StatusCode) -> Response<ProxyBody> {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    r.extensions_mut().insert(reply);
     r
 }
 
@@ -366,9 +381,15 @@ async fn proxy(
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(decision) => rate_limit = decision,
             Err(resp) => {
+                // A gRPC client reads the policy's message in `grpc-message`.
+                let reply = grpc::LocalReply {
+                    code: None,
+                    message: Some(String::from_utf8_lossy(resp.body()).into_owned()),
+                };
                 // A browser must be able to read the denial (status, Retry-After): decorate it
                 // as the route's CORS filters would decorate an upstream answer.
                 let mut resp = resp.map(full);
+                resp.extensions_mut().insert(reply);
                 let origin = parts.headers.get(ORIGIN);
                 for f in &route.filters {
                     if let Filter::Cors(c) = f {
@@ -511,7 +532,17 @@ fn pick_backend<'s>(
     view: &RequestView<'_>,
     plan: &mut Plan<'s>,
 ) -> Result<(&'s Balancer, EndpointGuard), Box<Response<ProxyBody>>> {
-    let internal = || Box::new(status(StatusCode::INTERNAL_SERVER_ERROR));
+    // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
+    // GRPCRoute requires for traffic to invalid backends.
+    let internal = || {
+        Box::new(local_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            grpc::LocalReply {
+                code: Some(grpc::Code::Unavailable),
+                message: Some("no valid backend".into()),
+            },
+        ))
+    };
     let picked = crate::upstream::pick_weighted(backends).ok_or_else(internal)?;
     let key = picked.backend.as_deref().ok_or_else(internal)?;
     if let Some(resp) = request_filters(&picked.filters, parts, view, plan) {

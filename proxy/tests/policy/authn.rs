@@ -376,3 +376,44 @@ async fn only_routes_that_name_a_policy_set_enforce_it() {
     // Without a policy nothing names x-user as an identity header: it passes as sent.
     assert_eq!(public.upstream_header("x-user").as_deref(), Some("alice"));
 }
+
+/// A gRPC client reads a denial as a gRPC status: 401 `UNAUTHENTICATED` (16) with the
+/// challenge kept, the authorization failure 403 `PERMISSION_DENIED` (7), each with the
+/// policy's message in `grpc-message`.
+#[tokio::test]
+async fn grpc_clients_get_denials_as_grpc_statuses_with_the_policy_message() {
+    let app = echo_backend("app").await;
+    let mut a = api_key_auth();
+    a.unauthenticated = DenyResponse {
+        code: 401,
+        message: Some("who are you?".into()),
+    };
+    a.authorization = vec![AuthzRule {
+        name: "admins".into(),
+        predicate: "auth.identity.metadata.labels.group == 'admins'".into(),
+        when: vec![],
+    }];
+    let (_p, url) = proxy_with_policies(
+        &app,
+        vec![guarded("shop", "/", "p")],
+        vec![("p", only_auth(a))],
+    )
+    .await;
+    let c = h2c_client();
+    let url = format!("{url}/shop.Cart/Add");
+    let grpc = ("content-type", "application/grpc");
+    let none = get_with(&c, &url, &[grpc]).await;
+    assert_eq!(none.status, StatusCode::OK, "{none:?}");
+    assert_eq!(header(&none, "grpc-status"), Some("16"));
+    assert_eq!(header(&none, "grpc-message"), Some("who are you?"));
+    assert_eq!(www_authenticate(&none), [APIKEY_CHALLENGE]);
+    assert!(none.body.is_empty());
+    let bob = get_with(&c, &url, &[grpc, ("x-api-key", "bob-key")]).await;
+    assert_eq!(bob.status, StatusCode::OK, "{bob:?}");
+    assert_eq!(header(&bob, "grpc-status"), Some("7"));
+    assert_eq!(app.hits(), 0);
+    // The same denial to a plain HTTP client stays a 401.
+    let plain = get_with(&c, &url, &[]).await;
+    assert_eq!(plain.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&plain, "grpc-status"), None);
+}

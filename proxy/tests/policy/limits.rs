@@ -140,3 +140,38 @@ async fn every_applicable_limit_must_admit_and_the_tightest_is_reported() {
     assert_eq!(limit_headers(&b), (Some("5"), Some("0")));
     assert_eq!(app.hits(), 5);
 }
+
+/// A gRPC client over the limit gets `RESOURCE_EXHAUSTED` (8), not an HTTP 429 its library
+/// would map to `UNAVAILABLE` and retry; `Retry-After` and `X-RateLimit-*` stay.
+#[tokio::test]
+async fn a_grpc_client_over_the_limit_gets_resource_exhausted() {
+    let app = echo_backend("app").await;
+    let set = PolicySet {
+        auth: None,
+        rate_limits: vec![per_minute(
+            "per-client",
+            1,
+            "request.headers['x-client-id']",
+        )],
+    };
+    let (_p, url) =
+        proxy_with_policies(&app, vec![guarded("api", "/", "p")], vec![("p", set)]).await;
+    let c = h2c_client();
+    let url = format!("{url}/svc.Api/Get");
+    let call = [
+        ("x-client-id", "alice"),
+        ("content-type", "application/grpc"),
+    ];
+    let ok = get_with(&c, &url, &call).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.json()["backend"], "app");
+    assert_eq!(header(&ok, "grpc-status"), None, "the upstream's answer");
+    let limited = get_with(&c, &url, &call).await;
+    assert_eq!(limited.status, StatusCode::OK, "{limited:?}");
+    assert_eq!(header(&limited, "grpc-status"), Some("8"));
+    assert_eq!(header(&limited, "grpc-message"), Some("Too Many Requests"));
+    assert_eq!(limit_headers(&limited), (Some("1"), Some("0")));
+    assert!(header(&limited, "retry-after").is_some());
+    assert!(limited.body.is_empty());
+    assert_eq!(app.hits(), 1);
+}

@@ -1,0 +1,201 @@
+//! Socket tests of the gateway's own answers to gRPC clients: a request whose Content-Type is
+//! `application/grpc` that the gateway answers itself (no route, no valid backend, no
+//! endpoint, an upstream that cannot be reached) gets a gRPC Trailers-Only answer (HTTP 200,
+//! `grpc-status`, `grpc-message`, the stream ended by its HEADERS frame); other clients, and
+//! answers that come from an upstream, are left as they are.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper::body::Body as _;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tollgate_api::{Endpoint, WeightedBackend};
+use tollgate_proxy::ProxyOptions;
+
+/// A gRPC call as a client makes it: POST, `te: trailers`, one empty message.
+fn call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap()
+}
+
+fn grpc_status(a: &Answer) -> (StatusCode, Option<&str>, Option<&str>) {
+    let h = |n: &str| a.headers.get(n).and_then(|v| v.to_str().ok());
+    (a.status, h("grpc-status"), h("grpc-message"))
+}
+
+/// A port nothing listens on (bound, then closed).
+fn closed_endpoint() -> Endpoint {
+    Endpoint {
+        ip: "127.0.0.1".into(),
+        port: free_port(),
+    }
+}
+
+#[tokio::test]
+async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
+    let b = echo_backend("b").await;
+    let mut unreachable = backend_of(&[]);
+    unreachable.endpoints.push(closed_endpoint());
+    let unresolved = WeightedBackend {
+        backend: None,
+        weight: 1,
+        filters: vec![],
+    };
+    let metrics = metrics();
+    let opts = ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![
+            route("ok", "/svc.Ok/", vec![wb("b", 1)]),
+            route("invalid", "/svc.Invalid/", vec![unresolved]),
+            route("empty", "/svc.Empty/", vec![wb("none", 1)]),
+            route("down", "/svc.Down/", vec![wb("down", 1)]),
+        ],
+        vec![
+            ("b", backend_of(&[&b])),
+            ("none", backend_of(&[])),
+            ("down", unreachable),
+        ],
+    )
+    .await;
+    let c = h2c_client();
+    let cases = [
+        ("/other.Svc/Call", "12", "Not Found", StatusCode::NOT_FOUND),
+        (
+            "/svc.Invalid/Call",
+            "14",
+            "no valid backend",
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+        (
+            "/svc.Empty/Call",
+            "14",
+            "Service Unavailable",
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (
+            "/svc.Down/Call",
+            "14",
+            "Bad Gateway",
+            StatusCode::BAD_GATEWAY,
+        ),
+    ];
+    for (path, code, message, http_status) in cases {
+        let a = send(&c, call(&format!("{url}{path}"), "application/grpc")).await;
+        assert_eq!(
+            grpc_status(&a),
+            (StatusCode::OK, Some(code), Some(message)),
+            "{path}: {a:?}"
+        );
+        assert_eq!(a.headers["content-type"], "application/grpc", "{path}");
+        assert!(a.body.is_empty(), "{path}: {a:?}");
+        assert!(a.headers.contains_key("x-request-id"), "{path}");
+        // Any gRPC content type; a plain client keeps the HTTP answer.
+        let a = send(&c, call(&format!("{url}{path}"), "application/grpc+proto")).await;
+        assert_eq!(a.headers["grpc-status"], code, "{path}");
+        let a = send(&c, call(&format!("{url}{path}"), "application/json")).await;
+        assert_eq!(grpc_status(&a), (http_status, None, None), "{path}");
+        assert_eq!(a.headers["content-type"], "text/plain; charset=utf-8");
+    }
+    // gRPC-Web is another protocol: its clients read HTTP statuses.
+    let a = send(
+        &c,
+        call(
+            &format!("{url}/other.Svc/Call"),
+            "application/grpc-web+proto",
+        ),
+    )
+    .await;
+    assert_eq!(grpc_status(&a), (StatusCode::NOT_FOUND, None, None));
+    // A routed call reaches the upstream, whose answer passes untouched.
+    let a = send(&c, call(&format!("{url}/svc.Ok/Call"), "application/grpc")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["path"], "/svc.Ok/Call");
+    assert!(a.headers.get("grpc-status").is_none(), "{a:?}");
+    // Metrics count each answer by what it means, not by the 200 it went out as.
+    let text = metrics.encode();
+    for line in [
+        // Three gRPC calls and the gRPC-Web one.
+        r#"tollgate_requests_total{route="none",code_class="4xx"} 4"#,
+        r#"tollgate_requests_total{route="default/invalid",code_class="5xx"} 3"#,
+        r#"tollgate_requests_total{route="default/ok",code_class="2xx"} 1"#,
+    ] {
+        assert!(
+            eventually(|| metrics.encode().contains(line)).await,
+            "{line} in:\n{text}"
+        );
+    }
+}
+
+/// A Trailers-Only answer is one HEADERS frame that ends the stream: the response arrives
+/// with its body already at its end (a DATA frame after it would make gRPC clients read
+/// `grpc-status` as initial metadata and fail the call for want of trailers).
+#[tokio::test]
+async fn a_grpc_status_answer_ends_the_stream_with_its_headers() {
+    let (_p, url) = proxy_with(vec![], vec![]).await;
+    let addr = url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(call(&format!("{url}/svc.A/B"), "application/grpc"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["grpc-status"], "12");
+    assert!(resp.body().is_end_stream(), "{resp:?}");
+}
+
+/// An upstream's own error answer to a gRPC call is its business: not rewritten.
+#[tokio::test]
+async fn an_upstreams_error_answer_to_a_grpc_call_passes_untouched() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    let mut r = http::Response::new(Full::new(Bytes::from_static(b"busy")));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    Ok::<_, std::convert::Infallible>(r)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    let mut busy = backend_of(&[]);
+    busy.endpoints.push(Endpoint {
+        ip: addr.ip().to_string(),
+        port: addr.port(),
+    });
+    let (_p, url) = proxy_with(
+        vec![route("busy", "/", vec![wb("busy", 1)])],
+        vec![("busy", busy)],
+    )
+    .await;
+    let a = send(
+        &h2c_client(),
+        call(&format!("{url}/svc.A/B"), "application/grpc"),
+    )
+    .await;
+    assert_eq!(
+        grpc_status(&a),
+        (StatusCode::SERVICE_UNAVAILABLE, None, None)
+    );
+    assert_eq!(&a.body[..], b"busy");
+}
