@@ -7,10 +7,14 @@
 //!
 //! Without this a gRPC client derives a status from the HTTP code alone, and gets `UNKNOWN`
 //! for a 500: GRPCRoute requires `UNAVAILABLE` for traffic to invalid backends. The codes:
-//! 401 `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `UNIMPLEMENTED` (no route: as a gRPC
-//! server answers an unknown method), 408 and 504 `DEADLINE_EXCEEDED`, 413, 429 and 431
-//! `RESOURCE_EXHAUSTED` (a quota, not a fault to retry), 421, 502 and 503 `UNAVAILABLE`, an
-//! invalid or missing backend `UNAVAILABLE`, any other 500 `INTERNAL`, the rest `UNKNOWN`.
+//! 400 `INTERNAL`, 401 `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `UNIMPLEMENTED` (no
+//! route: as a gRPC server answers an unknown method), 421, 502 and 503 `UNAVAILABLE`, an
+//! invalid or missing backend `UNAVAILABLE`, any other 500 `INTERNAL`, as gRPC's HTTP mapping
+//! has them; then two where the gateway knows more than an HTTP status says: 408 and 504
+//! `DEADLINE_EXCEEDED` (the gateway's timeout ran out, and the upstream may have acted on the
+//! call: `UNAVAILABLE` would invite a retry), 413, 429 and 431 `RESOURCE_EXHAUSTED` (a quota
+//! or a size limit, not a fault to retry). The rest `UNKNOWN`. Only POST requests are gRPC
+//! calls.
 //! Answers from upstreams are never touched: a gRPC server's own statuses pass as they are.
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName};
@@ -41,6 +45,7 @@ impl Code {
     /// The code of a local answer with HTTP status `status`.
     pub fn of(status: StatusCode) -> Code {
         match status.as_u16() {
+            400 => Code::Internal,
             401 => Code::Unauthenticated,
             403 => Code::PermissionDenied,
             404 => Code::Unimplemented,
@@ -178,7 +183,8 @@ mod tests {
             (421, Code::Unavailable),
             (429, Code::ResourceExhausted),
             (431, Code::ResourceExhausted),
-            (400, Code::Unknown),
+            (400, Code::Internal),
+            (409, Code::Unknown),
             (500, Code::Internal),
             (502, Code::Unavailable),
             (503, Code::Unavailable),

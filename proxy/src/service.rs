@@ -132,7 +132,8 @@ pub(crate) async fn handle(
     let start = Instant::now();
     let seen = forward::Seen::scan(req.headers());
     let request_id = seen.request_id();
-    let grpc_client = seen.content_type.is_some_and(grpc::is_grpc);
+    // A gRPC call is a POST (a CONNECT must keep its non-2xx answer: a 2xx opens a tunnel).
+    let grpc_client = req.method() == Method::POST && seen.content_type.is_some_and(grpc::is_grpc);
     let client = ClientHead {
         host: request_host(seen.host, req.uri()),
         limits: check_limits(&shared, &seen),
@@ -284,7 +285,14 @@ fn request_filter<'s>(
     match f {
         Filter::RequestHeaderModifier(m) => filters::modify_headers(m, &mut parts.headers),
         Filter::ResponseHeaderModifier(m) => plan.response_mods.push(m),
-        Filter::RequestRedirect(r) => return Some(with_empty_body(filters::redirect(r, view))),
+        Filter::RequestRedirect(r) => {
+            let mut resp = filters::redirect(r, view);
+            // A Location that cannot be a header value is the gateway's own 500.
+            if resp.status().is_server_error() {
+                resp.extensions_mut().insert(grpc::LocalReply::default());
+            }
+            return Some(with_empty_body(resp));
+        }
         Filter::UrlRewrite(r) => {
             let rw = filters::rewrite(r, view);
             if rw.host.is_some() {

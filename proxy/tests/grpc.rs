@@ -107,6 +107,11 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
         assert_eq!(grpc_status(&a), (http_status, None, None), "{path}");
         assert_eq!(a.headers["content-type"], "text/plain; charset=utf-8");
     }
+    // Only a POST is a gRPC call (a CONNECT must keep its non-2xx answer).
+    let mut get = call(&format!("{url}/other.Svc/Call"), "application/grpc");
+    *get.method_mut() = http::Method::GET;
+    let a = send(&c, get).await;
+    assert_eq!(grpc_status(&a), (StatusCode::NOT_FOUND, None, None));
     // gRPC-Web is another protocol: its clients read HTTP statuses.
     let a = send(
         &c,
@@ -125,8 +130,8 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
     // Metrics count each answer by what it means, not by the 200 it went out as.
     let text = metrics.encode();
     for line in [
-        // Three gRPC calls and the gRPC-Web one.
-        r#"tollgate_requests_total{route="none",code_class="4xx"} 4"#,
+        // Per path two gRPC calls and a JSON one; the GET and the gRPC-Web call.
+        r#"tollgate_requests_total{route="none",code_class="4xx"} 5"#,
         r#"tollgate_requests_total{route="default/invalid",code_class="5xx"} 3"#,
         r#"tollgate_requests_total{route="default/ok",code_class="2xx"} 1"#,
     ] {
@@ -198,4 +203,29 @@ async fn an_upstreams_error_answer_to_a_grpc_call_passes_untouched() {
         (StatusCode::SERVICE_UNAVAILABLE, None, None)
     );
     assert_eq!(&a.body[..], b"busy");
+}
+
+/// The gateway's timeouts are deadlines: `DEADLINE_EXCEEDED`, over HTTP/1.1 as over HTTP/2.
+#[tokio::test]
+async fn a_gateway_timeout_is_deadline_exceeded_over_either_http_version() {
+    let b = slow_backend("b", 300).await;
+    let mut r = route("slow", "/", vec![wb("b", 1)]);
+    r.timeouts = tollgate_api::Timeouts {
+        request_ms: Some(50),
+        backend_request_ms: None,
+    };
+    let (_p, url) = proxy_with(vec![r], vec![("b", backend_of(&[&b]))]).await;
+    for c in [h2c_client(), h1_client()] {
+        let a = send(
+            &c,
+            call(&format!("{url}/svc.Slow/Call"), "application/grpc"),
+        )
+        .await;
+        assert_eq!(
+            grpc_status(&a),
+            (StatusCode::OK, Some("4"), Some("Gateway Timeout")),
+            "{a:?}"
+        );
+        assert!(a.body.is_empty());
+    }
 }

@@ -401,16 +401,24 @@ async fn grpc_clients_get_denials_as_grpc_statuses_with_the_policy_message() {
     .await;
     let c = h2c_client();
     let url = format!("{url}/shop.Cart/Add");
-    let grpc = ("content-type", "application/grpc");
-    let none = get_with(&c, &url, &[grpc]).await;
+    let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
+    let none = request(&c, Method::POST, &url, &grpc).await;
     assert_eq!(none.status, StatusCode::OK, "{none:?}");
+    assert_eq!(header(&none, "content-type"), Some("application/grpc"));
     assert_eq!(header(&none, "grpc-status"), Some("16"));
     assert_eq!(header(&none, "grpc-message"), Some("who are you?"));
     assert_eq!(www_authenticate(&none), [APIKEY_CHALLENGE]);
     assert!(none.body.is_empty());
-    let bob = get_with(&c, &url, &[grpc, ("x-api-key", "bob-key")]).await;
+    let bob = request(
+        &c,
+        Method::POST,
+        &url,
+        &[grpc[0], grpc[1], ("x-api-key", "bob-key")],
+    )
+    .await;
     assert_eq!(bob.status, StatusCode::OK, "{bob:?}");
     assert_eq!(header(&bob, "grpc-status"), Some("7"));
+    assert_eq!(header(&bob, "grpc-message"), Some("Forbidden"));
     assert_eq!(app.hits(), 0);
     // The same denial to a plain HTTP client stays a 401.
     let plain = get_with(&c, &url, &[]).await;

@@ -161,12 +161,13 @@ async fn a_grpc_client_over_the_limit_gets_resource_exhausted() {
     let call = [
         ("x-client-id", "alice"),
         ("content-type", "application/grpc"),
+        ("te", "trailers"),
     ];
-    let ok = get_with(&c, &url, &call).await;
+    let ok = request(&c, Method::POST, &url, &call).await;
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(ok.json()["backend"], "app");
     assert_eq!(header(&ok, "grpc-status"), None, "the upstream's answer");
-    let limited = get_with(&c, &url, &call).await;
+    let limited = request(&c, Method::POST, &url, &call).await;
     assert_eq!(limited.status, StatusCode::OK, "{limited:?}");
     assert_eq!(header(&limited, "grpc-status"), Some("8"));
     assert_eq!(header(&limited, "grpc-message"), Some("Too Many Requests"));
