@@ -14,7 +14,6 @@ use http_body_util::Full;
 use hyper::body::Body as _;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tollgate_api::{Endpoint, WeightedBackend};
-use tollgate_proxy::ProxyOptions;
 
 /// A gRPC call as a client makes it: POST, `te: trailers`, one empty message.
 fn call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
@@ -48,13 +47,7 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
         weight: 1,
         filters: vec![],
     };
-    let metrics = metrics();
-    let opts = ProxyOptions {
-        metrics: metrics.clone(),
-        ..ProxyOptions::default()
-    };
-    let (_p, url) = proxy_with_options(
-        opts,
+    let (_p, url, metrics) = proxy_with_metrics(
         vec![
             route("ok", "/svc.Ok/", vec![wb("b", 1)]),
             route("invalid", "/svc.Invalid/", vec![unresolved]),

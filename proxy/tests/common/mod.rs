@@ -304,6 +304,20 @@ pub fn metrics() -> Arc<Metrics> {
     Arc::new(Metrics::new())
 }
 
+/// [`proxy_with`], and the metrics it records into.
+pub async fn proxy_with_metrics(
+    routes: Vec<Route>,
+    backends: Vec<(&str, Backend)>,
+) -> (Proxy, String, Arc<Metrics>) {
+    let metrics = metrics();
+    let opts = ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    };
+    let (p, url) = proxy_with_options(opts, routes, backends).await;
+    (p, url, metrics)
+}
+
 // ---- clients ----
 
 pub type TestClient = Client<HttpConnector, Full<Bytes>>;

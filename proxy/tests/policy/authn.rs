@@ -4,7 +4,7 @@
 
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
-use tollgate_api::policy::{AuthzRule, DenyResponse};
+use tollgate_api::policy::{Auth, AuthzRule, DenyResponse};
 
 use crate::common::*;
 use crate::support::*;
@@ -196,23 +196,30 @@ async fn an_authorization_rule_that_does_not_hold_is_403_without_a_challenge() {
     assert_eq!(app.hits(), 2);
 }
 
-#[tokio::test]
-async fn deny_answers_carry_the_policy_code_and_message() {
-    let app = echo_backend("app").await;
+/// API keys, "who are you?" to a caller without one, and a rule only the `admins` group's
+/// keys pass.
+fn admins_only() -> Auth {
     let mut a = api_key_auth();
     a.unauthenticated = DenyResponse {
         code: 401,
         message: Some("who are you?".into()),
-    };
-    a.unauthorized = DenyResponse {
-        code: 404,
-        message: Some("nothing here".into()),
     };
     a.authorization = vec![AuthzRule {
         name: "admins".into(),
         predicate: "auth.identity.metadata.labels.group == 'admins'".into(),
         when: vec![],
     }];
+    a
+}
+
+#[tokio::test]
+async fn deny_answers_carry_the_policy_code_and_message() {
+    let app = echo_backend("app").await;
+    let mut a = admins_only();
+    a.unauthorized = DenyResponse {
+        code: 404,
+        message: Some("nothing here".into()),
+    };
     let (_p, url) = proxy_with_policies(
         &app,
         vec![guarded("shop", "/", "p")],
@@ -383,20 +390,10 @@ async fn only_routes_that_name_a_policy_set_enforce_it() {
 #[tokio::test]
 async fn grpc_clients_get_denials_as_grpc_statuses_with_the_policy_message() {
     let app = echo_backend("app").await;
-    let mut a = api_key_auth();
-    a.unauthenticated = DenyResponse {
-        code: 401,
-        message: Some("who are you?".into()),
-    };
-    a.authorization = vec![AuthzRule {
-        name: "admins".into(),
-        predicate: "auth.identity.metadata.labels.group == 'admins'".into(),
-        when: vec![],
-    }];
     let (_p, url) = proxy_with_policies(
         &app,
         vec![guarded("shop", "/", "p")],
-        vec![("p", only_auth(a))],
+        vec![("p", only_auth(admins_only()))],
     )
     .await;
     let c = h2c_client();

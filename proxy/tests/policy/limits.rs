@@ -9,19 +9,23 @@ use crate::support::*;
 
 // ---- rate limits ----
 
-#[tokio::test]
-async fn a_per_client_limit_admits_three_a_minute_then_answers_429() {
-    let app = echo_backend("app").await;
+/// A proxy whose one route (`/`) allows `limit` requests a minute per `x-client-id`.
+async fn per_client_limit(app: &EchoBackend, limit: u64) -> (tollgate_proxy::Proxy, String) {
     let set = PolicySet {
         auth: None,
         rate_limits: vec![per_minute(
             "per-client",
-            3,
+            limit,
             "request.headers['x-client-id']",
         )],
     };
-    let (_p, url) =
-        proxy_with_policies(&app, vec![guarded("api", "/", "p")], vec![("p", set)]).await;
+    proxy_with_policies(app, vec![guarded("api", "/", "p")], vec![("p", set)]).await
+}
+
+#[tokio::test]
+async fn a_per_client_limit_admits_three_a_minute_then_answers_429() {
+    let app = echo_backend("app").await;
+    let (_p, url) = per_client_limit(&app, 3).await;
     let c = h1_client();
     let alice = [("x-client-id", "alice")];
 
@@ -62,16 +66,7 @@ async fn a_per_client_limit_admits_three_a_minute_then_answers_429() {
 #[tokio::test]
 async fn requests_without_the_counter_value_share_one_counter() {
     let app = echo_backend("app").await;
-    let set = PolicySet {
-        auth: None,
-        rate_limits: vec![per_minute(
-            "per-client",
-            3,
-            "request.headers['x-client-id']",
-        )],
-    };
-    let (_p, url) =
-        proxy_with_policies(&app, vec![guarded("api", "/", "p")], vec![("p", set)]).await;
+    let (_p, url) = per_client_limit(&app, 3).await;
     let c = h1_client();
     for remaining in ["2", "1", "0"] {
         let ok = get_with(&c, &url, &[]).await;
@@ -146,16 +141,7 @@ async fn every_applicable_limit_must_admit_and_the_tightest_is_reported() {
 #[tokio::test]
 async fn a_grpc_client_over_the_limit_gets_resource_exhausted() {
     let app = echo_backend("app").await;
-    let set = PolicySet {
-        auth: None,
-        rate_limits: vec![per_minute(
-            "per-client",
-            1,
-            "request.headers['x-client-id']",
-        )],
-    };
-    let (_p, url) =
-        proxy_with_policies(&app, vec![guarded("api", "/", "p")], vec![("p", set)]).await;
+    let (_p, url) = per_client_limit(&app, 1).await;
     let c = h2c_client();
     let url = format!("{url}/svc.Api/Get");
     let call = [
