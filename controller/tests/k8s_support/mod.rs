@@ -165,6 +165,20 @@ impl TestEnv {
             .unwrap()
     }
 
+    /// Whether HTTPRoute `route` carries a status of this test's controller.
+    pub async fn has_status(&self, route: &str) -> bool {
+        self.has_our_status(&self.get(route).await)
+    }
+
+    /// Whether `r` carries a status of this test's controller.
+    pub fn has_our_status(&self, r: &gateway_api::httproutes::HttpRoute) -> bool {
+        r.status.as_ref().is_some_and(|s| {
+            s.parents
+                .iter()
+                .any(|p| p.controller_name == self.controller_name)
+        })
+    }
+
     /// A Gateway of the test class with one HTTP listener per `(name, port)`.
     pub async fn gateway(&self, name: &str, listeners: &[(&str, u16)]) {
         let ls: Vec<Value> = listeners
