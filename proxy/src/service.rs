@@ -77,6 +77,8 @@ pub(crate) struct Completion {
     metrics: Arc<RouteMetrics>,
     request_id: HeaderValue,
     guard: Option<EndpointGuard>,
+    /// The answer is the upstream's (every other one is the gateway's own).
+    upstream_answered: bool,
     /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
     log: Option<Box<LogFields>>,
 }
@@ -138,6 +140,7 @@ pub(crate) async fn handle(
         host: request_host(seen.host, req.uri()),
         limits: check_limits(&shared, &seen),
         origin: seen.origin.cloned(),
+        grpc: grpc_client,
         upgrade: req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers()),
     };
     let log = shared.access_log.enabled().then(|| {
@@ -157,6 +160,7 @@ pub(crate) async fn handle(
         shared: shared.clone(),
         request_id: request_id.clone(),
         guard: None,
+        upstream_answered: false,
         log,
     };
     let client_upgrade = client.upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -179,7 +183,7 @@ pub(crate) async fn handle(
     // Metrics and the access log count the answer by what it means (a gRPC client's 404 is
     // a 404, though it goes out as 200 with `grpc-status: 12`).
     done.status = resp.status().as_u16();
-    if grpc_client {
+    if grpc_client && !done.upstream_answered {
         resp = grpc::trailers_only(resp);
     }
     resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
@@ -195,6 +199,8 @@ struct ClientHead {
     limits: Result<(), StatusCode>,
     /// `Origin`, for CORS decoration of the response.
     origin: Option<HeaderValue>,
+    /// A gRPC call: the gateway's own error answers go out as gRPC statuses.
+    grpc: bool,
     /// An HTTP/1 upgrade request.
     upgrade: bool,
 }
@@ -232,14 +238,8 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// A bodiless answer with a short text reason, marked as the gateway's own
-/// ([`grpc::LocalReply`]).
+/// A bodiless answer with a short text reason.
 pub(crate) fn status(code: StatusCode) -> Response<ProxyBody> {
-    local_status(code, grpc::LocalReply::default())
-}
-
-/// [`status`] with what a gRPC client is told instead of what the HTTP status implies.
-fn local_status(code: StatusCode, reply: grpc::LocalReply) -> Response<ProxyBody> {
     let mut r = Response::new(full(Bytes::from(format!(
         "{}\n",
         code.canonical_reason().unwrap_or("error")
@@ -249,7 +249,6 @@ fn local_status(code: StatusCode, reply: grpc::LocalReply) -> Response<ProxyBody
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    r.extensions_mut().insert(reply);
     r
 }
 
@@ -285,14 +284,7 @@ fn request_filter<'s>(
     match f {
         Filter::RequestHeaderModifier(m) => filters::modify_headers(m, &mut parts.headers),
         Filter::ResponseHeaderModifier(m) => plan.response_mods.push(m),
-        Filter::RequestRedirect(r) => {
-            let mut resp = filters::redirect(r, view);
-            // A Location that cannot be a header value is the gateway's own 500.
-            if resp.status().is_server_error() {
-                resp.extensions_mut().insert(grpc::LocalReply::default());
-            }
-            return Some(with_empty_body(resp));
-        }
+        Filter::RequestRedirect(r) => return Some(with_empty_body(filters::redirect(r, view))),
         Filter::UrlRewrite(r) => {
             let rw = filters::rewrite(r, view);
             if rw.host.is_some() {
@@ -389,15 +381,18 @@ async fn proxy(
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(decision) => rate_limit = decision,
             Err(resp) => {
-                // A gRPC client reads the policy's message in `grpc-message`.
-                let reply = grpc::LocalReply {
+                // A gRPC client reads the policy's message in `grpc-message` (copied only
+                // for one: a flood of denials to HTTP clients allocates nothing more).
+                let reply = client.grpc.then(|| grpc::Override {
                     code: None,
                     message: Some(String::from_utf8_lossy(resp.body()).into_owned()),
-                };
+                });
                 // A browser must be able to read the denial (status, Retry-After): decorate it
                 // as the route's CORS filters would decorate an upstream answer.
                 let mut resp = resp.map(full);
-                resp.extensions_mut().insert(reply);
+                if let Some(reply) = reply {
+                    resp.extensions_mut().insert(reply);
+                }
                 let origin = parts.headers.get(ORIGIN);
                 for f in &route.filters {
                     if let Filter::Cors(c) = f {
@@ -490,6 +485,7 @@ async fn proxy(
         None => call.send(parts, body).await,
     };
     done.guard = Some(guard);
+    done.upstream_answered = result.is_ok();
     let mut resp = match result {
         // Phase 6.
         Ok(resp) => response_filters(
@@ -543,13 +539,12 @@ fn pick_backend<'s>(
     // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
     // GRPCRoute requires for traffic to invalid backends.
     let internal = || {
-        Box::new(local_status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            grpc::LocalReply {
-                code: Some(grpc::Code::Unavailable),
-                message: Some("no valid backend".into()),
-            },
-        ))
+        let mut r = status(StatusCode::INTERNAL_SERVER_ERROR);
+        r.extensions_mut().insert(grpc::Override {
+            code: Some(grpc::Code::Unavailable),
+            message: Some("no valid backend".into()),
+        });
+        Box::new(r)
     };
     let picked = crate::upstream::pick_weighted(backends).ok_or_else(internal)?;
     let key = picked.backend.as_deref().ok_or_else(internal)?;
