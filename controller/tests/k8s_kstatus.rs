@@ -346,10 +346,12 @@ async fn an_auth_policy_is_in_progress_until_a_proxy_runs_it() {
     ctl.wait_ready().await;
     let log = || ctl.log();
 
-    // Accepted, but no proxy of the Gateway runs it: Reconciling=True.
+    // Accepted, but no proxy of the Gateway runs it: Reconciling=True. (Read once the
+    // controller has written its status: before, kstatus says InProgress too, for the
+    // generation nobody observed yet.)
+    let waiting = observed::<AuthPolicy>(&env, "keys", &ctl).await;
     let out = kstatus(&env, AP, "keys", "InProgress", WAIT, &log).await;
     assert!(last_status(&out).contains("waiting for proxies"), "{out}");
-    let waiting = observed::<AuthPolicy>(&env, "keys", &ctl).await;
     argo(
         &env,
         &waiting,
