@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # What policies cost: requests per proxy CPU-second of a route with a local rate limit, with an
 # API key plus the limit, and with a cached JWT plus the limit, as ratios to the bare route,
-# measured in the same run with interleaved rounds (bare rl apikey jwt cached, again, ...);
-# and Redis commands per request in redis-cached mode.
+# measured in the same run; and Redis commands per request in redis-cached mode.
+#
+# A round measures the bare route between every two variants (bare rl bare apikey bare jwt bare
+# cached bare), and a variant's ratio in a round is to the mean of the two bare measurements
+# around it: the machine's speed drifts (other tenants of the host), and a drift that is linear
+# over the ~20 s around a variant cancels out. The figure is the median across rounds.
 #
 # Each variant runs in its own tollgate-proxy (one worker, CPU 0); wrk and the backend (nginx
 # answering a small fixed body) share CPU 1. The limit is never exceeded: every request is
@@ -10,13 +14,13 @@
 # Installs nginx, wrk and redis-server from apt when missing; builds Tollgate in release mode.
 #
 # Writes e2e/bench/results/policies-latest.md and a dated copy.
-# Usage: e2e/bench/policies.sh     env: ROUNDS (3), SAT_SECS (8), CONNS (50), BUILD=0, KEEP=1
+# Usage: e2e/bench/policies.sh     env: ROUNDS (7), SAT_SECS (5), CONNS (50), BUILD=0, KEEP=1
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 bench=$root/e2e/bench
-ROUNDS=${ROUNDS:-3}
-SAT_SECS=${SAT_SECS:-8}
+ROUNDS=${ROUNDS:-7}
+SAT_SECS=${SAT_SECS:-5}
 CONNS=${CONNS:-50}
 cache=$HOME/.cache/tollgate
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
@@ -107,7 +111,8 @@ for v in apikey jwt; do
   [ "$code" = 401 ] || { echo "$v answered $code without a credential" >&2; exit 1; }
 done
 
-record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$raw"; } # round variant metric value
+seq_no=0                                                      # position of a measurement in the run
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$seq_no" "$2" "$3" "$4" >>"$raw"; } # round variant metric value
 redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && !/cmdstat_info/ {s += $3} END {print s + 0}'; }
 
 saturate() { # variant round
@@ -116,6 +121,7 @@ saturate() { # variant round
   IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]}"
   for x in "${hs[@]}"; do h+=(-H "$x"); done
   local url="http://127.0.0.1:${port_of[$v]}/"
+  seq_no=$((seq_no + 1))
   taskset -c 1 wrk -t1 -c"$CONNS" -d1s "${h[@]}" "$url" >/dev/null
   c0=$(redis_calls)
   t0=$(ticks "${pid_of[$v]}")
@@ -135,7 +141,12 @@ saturate() { # variant round
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$ROUNDS"); do
-  for v in "${variants[@]}"; do saturate "$v" "$r"; done
+  saturate bare "$r"
+  for v in "${variants[@]}"; do
+    [ "$v" = bare ] && continue
+    saturate "$v" "$r"
+    saturate bare "$r"
+  done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -145,18 +156,30 @@ python3 - "$raw" "$started" "$ROUNDS" "$load_before" "$load_after" >"$dated" <<'
 import statistics, sys
 from collections import defaultdict
 raw, started, rounds, before, after = sys.argv[1:6]
-v = defaultdict(dict)  # (round, variant) -> metric -> value
+m_of = defaultdict(dict)  # measurement number -> metric -> value
+who = {}                  # measurement number -> (round, variant)
 for line in open(raw):
-    r, var, m, val = line.rstrip("\n").split("\t")
-    v[(r, var)][m] = float(val)
-rs = sorted({r for r, _ in v}, key=int)
+    r, n, var, m, val = line.rstrip("\n").split("\t")
+    who[int(n)] = (r, var)
+    m_of[int(n)][m] = float(val)
+rs = sorted({r for r, _ in who.values()}, key=int)
+def runs(var):
+    return [n for n in sorted(who) if who[n][1] == var]
 def ratio(var):
-    xs = [v[(r, var)]["rps_per_core"] / v[(r, "bare")]["rps_per_core"] for r in rs]
+    # To the mean of the bare measurements just before and just after (the same round's).
+    if var == "bare":
+        return 1.0, [1.0 for _ in rs]
+    xs = []
+    for n in runs(var):
+        around = [m_of[k]["rps_per_core"] for k in (n - 1, n + 1) if who.get(k, (None, None))[1] == "bare"]
+        xs.append(m_of[n]["rps_per_core"] / (sum(around) / len(around)))
     return statistics.median(xs), xs
 def med(var, m):
-    return statistics.median(v[(r, var)][m] for r in rs)
+    return statistics.median(m_of[n][m] for n in runs(var))
 print(f"# Tollgate policy benchmark ({started})\n")
-print(f"Rounds: {rounds}, interleaved (bare, rl, apikey, jwt, cached per round). Each variant in its own "
+print(f"Rounds: {rounds}, each measuring the bare route between every two variants (bare, rl, bare, apikey, bare, "
+      "jwt, bare, cached, bare); a variant's ratio in a round is to the mean of the two bare measurements around it "
+      "(a drift of the machine's speed cancels), and the figure is the median across rounds. Each variant in its own "
       "tollgate-proxy on CPU 0 with one worker; wrk and the backend on CPU 1. Every request is admitted "
       "(the limit is never reached): the figures are the cost of deciding.\n")
 print(f"Load average before: {before}; after: {after} (shared machine: absolute figures are noisy, ratios count).\n")
@@ -180,7 +203,7 @@ print("| variant | requests per proxy CPU-second | ratio to bare | wrk requests/
 print("| --- | --- | --- | --- | --- |")
 for var in ["bare", "rl", "apikey", "jwt", "cached"]:
     print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
-          f"{sum(v[(r, var)]['errors'] for r in rs):.0f} |")
+          f"{sum(m_of[n]['errors'] for n in runs(var)):.0f} |")
 EOF
 cp "$dated" "$bench/results/policies-latest.md"
 cp "$raw" "${dated%.md}.tsv"
