@@ -37,6 +37,12 @@ pub(crate) struct AccessRecord {
     pub request_id: String,
     /// Client `ip:port`.
     pub peer: String,
+    /// The call's gRPC status, for a gRPC call (a POST with a gRPC `Content-Type`) whose answer
+    /// carried one: in the response head (Trailers-Only, which is also how the gateway
+    /// answers such a call itself) or in the trailers. Absent otherwise: the HTTP `status` of
+    /// a gRPC call is 200 whatever the call's outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
 }
 
 /// Sender side of the access log.
@@ -215,7 +221,18 @@ mod tests {
             bytes: 10,
             request_id: "r".into(),
             peer: "127.0.0.1:1".into(),
+            grpc_status: None,
         }
+    }
+
+    #[test]
+    fn grpc_status_is_written_only_when_known() {
+        let mut rec = record();
+        let plain = serde_json::to_value(&rec).unwrap();
+        assert!(plain.get("grpc_status").is_none(), "{plain}");
+        rec.grpc_status = Some(14);
+        let grpc = serde_json::to_value(&rec).unwrap();
+        assert_eq!(grpc["grpc_status"], 14, "{grpc}");
     }
 
     #[test]

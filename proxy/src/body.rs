@@ -11,6 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -144,6 +145,9 @@ impl Body for LimitedBody {
 pub(crate) trait OnComplete: Send + Unpin + 'static {
     /// Reports the bytes sent.
     fn complete(self, bytes: u64);
+
+    /// Sees the body's trailers as they pass (before [`OnComplete::complete`]).
+    fn trailers(&mut self, _trailers: &HeaderMap) {}
 }
 
 /// A response body that counts bytes and reports them once.
@@ -197,6 +201,10 @@ impl<C: OnComplete> Body for TrackedBody<C> {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
                     this.bytes += d.len() as u64;
+                } else if let Some(t) = frame.trailers_ref()
+                    && let Some(done) = this.done.as_mut()
+                {
+                    done.trailers(t);
                 }
                 if this.inner.is_end_stream() {
                     this.finish();

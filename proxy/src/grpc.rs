@@ -18,7 +18,7 @@
 //! calls.
 //! Answers from upstreams are never touched: a gRPC server's own statuses pass as they are.
 
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::{ProxyBody, empty};
@@ -116,6 +116,16 @@ pub(crate) fn trailers_only(resp: Response<ProxyBody>) -> Response<ProxyBody> {
 }
 
 /// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+/// The `grpc-status` of a response head (Trailers-Only) or of trailers: a decimal number;
+/// `None` when absent or not a number.
+pub(crate) fn status_of(headers: &HeaderMap) -> Option<u32> {
+    let v = headers.get(&GRPC_STATUS)?.as_bytes();
+    if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
+}
+
 fn percent_encode(text: &str) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(text.len());
@@ -241,5 +251,23 @@ mod tests {
         let r = trailers_only(local(StatusCode::FOUND, None));
         assert_eq!(r.status(), StatusCode::FOUND);
         assert!(r.headers().get("grpc-status").is_none());
+    }
+
+    #[test]
+    fn status_of_reads_a_decimal_grpc_status() {
+        let of = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-status", HeaderValue::from_static(v));
+            status_of(&h)
+        };
+        assert_eq!(of("0"), Some(0));
+        assert_eq!(of("14"), Some(14));
+        assert_eq!(of("016"), Some(16));
+        for bad in ["", "-1", "1 ", "x", "1234567890"] {
+            assert_eq!(of(bad), None, "{bad:?}");
+        }
+        assert_eq!(status_of(&HeaderMap::new()), None);
+        let converted = trailers_only(local(StatusCode::NOT_FOUND, None));
+        assert_eq!(status_of(converted.headers()), Some(12));
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ORIGIN};
 use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body as _, Incoming};
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
@@ -91,6 +91,9 @@ struct LogFields {
     uri: Uri,
     host: String,
     peer: SocketAddr,
+    /// A gRPC call: its status is read from the answer's head or trailers.
+    grpc: bool,
+    grpc_status: Option<u32>,
 }
 
 impl OnComplete for Completion {
@@ -110,7 +113,17 @@ impl OnComplete for Completion {
                 bytes,
                 request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
                 peer: log.peer.to_string(),
+                grpc_status: log.grpc_status,
             });
+        }
+    }
+
+    fn trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(log) = self.log.as_mut()
+            && log.grpc
+            && log.grpc_status.is_none()
+        {
+            log.grpc_status = grpc::status_of(trailers);
         }
     }
 }
@@ -150,6 +163,8 @@ pub(crate) async fn handle(
             uri: req.uri().clone(),
             host: client.host.to_str().unwrap_or("").to_owned(),
             peer: conn.peer,
+            grpc: grpc_client,
+            grpc_status: None,
         })
     });
     let mut done = Completion {
@@ -185,6 +200,12 @@ pub(crate) async fn handle(
     done.status = resp.status().as_u16();
     if grpc_client && !done.upstream_answered {
         resp = grpc::trailers_only(resp);
+    }
+    if let Some(log) = done.log.as_mut()
+        && log.grpc
+    {
+        // Trailers-Only (the gateway's own answer, or an upstream's); else the trailers say.
+        log.grpc_status = grpc::status_of(resp.headers());
     }
     resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     let (parts, body) = resp.into_parts();

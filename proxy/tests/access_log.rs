@@ -1,0 +1,260 @@
+//! The access log of the `tollgate-proxy` binary (one JSON line per request on stdout): a gRPC
+//! call's line carries its `grpc_status`, wherever the status came from (the upstream's
+//! trailers, the upstream's Trailers-Only head, or the gateway's own answer); other lines
+//! have none.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tollgate_api::{Backend, BackendProtocol, LoadBalancer};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+type Frames =
+    StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
+/// A gRPC server (HTTP/2 only) that fails every call: `grpc-status: 5` in the trailers after
+/// one message, or, for a method named `TrailersOnly`, `grpc-status: 7` in the response head
+/// and no body.
+async fn grpc_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let trailers_only = req.uri().path().ends_with("/TrailersOnly");
+                    let _ = req.into_body().collect().await;
+                    let mut resp = Response::builder().header("content-type", "application/grpc");
+                    let frames: Vec<Result<Frame<Bytes>, Infallible>> = if trailers_only {
+                        resp = resp.header("grpc-status", "7");
+                        vec![]
+                    } else {
+                        let mut t = HeaderMap::new();
+                        t.insert("grpc-status", HeaderValue::from_static("5"));
+                        t.insert("grpc-message", HeaderValue::from_static("no such thing"));
+                        vec![
+                            Ok(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+                            Ok(Frame::trailers(t)),
+                        ]
+                    };
+                    let body: Frames = StreamBody::new(futures_util::stream::iter(frames));
+                    Ok::<_, Infallible>(resp.body(body).unwrap())
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A gRPC call as a client makes it, with the `content-type` given.
+fn call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap()
+}
+
+/// Sends `req`, reads the answer to its end; the status and the `grpc-status` of the head or,
+/// failing that, of the trailers.
+async fn exchange(client: &TestClient, req: Request<Full<Bytes>>) -> (StatusCode, Option<String>) {
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = resp.status();
+    let head = resp.headers().get("grpc-status").cloned();
+    let collected = resp.into_body().collect().await.unwrap();
+    let grpc = head
+        .or_else(|| {
+            collected
+                .trailers()
+                .and_then(|t| t.get("grpc-status").cloned())
+        })
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, grpc)
+}
+
+/// The next access log line for `path`, waiting at most 10 s (a bound, not a speed check).
+fn line_for(lines: &mpsc::Receiver<String>, path: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no access log line for {path}: {e}"));
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if v["path"] == path {
+            return v;
+        }
+    }
+}
+
+#[tokio::test]
+async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
+    let grpc = grpc_server().await;
+    let echo = echo_backend("plain").await;
+    let port = free_port();
+    let admin = free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-access-log-{}-{port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("table.json");
+    let grpc_backend = Backend {
+        protocol: BackendProtocol::H2c,
+        load_balancer: LoadBalancer::default(),
+        endpoints: vec![tollgate_api::Endpoint {
+            ip: "127.0.0.1".into(),
+            port: grpc.port(),
+        }],
+    };
+    let t = table(
+        1,
+        vec![http_port(
+            port,
+            vec![
+                route("grpc", "/svc.Up/", vec![wb("grpc", 1)]),
+                route("plain", "/plain", vec![wb("plain", 1)]),
+            ],
+        )],
+        vec![("grpc", grpc_backend), ("plain", backend_of(&[&echo]))],
+    );
+    std::fs::write(&file, serde_json::to_string(&t).unwrap()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
+        .arg("--table")
+        .arg(&file)
+        .arg("--admin")
+        .arg(format!("127.0.0.1:{admin}"))
+        .args(["--access-log", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _proxy = Killed(child);
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+
+    let h1 = h1_client();
+    let h2 = h2c_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut up = false;
+    for _ in 0..300 {
+        let req = Request::get(format!("{base}/plain/ready"))
+            .body(Full::default())
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), h1.request(req)).await
+            && r.status() == StatusCode::OK
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the proxy never served /plain");
+
+    // The upstream's status in its trailers.
+    let got = exchange(&h2, call(&format!("{base}/svc.Up/Get"), "application/grpc")).await;
+    assert_eq!(got, (StatusCode::OK, Some("5".into())));
+    let l = line_for(&lines, "/svc.Up/Get");
+    assert_eq!(
+        (l["status"].as_u64(), l["grpc_status"].as_u64()),
+        (Some(200), Some(5)),
+        "{l}"
+    );
+
+    // The upstream's Trailers-Only answer.
+    let got = exchange(
+        &h2,
+        call(
+            &format!("{base}/svc.Up/TrailersOnly"),
+            "application/grpc+proto",
+        ),
+    )
+    .await;
+    assert_eq!(got, (StatusCode::OK, Some("7".into())));
+    let l = line_for(&lines, "/svc.Up/TrailersOnly");
+    assert_eq!(
+        (l["status"].as_u64(), l["grpc_status"].as_u64()),
+        (Some(200), Some(7)),
+        "{l}"
+    );
+
+    // The gateway's own answer: no route is UNIMPLEMENTED; the line keeps the HTTP meaning.
+    let got = exchange(
+        &h2,
+        call(&format!("{base}/other.Svc/Call"), "application/grpc"),
+    )
+    .await;
+    assert_eq!(got, (StatusCode::OK, Some("12".into())));
+    let l = line_for(&lines, "/other.Svc/Call");
+    assert_eq!(
+        (l["status"].as_u64(), l["grpc_status"].as_u64()),
+        (Some(404), Some(12)),
+        "{l}"
+    );
+
+    // Not gRPC calls: no field, though the second answer has trailers with a grpc-status.
+    let got = exchange(
+        &h1,
+        Request::get(format!("{base}/plain/x"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(got, (StatusCode::OK, None));
+    let l = line_for(&lines, "/plain/x");
+    assert!(l.get("grpc_status").is_none(), "{l}");
+    assert_eq!(l["status"], 200, "{l}");
+    let got = exchange(
+        &h2,
+        call(&format!("{base}/svc.Up/Json"), "application/json"),
+    )
+    .await;
+    assert_eq!(got, (StatusCode::OK, Some("5".into())));
+    let l = line_for(&lines, "/svc.Up/Json");
+    assert!(l.get("grpc_status").is_none(), "{l}");
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
