@@ -204,6 +204,11 @@ print("| --- | --- | --- | --- | --- |")
 for var in ["bare", "rl", "apikey", "jwt", "cached"]:
     print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
           f"{sum(m_of[n]['errors'] for n in runs(var)):.0f} |")
+bare = [m_of[n]["rps_per_core"] for n in runs("bare")]
+print(f"\nThe machine's steadiness: the bare route's {len(bare)} measurements ranged from {min(bare):,.0f} to "
+      f"{max(bare):,.0f} requests per proxy CPU-second ({max(bare) / min(bare) - 1:.0%} apart). The same binary "
+      "and request every time: that spread is the machine's noise, which the pairing within a round and the "
+      "median across rounds have to overcome.")
 EOF
 cp "$dated" "$bench/results/policies-latest.md"
 cp "$raw" "${dated%.md}.tsv"
