@@ -8,7 +8,7 @@ mod common;
 
 use std::convert::Infallible;
 use std::io::BufRead as _;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -22,15 +22,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tollgate_api::{Backend, BackendProtocol, LoadBalancer};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 type Frames =
     StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
@@ -73,15 +64,6 @@ async fn grpc_server() -> std::net::SocketAddr {
         }
     });
     addr
-}
-
-/// A gRPC call as a client makes it, with the `content-type` given.
-fn call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
-    Request::post(url)
-        .header("content-type", content_type)
-        .header("te", "trailers")
-        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .unwrap()
 }
 
 /// Sends `req`, reads the answer to its end; the status and the `grpc-status` of the head or,
@@ -195,7 +177,11 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     assert!(up, "the proxy never served /plain");
 
     // The upstream's status in its trailers.
-    let got = exchange(&h2, call(&format!("{base}/svc.Up/Get"), "application/grpc")).await;
+    let got = exchange(
+        &h2,
+        grpc_call(&format!("{base}/svc.Up/Get"), "application/grpc"),
+    )
+    .await;
     assert_eq!(got, (StatusCode::OK, Some("5".into())));
     let l = line_for(&lines, "/svc.Up/Get");
     assert_eq!(
@@ -207,7 +193,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     // The upstream's Trailers-Only answer.
     let got = exchange(
         &h2,
-        call(
+        grpc_call(
             &format!("{base}/svc.Up/TrailersOnly"),
             "application/grpc+proto",
         ),
@@ -224,7 +210,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     // The gateway's own answer: no route is UNIMPLEMENTED; the line keeps the HTTP meaning.
     let got = exchange(
         &h2,
-        call(&format!("{base}/other.Svc/Call"), "application/grpc"),
+        grpc_call(&format!("{base}/other.Svc/Call"), "application/grpc"),
     )
     .await;
     assert_eq!(got, (StatusCode::OK, Some("12".into())));
@@ -249,7 +235,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     assert_eq!(l["status"], 200, "{l}");
     let got = exchange(
         &h2,
-        call(&format!("{base}/svc.Up/Json"), "application/json"),
+        grpc_call(&format!("{base}/svc.Up/Json"), "application/json"),
     )
     .await;
     assert_eq!(got, (StatusCode::OK, Some("5".into())));

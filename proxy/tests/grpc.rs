@@ -9,20 +9,11 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use http_body_util::Full;
 use hyper::body::Body as _;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tollgate_api::{Endpoint, WeightedBackend};
-
-/// A gRPC call as a client makes it: POST, `te: trailers`, one empty message.
-fn call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
-    Request::post(url)
-        .header("content-type", content_type)
-        .header("te", "trailers")
-        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .unwrap()
-}
 
 fn grpc_status(a: &Answer) -> (StatusCode, Option<&str>, Option<&str>) {
     let h = |n: &str| a.headers.get(n).and_then(|v| v.to_str().ok());
@@ -84,7 +75,7 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
         ),
     ];
     for (path, code, message, http_status) in cases {
-        let a = send(&c, call(&format!("{url}{path}"), "application/grpc")).await;
+        let a = send(&c, grpc_call(&format!("{url}{path}"), "application/grpc")).await;
         assert_eq!(
             grpc_status(&a),
             (StatusCode::OK, Some(code), Some(message)),
@@ -94,21 +85,25 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
         assert!(a.body.is_empty(), "{path}: {a:?}");
         assert!(a.headers.contains_key("x-request-id"), "{path}");
         // Any gRPC content type; a plain client keeps the HTTP answer.
-        let a = send(&c, call(&format!("{url}{path}"), "application/grpc+proto")).await;
+        let a = send(
+            &c,
+            grpc_call(&format!("{url}{path}"), "application/grpc+proto"),
+        )
+        .await;
         assert_eq!(a.headers["grpc-status"], code, "{path}");
-        let a = send(&c, call(&format!("{url}{path}"), "application/json")).await;
+        let a = send(&c, grpc_call(&format!("{url}{path}"), "application/json")).await;
         assert_eq!(grpc_status(&a), (http_status, None, None), "{path}");
         assert_eq!(a.headers["content-type"], "text/plain; charset=utf-8");
     }
     // Only a POST is a gRPC call (a CONNECT must keep its non-2xx answer).
-    let mut get = call(&format!("{url}/other.Svc/Call"), "application/grpc");
+    let mut get = grpc_call(&format!("{url}/other.Svc/Call"), "application/grpc");
     *get.method_mut() = http::Method::GET;
     let a = send(&c, get).await;
     assert_eq!(grpc_status(&a), (StatusCode::NOT_FOUND, None, None));
     // gRPC-Web is another protocol: its clients read HTTP statuses.
     let a = send(
         &c,
-        call(
+        grpc_call(
             &format!("{url}/other.Svc/Call"),
             "application/grpc-web+proto",
         ),
@@ -116,7 +111,11 @@ async fn the_gateways_own_answers_to_grpc_clients_are_grpc_statuses() {
     .await;
     assert_eq!(grpc_status(&a), (StatusCode::NOT_FOUND, None, None));
     // A routed call reaches the upstream, whose answer passes untouched.
-    let a = send(&c, call(&format!("{url}/svc.Ok/Call"), "application/grpc")).await;
+    let a = send(
+        &c,
+        grpc_call(&format!("{url}/svc.Ok/Call"), "application/grpc"),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.json()["path"], "/svc.Ok/Call");
     assert!(a.headers.get("grpc-status").is_none(), "{a:?}");
@@ -149,7 +148,7 @@ async fn a_grpc_status_answer_ends_the_stream_with_its_headers() {
             .unwrap();
     tokio::spawn(conn);
     let resp = sender
-        .send_request(call(&format!("{url}/svc.A/B"), "application/grpc"))
+        .send_request(grpc_call(&format!("{url}/svc.A/B"), "application/grpc"))
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -188,7 +187,7 @@ async fn an_upstreams_error_answer_to_a_grpc_call_passes_untouched() {
     .await;
     let a = send(
         &h2c_client(),
-        call(&format!("{url}/svc.A/B"), "application/grpc"),
+        grpc_call(&format!("{url}/svc.A/B"), "application/grpc"),
     )
     .await;
     assert_eq!(
@@ -211,7 +210,7 @@ async fn a_gateway_timeout_is_deadline_exceeded_over_either_http_version() {
     for c in [h2c_client(), h1_client()] {
         let a = send(
             &c,
-            call(&format!("{url}/svc.Slow/Call"), "application/grpc"),
+            grpc_call(&format!("{url}/svc.Slow/Call"), "application/grpc"),
         )
         .await;
         assert_eq!(

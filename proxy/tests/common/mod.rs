@@ -320,6 +320,26 @@ pub async fn proxy_with_metrics(
 
 // ---- clients ----
 
+/// A gRPC call as a client makes it: POST, `te: trailers`, one empty message, with the
+/// `content-type` given.
+pub fn grpc_call(url: &str, content_type: &str) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap()
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub type TestClient = Client<HttpConnector, Full<Bytes>>;
 
 pub fn h1_client() -> TestClient {
