@@ -3,13 +3,16 @@
 # API key plus the limit, and with a cached JWT plus the limit, as ratios to the bare route,
 # measured in the same run; and Redis commands per request in redis-cached mode.
 #
-# A round measures the bare route between every two variants (bare rl bare apikey bare jwt bare
-# cached bare), and a variant's ratio in a round is to the mean of the two bare measurements
-# around it: the machine's speed drifts (other tenants of the host), and a drift that is linear
-# over the ~20 s around a variant cancels out. The figure is the median across rounds.
+# Each variant is measured side by side with the bare route: both proxies serve at the same time,
+# on the same core, each loaded by its own wrk, and a round's ratio is the variant's requests per
+# CPU-second over the bare route's in that same interval. The machine's speed moves by tens of
+# percent from second to second (other tenants of the host): measured one after the other, the
+# bare route alone ranged 65% in one run and the ratios with it; side by side both proxies see
+# the same machine at every instant, so it cancels. The figure is the median across rounds.
 #
-# Each variant runs in its own tollgate-proxy (one worker, CPU 0); wrk and the backend (nginx
-# answering a small fixed body) share CPU 1. The limit is never exceeded: every request is
+# Each variant runs in its own tollgate-proxy (one worker); both proxies of a pair share CPU 0,
+# each wrk (CONNS/2 connections) and the backend (nginx answering a small fixed body) share
+# CPU 1. The limit is never exceeded: every request is
 # admitted, so the figures are the cost of deciding. Traffic stays on 127.0.0.1.
 # Installs nginx, wrk and redis-server from apt when missing; builds Tollgate in release mode.
 #
@@ -111,41 +114,49 @@ for v in apikey jwt; do
   [ "$code" = 401 ] || { echo "$v answered $code without a credential" >&2; exit 1; }
 done
 
-seq_no=0                                                      # position of a measurement in the run
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$seq_no" "$2" "$3" "$4" >>"$raw"; } # round variant metric value
+record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$raw"; } # round variant metric value
 redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && !/cmdstat_info/ {s += $3} END {print s + 0}'; }
 
-saturate() { # variant round
-  local v=$1 r=$2 out t0 t1 n rps errs c0 c1 h=()
-  local x hs
+load() { # variant seconds outfile: wrk with CONNS/2 connections on CPU 1
+  local v=$1 x hs h=()
   IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]}"
   for x in "${hs[@]}"; do h+=(-H "$x"); done
-  local url="http://127.0.0.1:${port_of[$v]}/"
-  seq_no=$((seq_no + 1))
-  taskset -c 1 wrk -t1 -c"$CONNS" -d1s "${h[@]}" "$url" >/dev/null
+  taskset -c 1 wrk -t1 -c"$((CONNS / 2))" -d"$2s" "${h[@]}" "http://127.0.0.1:${port_of[$v]}/" >"$3"
+}
+
+pair() { # variant round: the variant and the bare route, loaded at the same time
+  local v=$1 r=$2 a b c0 c1 name out n t0 t1
+  declare -A t0s
+  load bare 1 /dev/null & a=$!
+  load "$v" 1 /dev/null & b=$!
+  wait "$a" "$b"
   c0=$(redis_calls)
-  t0=$(ticks "${pid_of[$v]}")
-  out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SAT_SECS}s" "${h[@]}" "$url")
-  t1=$(ticks "${pid_of[$v]}")
+  for name in bare "$v"; do t0s[$name]=$(ticks "${pid_of[$name]}"); done
+  load bare "$SAT_SECS" "$work/out.bare" & a=$!
+  load "$v" "$SAT_SECS" "$work/out.$v" & b=$!
+  wait "$a" "$b"
   c1=$(redis_calls)
-  n=$(awk '/requests in/ {print $1}' <<<"$out")
-  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-  errs=$(awk '/Non-2xx/ {s += $NF} /Socket errors/ {gsub(/,/, ""); s += $4 + $6 + $8 + $10} END {print s + 0}' <<<"$out")
-  record "$r" "$v" rps "$rps"
-  record "$r" "$v" rps_per_core "$(awk -v d=$((t1 - t0)) -v n="$n" -v t="$tck" 'BEGIN {printf "%.0f", (d > 0) ? n / (d / t) : 0}')"
-  record "$r" "$v" errors "$errs"
-  record "$r" "$v" requests "$n"
-  [ "$v" = cached ] && record "$r" "$v" redis_per_request "$(awk -v c=$((c1 - c0)) -v n="$n" 'BEGIN {printf "%.5f", c / n}')"
-  log "r$r $v: $rps req/s, errors $errs"
+  for name in bare "$v"; do
+    t1=$(ticks "${pid_of[$name]}")
+    t0=${t0s[$name]}
+    out=$work/out.$name
+    n=$(awk '/requests in/ {print $1}' "$out")
+    # The bare route's figures of this pair are recorded under "bare@VARIANT".
+    local as=$name
+    [ "$name" = bare ] && as="bare@$v"
+    record "$r" "$as" rps "$(awk '/^Requests\/sec/ {print $2}' "$out")"
+    record "$r" "$as" rps_per_core "$(awk -v d=$((t1 - t0)) -v n="$n" -v t="$tck" 'BEGIN {printf "%.0f", (d > 0) ? n / (d / t) : 0}')"
+    record "$r" "$as" errors "$(awk '/Non-2xx/ {s += $NF} /Socket errors/ {gsub(/,/, ""); s += $4 + $6 + $8 + $10} END {print s + 0}' "$out")"
+    record "$r" "$as" requests "$n"
+  done
+  [ "$v" = cached ] && record "$r" "$v" redis_per_request "$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/out.cached")" 'BEGIN {printf "%.5f", c / n}')"
+  log "r$r $v beside bare: $(awk '/^Requests\/sec/ {print $2}' "$work/out.$v") and $(awk '/^Requests\/sec/ {print $2}' "$work/out.bare") req/s"
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$ROUNDS"); do
-  saturate bare "$r"
   for v in "${variants[@]}"; do
-    [ "$v" = bare ] && continue
-    saturate "$v" "$r"
-    saturate bare "$r"
+    [ "$v" = bare ] || pair "$v" "$r"
   done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -156,31 +167,23 @@ python3 - "$raw" "$started" "$ROUNDS" "$load_before" "$load_after" >"$dated" <<'
 import statistics, sys
 from collections import defaultdict
 raw, started, rounds, before, after = sys.argv[1:6]
-m_of = defaultdict(dict)  # measurement number -> metric -> value
-who = {}                  # measurement number -> (round, variant)
+v = defaultdict(dict)  # (round, variant or bare@variant) -> metric -> value
 for line in open(raw):
-    r, n, var, m, val = line.rstrip("\n").split("\t")
-    who[int(n)] = (r, var)
-    m_of[int(n)][m] = float(val)
-rs = sorted({r for r, _ in who.values()}, key=int)
-def runs(var):
-    return [n for n in sorted(who) if who[n][1] == var]
+    r, var, m, val = line.rstrip("\n").split("\t")
+    v[(r, var)][m] = float(val)
+rs = sorted({r for r, _ in v}, key=int)
 def ratio(var):
-    # To the mean of the bare measurements just before and just after (the same round's).
-    if var == "bare":
-        return 1.0, [1.0 for _ in rs]
-    xs = []
-    for n in runs(var):
-        around = [m_of[k]["rps_per_core"] for k in (n - 1, n + 1) if who.get(k, (None, None))[1] == "bare"]
-        xs.append(m_of[n]["rps_per_core"] / (sum(around) / len(around)))
+    # To the bare route measured at the same time.
+    xs = [v[(r, var)]["rps_per_core"] / v[(r, "bare@" + var)]["rps_per_core"] for r in rs]
     return statistics.median(xs), xs
 def med(var, m):
-    return statistics.median(m_of[n][m] for n in runs(var))
+    return statistics.median(v[(r, var)][m] for r in rs)
 print(f"# Tollgate policy benchmark ({started})\n")
-print(f"Rounds: {rounds}, each measuring the bare route between every two variants (bare, rl, bare, apikey, bare, "
-      "jwt, bare, cached, bare); a variant's ratio in a round is to the mean of the two bare measurements around it "
-      "(a drift of the machine's speed cancels), and the figure is the median across rounds. Each variant in its own "
-      "tollgate-proxy on CPU 0 with one worker; wrk and the backend on CPU 1. Every request is admitted "
+print(f"Rounds: {rounds}. Each variant is measured side by side with the bare route: both tollgate-proxy "
+      "processes (one worker each) serve at the same time on CPU 0, each loaded by its own wrk (half the connections "
+      "each) on CPU 1 with the backend, and a round's ratio is the variant's requests per proxy CPU-second over the "
+      "bare route's in the same seconds, so the machine's changing speed cancels. The figure is the median across "
+      "rounds. Every request is admitted "
       "(the limit is never reached): the figures are the cost of deciding.\n")
 print(f"Load average before: {before}; after: {after} (shared machine: absolute figures are noisy, ratios count).\n")
 print(f"Reproduce: `ROUNDS={rounds} e2e/bench/policies.sh`\n")
@@ -199,16 +202,17 @@ for text, var, budget in goals:
 cmds = med("cached", "redis_per_request")
 print(f"| Redis commands per request, redis-cached | < 0.05 | {cmds:.4f} | **{'PASS' if cmds < 0.05 else 'FAIL'}** |")
 print("\n## Per variant (medians across rounds)\n")
-print("| variant | requests per proxy CPU-second | ratio to bare | wrk requests/s | non-2xx + socket errors |")
-print("| --- | --- | --- | --- | --- |")
-for var in ["bare", "rl", "apikey", "jwt", "cached"]:
-    print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
-          f"{sum(m_of[n]['errors'] for n in runs(var)):.0f} |")
-bare = [m_of[n]["rps_per_core"] for n in runs("bare")]
+print("| variant | requests per proxy CPU-second | the bare route beside it | ratio | wrk requests/s | non-2xx + socket errors |")
+print("| --- | --- | --- | --- | --- | --- |")
+for var in ["rl", "apikey", "jwt", "cached"]:
+    print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {med('bare@' + var, 'rps_per_core'):,.0f} | "
+          f"{ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
+          f"{sum(v[(r, var)]['errors'] + v[(r, 'bare@' + var)]['errors'] for r in rs):.0f} |")
+bare = [x["rps_per_core"] for (r, var), x in v.items() if var.startswith("bare@")]
 print(f"\nThe machine's steadiness: the bare route's {len(bare)} measurements ranged from {min(bare):,.0f} to "
       f"{max(bare):,.0f} requests per proxy CPU-second ({max(bare) / min(bare) - 1:.0%} apart). The same binary "
-      "and request every time: that spread is the machine's noise, which the pairing within a round and the "
-      "median across rounds have to overcome.")
+      "and request every time: that spread is the machine's, and measuring side by side is what keeps it out of "
+      "the ratios.")
 EOF
 cp "$dated" "$bench/results/policies-latest.md"
 cp "$raw" "${dated%.md}.tsv"
