@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the manifests of the policy benchmark: one Gateway and route per variant, each on its
-own port, so every variant runs in its own tollgate-proxy and is measured alone.
+own port, so every variant runs in its own tollgate-proxy (policies.sh measures each beside the
+bare route).
 
 Usage: gen-policies.py DIR
 
@@ -11,6 +12,8 @@ Variants (port):
   jwt       18093  an AuthPolicy with an HS256 JWT (inline JWKS) plus the same local limit;
                    the same token on every request, so the verified-token cache answers
   cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
+  twin      18095  the bare route again: measured beside the bare route, a control whose
+                   ratio shows what the measurement itself does (1.0 when it is fair)
 
 DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
 generator sends, tab-separated). Every variant gets the same request, API key and token
@@ -29,7 +32,8 @@ import time
 out = sys.argv[1]
 SECRET = b"tollgate-bench-hs256-secret-0123456789"
 API_KEY = "bench-api-key-0123456789"
-PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094}
+PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094,
+         "twin": 18095}
 # Never reached in a benchmark run: limit × window_ms stays below 2^53 as the limiter requires.
 HUGE_LIMIT = "{rates: [{limit: 1000000000, window: 1h}], counters: [{expression: source.address}]}"
 
@@ -136,6 +140,7 @@ variants = {
     "apikey": RL + APIKEY,
     "jwt": RL + JWT,
     "cached": RL,
+    "twin": "",
 }
 HEADERS = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
 for name, extra in variants.items():

@@ -204,10 +204,14 @@ print(f"| Redis commands per request, redis-cached | < 0.05 | {cmds:.4f} | **{'P
 print("\n## Per variant (medians across rounds)\n")
 print("| variant | requests per proxy CPU-second | the bare route beside it | ratio | wrk requests/s | non-2xx + socket errors |")
 print("| --- | --- | --- | --- | --- | --- |")
-for var in ["rl", "apikey", "jwt", "cached"]:
+for var in ["rl", "apikey", "jwt", "cached", "twin"]:
     print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {med('bare@' + var, 'rps_per_core'):,.0f} | "
           f"{ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
           f"{sum(v[(r, var)]['errors'] + v[(r, 'bare@' + var)]['errors'] for r in rs):.0f} |")
+m, xs = ratio("twin")
+print(f"\nControl: `twin` is the bare route in a second proxy, measured beside the bare route like every variant. "
+      f"Its ratio, {m:.3f} (rounds {', '.join(f'{x:.3f}' for x in xs)}), is what the measurement does to two equal "
+      "proxies: the variants' ratios are fair to within its distance from 1.")
 bare = [x["rps_per_core"] for (r, var), x in v.items() if var.startswith("bare@")]
 print(f"\nThe machine's steadiness: the bare route's {len(bare)} measurements ranged from {min(bare):,.0f} to "
       f"{max(bare):,.0f} requests per proxy CPU-second ({max(bare) / min(bare) - 1:.0%} apart). The same binary "
