@@ -7,13 +7,16 @@
 # on the same core, each loaded by its own wrk, and a round's ratio is the variant's requests per
 # CPU-second over the bare route's in that same interval. The machine's speed moves by tens of
 # percent from second to second (other tenants of the host): measured one after the other, the
-# bare route alone ranged 65% in one run and the ratios with it; side by side both proxies see
-# the same machine at every instant, so it cancels. The figure is the median across rounds.
+# bare route alone ranged 65% in one run and the ratios with it. Side by side, a slowdown that
+# hits both proxies alike cancels. Sharing a core costs both proxies extra work, which makes a
+# policy's share smaller; each round also measures the bare route alone to size that, and the
+# goals are judged with it added back. A control, twin (the bare route again), shows that two
+# equal proxies come out equal. The figure is the median across rounds.
 #
 # Each variant runs in its own tollgate-proxy (one worker); both proxies of a pair share CPU 0,
 # each wrk (CONNS/2 connections) and the backend (nginx answering a small fixed body) share
-# CPU 1. The limit is never exceeded: every request is
-# admitted, so the figures are the cost of deciding. Traffic stays on 127.0.0.1.
+# CPU 1. The limit is never exceeded: every request is admitted, so the figures are the cost of
+# deciding; a goal also needs zero errors. Traffic stays on 127.0.0.1.
 # Installs nginx, wrk and redis-server from apt when missing; builds Tollgate in release mode.
 #
 # Writes e2e/bench/results/policies-latest.md and a dated copy.
@@ -59,7 +62,6 @@ fi
 mkdir -p "$work/bin"
 cp "$CARGO_TARGET_DIR/release/tollgate" "$CARGO_TARGET_DIR/release/tollgate-proxy" "$work/bin/"
 bin=$work/bin
-tck=$(getconf CLK_TCK)
 
 spawn() { # cpu command...
   local cpu=$1
@@ -68,7 +70,9 @@ spawn() { # cpu command...
   last_pid=$!
   pids+=("$last_pid")
 }
-ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+# CPU time of a process in nanoseconds: the sum over its threads of the time on a CPU
+# (schedstat; /proc/PID/stat's utime+stime count 10 ms ticks, 0.4% of a 5 s share).
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }
 wait_200() { # url [header...]
   local code h=() x
   for x in "${@:2}"; do h+=(-H "$x"); done
@@ -117,44 +121,67 @@ done
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$raw"; } # round variant metric value
 redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && !/cmdstat_info/ {s += $3} END {print s + 0}'; }
 
-load() { # variant seconds outfile: wrk with CONNS/2 connections on CPU 1
+per_proxy=$((CONNS / 2))
+[ "$per_proxy" -ge 1 ] || { echo "CONNS must be at least 2" >&2; exit 1; }
+load() { # variant seconds outfile connections: wrk on CPU 1
   local v=$1 x hs h=()
   IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]}"
   for x in "${hs[@]}"; do h+=(-H "$x"); done
-  taskset -c 1 wrk -t1 -c"$((CONNS / 2))" -d"$2s" "${h[@]}" "http://127.0.0.1:${port_of[$v]}/" >"$3"
+  taskset -c 1 wrk -t1 -c"$4" -d"$2s" "${h[@]}" "http://127.0.0.1:${port_of[$v]}/" >"$3"
+}
+
+# record_run ROUND NAME OUTFILE CPU_NS: what one proxy did in one measurement.
+record_run() {
+  local n
+  n=$(awk '/requests in/ {print $1}' "$3")
+  [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "no requests counted for $2 (round $1): $(cat "$3")" >&2; exit 1; }
+  record "$1" "$2" rps "$(awk '/^Requests\/sec/ {print $2}' "$3")"
+  record "$1" "$2" rps_per_core "$(awk -v ns="$4" -v n="$n" 'BEGIN {printf "%.0f", (ns > 0) ? n / (ns / 1e9) : 0}')"
+  record "$1" "$2" errors "$(awk '/Non-2xx/ {s += $NF} /Socket errors/ {gsub(/,/, ""); s += $4 + $6 + $8 + $10} END {print s + 0}' "$3")"
+  record "$1" "$2" requests "$n"
+}
+
+alone() { # round: the bare route alone on CPU 0 (CONNS connections), for the sharing overhead
+  local r=$1 c0
+  load bare 1 /dev/null "$CONNS"
+  c0=$(cpu_ns "${pid_of[bare]}")
+  load bare "$SAT_SECS" "$work/out.alone" "$CONNS"
+  record_run "$r" bare-alone "$work/out.alone" $(($(cpu_ns "${pid_of[bare]}") - c0))
+  log "r$r bare alone: $(awk '/^Requests\/sec/ {print $2}' "$work/out.alone") req/s"
 }
 
 pair() { # variant round: the variant and the bare route, loaded at the same time
-  local v=$1 r=$2 a b c0 c1 name out n t0 t1
-  declare -A t0s
-  load bare 1 /dev/null & a=$!
-  load "$v" 1 /dev/null & b=$!
-  wait "$a" "$b"
+  local v=$1 r=$2 a b c0 c1 b0 v0 b1 v1
+  load bare 1 /dev/null "$per_proxy" &
+  a=$!
+  load "$v" 1 /dev/null "$per_proxy" &
+  b=$!
+  wait "$a"
+  wait "$b"
   c0=$(redis_calls)
-  for name in bare "$v"; do t0s[$name]=$(ticks "${pid_of[$name]}"); done
-  load bare "$SAT_SECS" "$work/out.bare" & a=$!
-  load "$v" "$SAT_SECS" "$work/out.$v" & b=$!
-  wait "$a" "$b"
+  b0=$(cpu_ns "${pid_of[bare]}")
+  v0=$(cpu_ns "${pid_of[$v]}")
+  load bare "$SAT_SECS" "$work/out.bare" "$per_proxy" &
+  a=$!
+  load "$v" "$SAT_SECS" "$work/out.$v" "$per_proxy" &
+  b=$!
+  wait "$a"
+  wait "$b"
+  b1=$(cpu_ns "${pid_of[bare]}")
+  v1=$(cpu_ns "${pid_of[$v]}")
   c1=$(redis_calls)
-  for name in bare "$v"; do
-    t1=$(ticks "${pid_of[$name]}")
-    t0=${t0s[$name]}
-    out=$work/out.$name
-    n=$(awk '/requests in/ {print $1}' "$out")
-    # The bare route's figures of this pair are recorded under "bare@VARIANT".
-    local as=$name
-    [ "$name" = bare ] && as="bare@$v"
-    record "$r" "$as" rps "$(awk '/^Requests\/sec/ {print $2}' "$out")"
-    record "$r" "$as" rps_per_core "$(awk -v d=$((t1 - t0)) -v n="$n" -v t="$tck" 'BEGIN {printf "%.0f", (d > 0) ? n / (d / t) : 0}')"
-    record "$r" "$as" errors "$(awk '/Non-2xx/ {s += $NF} /Socket errors/ {gsub(/,/, ""); s += $4 + $6 + $8 + $10} END {print s + 0}' "$out")"
-    record "$r" "$as" requests "$n"
-  done
-  [ "$v" = cached ] && record "$r" "$v" redis_per_request "$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/out.cached")" 'BEGIN {printf "%.5f", c / n}')"
+  # The bare route's figures of this pair are recorded under "bare@VARIANT".
+  record_run "$r" "bare@$v" "$work/out.bare" $((b1 - b0))
+  record_run "$r" "$v" "$work/out.$v" $((v1 - v0))
+  if [ "$v" = cached ]; then
+    record "$r" "$v" redis_per_request "$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/out.cached")" 'BEGIN {printf "%.5f", c / n}')"
+  fi
   log "r$r $v beside bare: $(awk '/^Requests\/sec/ {print $2}' "$work/out.$v") and $(awk '/^Requests\/sec/ {print $2}' "$work/out.bare") req/s"
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$ROUNDS"); do
+  alone "$r"
   for v in "${variants[@]}"; do
     [ "$v" = bare ] || pair "$v" "$r"
   done
@@ -163,11 +190,11 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 mkdir -p "$bench/results"
 dated=$bench/results/policies-$(date -u +%Y-%m-%dT%H%M%SZ).md
-python3 - "$raw" "$started" "$ROUNDS" "$load_before" "$load_after" >"$dated" <<'EOF'
+python3 - "$raw" "$started" "$ROUNDS" "$load_before" "$load_after" "$CONNS" >"$dated" <<'EOF'
 import statistics, sys
 from collections import defaultdict
-raw, started, rounds, before, after = sys.argv[1:6]
-v = defaultdict(dict)  # (round, variant or bare@variant) -> metric -> value
+raw, started, rounds, before, after, conns = sys.argv[1:7]
+v = defaultdict(dict)  # (round, bare-alone | variant | bare@variant) -> metric -> value
 for line in open(raw):
     r, var, m, val = line.rstrip("\n").split("\t")
     v[(r, var)][m] = float(val)
@@ -178,13 +205,24 @@ def ratio(var):
     return statistics.median(xs), xs
 def med(var, m):
     return statistics.median(v[(r, var)][m] for r in rs)
+def errors(var):
+    return sum(v[(r, var)]["errors"] + v[(r, "bare@" + var)]["errors"] for r in rs)
+# What sharing a core costs the bare route: its CPU per request beside the twin over alone, in the
+# same round (seconds apart, so noisy; the median across rounds).
+share = statistics.median(v[(r, "bare-alone")]["rps_per_core"] / v[(r, "bare@twin")]["rps_per_core"] - 1
+                          for r in rs)
 print(f"# Tollgate policy benchmark ({started})\n")
 print(f"Rounds: {rounds}. Each variant is measured side by side with the bare route: both tollgate-proxy "
-      "processes (one worker each) serve at the same time on CPU 0, each loaded by its own wrk (half the connections "
-      "each) on CPU 1 with the backend, and a round's ratio is the variant's requests per proxy CPU-second over the "
-      "bare route's in the same seconds, so the machine's changing speed cancels. The figure is the median across "
-      "rounds. Every request is admitted "
-      "(the limit is never reached): the figures are the cost of deciding.\n")
+      f"processes (one worker each) serve at the same time on CPU 0, each loaded by its own wrk ({int(conns) // 2} "
+      "connections) on CPU 1 with the backend, and a round's ratio is the variant's requests per proxy CPU-second "
+      "(CPU time from schedstat) over the bare route's in the same seconds, so a change of the machine's speed that "
+      "slows both alike cancels. The figure is the median across rounds. Every request is admitted (the limit is "
+      "never reached): the figures are the cost of deciding.\n")
+print("Sharing a core adds work of its own to both proxies (switches, cache refills), which makes a policy's "
+      "share of the whole smaller. Each round also measures the bare route alone on CPU 0 "
+      f"({conns} connections); its CPU per request beside the twin was {share:+.1%} of that (median across rounds). "
+      "The goals are judged on the side-by-side loss times (1 + that overhead) when the overhead is positive: the "
+      "loss the same extra work would be of the bare route alone.\n")
 print(f"Load average before: {before}; after: {after} (shared machine: absolute figures are noisy, ratios count).\n")
 print(f"Reproduce: `ROUNDS={rounds} e2e/bench/policies.sh`\n")
 print("Same request to every variant (the API key and bearer token headers included), so the ratios "
@@ -197,26 +235,32 @@ goals = [("local rate limit: fewer requests per proxy CPU-second than the bare r
 for text, var, budget in goals:
     m, xs = ratio(var)
     loss = 1 - m
-    print(f"| {text} | < {budget:.0%} | {loss:.1%} (ratios {', '.join(f'{x:.3f}' for x in xs)}) | "
-          f"**{'PASS' if loss < budget else 'FAIL'}** |")
+    judged = loss * (1 + max(share, 0.0))
+    errs = errors(var)
+    ok = judged < budget and errs == 0
+    print(f"| {text} | < {budget:.0%} | {judged:.1%} ({loss:.1%} side by side, ratios "
+          f"{', '.join(f'{x:.3f}' for x in xs)}; errors {errs:.0f}) | **{'PASS' if ok else 'FAIL'}** |")
 cmds = med("cached", "redis_per_request")
-print(f"| Redis commands per request, redis-cached | < 0.05 | {cmds:.4f} | **{'PASS' if cmds < 0.05 else 'FAIL'}** |")
+print(f"| Redis commands per request, redis-cached (at saturation: the flushes are timed, so fewer requests "
+      f"per second mean more commands per request) | < 0.05 | {cmds:.4f} | **{'PASS' if cmds < 0.05 else 'FAIL'}** |")
 print("\n## Per variant (medians across rounds)\n")
 print("| variant | requests per proxy CPU-second | the bare route beside it | ratio | wrk requests/s | non-2xx + socket errors |")
 print("| --- | --- | --- | --- | --- | --- |")
 for var in ["rl", "apikey", "jwt", "cached", "twin"]:
     print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {med('bare@' + var, 'rps_per_core'):,.0f} | "
-          f"{ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | "
-          f"{sum(v[(r, var)]['errors'] + v[(r, 'bare@' + var)]['errors'] for r in rs):.0f} |")
+          f"{ratio(var)[0]:.3f} | {med(var, 'rps'):,.0f} | {errors(var):.0f} |")
+print(f"| bare route alone | {med('bare-alone', 'rps_per_core'):,.0f} | | | {med('bare-alone', 'rps'):,.0f} | "
+      f"{sum(v[(r, 'bare-alone')]['errors'] for r in rs):.0f} |")
 m, xs = ratio("twin")
 print(f"\nControl: `twin` is the bare route in a second proxy, measured beside the bare route like every variant. "
-      f"Its ratio, {m:.3f} (rounds {', '.join(f'{x:.3f}' for x in xs)}), is what the measurement does to two equal "
-      "proxies: the variants' ratios are fair to within its distance from 1.")
-bare = [x["rps_per_core"] for (r, var), x in v.items() if var.startswith("bare@")]
-print(f"\nThe machine's steadiness: the bare route's {len(bare)} measurements ranged from {min(bare):,.0f} to "
-      f"{max(bare):,.0f} requests per proxy CPU-second ({max(bare) / min(bare) - 1:.0%} apart). The same binary "
-      "and request every time: that spread is the machine's, and measuring side by side is what keeps it out of "
-      "the ratios.")
+      f"Its ratio, {m:.3f} (rounds {', '.join(f'{x:.3f}' for x in xs)}), shows that two equal proxies side by side "
+      "are treated alike. It cannot show the sharing overhead above, which both pay.")
+alone = [v[(r, "bare-alone")]["rps_per_core"] for r in rs]
+print(f"\nThe machine's speed: the bare route alone ranged from {min(alone):,.0f} to {max(alone):,.0f} requests per "
+      f"proxy CPU-second across rounds ({max(alone) / min(alone) - 1:.0%} apart; the same binary and request every "
+      "time). A slow machine makes every request dearer and a policy's share smaller (sequential runs on a loaded "
+      "machine gave the local limit 1.6% to 2.4%, on a quiet one 5.2% to 6.3%): compare "
+      "runs on a machine of the same speed.")
 EOF
 cp "$dated" "$bench/results/policies-latest.md"
 cp "$raw" "${dated%.md}.tsv"
