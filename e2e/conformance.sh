@@ -167,6 +167,24 @@ rc=$?
 set -e
 log "exit $rc after $((SECONDS - start)) s; $(grep -c -- '^    --- PASS' "$out") passed, $(grep -c -- '^    --- FAIL' "$out") failed, $(grep -c -- '^    --- SKIP' "$out") skipped (tests of features not claimed)"
 grep -- '^    --- FAIL' "$out" >&2 || true
+if ((rc != 0)); then
+  # What a failure needs to be understood, before the cleanup removes it (the cluster's state
+  # dir goes with `cluster.sh down`): the objects, the events, the cluster's logs (the node
+  # agent's forwarders and probes) and every pod's logs (proxies, controller), by pod UID.
+  diag=$REPORT_DIR/diagnostics
+  mkdir -p "$diag/pods"
+  kubectl get pods,services,endpointslices,gateways,httproutes -A -o wide >"$diag/objects.txt" 2>&1 || true
+  kubectl get events -A --sort-by=.lastTimestamp >"$diag/events.txt" 2>&1 || true
+  kubectl get pods -A --no-headers \
+    -o custom-columns=UID:.metadata.uid,NAMESPACE:.metadata.namespace,NAME:.metadata.name \
+    >"$diag/pods/uids.txt" 2>&1 || true
+  cluster_dir=${TOLLGATE_CLUSTER_DIR:-$CACHE_DIR/cluster}
+  cp "$cluster_dir"/*.log "$diag/" 2>/dev/null || true
+  for d in "$cluster_dir"/node/pods/*/logs; do
+    [[ -d $d ]] && cp -r "$d" "$diag/pods/$(basename "$(dirname "$d")")"
+  done
+  log "diagnostics (objects, events, cluster and pod logs): $diag"
+fi
 if [[ -n $report ]]; then
   if [[ -f $report.tmp ]]; then
     mv "$report.tmp" "$report"
