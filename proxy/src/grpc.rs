@@ -18,6 +18,8 @@
 //! calls.
 //! Answers from upstreams are never touched: a gRPC server's own statuses pass as they are.
 
+use std::borrow::Cow;
+
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName};
 use http::{HeaderValue, Response, StatusCode};
 
@@ -71,7 +73,7 @@ pub(crate) struct Override {
     pub code: Option<Code>,
     /// What `grpc-message` says when not the HTTP status's reason phrase (a policy's
     /// configured message).
-    pub message: Option<String>,
+    pub message: Option<Cow<'static, str>>,
 }
 
 /// Whether `content_type` is gRPC's: `application/grpc`, alone or with a `+format` or
@@ -115,7 +117,6 @@ pub(crate) fn trailers_only(resp: Response<ProxyBody>) -> Response<ProxyBody> {
     Response::from_parts(parts, empty())
 }
 
-/// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
 /// The `grpc-status` of a response head (Trailers-Only) or of trailers: a decimal number;
 /// `None` when absent or not a number.
 pub(crate) fn status_of(headers: &HeaderMap) -> Option<u32> {
@@ -126,6 +127,7 @@ pub(crate) fn status_of(headers: &HeaderMap) -> Option<u32> {
     Some(v.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
 }
 
+/// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
 fn percent_encode(text: &str) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(text.len());

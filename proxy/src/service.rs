@@ -201,9 +201,7 @@ pub(crate) async fn handle(
     if grpc_client && !done.upstream_answered {
         resp = grpc::trailers_only(resp);
     }
-    if let Some(log) = done.log.as_mut()
-        && log.grpc
-    {
+    if grpc_client && let Some(log) = done.log.as_mut() {
         // Trailers-Only (the gateway's own answer, or an upstream's); else the trailers say.
         log.grpc_status = grpc::status_of(resp.headers());
     }
@@ -406,7 +404,7 @@ async fn proxy(
                 // for one: a flood of denials to HTTP clients allocates nothing more).
                 let reply = client.grpc.then(|| grpc::Override {
                     code: None,
-                    message: Some(String::from_utf8_lossy(resp.body()).into_owned()),
+                    message: Some(String::from_utf8_lossy(resp.body()).into_owned().into()),
                 });
                 // A browser must be able to read the denial (status, Retry-After): decorate it
                 // as the route's CORS filters would decorate an upstream answer.
@@ -563,7 +561,7 @@ fn pick_backend<'s>(
         let mut r = status(StatusCode::INTERNAL_SERVER_ERROR);
         r.extensions_mut().insert(grpc::Override {
             code: Some(grpc::Code::Unavailable),
-            message: Some("no valid backend".into()),
+            message: Some(std::borrow::Cow::Borrowed("no valid backend")),
         });
         Box::new(r)
     };

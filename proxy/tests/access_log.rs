@@ -176,71 +176,65 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     }
     assert!(up, "the proxy never served /plain");
 
-    // The upstream's status in its trailers.
-    let got = exchange(
-        &h2,
-        grpc_call(&format!("{base}/svc.Up/Get"), "application/grpc"),
-    )
-    .await;
-    assert_eq!(got, (StatusCode::OK, Some("5".into())));
-    let l = line_for(&lines, "/svc.Up/Get");
-    assert_eq!(
-        (l["status"].as_u64(), l["grpc_status"].as_u64()),
-        (Some(200), Some(5)),
-        "{l}"
-    );
-
-    // The upstream's Trailers-Only answer.
-    let got = exchange(
-        &h2,
-        grpc_call(
-            &format!("{base}/svc.Up/TrailersOnly"),
-            "application/grpc+proto",
+    // (what, client, request, answer: HTTP status and grpc-status, line: status and grpc_status)
+    let grpc = |path: &str, ct: &str| grpc_call(&format!("{base}{path}"), ct);
+    let cases = [
+        (
+            "the upstream's status in its trailers",
+            &h2,
+            grpc("/svc.Up/Get", "application/grpc"),
+            (StatusCode::OK, Some("5")),
+            (200, Some(5)),
         ),
-    )
-    .await;
-    assert_eq!(got, (StatusCode::OK, Some("7".into())));
-    let l = line_for(&lines, "/svc.Up/TrailersOnly");
-    assert_eq!(
-        (l["status"].as_u64(), l["grpc_status"].as_u64()),
-        (Some(200), Some(7)),
-        "{l}"
-    );
-
-    // The gateway's own answer: no route is UNIMPLEMENTED; the line keeps the HTTP meaning.
-    let got = exchange(
-        &h2,
-        grpc_call(&format!("{base}/other.Svc/Call"), "application/grpc"),
-    )
-    .await;
-    assert_eq!(got, (StatusCode::OK, Some("12".into())));
-    let l = line_for(&lines, "/other.Svc/Call");
-    assert_eq!(
-        (l["status"].as_u64(), l["grpc_status"].as_u64()),
-        (Some(404), Some(12)),
-        "{l}"
-    );
-
-    // Not gRPC calls: no field, though the second answer has trailers with a grpc-status.
-    let got = exchange(
-        &h1,
-        Request::get(format!("{base}/plain/x"))
-            .body(Full::default())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(got, (StatusCode::OK, None));
-    let l = line_for(&lines, "/plain/x");
-    assert!(l.get("grpc_status").is_none(), "{l}");
-    assert_eq!(l["status"], 200, "{l}");
-    let got = exchange(
-        &h2,
-        grpc_call(&format!("{base}/svc.Up/Json"), "application/json"),
-    )
-    .await;
-    assert_eq!(got, (StatusCode::OK, Some("5".into())));
-    let l = line_for(&lines, "/svc.Up/Json");
-    assert!(l.get("grpc_status").is_none(), "{l}");
+        (
+            "the upstream's Trailers-Only answer",
+            &h2,
+            grpc("/svc.Up/TrailersOnly", "application/grpc+proto"),
+            (StatusCode::OK, Some("7")),
+            (200, Some(7)),
+        ),
+        (
+            "the gateway's own answer: no route is UNIMPLEMENTED, the line keeps the HTTP meaning",
+            &h2,
+            grpc("/other.Svc/Call", "application/grpc"),
+            (StatusCode::OK, Some("12")),
+            (404, Some(12)),
+        ),
+        (
+            "a gRPC call whose answer carries no grpc-status: no field",
+            &h1,
+            grpc("/plain/grpc", "application/grpc"),
+            (StatusCode::OK, None),
+            (200, None),
+        ),
+        (
+            "not a gRPC call: no field",
+            &h1,
+            Request::get(format!("{base}/plain/x"))
+                .body(Full::default())
+                .unwrap(),
+            (StatusCode::OK, None),
+            (200, None),
+        ),
+        (
+            "not a gRPC call, though the answer has trailers with a grpc-status: no field",
+            &h2,
+            grpc("/svc.Up/Json", "application/json"),
+            (StatusCode::OK, Some("5")),
+            (200, None),
+        ),
+    ];
+    for (what, client, req, answer, line) in cases {
+        let path = req.uri().path().to_owned();
+        let got = exchange(client, req).await;
+        assert_eq!(got, (answer.0, answer.1.map(str::to_owned)), "{what}");
+        let l = line_for(&lines, &path);
+        assert_eq!(l["status"], line.0, "{what}: {l}");
+        match line.1 {
+            Some(code) => assert_eq!(l["grpc_status"], code, "{what}: {l}"),
+            None => assert!(l.get("grpc_status").is_none(), "{what}: {l}"),
+        }
+    }
 
     let _ = std::fs::remove_dir_all(&dir);
 }
