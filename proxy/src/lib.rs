@@ -39,6 +39,7 @@ mod error;
 pub mod filters;
 mod forward;
 mod grpc;
+mod h1;
 mod listener;
 pub mod metrics;
 mod mirror;

@@ -8,8 +8,10 @@
 //! endpoint the balancer picked: no key, no hash), the lock is held only for a push or a pop,
 //! and the request's own task puts the connection back when the response body ends.
 //!
-//! Each connection's driver (hyper's `Connection`, with upgrades) runs in its own task for the
-//! connection's lifetime. The stack is LIFO, so a quiet period leaves the surplus at the
+//! A request without a body (and no upgrade) is exchanged by the request's own task (module
+//! `h1`); the rest go through hyper, whose connection driver (`Connection`, with upgrades)
+//! runs in its own task for the connection's lifetime. The two kinds of connection have their
+//! own idle stacks. The stack is LIFO, so a quiet period leaves the surplus at the
 //! bottom, where a sweeper closes what stayed idle through two sweeps (30 to 60 s). A request
 //! that a reused connection refused before writing a byte (the upstream closed it while
 //! idle) is sent again on a fresh connection; a request that may have been written is never
@@ -23,6 +25,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::UPGRADE;
 use http::{Request, Response, StatusCode};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
@@ -30,6 +33,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::body::{BoxError, ProxyBody};
+use crate::h1::{self, H1Error, RawBody};
 
 /// Idle connections kept per endpoint; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 256;
@@ -79,6 +83,9 @@ pub(crate) enum UpstreamError {
     /// The HTTP/2 (h2c) client failed.
     #[error(transparent)]
     H2(#[from] hyper_util::client::legacy::Error),
+    /// A bodiless exchange (module `h1`) failed after connecting.
+    #[error(transparent)]
+    H1(#[from] H1Error),
 }
 
 impl UpstreamError {
@@ -86,22 +93,35 @@ impl UpstreamError {
     pub fn is_connect(&self) -> bool {
         match self {
             Self::Connect(_) => true,
-            Self::Http(_) => false,
+            Self::Http(_) | Self::H1(_) => false,
             Self::H2(e) => e.is_connect(),
         }
     }
 }
 
-struct Idle {
-    tx: Sender,
+struct Idle<C> {
+    conn: C,
     /// Already idle at the last sweep.
     swept: bool,
+}
+
+/// Idle connections: hyper's (for requests with bodies and upgrades) and our own.
+#[derive(Default)]
+struct Stacks {
+    hyper: Vec<Idle<Sender>>,
+    raw: Vec<Idle<h1::Conn>>,
+}
+
+impl Stacks {
+    fn len(&self) -> usize {
+        self.hyper.len() + self.raw.len()
+    }
 }
 
 /// The idle HTTP/1.1 connections to one endpoint address.
 pub(crate) struct EndpointPool {
     addr: SocketAddr,
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Stacks>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -117,17 +137,17 @@ impl EndpointPool {
     fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Stacks::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {
+    fn lock(&self) -> MutexGuard<'_, Stacks> {
         // Nothing panics while the lock is held; a poisoned stack is still a valid stack.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn pop(&self) -> Option<Sender> {
-        self.lock().pop().map(|i| i.tx)
+        self.lock().hyper.pop().map(|i| i.conn)
     }
 
     fn push(&self, tx: Sender) {
@@ -135,23 +155,42 @@ impl EndpointPool {
             return;
         }
         let mut idle = self.lock();
-        if idle.len() < MAX_IDLE_PER_ENDPOINT {
-            idle.push(Idle { tx, swept: false });
+        if idle.hyper.len() < MAX_IDLE_PER_ENDPOINT {
+            idle.hyper.push(Idle {
+                conn: tx,
+                swept: false,
+            });
+        }
+    }
+
+    fn pop_raw(&self) -> Option<h1::Conn> {
+        self.lock().raw.pop().map(|i| i.conn)
+    }
+
+    /// Takes back a connection whose exchange ended cleanly.
+    pub(crate) fn push_raw(&self, conn: h1::Conn) {
+        let mut idle = self.lock();
+        if idle.raw.len() < MAX_IDLE_PER_ENDPOINT {
+            idle.raw.push(Idle { conn, swept: false });
         }
     }
 
     /// Closes connections idle since the previous sweep (or closed by the peer).
     fn sweep(&self) {
         let mut idle = self.lock();
-        idle.retain(|i| !i.swept && !i.tx.is_closed());
-        for i in idle.iter_mut() {
+        idle.hyper.retain(|i| !i.swept && !i.conn.is_closed());
+        idle.raw.retain_mut(|i| !i.swept && i.conn.is_usable());
+        for i in idle.hyper.iter_mut() {
+            i.swept = true;
+        }
+        for i in idle.raw.iter_mut() {
             i.swept = true;
         }
     }
 
     /// Idle connections now (for tests).
     #[cfg(test)]
-    fn idle_len(&self) -> usize {
+    pub(crate) fn idle_len(&self) -> usize {
         self.lock().len()
     }
 
@@ -161,6 +200,9 @@ impl EndpointPool {
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        if req.body().is_end_stream() && !req.headers().contains_key(UPGRADE) {
+            return self.send_bodiless(&req).await;
+        }
         while let Some(mut tx) = self.pop() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
             if tx.ready().await.is_err() {
@@ -186,13 +228,42 @@ impl EndpointPool {
         }
     }
 
-    async fn connect(&self) -> Result<Sender, UpstreamError> {
+    /// [`Self::send`] for a request without a body or upgrade: our own exchange (module
+    /// `h1`) on an idle connection, or a fresh one.
+    async fn send_bodiless(
+        self: &Arc<Self>,
+        req: &Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        while let Some(mut conn) = self.pop_raw() {
+            // Closed while idle (the peer's keep-alive timeout): try the next one.
+            if !conn.is_usable() {
+                continue;
+            }
+            match conn.exchange(req, self).await {
+                Ok(resp) => return Ok(resp.map(PooledBody::raw)),
+                // Not written: safe to send on another connection.
+                Err(H1Error::Unwritten(e)) => {
+                    tracing::trace!(error = %e, "reused connection refused the request");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let conn = h1::Conn::new(self.connect_tcp().await?);
+        Ok(conn.exchange(req, self).await?.map(PooledBody::raw))
+    }
+
+    async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
             .await
             .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?
             .map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
         let _ = dead_peer_detection(&stream);
+        Ok(stream)
+    }
+
+    async fn connect(&self) -> Result<Sender, UpstreamError> {
+        let stream = self.connect_tcp().await?;
         let (tx, conn) = http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))
@@ -212,7 +283,7 @@ impl EndpointPool {
             pool: self.clone(),
             tx,
         });
-        resp.map(|body| PooledBody::new(body, back))
+        resp.map(|body| PooledBody::hyper(body, back))
     }
 }
 
@@ -224,36 +295,49 @@ struct Back {
 
 /// An upstream response body; for a pooled HTTP/1.1 connection, returns the connection to its
 /// pool when the body has been read to the end. A body dropped early (client gone, error)
-/// takes its connection with it: hyper closes a connection whose response was not finished.
-pub(crate) struct PooledBody {
-    inner: Incoming,
-    back: Option<Back>,
+/// takes its connection with it (hyper closes a connection whose response was not finished;
+/// a [`RawBody`] drops its socket).
+pub(crate) struct PooledBody(Inner);
+
+enum Inner {
+    Hyper { body: Incoming, back: Option<Back> },
+    Raw(RawBody),
 }
 
 impl std::fmt::Debug for PooledBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PooledBody")
-            .field("pooled", &self.back.is_some())
-            .finish_non_exhaustive()
+        match &self.0 {
+            Inner::Hyper { back, .. } => f
+                .debug_struct("PooledBody")
+                .field("pooled", &back.is_some())
+                .finish_non_exhaustive(),
+            Inner::Raw(b) => f.debug_tuple("PooledBody").field(b).finish(),
+        }
     }
 }
 
 impl PooledBody {
-    fn new(inner: Incoming, back: Option<Back>) -> Self {
-        let mut this = Self { inner, back };
-        if this.inner.is_end_stream() {
+    fn hyper(body: Incoming, back: Option<Back>) -> Self {
+        let mut this = Self(Inner::Hyper { body, back });
+        if this.is_end_stream() {
             this.release();
         }
         this
     }
 
+    fn raw(body: RawBody) -> Self {
+        Self(Inner::Raw(body))
+    }
+
     /// A body with no connection to return (HTTP/2).
-    pub fn plain(inner: Incoming) -> Self {
-        Self { inner, back: None }
+    pub fn plain(body: Incoming) -> Self {
+        Self(Inner::Hyper { body, back: None })
     }
 
     fn release(&mut self) {
-        if let Some(b) = self.back.take() {
+        if let Inner::Hyper { back, .. } = &mut self.0
+            && let Some(b) = back.take()
+        {
             b.pool.push(b.tx);
         }
     }
@@ -268,9 +352,13 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let (body, back) = match &mut this.0 {
+            Inner::Raw(b) => return Pin::new(b).poll_frame(cx),
+            Inner::Hyper { body, back } => (body, back),
+        };
+        match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if this.inner.is_end_stream() {
+                if body.is_end_stream() {
                     this.release();
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -280,7 +368,7 @@ impl Body for PooledBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
-                this.back = None;
+                *back = None;
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Pending => Poll::Pending,
@@ -288,11 +376,17 @@ impl Body for PooledBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.0 {
+            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Raw(b) => b.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.0 {
+            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Raw(b) => b.size_hint(),
+        }
     }
 }
 

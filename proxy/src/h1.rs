@@ -1,0 +1,1105 @@
+//! The HTTP/1.1 exchange of a bodiless upstream request, without hyper's client. In: a
+//! request head (origin form, with Host) and a connection of the endpoint's pool. Out: the
+//! response head and a [`RawBody`] that reads the body straight off the socket and gives
+//! the connection back to its pool when the body has ended.
+//!
+//! Why: most requests a gateway forwards carry no body (GET, HEAD, DELETE). hyper's client
+//! runs each connection in a task of its own: the request goes to it through a channel, the
+//! answer comes back through another, and each exchange wakes both tasks. Here the request's
+//! own task writes the head and parses the answer. Requests with a body (their body and the
+//! answer must be driven at once) and upgrades still go through hyper (module `pool`).
+//!
+//! What it reads (RFC 9112): a status line and up to [`MAX_HEADERS`] fields in at most
+//! [`MAX_HEAD`] bytes; 1xx interim answers are skipped; the body is framed by
+//! `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the connection's close;
+//! HEAD answers and 204/304 have none. A connection goes back to the pool only when the answer
+//! was HTTP/1.1, did not ask to close, was framed by length or chunks, and nothing followed it.
+
+use std::future::Future as _;
+use std::io;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker, ready};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::body::BoxError;
+use crate::pool::EndpointPool;
+
+/// Most header fields an answer may carry (hyper's default too).
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Most bytes an answer's head (status line and fields) may take; hyper's default buffer.
+pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
+/// Longest chunk-size line (with extensions).
+const MAX_CHUNK_LINE: usize = 4096;
+/// Most bytes of trailer fields.
+const MAX_TRAILERS: usize = 64 * 1024;
+/// The end of a chunked body without trailers, after a chunk's data.
+const LAST_CHUNK: &[u8] = b"\r\n0\r\n\r\n";
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 8192;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum H1Error {
+    /// Writing the request failed before its first byte went out: nothing reached the
+    /// upstream, so the request may go on another connection.
+    #[error("writing the request: {0}")]
+    Unwritten(io::Error),
+    /// The socket failed after the request went out (in part or whole).
+    #[error("upstream connection: {0}")]
+    Io(#[from] io::Error),
+    /// The upstream closed the connection before its answer was complete.
+    #[error("upstream closed the connection before the answer was complete")]
+    Closed,
+    /// The answer broke HTTP/1.1.
+    #[error("invalid answer from upstream: {0}")]
+    Invalid(&'static str),
+    /// The answer's head went past [`MAX_HEAD`] bytes.
+    #[error("answer head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+}
+
+/// An HTTP/1.1 connection to an endpoint, idle between exchanges.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    io: TcpStream,
+    /// Bytes read and not yet consumed; empty between exchanges.
+    rbuf: BytesMut,
+    /// The request head being written (kept to reuse its allocation).
+    wbuf: Vec<u8>,
+}
+
+impl Conn {
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            rbuf: BytesMut::new(),
+            wbuf: Vec::new(),
+        }
+    }
+
+    /// False when the upstream closed the connection (or sent something unasked) while it
+    /// was idle. Costs no system call unless the socket became readable since the last read.
+    pub fn is_usable(&mut self) -> bool {
+        if !self.rbuf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            // Readable: an EOF, a reset or stray bytes, or only stale readiness (the last
+            // read did not drain the socket to WouldBlock). Only the last is usable.
+            Poll::Ready(Ok(())) => matches!(
+                self.io.try_read(&mut [0u8; 1]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock
+            ),
+        }
+    }
+
+    /// Sends `req`'s head (its body must be empty) and reads the answer's head. A request
+    /// whose first byte could not be written fails with [`H1Error::Unwritten`].
+    pub async fn exchange<B>(
+        mut self,
+        req: &Request<B>,
+        pool: &Arc<EndpointPool>,
+    ) -> Result<Response<RawBody>, H1Error> {
+        encode_head(req, &mut self.wbuf);
+        let mut written = 0;
+        while written < self.wbuf.len() {
+            match self.io.write(&self.wbuf[written..]).await {
+                Ok(0) if written == 0 => {
+                    return Err(H1Error::Unwritten(io::ErrorKind::WriteZero.into()));
+                }
+                Ok(0) => return Err(H1Error::Io(io::ErrorKind::WriteZero.into())),
+                Ok(n) => written += n,
+                Err(e) if written == 0 => return Err(H1Error::Unwritten(e)),
+                Err(e) => return Err(H1Error::Io(e)),
+            }
+        }
+        let head_request = req.method() == Method::HEAD;
+        loop {
+            if let Some(head) = parse_head(&mut self.rbuf)? {
+                // Interim answers (100 Continue, 103 Early Hints) precede the real one. A
+                // 101 cannot answer a request that asked for no upgrade.
+                if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(H1Error::Invalid("101 to a request without an upgrade"));
+                }
+                if head.status.is_informational() {
+                    continue;
+                }
+                return self.into_response(head, head_request, pool);
+            }
+            if self.rbuf.len() >= MAX_HEAD {
+                return Err(H1Error::HeadTooLarge);
+            }
+            if fill(&mut self.io, &mut self.rbuf).await? == 0 {
+                return Err(H1Error::Closed);
+            }
+        }
+    }
+
+    fn into_response(
+        self,
+        head: Head,
+        head_request: bool,
+        pool: &Arc<EndpointPool>,
+    ) -> Result<Response<RawBody>, H1Error> {
+        let Head {
+            status,
+            version,
+            headers,
+            seen,
+        } = head;
+        let mut keep = version == Version::HTTP_11 && !(seen.connection && asks_to_close(&headers));
+        let state = if head_request
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Decode::Length(0)
+        } else {
+            match framing(&headers, seen)? {
+                Framing::Chunked { with_length } => {
+                    // Both framings: chunks win, and the connection is not trusted again.
+                    keep &= !with_length;
+                    Decode::Chunked(Chunk::Size)
+                }
+                Framing::Length(n) => Decode::Length(n),
+                Framing::Close => {
+                    keep = false;
+                    Decode::Close
+                }
+            }
+        };
+        let body = RawBody::new(self, state, keep.then(|| pool.clone()));
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        *resp.version_mut() = version;
+        *resp.headers_mut() = headers;
+        Ok(resp)
+    }
+}
+
+/// Writes the request line and fields; a POST, PUT or PATCH without a length gets
+/// `content-length: 0`, as hyper's client writes it.
+fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
+    out.clear();
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let m = req.method();
+    if (m == Method::POST || m == Method::PUT || m == Method::PATCH)
+        && !req.headers().contains_key(CONTENT_LENGTH)
+    {
+        out.extend_from_slice(b"content-length: 0\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Reads what the socket has into `buf` (after making room); 0 at EOF.
+async fn fill(io: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    buf.reserve(READ_CHUNK);
+    io.read_buf(buf).await
+}
+
+/// [`fill`] from a `poll` function. The read future keeps no state between polls, so a new
+/// one each time loses nothing.
+fn poll_fill(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    buf.reserve(READ_CHUNK);
+    pin!(io.read_buf(buf)).poll(cx)
+}
+
+/// A parsed answer head.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    seen: Seen,
+}
+
+/// Which of the fields that frame the body the head has (noted while parsing, so a head
+/// without them is not searched for them).
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    connection: bool,
+    transfer_encoding: bool,
+    content_length: bool,
+}
+
+/// Byte ranges of a field's name and value.
+type Span = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+/// Parses an answer head off the front of `buf`; `None` until it is complete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    // Where each field's name and value sit in `buf`, so the values can share its bytes.
+    // (Neither array is zeroed: at 100 fields that would cost more than the parse.)
+    let (len, code, minor, spans) = {
+        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut resp,
+            buf,
+            &mut fields,
+        ) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(H1Error::Invalid("too many header fields"));
+            }
+            Err(_) => return Err(H1Error::Invalid("malformed head")),
+        };
+        let base = buf.as_ptr() as usize;
+        let offset = |s: &[u8]| s.as_ptr() as usize - base;
+        let spans: Vec<Span> = resp
+            .headers
+            .iter()
+            .map(|f| {
+                let (n, v) = (offset(f.name.as_bytes()), offset(f.value));
+                (n..n + f.name.len(), v..v + f.value.len())
+            })
+            .collect();
+        (
+            len,
+            resp.code.unwrap_or(0),
+            resp.version.unwrap_or(1),
+            spans,
+        )
+    };
+    let head = buf.split_to(len).freeze();
+    let status = StatusCode::from_u16(code).map_err(|_| H1Error::Invalid("status code"))?;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut seen = Seen::default();
+    for (name, value) in spans {
+        let name = HeaderName::from_bytes(&head[name])
+            .map_err(|_| H1Error::Invalid("header field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value))
+            .map_err(|_| H1Error::Invalid("header field value"))?;
+        seen.connection |= name == CONNECTION;
+        seen.transfer_encoding |= name == TRANSFER_ENCODING;
+        seen.content_length |= name == CONTENT_LENGTH;
+        headers.append(name, value);
+    }
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+        seen,
+    }))
+}
+
+/// True when `Connection` lists `close`.
+fn asks_to_close(headers: &HeaderMap) -> bool {
+    headers.get_all(CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+    })
+}
+
+/// How an answer's body is delimited.
+#[derive(Debug, PartialEq)]
+enum Framing {
+    Chunked { with_length: bool },
+    Length(u64),
+    Close,
+}
+
+/// The body's framing from the fields (RFC 9112 §6.3).
+fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
+    let has_length = seen.content_length;
+    if seen.transfer_encoding {
+        // Only chunked as the final coding delimits the body; anything else runs to close.
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked {
+                with_length: has_length,
+            },
+            _ => Framing::Close,
+        });
+    }
+    if !has_length {
+        return Ok(Framing::Close);
+    }
+    // Repeated values (one field or several) must agree.
+    let mut length = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|&b| b == b',') {
+            let n = parse_decimal(part.trim_ascii()).ok_or(H1Error::Invalid("content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(H1Error::Invalid("content-length values differ"));
+            }
+            length = Some(n);
+        }
+    }
+    length
+        .map(Framing::Length)
+        .ok_or(H1Error::Invalid("content-length"))
+}
+
+fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
+}
+
+/// Where the body's reading stands.
+#[derive(Debug)]
+enum Decode {
+    /// This many bytes to go.
+    Length(u64),
+    Chunked(Chunk),
+    /// Everything until the upstream closes.
+    Close,
+    /// Read to the end.
+    Done,
+}
+
+#[derive(Debug)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// This many bytes of the chunk to go.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// Past the last chunk: trailer fields, then an empty line.
+    Trailers,
+}
+
+/// An answer's body, read off the connection; gives the connection back to its pool when it
+/// has been read to the end (a body dropped early closes the connection).
+#[derive(Debug)]
+pub(crate) struct RawBody {
+    conn: Option<Conn>,
+    state: Decode,
+    /// The pool to go back to; `None` when the connection may not be reused.
+    back: Option<Arc<EndpointPool>>,
+}
+
+impl RawBody {
+    fn new(conn: Conn, state: Decode, back: Option<Arc<EndpointPool>>) -> Self {
+        let mut this = Self {
+            conn: Some(conn),
+            state,
+            back,
+        };
+        if matches!(this.state, Decode::Length(0)) {
+            this.finish();
+        }
+        this
+    }
+
+    /// The body has ended: the connection goes back, if it may.
+    fn finish(&mut self) {
+        self.state = Decode::Done;
+        if let (Some(conn), Some(pool)) = (self.conn.take(), self.back.take())
+            && conn.rbuf.is_empty()
+        {
+            pool.push_raw(conn);
+        }
+    }
+
+    fn fail(&mut self, e: H1Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.state = Decode::Done;
+        self.conn = None;
+        self.back = None;
+        Poll::Ready(Some(Err(Box::new(e))))
+    }
+}
+
+/// What one step of decoding gave.
+enum Step {
+    Frame(Frame<Bytes>),
+    /// The body ended.
+    End,
+    /// The buffer holds too little: read more.
+    More,
+}
+
+impl Body for RawBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let step = match &mut this.state {
+                Decode::Done | Decode::Length(0) => Ok(Step::End),
+                Decode::Length(rest) => Ok(take_data(&mut conn.rbuf, rest)),
+                Decode::Close => Ok(if conn.rbuf.is_empty() {
+                    Step::More
+                } else {
+                    Step::Frame(Frame::data(conn.rbuf.split().freeze()))
+                }),
+                Decode::Chunked(chunk) => decode_chunk(&mut conn.rbuf, chunk),
+            };
+            match step {
+                Err(e) => return this.fail(e),
+                Ok(Step::Frame(f)) => {
+                    let ended = match &this.state {
+                        Decode::Length(0) | Decode::Chunked(Chunk::Trailers) => true,
+                        // The last chunk often arrives with the body's end: take it now, so
+                        // the end is known (and the connection back) without another poll.
+                        Decode::Chunked(Chunk::DataEnd) if conn.rbuf[..] == *LAST_CHUNK => {
+                            conn.rbuf.clear();
+                            true
+                        }
+                        _ => false,
+                    };
+                    if ended {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(f)));
+                }
+                Ok(Step::End) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::More) => match ready!(poll_fill(&mut conn.io, &mut conn.rbuf, cx)) {
+                    Ok(0) if matches!(this.state, Decode::Close) => {
+                        this.state = Decode::Done;
+                        this.conn = None;
+                        return Poll::Ready(None);
+                    }
+                    Ok(0) => return this.fail(H1Error::Closed),
+                    Ok(_) => {}
+                    Err(e) => return this.fail(H1Error::Io(e)),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, Decode::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.state {
+            Decode::Length(n) => SizeHint::with_exact(n),
+            Decode::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// Up to `rest` bytes of body from `buf`.
+fn take_data(buf: &mut BytesMut, rest: &mut u64) -> Step {
+    if buf.is_empty() {
+        return Step::More;
+    }
+    let n = usize::try_from(*rest).map_or(buf.len(), |r| r.min(buf.len()));
+    *rest -= n as u64;
+    Step::Frame(Frame::data(buf.split_to(n).freeze()))
+}
+
+/// One step of chunked decoding over what `buf` holds.
+fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
+    loop {
+        match chunk {
+            Chunk::Size => {
+                let Some(line) = take_line(buf, MAX_CHUNK_LINE)? else {
+                    return Ok(Step::More);
+                };
+                let size = parse_chunk_size(&line)?;
+                *chunk = if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                };
+            }
+            Chunk::Data(rest) => {
+                let step = take_data(buf, rest);
+                if *rest == 0 {
+                    *chunk = Chunk::DataEnd;
+                }
+                return Ok(step);
+            }
+            Chunk::DataEnd => {
+                if buf.len() < 2 {
+                    return Ok(Step::More);
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Err(H1Error::Invalid("chunk not followed by CRLF"));
+                }
+                buf.advance(2);
+                *chunk = Chunk::Size;
+            }
+            Chunk::Trailers => {
+                if buf.starts_with(b"\r\n") {
+                    buf.advance(2);
+                    return Ok(Step::End);
+                }
+                let Some(end) = find(buf, b"\r\n\r\n") else {
+                    if buf.len() > MAX_TRAILERS {
+                        return Err(H1Error::Invalid("trailers too large"));
+                    }
+                    return Ok(Step::More);
+                };
+                let section = buf.split_to(end + 4).freeze();
+                let trailers = parse_trailers(&section)?;
+                return Ok(Step::Frame(Frame::trailers(trailers)));
+            }
+        }
+    }
+}
+
+/// Takes one CRLF-ended line off `buf` (without the CRLF); `None` until it is complete.
+fn take_line(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, H1Error> {
+    match find(buf, b"\r\n") {
+        Some(i) => {
+            let line = buf.split_to(i);
+            buf.advance(2);
+            Ok(Some(line))
+        }
+        None if buf.len() > max => Err(H1Error::Invalid("chunk-size line too long")),
+        None => Ok(None),
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A chunk-size line: hex digits, then optional whitespace and extensions.
+fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let rest = &line[digits..];
+    if digits == 0 || digits > 16 || !(rest.is_empty() || matches!(rest[0], b';' | b' ' | b'\t')) {
+        return Err(H1Error::Invalid("chunk size"));
+    }
+    line[..digits].iter().try_fold(0u64, |n, &b| {
+        let d = (b as char)
+            .to_digit(16)
+            .ok_or(H1Error::Invalid("chunk size"))?;
+        Ok((n << 4) | u64::from(d))
+    })
+}
+
+/// Trailer fields (ending with the empty line).
+fn parse_trailers(section: &Bytes) -> Result<HeaderMap, H1Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::parse_headers(section, &mut fields) {
+        Ok(httparse::Status::Complete((_, parsed))) => {
+            let mut map = HeaderMap::with_capacity(parsed.len());
+            for f in parsed {
+                let name = HeaderName::from_bytes(f.name.as_bytes())
+                    .map_err(|_| H1Error::Invalid("trailer field name"))?;
+                let value = HeaderValue::from_maybe_shared(section.slice_ref(f.value))
+                    .map_err(|_| H1Error::Invalid("trailer field value"))?;
+                map.append(name, value);
+            }
+            Ok(map)
+        }
+        _ => Err(H1Error::Invalid("malformed trailers")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use http_body_util::BodyExt as _;
+    use tokio::io::AsyncWriteExt as _;
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::body::{ProxyBody, empty};
+    use crate::pool::{PooledBody, Pools, UpstreamError};
+
+    /// One answer, written in pieces (each its own write, a few ms apart, so the proxy reads
+    /// them separately), and whether the backend closes the connection after it.
+    struct Answer {
+        pieces: Vec<&'static [u8]>,
+        close: bool,
+    }
+
+    fn answer(pieces: &[&'static [u8]]) -> Answer {
+        Answer {
+            pieces: pieces.to_vec(),
+            close: false,
+        }
+    }
+
+    /// A backend that answers each request head it reads with the next answer of `script`,
+    /// on whichever connection it came; records the request heads and counts connections.
+    struct Backend {
+        addr: SocketAddr,
+        heads: Arc<Mutex<Vec<String>>>,
+        conns: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    async fn backend(script: Vec<Answer>) -> Backend {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let script = Arc::new(Mutex::new(script.into_iter()));
+        let (h, c) = (heads.clone(), conns.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (h, script) = (h.clone(), script.clone());
+                tokio::spawn(async move {
+                    let mut got = BytesMut::new();
+                    loop {
+                        while find(&got, b"\r\n\r\n").is_none() {
+                            match s.read_buf(&mut got).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                        }
+                        let end = find(&got, b"\r\n\r\n").unwrap() + 4;
+                        let head = got.split_to(end);
+                        h.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&head).into_owned());
+                        let Some(a) = script.lock().unwrap().next() else {
+                            return;
+                        };
+                        for p in a.pieces {
+                            if s.write_all(p).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        if a.close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Backend { addr, heads, conns }
+    }
+
+    fn request(method: Method) -> Request<ProxyBody> {
+        Request::builder()
+            .method(method)
+            .uri("/p?q=1")
+            .header("host", "example.test")
+            .header("x-a", "1")
+            .body(empty())
+            .unwrap()
+    }
+
+    /// The whole answer: status, body, trailers; or the error that ended it.
+    async fn exchange(
+        pool: &Arc<EndpointPool>,
+        method: Method,
+    ) -> Result<(StatusCode, Bytes, Option<HeaderMap>), String> {
+        let resp = pool
+            .send(request(method))
+            .await
+            .map_err(|e: UpstreamError| format!("send: {e}"))?;
+        let status = resp.status();
+        let body: PooledBody = resp.into_body();
+        let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
+        let trailers = collected.trailers().cloned();
+        Ok((status, collected.to_bytes(), trailers))
+    }
+
+    #[tokio::test]
+    async fn answers_are_framed_and_connections_reused_only_when_clean() {
+        struct Case {
+            name: &'static str,
+            method: Method,
+            answer: Answer,
+            status: u16,
+            body: &'static [u8],
+            trailer: Option<(&'static str, &'static str)>,
+            reused: bool,
+        }
+        let case = |name, pieces: &[&'static [u8]], status, body, reused| Case {
+            name,
+            method: Method::GET,
+            answer: answer(pieces),
+            status,
+            body,
+            trailer: None,
+            reused,
+        };
+        let cases = vec![
+            case(
+                "content-length, body in two reads",
+                &[b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234", b"56789"],
+                200,
+                b"0123456789",
+                true,
+            ),
+            case(
+                "head split inside a field",
+                &[b"HTTP/1.1 201 Created\r\nconte", b"nt-length: 2\r\n\r\nok"],
+                201,
+                b"ok",
+                true,
+            ),
+            Case {
+                trailer: Some(("grpc-status", "0")),
+                ..case(
+                    "chunked with an extension and trailers, split mid-chunk",
+                    &[
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;ext=1\r\nhel",
+                        b"lo\r\n6\r\n world\r\n0\r\ngrpc-status: 0\r\n\r\n",
+                    ],
+                    200,
+                    b"hello world",
+                    true,
+                )
+            },
+            case(
+                "chunked, the last chunk in its own read",
+                &[
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+                    b"0\r\n",
+                    b"\r\n",
+                ],
+                200,
+                b"abc",
+                true,
+            ),
+            case(
+                "chunked and content-length: chunks win, connection not reused",
+                &[b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"],
+                200,
+                b"hi",
+                false,
+            ),
+            case(
+                "interim 100 and 103 are skipped",
+                &[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx"],
+                200,
+                b"x",
+                true,
+            ),
+            case(
+                "204 has no body",
+                &[b"HTTP/1.1 204 No Content\r\n\r\n"],
+                204,
+                b"",
+                true,
+            ),
+            case(
+                "304 has no body, whatever its length says",
+                &[b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"],
+                304,
+                b"",
+                true,
+            ),
+            Case {
+                method: Method::HEAD,
+                ..case(
+                    "HEAD: the length describes a body that is not sent",
+                    &[b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"],
+                    200,
+                    b"",
+                    true,
+                )
+            },
+            case(
+                "connection: close",
+                &[b"HTTP/1.1 200 OK\r\nconnection: keep-alive, close\r\ncontent-length: 2\r\n\r\nok"],
+                200,
+                b"ok",
+                false,
+            ),
+            case(
+                "HTTP/1.0",
+                &[b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+                200,
+                b"ok",
+                false,
+            ),
+            case(
+                "repeated equal lengths",
+                &[b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\ncontent-length: 2\r\n\r\nok"],
+                200,
+                b"ok",
+                true,
+            ),
+            case(
+                "bytes after the answer: not reused",
+                &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA"],
+                200,
+                b"ok",
+                false,
+            ),
+        ];
+        for c in cases {
+            let be = backend(vec![c.answer]).await;
+            let pool = Pools::default().pool_for(be.addr);
+            let (status, body, trailers) = exchange(&pool, c.method)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+            assert_eq!(status, c.status, "{}", c.name);
+            assert_eq!(&body[..], c.body, "{}", c.name);
+            let trailer = trailers.as_ref().and_then(|t| {
+                let (k, v) = t.iter().next()?;
+                Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned()))
+            });
+            assert_eq!(
+                trailer,
+                c.trailer.map(|(k, v)| (k.to_owned(), v.to_owned())),
+                "{}",
+                c.name
+            );
+            assert_eq!(pool.idle_len(), usize::from(c.reused), "{}", c.name);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_until_close_ends_at_the_close() {
+        let be = backend(vec![Answer {
+            pieces: vec![b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"close"],
+            close: true,
+        }])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        let (status, body, _) = exchange(&pool, Method::GET).await.unwrap();
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"until close"[..]));
+        assert_eq!(pool.idle_len(), 0);
+    }
+
+    #[tokio::test]
+    async fn broken_answers_are_errors() {
+        let cases: Vec<(&str, Answer, &str)> = vec![
+            (
+                "malformed status line",
+                answer(&[b"HTTP/1.1 OK\r\n\r\n"]),
+                "send: invalid answer from upstream: malformed head",
+            ),
+            (
+                "101 without an upgrade",
+                answer(&[b"HTTP/1.1 101 Switching Protocols\r\n\r\n"]),
+                "send: invalid answer from upstream: 101 to a request without an upgrade",
+            ),
+            (
+                "lengths differ",
+                answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok"]),
+                "send: invalid answer from upstream: content-length values differ",
+            ),
+            (
+                "length not a number",
+                answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n"]),
+                "send: invalid answer from upstream: content-length",
+            ),
+            (
+                "chunk size not hex",
+                answer(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"]),
+                "body: invalid answer from upstream: chunk size",
+            ),
+            (
+                "chunk without its CRLF",
+                answer(&[
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhiXX0\r\n\r\n",
+                ]),
+                "body: invalid answer from upstream: chunk not followed by CRLF",
+            ),
+            (
+                "closed before the head",
+                Answer {
+                    pieces: vec![b"HTTP/1.1 200"],
+                    close: true,
+                },
+                "send: upstream closed the connection before the answer was complete",
+            ),
+            (
+                "closed mid-body",
+                Answer {
+                    pieces: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"],
+                    close: true,
+                },
+                "body: upstream closed the connection before the answer was complete",
+            ),
+            (
+                "closed mid-chunk",
+                Answer {
+                    pieces: vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\na\r\nabc"],
+                    close: true,
+                },
+                "body: upstream closed the connection before the answer was complete",
+            ),
+        ];
+        for (name, a, want) in cases {
+            let be = backend(vec![a]).await;
+            let pool = Pools::default().pool_for(be.addr);
+            let got = exchange(&pool, Method::GET).await.expect_err(name);
+            assert_eq!(got, want, "{name}");
+            assert_eq!(pool.idle_len(), 0, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_is_an_error() {
+        let big: &'static [u8] = Box::leak(
+            [
+                &b"HTTP/1.1 200 OK\r\nx-big: "[..],
+                &vec![b'a'; MAX_HEAD][..],
+            ]
+            .concat()
+            .into_boxed_slice(),
+        );
+        let be = backend(vec![answer(&[big])]).await;
+        let pool = Pools::default().pool_for(be.addr);
+        let got = exchange(&pool, Method::GET).await.unwrap_err();
+        assert_eq!(
+            got,
+            format!("send: answer head larger than {MAX_HEAD} bytes")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_request_head_is_written_as_hyper_writes_it() {
+        let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        let be = backend(vec![answer(&[ok]), answer(&[ok]), answer(&[ok])]).await;
+        let pool = Pools::default().pool_for(be.addr);
+        for m in [Method::GET, Method::POST, Method::DELETE] {
+            exchange(&pool, m).await.unwrap();
+        }
+        assert_eq!(
+            *be.heads.lock().unwrap(),
+            [
+                "GET /p?q=1 HTTP/1.1\r\nhost: example.test\r\nx-a: 1\r\n\r\n",
+                "POST /p?q=1 HTTP/1.1\r\nhost: example.test\r\nx-a: 1\r\ncontent-length: 0\r\n\r\n",
+                "DELETE /p?q=1 HTTP/1.1\r\nhost: example.test\r\nx-a: 1\r\n\r\n",
+            ]
+        );
+        // All three on one connection.
+        assert_eq!(be.conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
+        let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let be = backend(vec![
+            Answer {
+                pieces: vec![ok],
+                close: true,
+            },
+            answer(&[ok]),
+        ])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        exchange(&pool, Method::GET).await.unwrap();
+        // The answer was complete, so the connection went back before the close came.
+        assert_eq!(pool.idle_len(), 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (status, body, _) = exchange(&pool, Method::GET).await.unwrap();
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
+        assert_eq!(be.conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_ends_with_its_last_data_when_the_last_chunk_came_along() {
+        let be = backend(vec![answer(&[
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        ])])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        let mut body = pool.send(request(Method::GET)).await.unwrap().into_body();
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "abc");
+        // Known without another poll: the connection is back already.
+        assert!(body.is_end_stream());
+        assert_eq!(pool.idle_len(), 1);
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let map = |fields: &[(&str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in fields {
+                m.append(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            m
+        };
+        let f = |fields: &[(&str, &str)]| {
+            let m = map(fields);
+            let seen = Seen {
+                connection: false,
+                transfer_encoding: m.contains_key(TRANSFER_ENCODING),
+                content_length: m.contains_key(CONTENT_LENGTH),
+            };
+            framing(&m, seen).map_err(|e| e.to_string())
+        };
+        assert_eq!(f(&[]), Ok(Framing::Close));
+        assert_eq!(f(&[("content-length", "0")]), Ok(Framing::Length(0)));
+        assert_eq!(
+            f(&[("transfer-encoding", "gzip, chunked")]),
+            Ok(Framing::Chunked { with_length: false })
+        );
+        assert_eq!(
+            f(&[
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "gzip")
+            ]),
+            Ok(Framing::Close)
+        );
+        assert_eq!(
+            f(&[("content-length", "9999999999999999999")]),
+            Ok(Framing::Length(9_999_999_999_999_999_999))
+        );
+        assert!(f(&[("content-length", "99999999999999999999")]).is_err());
+        assert!(f(&[("content-length", "")]).is_err());
+        assert!(f(&[("content-length", "1 2")]).is_err());
+    }
+
+    #[test]
+    fn chunk_sizes_parse_or_fail() {
+        assert_eq!(parse_chunk_size(b"1a").ok(), Some(26));
+        assert_eq!(parse_chunk_size(b"FF;name=value").ok(), Some(255));
+        assert_eq!(parse_chunk_size(b"0 ").ok(), Some(0));
+        assert_eq!(parse_chunk_size(b"ffffffffffffffff").ok(), Some(u64::MAX));
+        for bad in [&b""[..], b";x", b"1g", b"fffffffffffffffff", b"-1"] {
+            assert!(parse_chunk_size(bad).is_err(), "{bad:?}");
+        }
+    }
+}
