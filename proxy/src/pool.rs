@@ -511,8 +511,23 @@ mod tests {
             .unwrap()
     }
 
+    /// A request with a body: it goes through hyper's client, not module `h1`.
+    fn post() -> Request<ProxyBody> {
+        Request::builder()
+            .method("POST")
+            .uri("/")
+            .header("host", "t")
+            .header("content-length", "1")
+            .body(crate::body::full("x"))
+            .unwrap()
+    }
+
     async fn roundtrip(pool: &Arc<EndpointPool>) {
-        let resp = pool.send(get()).await.unwrap();
+        roundtrip_with(pool, get()).await;
+    }
+
+    async fn roundtrip_with(pool: &Arc<EndpointPool>, req: Request<ProxyBody>) {
+        let resp = pool.send(req).await.unwrap();
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"ok");
@@ -527,6 +542,23 @@ mod tests {
         }
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(pool.idle_len(), 1);
+    }
+
+    #[tokio::test]
+    async fn requests_with_bodies_reuse_hyper_connections_of_their_own() {
+        let (addr, conns) = backend(usize::MAX).await;
+        let pool = Pools::default().pool_for(addr);
+        for _ in 0..3 {
+            roundtrip_with(&pool, post()).await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        roundtrip(&pool).await;
+        roundtrip_with(&pool, post()).await;
+        roundtrip(&pool).await;
+        // One connection for each kind, each back on its own stack.
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let idle = pool.lock();
+        assert_eq!((idle.hyper.len(), idle.raw.len()), (1, 1));
     }
 
     #[tokio::test]
@@ -546,8 +578,9 @@ mod tests {
         let (addr, _) = backend(usize::MAX).await;
         let pool = Pools::default().pool_for(addr);
         roundtrip(&pool).await;
+        roundtrip_with(&pool, post()).await;
         pool.sweep();
-        assert_eq!(pool.idle_len(), 1);
+        assert_eq!(pool.idle_len(), 2);
         pool.sweep();
         assert_eq!(pool.idle_len(), 0);
     }
