@@ -7,7 +7,7 @@
 //! runs each connection in a task of its own: the request goes to it through a channel, the
 //! answer comes back through another, and each exchange wakes both tasks. Here the request's
 //! own task writes the head and parses the answer. Requests with a body (their body and the
-//! answer must be driven at once) and upgrades still go through hyper (module `pool`).
+//! answer must be driven at once), upgrades and CONNECT still go through hyper (module `pool`).
 //!
 //! What it reads (RFC 9112): a status line and up to [`MAX_HEADERS`] fields in at most
 //! [`MAX_HEAD`] bytes; 1xx interim answers are skipped; the body is framed by
@@ -19,7 +19,7 @@ use std::future::Future as _;
 use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -85,22 +85,19 @@ impl Conn {
     }
 
     /// False when the upstream closed the connection (or sent something unasked) while it
-    /// was idle. Costs no system call unless the socket became readable since the last read.
+    /// was idle. Costs no system call unless the socket became readable since the last read:
+    /// `try_read` looks at tokio's cached readiness first (and, unlike `poll_read_ready`,
+    /// spends none of the task's cooperative budget, which would read as "not readable").
     pub fn is_usable(&mut self) -> bool {
         if !self.rbuf.is_empty() {
             return false;
         }
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            // Readable: an EOF, a reset or stray bytes, or only stale readiness (the last
-            // read did not drain the socket to WouldBlock). Only the last is usable.
-            Poll::Ready(Ok(())) => matches!(
-                self.io.try_read(&mut [0u8; 1]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock
-            ),
-        }
+        // An EOF, a reset or stray bytes make it unusable; only WouldBlock (nothing there, or
+        // stale readiness from a read that did not drain the socket) leaves it usable.
+        matches!(
+            self.io.try_read(&mut [0u8; 1]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        )
     }
 
     /// Sends `req`'s head (its body must be empty) and reads the answer's head. A request
@@ -154,9 +151,21 @@ impl Conn {
         let Head {
             status,
             version,
-            headers,
+            mut headers,
             seen,
+            reason,
         } = head;
+        if seen.transfer_encoding {
+            // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
+            if version == Version::HTTP_10 {
+                return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
+            }
+            // §6.3: Transfer-Encoding overrides Content-Length, which an intermediary must
+            // not pass on (the client would frame the body by it).
+            if seen.content_length {
+                headers.remove(CONTENT_LENGTH);
+            }
+        }
         let mut keep = version == Version::HTTP_11 && !(seen.connection && asks_to_close(&headers));
         let state = if head_request
             || status == StatusCode::NO_CONTENT
@@ -166,6 +175,7 @@ impl Conn {
         } else {
             match framing(&headers, seen)? {
                 Framing::Chunked { with_length } => {
+                    // (`with_length` is the field seen in the head: removed above.)
                     // Both framings: chunks win, and the connection is not trusted again.
                     keep &= !with_length;
                     Decode::Chunked(Chunk::Size)
@@ -182,12 +192,15 @@ impl Conn {
         *resp.status_mut() = status;
         *resp.version_mut() = version;
         *resp.headers_mut() = headers;
+        if let Some(r) = reason {
+            resp.extensions_mut().insert(r);
+        }
         Ok(resp)
     }
 }
 
-/// Writes the request line and fields; a POST, PUT or PATCH without a length gets
-/// `content-length: 0`, as hyper's client writes it.
+/// Writes the request line and fields. A POST, PUT or PATCH without a length gets
+/// `content-length: 0` (RFC 9110 §8.6: a client should send it; hyper's client did not).
 fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
     out.clear();
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -233,6 +246,8 @@ struct Head {
     version: Version,
     headers: HeaderMap,
     seen: Seen,
+    /// The status line's phrase, when it is not the standard one.
+    reason: Option<hyper::ext::ReasonPhrase>,
 }
 
 /// Which of the fields that frame the body the head has (noted while parsing, so a head
@@ -254,7 +269,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     }
     // Where each field's name and value sit in `buf`, so the values can share its bytes.
     // (Neither array is zeroed: at 100 fields that would cost more than the parse.)
-    let (len, code, minor, spans) = {
+    let (len, code, minor, reason, spans) = {
         let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut []);
         let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
@@ -271,6 +286,10 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         };
         let base = buf.as_ptr() as usize;
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
+        let reason = resp.reason.map(|r| {
+            let start = offset(r.as_bytes());
+            start..start + r.len()
+        });
         let spans: Vec<Span> = resp
             .headers
             .iter()
@@ -283,6 +302,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             len,
             resp.code.unwrap_or(0),
             resp.version.unwrap_or(1),
+            reason,
             spans,
         )
     };
@@ -293,6 +313,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     } else {
         Version::HTTP_11
     };
+    // A phrase of its own ("200 Fine") goes on to the client, as hyper passes it.
+    let reason = reason
+        .map(|r| head.slice(r))
+        .filter(|r| Some(&r[..]) != status.canonical_reason().map(str::as_bytes))
+        .and_then(|r| hyper::ext::ReasonPhrase::try_from(r).ok());
     let mut headers = HeaderMap::with_capacity(spans.len());
     let mut seen = Seen::default();
     for (name, value) in spans {
@@ -310,6 +335,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         version,
         headers,
         seen,
+        reason,
     }))
 }
 
@@ -600,14 +626,20 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// A chunk-size line: hex digits, then optional whitespace and extensions.
+/// A chunk-size line: hex digits, then optional spaces or tabs before extensions (`;...`),
+/// which may hold no line feed.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     let digits = line
         .iter()
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
     let rest = &line[digits..];
-    if digits == 0 || digits > 16 || !(rest.is_empty() || matches!(rest[0], b';' | b' ' | b'\t')) {
+    let rest = &rest[rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(rest.len())..];
+    if digits == 0 || digits > 16 || !(rest.is_empty() || rest[0] == b';') || rest.contains(&b'\n')
+    {
         return Err(H1Error::Invalid("chunk size"));
     }
     line[..digits].iter().try_fold(0u64, |n, &b| {
@@ -893,6 +925,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_phrase_of_its_own_is_kept_and_a_length_beside_chunks_dropped() {
+        let be = backend(vec![
+            answer(&[b"HTTP/1.1 200 Fine\r\ncontent-length: 2\r\n\r\nok"]),
+            answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"]),
+        ])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        let resp = pool.send(request(Method::GET)).await.unwrap();
+        let phrase = resp.extensions().get::<hyper::ext::ReasonPhrase>();
+        assert_eq!(
+            phrase.map(|p| p.as_bytes().to_vec()),
+            Some(b"Fine".to_vec())
+        );
+        resp.into_body().collect().await.unwrap();
+        // A standard phrase is left to the status code; the length would misframe the body.
+        let resp = pool.send(request(Method::GET)).await.unwrap();
+        assert!(
+            resp.extensions()
+                .get::<hyper::ext::ReasonPhrase>()
+                .is_none()
+        );
+        assert!(!resp.headers().contains_key(CONTENT_LENGTH));
+        assert_eq!(
+            &resp.into_body().collect().await.unwrap().to_bytes()[..],
+            b"hi"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connect_tunnel_never_goes_back_to_a_pool() {
+        // A 2xx to CONNECT makes the connection a tunnel whatever its length says (RFC 9112
+        // §6.3); module `pool` leaves CONNECT to hyper, which treats it as an upgrade.
+        let be = backend(vec![answer(&[
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        ])])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        let req = Request::builder()
+            .method(Method::CONNECT)
+            .uri("example.test:443")
+            .header("host", "example.test:443")
+            .body(empty())
+            .unwrap();
+        let resp = pool.send(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        drop(resp);
+        assert_eq!(pool.idle_len(), 0);
+    }
+
+    #[tokio::test]
     async fn a_body_until_close_ends_at_the_close() {
         let be = backend(vec![Answer {
             pieces: vec![b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"close"],
@@ -908,6 +990,11 @@ mod tests {
     #[tokio::test]
     async fn broken_answers_are_errors() {
         let cases: Vec<(&str, Answer, &str)> = vec![
+            (
+                "chunked HTTP/1.0",
+                answer(&[b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"]),
+                "send: invalid answer from upstream: transfer-encoding in an HTTP/1.0 answer",
+            ),
             (
                 "malformed status line",
                 answer(&[b"HTTP/1.1 OK\r\n\r\n"]),
@@ -994,7 +1081,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_request_head_is_written_as_hyper_writes_it() {
+    async fn the_request_head_is_the_request_line_and_fields() {
         let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
         let be = backend(vec![answer(&[ok]), answer(&[ok]), answer(&[ok])]).await;
         let pool = Pools::default().pool_for(be.addr);
@@ -1098,7 +1185,16 @@ mod tests {
         assert_eq!(parse_chunk_size(b"FF;name=value").ok(), Some(255));
         assert_eq!(parse_chunk_size(b"0 ").ok(), Some(0));
         assert_eq!(parse_chunk_size(b"ffffffffffffffff").ok(), Some(u64::MAX));
-        for bad in [&b""[..], b";x", b"1g", b"fffffffffffffffff", b"-1"] {
+        assert_eq!(parse_chunk_size(b"5 \t;a=b").ok(), Some(5));
+        for bad in [
+            &b""[..],
+            b";x",
+            b"1g",
+            b"fffffffffffffffff",
+            b"-1",
+            b"5 junk",
+            b"5;a\nb",
+        ] {
             assert!(parse_chunk_size(bad).is_err(), "{bad:?}");
         }
     }

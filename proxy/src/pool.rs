@@ -200,7 +200,11 @@ impl EndpointPool {
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        if req.body().is_end_stream() && !req.headers().contains_key(UPGRADE) {
+        // CONNECT turns the connection into a tunnel: hyper's upgrade machinery handles it.
+        if req.body().is_end_stream()
+            && !req.headers().contains_key(UPGRADE)
+            && req.method() != http::Method::CONNECT
+        {
             return self.send_bodiless(&req).await;
         }
         while let Some(mut tx) = self.pop() {
