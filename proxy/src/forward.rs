@@ -89,8 +89,14 @@ impl<'h> Seen<'h> {
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    header_tokens(headers, CONNECTION)
+}
+
+/// The comma-separated tokens of every `name` field (`Connection`, `Transfer-Encoding`),
+/// trimmed, empty ones skipped.
+pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
     headers
-        .get_all(CONNECTION)
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))

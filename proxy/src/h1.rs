@@ -29,6 +29,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::body::BoxError;
+use crate::forward::header_tokens;
 use crate::pool::EndpointPool;
 
 /// Most header fields an answer may carry (hyper's default too).
@@ -136,7 +137,8 @@ impl Conn {
             if self.rbuf.len() >= MAX_HEAD {
                 return Err(H1Error::HeadTooLarge);
             }
-            if fill(&mut self.io, &mut self.rbuf).await? == 0 {
+            let (io, rbuf) = (&mut self.io, &mut self.rbuf);
+            if std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await? == 0 {
                 return Err(H1Error::Closed);
             }
         }
@@ -223,14 +225,8 @@ fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Reads what the socket has into `buf` (after making room); 0 at EOF.
-async fn fill(io: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
-    buf.reserve(READ_CHUNK);
-    io.read_buf(buf).await
-}
-
-/// [`fill`] from a `poll` function. The read future keeps no state between polls, so a new
-/// one each time loses nothing.
+/// Reads what the socket has into `buf` (after making room); 0 at EOF. The read future keeps
+/// no state between polls, so a new one each time loses nothing.
 fn poll_fill(
     io: &mut TcpStream,
     buf: &mut BytesMut,
@@ -341,10 +337,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
 
 /// True when `Connection` lists `close`.
 fn asks_to_close(headers: &HeaderMap) -> bool {
-    headers.get_all(CONNECTION).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
-    })
+    header_tokens(headers, CONNECTION).any(|t| t.eq_ignore_ascii_case("close"))
 }
 
 /// How an answer's body is delimited.
@@ -360,14 +353,7 @@ fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
     let has_length = seen.content_length;
     if seen.transfer_encoding {
         // Only chunked as the final coding delimits the body; anything else runs to close.
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
+        return Ok(match header_tokens(headers, TRANSFER_ENCODING).last() {
             Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked {
                 with_length: has_length,
             },
