@@ -49,23 +49,20 @@ impl<'h> Seen<'h> {
         let mut s = Self::default();
         for (name, value) in headers {
             s.bytes += name.as_str().len() + value.len() + 4;
-            // `HeaderName` comparisons, not a `match` on the name's text: a standard name
-            // compares as one byte, where the text match called `bcmp` for every arm of the
-            // same length (callgrind: ~half the scan).
-            if *name == HOST {
-                s.host = s.host.or(Some(value));
-            } else if *name == X_REQUEST_ID {
-                s.request_id = s.request_id.or(Some(value));
-            } else if *name == CONTENT_LENGTH {
-                s.content_length = s.content_length.or(Some(value));
-            } else if *name == ORIGIN {
-                s.origin = s.origin.or(Some(value));
-            } else if *name == CONTENT_TYPE {
-                s.content_type = s.content_type.or(Some(value));
-            } else if *name == UPGRADE {
-                s.upgrade = true;
-            } else if *name == CONNECTION {
-                s.connection = true;
+            // The name's length picks the one or two names it can be, then `HeaderName`
+            // comparisons, not a `match` on the name's text: a standard name compares as one
+            // byte, where the text match called `bcmp` for every arm of the same length.
+            match name.as_str().len() {
+                4 if *name == HOST => s.host = s.host.or(Some(value)),
+                6 if *name == ORIGIN => s.origin = s.origin.or(Some(value)),
+                7 => s.upgrade |= *name == UPGRADE,
+                10 => s.connection |= *name == CONNECTION,
+                12 if *name == X_REQUEST_ID => s.request_id = s.request_id.or(Some(value)),
+                12 if *name == CONTENT_TYPE => s.content_type = s.content_type.or(Some(value)),
+                14 if *name == CONTENT_LENGTH => {
+                    s.content_length = s.content_length.or(Some(value));
+                }
+                _ => {}
             }
         }
         s
@@ -128,25 +125,25 @@ impl Present {
     pub fn scan(headers: &HeaderMap) -> Self {
         let mut p = Self::default();
         for (name, value) in headers {
-            // As in `Seen::scan`: `HeaderName` comparisons, cheaper than matching the text.
-            if *name == CONNECTION {
-                p.connection = true;
-                // The usual value is one known token: no need to parse a list.
-                p.connection_names |= !is_known_token(value.as_bytes());
-            } else if *name == HOST {
-                p.host = true;
-            } else if *name == X_FORWARDED_FOR {
-                p.xff = true;
-            } else if *name == KEEP_ALIVE {
-                p.keep_alive = true;
-            } else if *name == PROXY_CONNECTION {
-                p.proxy_connection = true;
-            } else if *name == TRANSFER_ENCODING {
-                p.transfer_encoding = true;
-            } else if *name == TE {
-                p.te = true;
-            } else if *name == UPGRADE {
-                p.upgrade = true;
+            // The name's length first: most fields (`server`, `content-type`, `accept`...)
+            // have a length none of these has, and leave after one comparison instead of
+            // eight (callgrind: the scan of a five-field answer went from ~470 instructions to
+            // ~300).
+            // Then `HeaderName` comparisons, cheaper than matching the text.
+            match name.as_str().len() {
+                2 => p.te |= *name == TE,
+                4 => p.host |= *name == HOST,
+                7 => p.upgrade |= *name == UPGRADE,
+                10 if *name == CONNECTION => {
+                    p.connection = true;
+                    // The usual value is one known token: no need to parse a list.
+                    p.connection_names |= !is_known_token(value.as_bytes());
+                }
+                10 => p.keep_alive |= *name == KEEP_ALIVE,
+                15 => p.xff |= *name == X_FORWARDED_FOR,
+                16 => p.proxy_connection |= *name == PROXY_CONNECTION,
+                17 => p.transfer_encoding |= *name == TRANSFER_ENCODING,
+                _ => {}
             }
         }
         p
@@ -155,7 +152,7 @@ impl Present {
 
 /// Connection tokens that name fields `strip_present` removes anyway (or no field at all).
 /// `te` is not one: a TE field named by Connection goes, `trailers` and all.
-fn is_known_token(t: &[u8]) -> bool {
+pub(crate) fn is_known_token(t: &[u8]) -> bool {
     // Length first: `eq_ignore_ascii_case` against every token cost ~90 instructions per
     // response carrying `Connection: keep-alive` (callgrind).
     let known: &[u8] = match t.len() {
