@@ -205,7 +205,7 @@ impl EndpointPool {
             && !req.headers().contains_key(UPGRADE)
             && req.method() != http::Method::CONNECT
         {
-            return self.send_bodiless(&req).await;
+            return self.send_bodiless(&mut req).await;
         }
         while let Some(mut tx) = self.pop() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
@@ -236,7 +236,7 @@ impl EndpointPool {
     /// `h1`) on an idle connection, or a fresh one.
     async fn send_bodiless(
         self: &Arc<Self>,
-        req: &Request<ProxyBody>,
+        req: &mut Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         while let Some(mut conn) = self.pop_raw() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
