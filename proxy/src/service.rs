@@ -424,10 +424,7 @@ async fn proxy(
     }
 
     // Phase 3: request filters, in table order.
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (target, None),
-    };
+    let (path, query) = crate::router::split_path_and_query(target);
     let view = RequestView {
         scheme: conn.scheme,
         host: bare_host,
