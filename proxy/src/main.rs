@@ -184,10 +184,12 @@ async fn watch_file(proxy: &Proxy, path: &Path, last: &mut Vec<u8>, mut seen: Op
         if stamp.is_some_and(|s| s.settled() && Some(s) == seen) {
             continue;
         }
-        seen = stamp;
         let Ok(text) = std::fs::read(path) else {
             continue;
         };
+        // Only a read that succeeded vouches for the stamp: after a failed one the same
+        // stamp must be read again.
+        seen = stamp;
         if text == *last {
             continue;
         }
