@@ -310,3 +310,58 @@ async fn shutdown_closes_idle_keep_alive_connections() {
     assert!(matches!(read, Ok(Ok(_))), "{read:?}");
     shutdown.await.unwrap();
 }
+
+#[tokio::test]
+async fn each_route_counts_into_its_own_series_across_table_swaps() {
+    let b = echo_backend("b").await;
+    let metrics = metrics();
+    let proxy = Proxy::new(ProxyOptions {
+        metrics: metrics.clone(),
+        ..ProxyOptions::default()
+    });
+    let t = |version, names: &[&str]| {
+        let routes = names
+            .iter()
+            .map(|n| route(n, &format!("/{n}"), vec![wb("b", 1)]))
+            .collect();
+        table(
+            version,
+            vec![http_port(0, routes)],
+            vec![("b", backend_of(&[&b]))],
+        )
+    };
+    let c = h1_client();
+    let hit = |url: String, times: usize| {
+        let c = c.clone();
+        async move {
+            for _ in 0..times {
+                assert_eq!(get(&c, &url).await.status, StatusCode::OK);
+            }
+        }
+    };
+    proxy.apply(t(1, &["a", "c"])).await.unwrap();
+    let url = format!("http://{}", proxy.local_addr(0).unwrap());
+    hit(format!("{url}/a"), 1).await;
+    hit(format!("{url}/c"), 2).await;
+    // A route added in between: the virtual host is built again; `a` and `c` take their
+    // handles from the live snapshot, `n` gets its own.
+    proxy.apply(t(2, &["a", "n", "c"])).await.unwrap();
+    hit(format!("{url}/a"), 1).await;
+    hit(format!("{url}/n"), 4).await;
+    hit(format!("{url}/c"), 3).await;
+    // `a` gone, then back: its series goes on from the registry.
+    proxy.apply(t(3, &["c"])).await.unwrap();
+    proxy.apply(t(4, &["a", "c"])).await.unwrap();
+    hit(format!("{url}/a"), 1).await;
+    let want = [
+        r#"tollgate_requests_total{route="default/a",code_class="2xx"} 3"#,
+        r#"tollgate_requests_total{route="default/n",code_class="2xx"} 4"#,
+        r#"tollgate_requests_total{route="default/c",code_class="2xx"} 5"#,
+    ];
+    let done = eventually(|| {
+        let text = metrics.encode();
+        want.iter().all(|w| text.contains(w))
+    })
+    .await;
+    assert!(done, "want {want:?} in\n{}", metrics.encode());
+}
