@@ -7,6 +7,8 @@
 #   - CPU time per request, user and system apart (utime and stime from /proc), and
 #     requests per second of the proxy's own CPU time (run.sh's "per core");
 #   - system calls per request (perf stat, tracepoint raw_syscalls:sys_enter);
+#   - TCP segments sent per request, whole host (nstat's TcpOutSegs: the client's, the
+#     proxy's and the backend's), when nstat (iproute2) is there;
 # then, in the last round, a sampled profile (perf record -e cpu-clock, no call graphs):
 # the share of samples in the kernel, in the proxy's binary and in each library, and the
 # top symbols. Unlike callgrind.sh this includes the kernel and the cost of cache misses.
@@ -86,11 +88,13 @@ pid_of[nginx]=$(pgrep -P "$nginx_master" | head -1)
 # utime and stime of a process in clock ticks.
 times_of() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12, $13}'; }
 tck=$(getconf CLK_TCK)
+nstat=$(command -v nstat || true)
 raw=$work/raw.tsv
 : >"$raw"
 measure() { # contender round
-  local c=$1 r=$2 p=${pid_of[$1]} u0 s0 u1 s1 out n perf_pid calls
+  local c=$1 r=$2 p=${pid_of[$1]} u0 s0 u1 s1 out n perf_pid calls segs=0
   taskset -c 1 wrk -t1 -c50 -d1s "${hdrs[@]}" "${url_of[$c]}" >/dev/null
+  [ -n "$nstat" ] && nstat -n
   read -r u0 s0 < <(times_of "$p")
   perf stat -x, -e raw_syscalls:sys_enter -p "$p" -o "$work/stat.$c" &
   perf_pid=$!
@@ -98,9 +102,10 @@ measure() { # contender round
   kill -INT "$perf_pid"
   wait "$perf_pid" || true
   read -r u1 s1 < <(times_of "$p")
+  [ -n "$nstat" ] && segs=$(nstat TcpOutSegs | awk '/TcpOutSegs/ {print $2}')
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   calls=$(awk -F, '/raw_syscalls/ {print $1}' "$work/stat.$c")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$n" $((u1 - u0)) $((s1 - s0)) "${calls:-0}" >>"$raw"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$n" $((u1 - u0)) $((s1 - s0)) "${calls:-0}" "${segs:-0}" >>"$raw"
   log "round $r $c: $n requests"
 }
 record() { # contender: a sampled profile of one more saturation run
@@ -140,22 +145,23 @@ import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().split("\n") if l]
 tck = float(sys.argv[2])
 by = {}
-for c, r, n, u, s, calls in rows:
-    n, u, s, calls = int(n), int(u), int(s), int(calls)
+for c, r, n, u, s, calls, segs in rows:
+    n, u, s, calls, segs = int(n), int(u), int(s), int(calls), int(segs)
     if n == 0:
         continue
-    by.setdefault(c, []).append((u / tck * 1e6 / n, s / tck * 1e6 / n, n / ((u + s) / tck) if u + s else 0, calls / n))
-med = {c: [statistics.median(v[i] for v in vals) for i in range(4)] for c, vals in by.items()}
-print("| contender | user µs/req | system µs/req | system share | requests/s per core | vs nginx | system calls/req |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
-ng = med.get("nginx", [0, 0, 0, 0])[2]
+    by.setdefault(c, []).append((u / tck * 1e6 / n, s / tck * 1e6 / n, n / ((u + s) / tck) if u + s else 0, calls / n, segs / n))
+med = {c: [statistics.median(v[i] for v in vals) for i in range(5)] for c, vals in by.items()}
+print("| contender | user µs/req | system µs/req | system share | requests/s per core | vs nginx | system calls/req | TCP segments/req (host) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+ng = med.get("nginx", [0, 0, 0, 0, 0])[2]
 for c in ("tollgate", "nginx", "haproxy"):
     if c not in med:
         continue
-    u, s, rps, calls = med[c]
+    u, s, rps, calls, segs = med[c]
     share = s / (u + s) * 100 if u + s else 0
     ratio = f"{rps / ng:.2f}x" if ng else "-"
-    print(f"| {c} | {u:.2f} | {s:.2f} | {share:.0f}% | {rps:,.0f} | {ratio} | {calls:.2f} |")
+    seg = f"{segs:.2f}" if segs else "-"
+    print(f"| {c} | {u:.2f} | {s:.2f} | {share:.0f}% | {rps:,.0f} | {ratio} | {calls:.2f} | {seg} |")
 print()
 print("Per round (user µs, system µs per request): " + "; ".join(
     f"{c} " + ", ".join(f"{v[0]:.1f}/{v[1]:.1f}" for v in by[c]) for c in by))
