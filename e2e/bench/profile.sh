@@ -134,7 +134,7 @@ md=$results/profile-$ended.md
   echo "# Where the CPU goes at saturation: $scenario"
   echo
   echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), \`e2e/bench/profile.sh $scenario\` (ROUNDS=$ROUNDS, SECS=$SECS);" \
-    "tollgate $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- proxy controller api 2>/dev/null || echo ' (uncommitted changes)');" \
+    "tollgate $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- proxy controller 2>/dev/null || echo ' (uncommitted changes)');" \
     "load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "The proxy on CPU 0 with one worker; wrk (50 connections) and the backend on CPU 1."
   echo

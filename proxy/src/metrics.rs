@@ -6,7 +6,6 @@
 //! the configuration, never by traffic), the status is a class (`2xx`..`5xx`), and upstream
 //! errors carry a fixed `kind`.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::FastMap;
 use crate::policy::auth::AuthMetrics;
 use crate::policy::ratelimit::RateLimitMetrics;
 
@@ -100,7 +100,7 @@ pub struct Metrics {
     table_version: Gauge,
     access_log_dropped: Counter,
     /// Handles per route label, kept across snapshots.
-    routes: Mutex<HashMap<String, Arc<RouteMetrics>>>,
+    routes: Mutex<FastMap<String, Arc<RouteMetrics>>>,
     no_route: Arc<RouteMetrics>,
     auth: AuthMetrics,
     rate_limit: RateLimitMetrics,
@@ -259,7 +259,7 @@ impl Metrics {
             rate_limit,
             registry,
             no_route,
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(FastMap::default()),
             requests,
             durations,
             upstream_errors,
@@ -293,6 +293,32 @@ impl Metrics {
         let Ok(mut routes) = self.routes.lock() else {
             return Arc::new(RouteMetrics::new(label, &self.requests, &self.durations));
         };
+        self.handles(&mut routes, label)
+    }
+
+    /// The handles of every label in `labels`, under one lock: a table's worth at once (a
+    /// lock and a lookup per route cost ~3 ms per table of 10k routes).
+    pub(crate) fn routes<'a>(
+        &self,
+        labels: impl Iterator<Item = &'a Arc<str>>,
+    ) -> FastMap<Arc<str>, Arc<RouteMetrics>> {
+        let mut out = FastMap::default();
+        let mut routes = self.routes.lock();
+        for label in labels {
+            out.entry(label.clone())
+                .or_insert_with(|| match routes.as_mut() {
+                    Ok(routes) => self.handles(routes, label),
+                    Err(_) => Arc::new(RouteMetrics::new(label, &self.requests, &self.durations)),
+                });
+        }
+        out
+    }
+
+    fn handles(
+        &self,
+        routes: &mut FastMap<String, Arc<RouteMetrics>>,
+        label: &str,
+    ) -> Arc<RouteMetrics> {
         // A label seen before (most of a new table's) is found without copying it.
         if let Some(handles) = routes.get(label) {
             return handles.clone();

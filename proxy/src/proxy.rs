@@ -247,22 +247,7 @@ impl Proxy {
             ports.insert(p.port, state);
             wanted.push((ip, p.port));
         }
-        // A label the live snapshot has takes its handles from there: the registry's lookup
-        // locks a mutex and hashes with SipHash, ~3 ms per table of 10k routes.
-        let prev_metrics = prev.as_deref().map(|s| &s.route_metrics);
-        let mut route_metrics: FastMap<Arc<str>, Arc<RouteMetrics>> =
-            FastMap::with_capacity_and_hasher(
-                prev_metrics.map_or(0, FastMap::len),
-                Default::default(),
-            );
-        for r in router.routes() {
-            route_metrics.entry(r.label.clone()).or_insert_with(|| {
-                prev_metrics
-                    .and_then(|m| m.get(&r.label))
-                    .cloned()
-                    .unwrap_or_else(|| shared.metrics.route(&r.label))
-            });
-        }
+        let route_metrics = shared.metrics.routes(router.routes().map(|r| &r.label));
         let backends = build_balancers(
             &table.backends,
             prev.as_deref().map(|s| &s.backends),

@@ -343,8 +343,8 @@ async fn each_route_counts_into_its_own_series_across_table_swaps() {
     let url = format!("http://{}", proxy.local_addr(0).unwrap());
     hit(format!("{url}/a"), 1).await;
     hit(format!("{url}/c"), 2).await;
-    // A route added in between: the virtual host is built again; `a` and `c` take their
-    // handles from the live snapshot, `n` gets its own.
+    // A route added in between: the virtual host is built again; `a` and `c` keep their
+    // series, `n` gets its own.
     proxy.apply(t(2, &["a", "n", "c"])).await.unwrap();
     hit(format!("{url}/a"), 1).await;
     hit(format!("{url}/n"), 4).await;
