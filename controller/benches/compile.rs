@@ -12,6 +12,11 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tollgate::compile::{CompileCache, Inputs, compile, compile_cached};
 
+/// The allocator of the `tollgate` binary (main.rs): a compile allocates and frees its whole
+/// model, so glibc's malloc here would measure another program.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const ROUTES: usize = 10_000;
 const SERVICES: usize = 100;
 const HOSTS: usize = 500;
@@ -65,7 +70,8 @@ fn inputs() -> Inputs {
         };
         i.http_routes.push(from(json!({
             "metadata": {"name": format!("route-{r}"), "namespace": ns,
-                         "creationTimestamp": "2024-01-01T00:00:00Z"},
+                         "creationTimestamp": "2024-01-01T00:00:00Z",
+                         "resourceVersion": format!("{}", 1000 + r)},
             "spec": {
                 "parentRefs": [{"name": "gw", "namespace": "infra"}],
                 "hostnames": [format!("host-{}.example.com", r % HOSTS)],
@@ -89,6 +95,7 @@ fn bench(c: &mut Criterion) {
     let mut changed = inputs.clone();
     let extra = changed.http_routes[0].clone();
     changed.http_routes[0].metadata.name = Some("route-extra".into());
+    changed.http_routes[0].metadata.resource_version = Some("99999".into());
     changed.http_routes.push(extra);
     let (_, mut cache) = compile_cached(&inputs, CompileCache::default());
     let mut flip = false;

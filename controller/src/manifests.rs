@@ -4,9 +4,12 @@
 //! compiler's [`Inputs`], merged across files. Each file's last good parse is kept: a file that
 //! stops parsing is reported and its previous objects stay, so a half-saved edit never takes
 //! routes down. A scan reads only files that changed on disk and parses only those whose text
-//! changed, so a change to one file costs that file, not the directory.
+//! changed, so a change to one file costs that file, not the directory. Each object's
+//! resourceVersion is set from its content ([`set_versions`]), so that, as with objects
+//! from an API server, an unchanged version means an unchanged object.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -72,8 +75,8 @@ struct Parsed {
     stamp: Option<Stamp>,
 }
 
-/// Calls `$m!(field)` for every object list of [`Inputs`], and for its warnings.
-macro_rules! each_list {
+/// Calls `$m!(field)` for every object list of [`Inputs`].
+macro_rules! each_object_list {
     ($m:ident) => {
         $m!(gateway_classes);
         $m!(gateways);
@@ -88,6 +91,13 @@ macro_rules! each_list {
         $m!(config_maps);
         $m!(rate_limit_policies);
         $m!(auth_policies);
+    };
+}
+
+/// Calls `$m!(field)` for every object list of [`Inputs`], and for its warnings.
+macro_rules! each_list {
+    ($m:ident) => {
+        each_object_list!($m);
         $m!(warnings);
     };
 }
@@ -274,11 +284,12 @@ impl ManifestDir {
         }
         // On a parse error the stamp is not recorded: the next scan reads the file and
         // reports it again.
-        let inputs =
+        let mut inputs =
             inputs_from_yaml(&text, now.clone()).map_err(|source| ManifestError::Parse {
                 path: path.to_path_buf(),
                 source,
             })?;
+        set_versions(&mut inputs);
         self.splice(path, offset, Some((text, inputs, trusted)));
         Ok(Refresh::Parsed)
     }
@@ -322,6 +333,36 @@ impl ManifestDir {
             }
         }
     }
+}
+
+/// Gives every object parsed from a file a resourceVersion that names its content: a digest of
+/// the object as JSON, without the resourceVersion the file may give (replaced). Two objects
+/// with the same version are then the same object, as on an API server, which lets the compile
+/// cache tell an unchanged route from a changed one without comparing them field by field,
+/// also among the unchanged objects of an edited file; and a fresh scan of the same files
+/// gives the same versions.
+fn set_versions(inputs: &mut Inputs) {
+    let mut json = Vec::new();
+    macro_rules! set {
+        ($f:ident) => {
+            for o in &mut inputs.$f {
+                o.metadata.resource_version = None;
+                json.clear();
+                // An object that does not serialize keeps no version: the cache then compares
+                // it field by field.
+                if serde_json::to_writer(&mut json, &*o).is_ok() {
+                    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+                    let mut version = String::with_capacity(37);
+                    version.push_str("file-");
+                    for b in &digest.as_ref()[..16] {
+                        let _ = write!(version, "{b:02x}");
+                    }
+                    o.metadata.resource_version = Some(version);
+                }
+            }
+        };
+    }
+    each_object_list!(set);
 }
 
 /// What [`ManifestDir::refresh`] did with a file.
@@ -516,6 +557,54 @@ mod tests {
             assert!(!s.changed);
             assert_eq!(route_names(s.inputs), ["r1"]);
         }
+    }
+
+    fn versions(inputs: &Inputs) -> Vec<String> {
+        inputs
+            .http_routes
+            .iter()
+            .map(|r| r.metadata.resource_version.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn objects_are_versioned_by_their_content() {
+        let dir = TempDir::new("versions");
+        dir.write("a.yaml", GATEWAY, OLD);
+        // A resourceVersion in a file (as `kubectl get -o yaml` writes) is replaced.
+        let given = routes(&["r1", "r2"]).replace(
+            "metadata: {name: r2, namespace: default}",
+            "metadata: {name: r2, namespace: default, resourceVersion: \"7\"}",
+        );
+        dir.write("b.yaml", &given, OLD);
+        let mut m = ManifestDir::new(&dir.0);
+        let (out, cache) =
+            crate::compile::compile_cached(m.scan(&now()).unwrap().inputs, Default::default());
+        assert!(out.rejections().is_empty(), "{:?}", out.rejections());
+        let before = versions(m.scan(&now()).unwrap().inputs);
+        assert_eq!(before.len(), 2);
+        assert!(before.iter().all(|v| v.starts_with("file-")), "{before:?}");
+        assert_ne!(before[0], before[1]);
+        // Every object of every kind gets one.
+        let s = m.scan(&now()).unwrap();
+        assert!(s.inputs.services[0].metadata.resource_version.is_some());
+        assert!(s.inputs.gateways[0].metadata.resource_version.is_some());
+
+        // r2 edited, r1 the same text in the same file: only r2's version changes, so only r2
+        // is compiled again.
+        let edited = given.replace("value: /r2", "value: /r2b");
+        dir.write("b.yaml", &edited, OLDER);
+        let after = versions(m.scan(&now()).unwrap().inputs);
+        assert_eq!(after[0], before[0]);
+        assert_ne!(after[1], before[1]);
+        let (_, cache) = crate::compile::compile_cached(m.scan(&now()).unwrap().inputs, cache);
+        let stats = cache.stats();
+        assert_eq!((stats.routes_compiled, stats.routes_reused), (1, 1));
+
+        // Back to the first text: the first versions again; and the same as a fresh scan.
+        dir.write("b.yaml", &given, OLD);
+        assert_eq!(versions(m.scan(&now()).unwrap().inputs), before);
+        assert_fresh(&mut m, &dir);
     }
 
     #[test]

@@ -171,6 +171,7 @@ impl Runner {
             files_parsed = parsed,
             routes_compiled = stats.routes_compiled,
             routes_reused = stats.routes_reused,
+            attachments_reused = stats.attachments_reused,
             vhosts_built = stats.vhosts_built,
             vhosts_reused = stats.vhosts_reused,
             scan_ms = ms(scanned),

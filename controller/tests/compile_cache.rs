@@ -113,6 +113,7 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     let (out, cache) = step(&inputs, cache, "unchanged");
     let stats = cache.stats();
     assert_eq!(stats.routes_compiled, 0, "{stats:?}");
+    assert_eq!(stats.attachments_reused, stats.routes_reused, "{stats:?}");
     assert_eq!(stats.vhosts_built, 0, "{stats:?}");
     let (same, all) = shared(table(&first, "infra", "edge"), table(&out, "infra", "edge"));
     assert_eq!(same, all);
@@ -194,6 +195,30 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     inputs.reference_grants.push(removed);
     let (_, cache) = step(&inputs, cache, "reference grant restored");
 
+    // Namespace labels that a listener selects by: apps loses its team label, so its routes
+    // no longer attach to the https listener; then the label comes back.
+    let apps = named(&mut inputs.namespaces, "apps");
+    let team = apps
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove("team")
+        .unwrap();
+    let (_, cache) = step(&inputs, cache, "namespace label removed");
+    assert_eq!(cache.stats().routes_compiled, 0);
+    assert_eq!(cache.stats().attachments_reused, 0, "{:?}", cache.stats());
+    let apps = named(&mut inputs.namespaces, "apps");
+    apps.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("team".into(), team);
+    let (_, cache) = step(&inputs, cache, "namespace label restored");
+    // The labels as before: the next compile reuses attachments again.
+    let (_, cache) = step(&inputs, cache, "labels unchanged");
+    assert!(cache.stats().attachments_reused > 0, "{:?}", cache.stats());
+
     // A Gateway listener changed: its hostname narrows, routes attach elsewhere.
     let edge = named(&mut inputs.gateways, "edge");
     let https = edge
@@ -204,6 +229,7 @@ fn a_sequence_of_changes_compiles_as_fresh() {
         .unwrap();
     https.hostname = Some("shop.example.com".into());
     let (_, cache) = step(&inputs, cache, "listener hostname changed");
+    assert_eq!(cache.stats().attachments_reused, 0, "{:?}", cache.stats());
     // A listener removed.
     let edge = named(&mut inputs.gateways, "edge");
     edge.spec.listeners.retain(|l| l.name != "https-apex");
@@ -230,9 +256,10 @@ fn a_sequence_of_changes_compiles_as_fresh() {
     inputs.tls_routes.pop();
     let (_, cache) = step(&inputs, cache, "tls route removed");
 
-    // Another clock: conditions carry the new time.
+    // Another clock: conditions carry the new time, also those of reused attachments.
     inputs.now = Time(Timestamp::from_second(1_800_000_000).unwrap());
     let (_, cache) = step(&inputs, cache, "later");
+    assert!(cache.stats().attachments_reused > 0, "{:?}", cache.stats());
 
     // A cache from a different world altogether is still only a cache.
     let (_, _) = step(&world(), cache, "back to the first world");
@@ -250,4 +277,44 @@ fn the_same_object_in_two_files_compiles_as_fresh() {
     let (_, cache) = step(&inputs, cache, "two copies");
     inputs.http_routes.pop();
     let (_, _) = step(&inputs, cache, "one copy again");
+}
+
+#[test]
+fn a_route_with_a_resource_version_is_compiled_again_only_when_it_changes() {
+    // As from an API server (or `tollgate run`'s manifest reader): every route carries a
+    // resourceVersion, and a new version is compiled again.
+    let mut inputs = world();
+    for (i, r) in inputs.http_routes.iter_mut().enumerate() {
+        r.metadata.resource_version = Some(format!("{}", 100 + i));
+    }
+    let (_, cache) = step(&inputs, CompileCache::default(), "versioned");
+    let (_, cache) = step(&inputs, cache, "versions unchanged");
+    assert_eq!(cache.stats().routes_compiled, 0, "{:?}", cache.stats());
+
+    named(&mut inputs.http_routes, "docs")
+        .metadata
+        .resource_version = Some("900".into());
+    let (_, cache) = step(&inputs, cache, "a version changed");
+    assert_eq!(cache.stats().routes_compiled, 1, "{:?}", cache.stats());
+
+    // The version decides, not the fields: an API server never gives two contents one
+    // version, so under the same version the route is not compared (here a label that only
+    // this test changes without a new version).
+    named(&mut inputs.http_routes, "docs")
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("edited".into(), "in place".into());
+    let (_, cache) = compile_cached(&inputs, cache);
+    assert_eq!(cache.stats().routes_compiled, 0, "{:?}", cache.stats());
+
+    // Without a version (objects built in code), field by field: compiled again once, as its
+    // metadata changed, then reused.
+    named(&mut inputs.http_routes, "docs")
+        .metadata
+        .resource_version = None;
+    let (_, cache) = step(&inputs, cache, "a version removed");
+    assert_eq!(cache.stats().routes_compiled, 1, "{:?}", cache.stats());
+    let (_, cache) = step(&inputs, cache, "still none");
+    assert_eq!(cache.stats().routes_compiled, 0, "{:?}", cache.stats());
 }

@@ -7,11 +7,16 @@
 //! where its inputs are provably the same. Two memos:
 //!
 //! - **Per route** (kind, key): the route object as it was compiled, its compiled rules, and
-//!   the backends its backendRefs resolved to. Reused when the route is equal to that object
+//!   the backends its backendRefs resolved to. Reused when the route is that object (the same
+//!   resourceVersion, or equal field by field when either has none)
 //!   and the Services and ReferenceGrants (all that rule compilation reads besides the route)
 //!   are equal to the previous compile's; its backends are then resolved again against the
 //!   current EndpointSlices, which may have changed. Every compile that is not reused gets a
 //!   new *stamp*, so a stamp names one compiled result of one route object.
+//!   With the route memo, how the route attached: its status entries, the listeners it is
+//!   served on and counts on. Reused with the memo when the Gateways look the same to route
+//!   attachment as in the previous compile (a [`ListenerView`]: Gateway keys, listeners,
+//!   namespace labels when selected by), its conditions stamped with the current time.
 //! - **Per virtual host** (Gateway, listener, hostname): the stamps of the routes in it, in
 //!   order, and the route list built from them. A virtual host's routes are a function of
 //!   those compiled routes alone when no policy applies, so the list is reused (the same
@@ -26,11 +31,13 @@ use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::{ObjectKey, Route};
 
 use super::backends::{Resolution, Resolver};
 use super::index::Index;
 use super::kinds::{RouteKind, RouteSource};
+use super::routes::{Attached, ListenerView};
 use super::rules::CompiledRoute;
 
 /// Memos carried from one compile to the next (see the module docs). Opaque; start with
@@ -53,6 +60,10 @@ pub struct CompileCache {
     epoch: u64,
     /// Whether the route memos may be reused in the current compile.
     env_same: bool,
+    /// The Gateways as route attachment saw them in the last compile.
+    listeners: ListenerView,
+    /// Whether the current compile's view is that one: attachments may be reused.
+    listeners_same: bool,
     /// Route memos reused and compiled in the current compile (for tests and logs).
     stats: CacheStats,
 }
@@ -64,6 +75,8 @@ pub struct CacheStats {
     pub routes_reused: usize,
     /// Routes compiled.
     pub routes_compiled: usize,
+    /// Reused routes whose attachment and status entries were reused too.
+    pub attachments_reused: usize,
     /// Virtual hosts whose route list was reused.
     pub vhosts_reused: usize,
     /// Virtual hosts built.
@@ -76,6 +89,8 @@ struct RouteMemo {
     compiled: Arc<CompiledRoute>,
     resolved: Vec<Resolution>,
     stamp: u64,
+    /// How the route attached, under the last compile's [`ListenerView`].
+    attached: Option<Attached>,
 }
 
 #[derive(Debug)]
@@ -106,7 +121,26 @@ impl SourceCopy {
         }
     }
 
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Self::Http(r) => &r.metadata,
+            Self::Grpc(r) => &r.metadata,
+            Self::Tls(r) => &r.metadata,
+        }
+    }
+
+    /// Whether `r` is the object copied. When both carry a resourceVersion, that decides:
+    /// the API server gives every write of an object a new one, and
+    /// [`ManifestDir`](crate::manifests::ManifestDir) sets one from the content of the file
+    /// it read the object from. Without one (objects built in code or read by
+    /// [`inputs_from_yaml`](super::inputs_from_yaml) directly), field by field.
     fn is(&self, r: RouteSource<'_>) -> bool {
+        if let (Some(a), Some(b)) = (
+            self.meta().resource_version.as_deref(),
+            r.meta().resource_version.as_deref(),
+        ) {
+            return a == b;
+        }
         match (self, r) {
             (Self::Http(a), RouteSource::Http(b)) => **a == *b,
             (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
@@ -157,14 +191,25 @@ impl CompileCache {
         }
     }
 
+    /// Takes the current compile's view of the Gateways (before any [`CompileCache::route`]):
+    /// when it is the last compile's, reused routes keep how they attached.
+    pub(crate) fn listeners(&mut self, view: ListenerView) {
+        self.listeners_same = view == self.listeners;
+        if !self.listeners_same {
+            self.listeners = view;
+        }
+    }
+
     /// The compiled rules of `route` (whose key is `key`) and their stamp: the memo's when
-    /// it still holds, else compiled now with `resolver`.
+    /// it still holds, else compiled now with `resolver`. With the memo's rules, how the
+    /// route attached too, when the Gateways look as they did (conditions still carrying the
+    /// time they were made).
     pub(crate) fn route(
         &mut self,
         route: RouteSource<'_>,
         key: &ObjectKey,
         resolver: &mut Resolver<'_, '_>,
-    ) -> (Arc<CompiledRoute>, u64) {
+    ) -> (Arc<CompiledRoute>, u64, Option<Attached>) {
         let kind = slot(route.kind());
         // Memos of routes before this one are of routes gone (or not ours any more).
         let prev = &mut self.prev[kind];
@@ -181,7 +226,11 @@ impl CompileCache {
         {
             resolver.replay(&m.resolved);
             self.stats.routes_reused += 1;
-            let out = (m.compiled.clone(), m.stamp);
+            let attached = m.attached.as_ref().filter(|_| self.listeners_same).cloned();
+            if attached.is_some() {
+                self.stats.attachments_reused += 1;
+            }
+            let out = (m.compiled.clone(), m.stamp, attached);
             self.routes[kind].push((k, m));
             return out;
         }
@@ -197,9 +246,17 @@ impl CompileCache {
                 compiled: compiled.clone(),
                 resolved,
                 stamp: self.stamp,
+                attached: None,
             },
         ));
-        (compiled, self.stamp)
+        (compiled, self.stamp, None)
+    }
+
+    /// Keeps how the route of the last [`CompileCache::route`] call of `kind` attached.
+    pub(crate) fn keep_attached(&mut self, kind: RouteKind, attached: &Attached) {
+        if let Some((_, m)) = self.routes[slot(kind)].last_mut() {
+            m.attached = Some(attached.clone());
+        }
     }
 
     /// The route list of virtual host `host` of `listener` of `gateway` whose routes have

@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 
+use gateway_api::gateways::GatewayListenersAllowedRoutesNamespacesSelector;
 use gateway_api::httproutes::{HttpRouteParentRefs, HttpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
@@ -30,7 +31,7 @@ use super::grants::GATEWAY_GROUP;
 use super::hostnames;
 use super::index::{Index, key_of, ns_of};
 use super::kinds::{RouteKind, RouteSource, status_parent_ref};
-use super::listeners::GatewayModel;
+use super::listeners::{AllowedNamespaces, GatewayModel};
 use super::rules::CompiledRoute;
 
 /// Where a valid route is served.
@@ -96,6 +97,9 @@ pub fn compile_routes<'a>(
             .or_default()
             .insert(g.key.name.clone(), i);
     }
+    if let Some(c) = cache.as_deref_mut() {
+        c.listeners(ListenerView::of(gateways, idx));
+    }
     let mut resolver = Resolver::new(idx);
     let mut routes =
         Vec::with_capacity(idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len());
@@ -123,46 +127,28 @@ pub fn compile_routes<'a>(
             continue;
         }
         let key = key_of(meta);
-        let (compiled, stamp) = match cache.as_deref_mut() {
+        let (compiled, stamp, kept) = match cache.as_deref_mut() {
             Some(c) => c.route(route, &key, &mut resolver),
-            None => (std::sync::Arc::new(route.compile(&mut resolver)), 0),
+            None => (std::sync::Arc::new(route.compile(&mut resolver)), 0, None),
         };
-        let conds = Conds::new(meta.generation, now);
-        let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
-        let mut parents = Vec::with_capacity(ours.len());
-        let mut attachments = Vec::new();
-        // (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules
-        // or not; once each, however many parentRefs lead there.
-        let mut counted: Vec<(usize, usize)> = Vec::new();
-        for (pi, (p, gi)) in ours.into_iter().enumerate() {
-            let accepted = match attach(idx, route, p, &gateways[gi]) {
-                Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
-                Ok(found) => {
-                    counted.extend(found.iter().map(|(li, _)| (gi, *li)));
-                    match &compiled.rules {
-                        Ok(_) => {
-                            attachments.extend(found.into_iter().map(|(li, hostnames)| {
-                                Attachment {
-                                    gateway: gi,
-                                    listener: li,
-                                    hostnames,
-                                    parent: pi,
-                                }
-                            }));
-                            conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
-                        }
-                        Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
-                    }
+        let attached = match kept {
+            Some(mut a) => {
+                a.restamp(now);
+                a
+            }
+            None => {
+                let a = attach_route(idx, route, ours, gateways, &compiled, now);
+                if let Some(c) = cache.as_deref_mut() {
+                    c.keep_attached(route.kind(), &a);
                 }
-            };
-            parents.push(HttpRouteStatusParents {
-                conditions: vec![accepted, resolved_cond.clone()],
-                controller_name: CONTROLLER_NAME.to_owned(),
-                parent_ref: status_parent_ref(p),
-            });
-        }
-        counted.sort_unstable();
-        counted.dedup();
+                a
+            }
+        };
+        let Attached {
+            parents,
+            attachments,
+            counted,
+        } = attached;
         for (gi, li) in counted {
             gateways[gi].listeners[li].attached += 1;
         }
@@ -182,6 +168,150 @@ pub fn compile_routes<'a>(
     };
     crossserve::resolve(&mut routes, gateways, now);
     routes
+}
+
+/// What attaching one route gives: its status entries for our Gateways, where it is served,
+/// and the listeners it counts on. A function of the route (and its compiled rules), the
+/// [`ListenerView`] and `now` alone, so the [`CompileCache`] keeps it with the route.
+#[derive(Debug, Clone)]
+pub(crate) struct Attached {
+    parents: Vec<HttpRouteStatusParents>,
+    attachments: Vec<Attachment>,
+    /// (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules or
+    /// not; once each, however many parentRefs lead there.
+    counted: Vec<(usize, usize)>,
+}
+
+impl Attached {
+    /// Stamps every condition with `now`, as attaching the route now would.
+    fn restamp(&mut self, now: &Time) {
+        for c in self
+            .parents
+            .iter_mut()
+            .flat_map(|p| p.conditions.iter_mut())
+        {
+            c.last_transition_time = now.clone();
+        }
+    }
+}
+
+/// Attaches `route` (compiled to `compiled`) through `ours`, its parentRefs to our Gateways.
+fn attach_route(
+    idx: &Index<'_>,
+    route: RouteSource<'_>,
+    ours: Vec<(&HttpRouteParentRefs, usize)>,
+    gateways: &[GatewayModel<'_>],
+    compiled: &CompiledRoute,
+    now: &Time,
+) -> Attached {
+    let conds = Conds::new(route.meta().generation, now);
+    let resolved_cond = resolved_refs(&compiled.unresolved, &conds);
+    let mut parents = Vec::with_capacity(ours.len());
+    let mut attachments = Vec::new();
+    let mut counted: Vec<(usize, usize)> = Vec::new();
+    for (pi, (p, gi)) in ours.into_iter().enumerate() {
+        let accepted = match attach(idx, route, p, &gateways[gi]) {
+            Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
+            Ok(found) => {
+                counted.extend(found.iter().map(|(li, _)| (gi, *li)));
+                match &compiled.rules {
+                    Ok(_) => {
+                        attachments.extend(found.into_iter().map(|(li, hostnames)| Attachment {
+                            gateway: gi,
+                            listener: li,
+                            hostnames,
+                            parent: pi,
+                        }));
+                        conds.yes(ACCEPTED, reason::ACCEPTED, "route is accepted")
+                    }
+                    Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message.clone()),
+                }
+            }
+        };
+        parents.push(HttpRouteStatusParents {
+            conditions: vec![accepted, resolved_cond.clone()],
+            controller_name: CONTROLLER_NAME.to_owned(),
+            parent_ref: status_parent_ref(p),
+        });
+    }
+    counted.sort_unstable();
+    counted.dedup();
+    Attached {
+        parents,
+        attachments,
+        counted,
+    }
+}
+
+/// Everything of our Gateways that attaching a route reads: per Gateway (in key order, so
+/// that indices match) its key and whether it is accepted, and per listener what
+/// [`attach`] and its messages look at; plus namespace labels when a listener selects
+/// namespaces by label. Two compiles with equal views attach an unchanged route alike.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ListenerView {
+    gateways: Vec<(ObjectKey, bool, Vec<ListenerFacts>)>,
+    namespace_labels: Vec<(String, BTreeMap<String, String>)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct ListenerFacts {
+    name: String,
+    port: i32,
+    accepted: bool,
+    hostname: Option<String>,
+    kinds: Vec<RouteKind>,
+    namespaces: Namespaces,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Namespaces {
+    Same,
+    All,
+    Selector(Option<GatewayListenersAllowedRoutesNamespacesSelector>),
+}
+
+impl ListenerView {
+    /// The view of `gateways` (sorted by key) over `idx`.
+    pub(crate) fn of(gateways: &[GatewayModel<'_>], idx: &Index<'_>) -> Self {
+        let mut selects = false;
+        let gateways = gateways
+            .iter()
+            .map(|g| {
+                let listeners = g
+                    .listeners
+                    .iter()
+                    .map(|l| ListenerFacts {
+                        name: l.spec.name.clone(),
+                        port: l.spec.port,
+                        accepted: l.accepted,
+                        hostname: l.hostname.clone(),
+                        kinds: l.allowed_kinds.iter().copied().collect(),
+                        namespaces: match &l.namespaces {
+                            AllowedNamespaces::Same => Namespaces::Same,
+                            AllowedNamespaces::All => Namespaces::All,
+                            AllowedNamespaces::Selector(sel) => {
+                                selects = true;
+                                Namespaces::Selector(sel.cloned())
+                            }
+                        },
+                    })
+                    .collect();
+                (g.key.clone(), g.accepted, listeners)
+            })
+            .collect();
+        let namespace_labels = if selects {
+            idx.namespace_labels
+                .iter()
+                .map(|(ns, labels)| ((*ns).to_owned(), labels.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            gateways,
+            namespace_labels,
+        }
+    }
 }
 
 fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
