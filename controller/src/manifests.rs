@@ -465,12 +465,20 @@ mod tests {
         apiVersion: v1\nkind: Service\nmetadata: {name: svc, namespace: default}\n\
         spec: {ports: [{port: 80}]}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n";
 
-    fn route_names(inputs: &Inputs) -> Vec<String> {
+    /// One metadata field of every HTTPRoute, in order.
+    fn of_routes(
+        inputs: &Inputs,
+        field: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &Option<String>,
+    ) -> Vec<String> {
         inputs
             .http_routes
             .iter()
-            .map(|r| r.metadata.name.clone().unwrap_or_default())
+            .map(|r| field(&r.metadata).clone().unwrap_or_default())
             .collect()
+    }
+
+    fn route_names(inputs: &Inputs) -> Vec<String> {
+        of_routes(inputs, |m| &m.name)
     }
 
     /// The scan of `m` is exactly what a fresh scan of the same directory gives.
@@ -560,11 +568,7 @@ mod tests {
     }
 
     fn versions(inputs: &Inputs) -> Vec<String> {
-        inputs
-            .http_routes
-            .iter()
-            .map(|r| r.metadata.resource_version.clone().unwrap_or_default())
-            .collect()
+        of_routes(inputs, |m| &m.resource_version)
     }
 
     #[test]
