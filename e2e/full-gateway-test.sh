@@ -43,6 +43,10 @@ diagnose() {
     log "log of $pod (last 60 lines):"
     kubectl -n "$NS" logs "$pod" --tail 60 >&2 || true
   done
+  # The cluster's side: pods whose API calls hang (seen twice in CI, 2026-12-01) go through the
+  # node agent's forwarder for the kubernetes Service to the API server; CI removes the cluster
+  # directory on exit, so its logs are printed here.
+  "$E2E/cluster.sh" logs || true
 }
 
 # shellcheck source=e2e/full-lib.sh
