@@ -171,14 +171,22 @@ pub fn labels_match<'s>(
         })
 }
 
+/// (namespace, name, resourceVersion), borrowed from an object's metadata.
+type SortKey<'a> = (&'a str, &'a str, Option<&'a str>);
+
 fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) -> Vec<&'a T> {
-    let mut v: Vec<&'a T> = items.iter().collect();
-    // Borrowed keys: no allocation per object (10k routes are sorted on every compile).
-    let key = |t: &'a T| {
-        let m = meta(t);
-        (ns_of(m), name_of(m), m.resource_version.as_deref())
-    };
-    v.sort_by(|a, b| key(a).cmp(&key(b)));
+    // Borrowed keys, taken once per object rather than per comparison, and no allocation per
+    // object (10k routes are sorted on every compile). Unstable: objects whose keys are equal
+    // are the duplicates ordered below.
+    let mut keyed: Vec<(SortKey<'a>, &'a T)> = items
+        .iter()
+        .map(|t| {
+            let m = meta(t);
+            ((ns_of(m), name_of(m), m.resource_version.as_deref()), t)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut v: Vec<&'a T> = keyed.into_iter().map(|(_, t)| t).collect();
     let has_dups = v.windows(2).any(|w| {
         let (a, b) = (meta(w[0]), meta(w[1]));
         ns_of(a) == ns_of(b) && name_of(a) == name_of(b)
