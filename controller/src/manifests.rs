@@ -9,7 +9,6 @@
 //! from an API server, an unchanged version means an unchanged object.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::compile::Inputs;
 use crate::compile::load::{LoadError, inputs_from_yaml};
+use crate::compile::policies::auth::sha256_hex;
 
 /// A problem reading the manifests.
 #[derive(Debug, thiserror::Error)]
@@ -351,13 +351,7 @@ fn set_versions(inputs: &mut Inputs) {
                 // An object that does not serialize keeps no version: the cache then compares
                 // it field by field.
                 if serde_json::to_writer(&mut json, &*o).is_ok() {
-                    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
-                    let mut version = String::with_capacity(37);
-                    version.push_str("file-");
-                    for b in &digest.as_ref()[..16] {
-                        let _ = write!(version, "{b:02x}");
-                    }
-                    o.metadata.resource_version = Some(version);
+                    o.metadata.resource_version = Some(format!("file-{}", sha256_hex(&json)));
                 }
             }
         };

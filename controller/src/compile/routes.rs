@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::gateways::GatewayListenersAllowedRoutesNamespacesSelector;
+use gateway_api::gateways::GatewayListeners;
 use gateway_api::httproutes::{HttpRouteParentRefs, HttpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
@@ -244,8 +244,9 @@ fn attach_route(
 }
 
 /// Everything of our Gateways that attaching a route reads: per Gateway (in key order, so
-/// that indices match) its key and whether it is accepted, and per listener what
-/// [`attach`] and its messages look at; plus namespace labels when a listener selects
+/// that indices match) its key and whether it is accepted, and per listener the listener as
+/// written (name, port, hostname, protocol and allowedRoutes, from which [`attach`] derives
+/// what it checks) and whether it is accepted; plus namespace labels when a listener selects
 /// namespaces by label. Two compiles with equal views attach an unchanged route alike.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct ListenerView {
@@ -253,63 +254,36 @@ pub(crate) struct ListenerView {
     namespace_labels: Vec<(String, BTreeMap<String, String>)>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct ListenerFacts {
-    name: String,
-    port: i32,
-    accepted: bool,
-    hostname: Option<String>,
-    kinds: Vec<RouteKind>,
-    namespaces: Namespaces,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Namespaces {
-    Same,
-    All,
-    Selector(Option<GatewayListenersAllowedRoutesNamespacesSelector>),
-}
+/// A listener as written, and whether it is accepted.
+type ListenerFacts = (GatewayListeners, bool);
 
 impl ListenerView {
     /// The view of `gateways` (sorted by key) over `idx`.
     pub(crate) fn of(gateways: &[GatewayModel<'_>], idx: &Index<'_>) -> Self {
-        let mut selects = false;
-        let gateways = gateways
+        let selects = gateways
             .iter()
-            .map(|g| {
-                let listeners = g
-                    .listeners
-                    .iter()
-                    .map(|l| ListenerFacts {
-                        name: l.spec.name.clone(),
-                        port: l.spec.port,
-                        accepted: l.accepted,
-                        hostname: l.hostname.clone(),
-                        kinds: l.allowed_kinds.iter().copied().collect(),
-                        namespaces: match &l.namespaces {
-                            AllowedNamespaces::Same => Namespaces::Same,
-                            AllowedNamespaces::All => Namespaces::All,
-                            AllowedNamespaces::Selector(sel) => {
-                                selects = true;
-                                Namespaces::Selector(sel.cloned())
-                            }
-                        },
-                    })
-                    .collect();
-                (g.key.clone(), g.accepted, listeners)
-            })
-            .collect();
-        let namespace_labels = if selects {
-            idx.namespace_labels
-                .iter()
-                .map(|(ns, labels)| ((*ns).to_owned(), labels.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
+            .flat_map(|g| &g.listeners)
+            .any(|l| matches!(l.namespaces, AllowedNamespaces::Selector(_)));
         Self {
-            gateways,
-            namespace_labels,
+            gateways: gateways
+                .iter()
+                .map(|g| {
+                    let listeners = g
+                        .listeners
+                        .iter()
+                        .map(|l| (l.spec.clone(), l.accepted))
+                        .collect();
+                    (g.key.clone(), g.accepted, listeners)
+                })
+                .collect(),
+            namespace_labels: if selects {
+                idx.namespace_labels
+                    .iter()
+                    .map(|(ns, labels)| ((*ns).to_owned(), labels.clone()))
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
