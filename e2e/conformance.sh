@@ -167,6 +167,13 @@ rc=$?
 set -e
 log "exit $rc after $((SECONDS - start)) s; $(grep -c -- '^    --- PASS' "$out") passed, $(grep -c -- '^    --- FAIL' "$out") failed, $(grep -c -- '^    --- SKIP' "$out") skipped (tests of features not claimed)"
 grep -- '^    --- FAIL' "$out" >&2 || true
+cluster_dir=${TOLLGATE_CLUSTER_DIR:-$CACHE_DIR/cluster}
+# How the control plane held up under the run: the controller replicas renew their Lease
+# every 2 s with a 6 s deadline, so a timed-out renewal means the API server answered late.
+controller_logs=("$cluster_dir"/node/pods/*/logs/controller.log)
+if [[ -f ${controller_logs[0]} ]]; then
+  log "controller replicas: $(cat "${controller_logs[@]}" | grep -c 'lease update timed out') lease renewals timed out, $(cat "${controller_logs[@]}" | grep -c 'leadership changed') leadership changes"
+fi
 if ((rc != 0)); then
   # What a failure needs to be understood, before the cleanup removes it (the cluster's state
   # dir goes with `cluster.sh down`): the objects, the events, the cluster's logs (the node
@@ -178,7 +185,6 @@ if ((rc != 0)); then
   kubectl get pods -A --no-headers \
     -o custom-columns=UID:.metadata.uid,NAMESPACE:.metadata.namespace,NAME:.metadata.name \
     >"$diag/pods/uids.txt" 2>&1 || true
-  cluster_dir=${TOLLGATE_CLUSTER_DIR:-$CACHE_DIR/cluster}
   cp "$cluster_dir"/*.log "$diag/" 2>/dev/null || true
   for d in "$cluster_dir"/node/pods/*/logs; do
     [[ -d $d ]] && cp -r "$d" "$diag/pods/$(basename "$(dirname "$d")")"

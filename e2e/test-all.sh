@@ -60,7 +60,13 @@ TOLLGATE_BIN="$CARGO_TARGET_DIR/debug/tollgate" e2e/chart-test.sh
 
 # Last, so that the tests above keep running on the bare control plane they were written for.
 if [[ $(id -u) -eq 0 ]]; then
-  step "e2e/cluster.sh up --full (adds kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
+  # A fresh control plane: the tests above leave their namespaces (Deployments, Gateways,
+  # hundreds of routes) behind, which kube-controller-manager and the node agent would
+  # otherwise turn into pods restarting for the rest of the run, loading the 2-core host
+  # under the timing-sensitive tests below (the conformance run of 2026-12-02 that failed
+  # had ten such pods restarting every two seconds and controller lease renewals timing out).
+  step "e2e/cluster.sh down, then up --full (a fresh control plane plus kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
+  e2e/cluster.sh down
   e2e/cluster.sh up --full
   TOLLGATE_REQUIRE_FULL=1 cargo test -p tollgate-node-agent --locked --test cluster
   step "e2e/full-gateway-test.sh (helm install of the chart on the loopback cluster; a Gateway served through its provisioned proxy pod)"
