@@ -55,6 +55,12 @@ pub(crate) enum H1Error {
     /// The socket failed after the request went out (in part or whole).
     #[error("upstream connection: {0}")]
     Io(#[from] io::Error),
+    /// The upstream closed (or reset) the connection after the request went out, before a
+    /// byte of its answer came: on a reused connection, most likely its keep-alive timeout
+    /// closing it as the request arrived. The request has its fields back (sent again, it is
+    /// the same request).
+    #[error("upstream closed the connection without answering: {0}")]
+    NoAnswer(io::Error),
     /// The upstream closed the connection before its answer was complete.
     #[error("upstream closed the connection before the answer was complete")]
     Closed,
@@ -103,7 +109,9 @@ impl Conn {
 
     /// Sends `req`'s head (its body must be empty) and reads the answer's head. A request
     /// whose first byte could not be written fails with [`H1Error::Unwritten`] and is left
-    /// as it was; once written, its field map is emptied and holds the answer's fields.
+    /// as it was; once written, its field map is emptied and holds the answer's fields (given
+    /// back to the request when the connection ends without a byte of answer,
+    /// [`H1Error::NoAnswer`]).
     pub async fn exchange<B>(
         mut self,
         req: &mut Request<B>,
@@ -143,8 +151,19 @@ impl Conn {
                 return Err(H1Error::HeadTooLarge);
             }
             let (io, rbuf) = (&mut self.io, &mut self.rbuf);
-            if std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await? == 0 {
-                return Err(H1Error::Closed);
+            let filled = std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await;
+            match filled {
+                Ok(0) | Err(_) if self.rbuf.is_empty() => {
+                    // Nothing of an answer was read, so the map is still the request's.
+                    *req.headers_mut() = fields;
+                    let e = filled
+                        .err()
+                        .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into());
+                    return Err(H1Error::NoAnswer(e));
+                }
+                Ok(0) => return Err(H1Error::Closed),
+                Ok(_) => {}
+                Err(e) => return Err(H1Error::Io(e)),
             }
         }
     }
@@ -1182,6 +1201,58 @@ mod tests {
         let (status, body, _) = exchange(&pool, Method::GET).await.unwrap();
         assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
         assert_eq!(be.conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// The backend closes a reused connection on reading the next request, without a byte of
+    /// answer (its keep-alive timeout racing the request): an idempotent request goes once
+    /// more, the same, on a fresh connection; a POST or PATCH does not. A fresh connection
+    /// closed so is not tried again.
+    #[tokio::test]
+    async fn an_idempotent_request_a_reused_connection_dropped_is_sent_again_on_a_fresh_one() {
+        let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let dropped = || Answer {
+            pieces: Vec::new(),
+            close: true,
+        };
+        let conns = |be: &Backend| be.conns.load(std::sync::atomic::Ordering::SeqCst);
+        for (m, again) in [
+            (Method::GET, true),
+            (Method::PUT, true),
+            (Method::DELETE, true),
+            (Method::POST, false),
+            (Method::PATCH, false),
+        ] {
+            let be = backend(vec![answer(&[ok]), dropped(), answer(&[ok])]).await;
+            let pool = Pools::default().pool_for(be.addr);
+            exchange(&pool, Method::GET).await.unwrap();
+            assert_eq!(pool.idle_len(), 1, "{m}");
+            let got = exchange(&pool, m.clone()).await;
+            let heads = be.heads.lock().unwrap().clone();
+            if again {
+                let (status, body, _) = got.unwrap_or_else(|e| panic!("{m}: {e}"));
+                assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]), "{m}");
+                assert_eq!(conns(&be), 2, "{m}");
+                assert_eq!(heads.len(), 3, "{m}");
+                assert_eq!(heads[1], heads[2], "{m}: sent again, the same");
+                assert!(heads[2].contains("\r\nx-a: 1\r\n"), "{m}: {}", heads[2]);
+            } else {
+                let e = got.expect_err(m.as_str());
+                assert!(
+                    e.starts_with("send: upstream closed the connection without answering"),
+                    "{m}: {e}"
+                );
+                assert_eq!(conns(&be), 1, "{m}");
+                assert_eq!(heads.len(), 2, "{m}");
+            }
+        }
+        let be = backend(vec![dropped(), answer(&[ok])]).await;
+        let pool = Pools::default().pool_for(be.addr);
+        let e = exchange(&pool, Method::GET).await.unwrap_err();
+        assert!(
+            e.starts_with("send: upstream closed the connection without answering"),
+            "{e}"
+        );
+        assert_eq!((conns(&be), be.heads.lock().unwrap().len()), (1, 1));
     }
 
     #[tokio::test]

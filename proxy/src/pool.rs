@@ -14,8 +14,10 @@
 //! own idle stacks. The stack is LIFO, so a quiet period leaves the surplus at the
 //! bottom, where a sweeper closes what stayed idle through two sweeps (30 to 60 s). A request
 //! that a reused connection refused before writing a byte (the upstream closed it while
-//! idle) is sent again on a fresh connection; a request that may have been written is never
-//! sent twice.
+//! idle) is sent again on a fresh connection. A request that may have been written is sent
+//! twice only when it is idempotent, has no body, and the reused connection closed without a
+//! byte of answer (the upstream's keep-alive timeout racing it): once more, on a fresh
+//! connection.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -248,6 +250,13 @@ impl EndpointPool {
                 // Not written: safe to send on another connection.
                 Err(H1Error::Unwritten(e)) => {
                     tracing::trace!(error = %e, "reused connection refused the request");
+                }
+                // Written, and the connection closed without a byte of answer: the upstream
+                // closed it as the request arrived (its keep-alive timeout). An idempotent
+                // request may be sent again (RFC 9110 9.2.2), once, on a fresh connection.
+                Err(H1Error::NoAnswer(e)) if req.method().is_idempotent() => {
+                    tracing::debug!(error = %e, "reused connection closed without answering; sending the request again on a fresh connection");
+                    break;
                 }
                 Err(e) => return Err(e.into()),
             }

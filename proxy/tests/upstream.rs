@@ -313,3 +313,96 @@ async fn mirrored_to_a_slow_backend() -> (EchoBackend, EchoBackend, tollgate_api
     );
     (main, shadow, r)
 }
+
+/// A backend that answers the first request of each connection and closes the connection on
+/// reading the next, without a byte of answer: its keep-alive timeout racing the proxy's
+/// reuse of the connection. Counts connections and requests read.
+async fn closes_after_one_answer() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (conns, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (c, r) = (conns.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for answered in [false, true] {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.clear();
+                    r.fetch_add(1, Ordering::SeqCst);
+                    if answered {
+                        return; // the second request: closed unanswered
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns, requests)
+}
+
+#[tokio::test]
+async fn a_get_the_backend_dropped_on_a_reused_connection_is_answered_and_a_post_gets_502() {
+    use std::sync::atomic::Ordering;
+    let (addr, conns, requests) = closes_after_one_answer().await;
+    let mut be = backend_of(&[]);
+    be.endpoints.push(tollgate_api::Endpoint {
+        ip: addr.ip().to_string(),
+        port: addr.port(),
+    });
+    let metrics = metrics();
+    let opts = tollgate_proxy::ProxyOptions {
+        metrics: metrics.clone(),
+        ..tollgate_proxy::ProxyOptions::default()
+    };
+    let (_p, url) = proxy_with_options(
+        opts,
+        vec![route("r", "/", vec![wb("b", 1)])],
+        vec![("b", be)],
+    )
+    .await;
+    let c = h1_client();
+    let counts = || {
+        (
+            conns.load(Ordering::SeqCst),
+            requests.load(Ordering::SeqCst),
+        )
+    };
+    assert_eq!(get(&c, &format!("{url}/")).await.status, StatusCode::OK);
+    assert_eq!(counts(), (1, 1));
+    // Reuses the first connection, which the backend closes unanswered: sent again on a
+    // fresh one, and answered.
+    let a = get(&c, &format!("{url}/")).await;
+    assert_eq!((a.status, &a.body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(counts(), (2, 3));
+    // A POST on the second connection, closed unanswered too: not sent again.
+    let post = Request::post(format!("{url}/"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(&c, post).await.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(counts(), (2, 4));
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"tollgate_upstream_errors_total{kind="reset"} 1"#),
+        "only the POST counts as an upstream error"
+    );
+}
