@@ -3,7 +3,7 @@
 //! ready, and after a restart with the controller gone serves the table from its state dir.
 //!
 //! The binary is the one `cargo test --workspace` builds next to this test
-//! (`target/debug/tollgate-proxy`); when it is missing the test says so and passes.
+//! (`target/debug/tollgate-proxy`); when it is missing the test fails and says how to build it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod push_support;
