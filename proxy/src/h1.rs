@@ -135,6 +135,8 @@ impl Conn {
         // fields. hyper's server hands an answer's map, emptied, to the next request it reads
         // on that connection, so a client connection's map grows once, not on every request.
         let mut fields = std::mem::take(req.headers_mut());
+        // Whether a byte of answer came (an interim answer counts, and fills `fields`).
+        let mut heard = false;
         loop {
             if let Some(head) = parse_head(&mut self.rbuf, &mut fields)? {
                 // Interim answers (100 Continue, 103 Early Hints) precede the real one. A
@@ -151,19 +153,18 @@ impl Conn {
                 return Err(H1Error::HeadTooLarge);
             }
             let (io, rbuf) = (&mut self.io, &mut self.rbuf);
-            let filled = std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await;
-            match filled {
-                Ok(0) | Err(_) if self.rbuf.is_empty() => {
-                    // Nothing of an answer was read, so the map is still the request's.
-                    *req.headers_mut() = fields;
-                    let e = filled
-                        .err()
-                        .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into());
-                    return Err(H1Error::NoAnswer(e));
-                }
-                Ok(0) => return Err(H1Error::Closed),
-                Ok(_) => {}
-                Err(e) => return Err(H1Error::Io(e)),
+            let read = std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await;
+            if !heard && !matches!(read, Ok(1..)) {
+                // Nothing of an answer came, so the map is still the request's.
+                *req.headers_mut() = fields;
+                let e = read
+                    .err()
+                    .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into());
+                return Err(H1Error::NoAnswer(e));
+            }
+            heard = true;
+            if read? == 0 {
+                return Err(H1Error::Closed);
             }
         }
     }
@@ -1253,6 +1254,25 @@ mod tests {
             "{e}"
         );
         assert_eq!((conns(&be), be.heads.lock().unwrap().len()), (1, 1));
+        // An interim answer is a byte of answer: closed after it, the request is not sent
+        // again (its field map by then holds the interim answer's fields).
+        let be = backend(vec![
+            answer(&[ok]),
+            Answer {
+                pieces: vec![b"HTTP/1.1 100 Continue\r\n\r\n"],
+                close: true,
+            },
+            answer(&[ok]),
+        ])
+        .await;
+        let pool = Pools::default().pool_for(be.addr);
+        exchange(&pool, Method::GET).await.unwrap();
+        let e = exchange(&pool, Method::GET).await.unwrap_err();
+        assert_eq!(
+            e,
+            "send: upstream closed the connection before the answer was complete"
+        );
+        assert_eq!((conns(&be), be.heads.lock().unwrap().len()), (1, 2));
     }
 
     #[tokio::test]

@@ -335,7 +335,7 @@ async fn closes_after_one_answer() -> (
             let r = r.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                for answered in [false, true] {
+                for second in [false, true] {
                     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
                         let mut chunk = [0u8; 4096];
                         match s.read(&mut chunk).await {
@@ -345,8 +345,8 @@ async fn closes_after_one_answer() -> (
                     }
                     buf.clear();
                     r.fetch_add(1, Ordering::SeqCst);
-                    if answered {
-                        return; // the second request: closed unanswered
+                    if second {
+                        return; // closed unanswered
                     }
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
                     if s.write_all(ok).await.is_err() {
