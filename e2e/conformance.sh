@@ -170,9 +170,15 @@ grep -- '^    --- FAIL' "$out" >&2 || true
 cluster_dir=${TOLLGATE_CLUSTER_DIR:-$CACHE_DIR/cluster}
 # How the control plane held up under the run: the controller replicas renew their Lease
 # every 2 s with a 6 s deadline, so a timed-out renewal means the API server answered late.
-controller_logs=("$cluster_dir"/node/pods/*/logs/controller.log)
-if [[ -f ${controller_logs[0]} ]]; then
-  log "controller replicas: $(cat "${controller_logs[@]}" | grep -c 'lease update timed out') lease renewals timed out, $(cat "${controller_logs[@]}" | grep -c 'leadership changed') leadership changes"
+# Only this release's pods: the node agent keeps the logs of pods gone, such as the
+# controllers of the tests that ran on this cluster before.
+controller_logs=()
+for uid in $(kubectl -n "$NS" get pods -o jsonpath='{.items[*].metadata.uid}' 2>/dev/null); do
+  f=$cluster_dir/node/pods/$uid/logs/controller.log
+  [[ -f $f ]] && controller_logs+=("$f")
+done
+if ((${#controller_logs[@]} > 0)); then
+  log "controller replicas in $NS: $(cat "${controller_logs[@]}" | grep -c 'lease update timed out') lease renewals timed out, $(cat "${controller_logs[@]}" | grep -c 'leadership changed') leadership changes"
 fi
 if ((rc != 0)); then
   # What a failure needs to be understood, before the cleanup removes it (the cluster's state

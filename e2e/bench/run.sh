@@ -147,6 +147,8 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -addext "subjectAltName=DNS:bench.example.test,DNS:*.example.test,DNS:*.example.com" \
   -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 
+# quantile FILE Q: the value at rank ceil(N * Q) of FILE's N numbers, sorted (Q=1: the largest).
+quantile() { sort -n "$1" | awk -v q="$2" '{a[NR] = $1} END {i = int(NR * q + 0.999); print a[i < 1 ? 1 : i]}'; }
 record() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$raw"; } # scenario round contender metric value
 
 # ------------------------------------------------------------------------------ data plane
@@ -305,9 +307,9 @@ control_plane() {
   log "route change to first served request (${LATENCY_CHANGES:-100} changes, 10k routes, under load)"
   load latency 120
   python3 "$bench/control.py" latency "$d" 18080 "${LATENCY_CHANGES:-100}" >"$work/latency.txt"
-  record control 1 tollgate change_p50_ms "$(sort -n "$work/latency.txt" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
-  record control 1 tollgate change_p99_ms "$(sort -n "$work/latency.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99 + 0.999); print a[i]}')"
-  record control 1 tollgate change_max_ms "$(sort -n "$work/latency.txt" | tail -n 1)"
+  record control 1 tollgate change_p50_ms "$(quantile "$work/latency.txt" 0.5)"
+  record control 1 tollgate change_p99_ms "$(quantile "$work/latency.txt" 0.99)"
+  record control 1 tollgate change_max_ms "$(quantile "$work/latency.txt" 1)"
   kill -INT "$oha_pid" 2>/dev/null || true
   record control 1 tollgate change_failed "$(load_failed latency)"
 
@@ -317,8 +319,8 @@ control_plane() {
   kill -INT "$oha_pid" 2>/dev/null || true
   record control 1 tollgate route_changes_failed "$(load_failed routes)"
   record control 1 tollgate route_changes_requests "$(load_total routes)"
-  record control 1 tollgate route_changes_p50_ms "$(sort -n "$work/routes.txt" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
-  record control 1 tollgate route_changes_p99_ms "$(sort -n "$work/routes.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99 + 0.999); print a[i]}')"
+  record control 1 tollgate route_changes_p50_ms "$(quantile "$work/routes.txt" 0.5)"
+  record control 1 tollgate route_changes_p99_ms "$(quantile "$work/routes.txt" 0.99)"
 
   log "100 endpoint changes under load"
   load endpoints 60
