@@ -296,24 +296,6 @@ impl Metrics {
         self.handles(&mut routes, label)
     }
 
-    /// The handles of every label in `labels`, under one lock: a table's worth at once (a
-    /// lock and a lookup per route cost ~3 ms per table of 10k routes).
-    pub(crate) fn routes<'a>(
-        &self,
-        labels: impl Iterator<Item = &'a Arc<str>>,
-    ) -> FastMap<Arc<str>, Arc<RouteMetrics>> {
-        let mut out = FastMap::default();
-        let mut routes = self.routes.lock();
-        for label in labels {
-            out.entry(label.clone())
-                .or_insert_with(|| match routes.as_mut() {
-                    Ok(routes) => self.handles(routes, label),
-                    Err(_) => Arc::new(RouteMetrics::new(label, &self.requests, &self.durations)),
-                });
-        }
-        out
-    }
-
     fn handles(
         &self,
         routes: &mut FastMap<String, Arc<RouteMetrics>>,

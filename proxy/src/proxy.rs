@@ -25,7 +25,7 @@ use crate::FastMap;
 use crate::access_log::AccessLog;
 use crate::error::{ProxyError, Result};
 use crate::listener::{self, ListenerHandle};
-use crate::metrics::{Metrics, RouteMetrics};
+use crate::metrics::Metrics;
 use crate::policy::auth::AuthState;
 use crate::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
 use crate::policy::{Enforcer, PolicyRuntime};
@@ -127,8 +127,6 @@ pub(crate) struct Snapshot {
     pub backends: FastMap<String, Arc<Balancer>>,
     /// Ports by table port number.
     pub ports: FastMap<u16, PortState>,
-    /// Metric handles by route label (`namespace/name`).
-    pub route_metrics: FastMap<Arc<str>, Arc<RouteMetrics>>,
     /// Compiled policies by the table's policy key.
     pub policies: FastMap<String, Arc<Enforcer>>,
 }
@@ -228,7 +226,8 @@ impl Proxy {
         // Build everything before touching anything live. Virtual hosts the table shares
         // with the live one (the same route lists) keep what was built for them.
         let prev = shared.snapshot.load_full();
-        let router = Router::build_reusing(&table, prev.as_deref().map(|s| &s.router))?;
+        let router =
+            Router::build_reusing(&table, prev.as_deref().map(|s| &s.router), &shared.metrics)?;
         let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?
             .into_iter()
             .collect();
@@ -247,7 +246,6 @@ impl Proxy {
             ports.insert(p.port, state);
             wanted.push((ip, p.port));
         }
-        let route_metrics = shared.metrics.routes(router.routes().map(|r| &r.label));
         let backends = build_balancers(
             &table.backends,
             prev.as_deref().map(|s| &s.backends),
@@ -273,7 +271,6 @@ impl Proxy {
             router,
             backends,
             ports,
-            route_metrics,
             policies,
         })));
         shared.metrics.set_table_version(version);

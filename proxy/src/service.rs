@@ -367,10 +367,7 @@ async fn proxy(
     };
     let route = &hit.route.api;
     done.route = Some(hit.route.label.clone());
-    done.metrics = match snapshot.route_metrics.get(&*hit.route.label) {
-        Some(m) => m.clone(),
-        None => shared.metrics.route(&hit.route.label),
-    };
+    done.metrics = hit.route.metrics.clone();
 
     // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
     // preflight the route answers itself (browsers send those without credentials).

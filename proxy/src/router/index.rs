@@ -78,11 +78,6 @@ impl RouteSet {
         Arc::as_ptr(routes) as usize
     }
 
-    /// The routes, in precedence order.
-    pub(crate) fn routes(&self) -> impl Iterator<Item = &CompiledRoute> {
-        self.entries.iter().map(|e| &e.route)
-    }
-
     /// The first entry matching the request.
     pub(crate) fn find(
         &self,

@@ -43,6 +43,7 @@ pub use host::host_without_port;
 pub use matcher::split_path_and_query;
 
 use crate::FastMap;
+use crate::metrics::{Metrics, RouteMetrics};
 use host::{HostIndex, normalize_host};
 use index::{Entry, RouteSet};
 use matcher::Matcher;
@@ -93,6 +94,9 @@ pub struct CompiledRoute {
     pub api: Route,
     /// `namespace/name` of the HTTPRoute, shared, for metrics labels and logs.
     pub label: Arc<str>,
+    /// The metric handles of that label: found once when the virtual host is built (not per
+    /// request), and kept with it when a later table reuses the virtual host.
+    pub(crate) metrics: Arc<RouteMetrics>,
 }
 
 /// The outcome of a successful match.
@@ -114,14 +118,22 @@ impl Router {
     ///
     /// A port listed twice (two addresses) serves the union of its listeners; where two
     /// listeners or virtual hosts on a port share a hostname, the first one wins.
+    ///
+    /// Its routes count into a registry of their own; the proxy builds with
+    /// [`Router::build_reusing`] and its [`Metrics`].
     pub fn build(table: &RouteTable) -> Result<Self, RouterError> {
-        Self::build_reusing(table, None)
+        Self::build_reusing(table, None, &Metrics::default())
     }
 
     /// Builds a router like [`Router::build`], taking over from `prev` the indexed routes of
     /// every virtual host whose route list is the very one (same [`Arc`]) `prev` was built
-    /// from: a table that changed one virtual host costs that virtual host.
-    pub fn build_reusing(table: &RouteTable, prev: Option<&Router>) -> Result<Self, RouterError> {
+    /// from: a table that changed one virtual host costs that virtual host. The routes of
+    /// the virtual hosts built count into `metrics`.
+    pub fn build_reusing(
+        table: &RouteTable,
+        prev: Option<&Router>,
+        metrics: &Metrics,
+    ) -> Result<Self, RouterError> {
         let built: FastMap<usize, &Arc<RouteSet>> = prev
             .into_iter()
             .flat_map(|p| p.ports.values())
@@ -129,7 +141,7 @@ impl Router {
             .flat_map(|l| &l.vhosts)
             .map(|set| (set.source_id(), set))
             .collect();
-        let mut labels: HashMap<&ObjectKey, Arc<str>> = HashMap::new();
+        let mut labels: HashMap<&ObjectKey, (Arc<str>, Arc<RouteMetrics>)> = HashMap::new();
         let mut ports: FastMap<u16, PortRoutes> = FastMap::default();
         for port in &table.ports {
             let pr = ports.entry(port.port).or_default();
@@ -143,7 +155,7 @@ impl Router {
                 for vh in &listener.virtual_hosts {
                     let set = match built.get(&RouteSet::id_of(&vh.routes)) {
                         Some(&set) => set.clone(),
-                        None => Arc::new(build_set(&vh.routes, &mut labels)?),
+                        None => Arc::new(build_set(&vh.routes, &mut labels, metrics)?),
                     };
                     lr.hosts.insert(Some(&vh.hostname), lr.vhosts.len());
                     lr.vhosts.push(set);
@@ -154,15 +166,6 @@ impl Router {
             }
         }
         Ok(Self { ports })
-    }
-
-    /// Every route the router holds, once per virtual host it is in.
-    pub fn routes(&self) -> impl Iterator<Item = &CompiledRoute> {
-        self.ports
-            .values()
-            .flat_map(|p| &p.listeners)
-            .flat_map(|l| &l.vhosts)
-            .flat_map(|set| set.routes())
     }
 
     /// True when a TLS connection whose SNI was `sni` carries a request for `host` that a
@@ -209,22 +212,26 @@ impl Router {
     }
 }
 
-/// Indexes the routes of one virtual host; routes of one HTTPRoute share one label.
+/// Indexes the routes of one virtual host; routes of one HTTPRoute share one label and its
+/// metric handles.
 fn build_set<'t>(
     routes: &'t Arc<Vec<Route>>,
-    labels: &mut HashMap<&'t ObjectKey, Arc<str>>,
+    labels: &mut HashMap<&'t ObjectKey, (Arc<str>, Arc<RouteMetrics>)>,
+    metrics: &Metrics,
 ) -> Result<RouteSet, RouterError> {
     let mut entries = Vec::with_capacity(routes.len());
     for r in routes.iter() {
-        let label = labels
-            .entry(&r.route)
-            .or_insert_with(|| Arc::from(r.route.to_string()))
-            .clone();
-        let matcher = Matcher::compile(&r.matcher, &label)?;
+        let (label, handles) = labels.entry(&r.route).or_insert_with(|| {
+            let label: Arc<str> = Arc::from(r.route.to_string());
+            let handles = metrics.route(&label);
+            (label, handles)
+        });
+        let matcher = Matcher::compile(&r.matcher, label)?;
         entries.push(Entry {
             route: CompiledRoute {
                 api: r.clone(),
-                label,
+                label: label.clone(),
+                metrics: handles.clone(),
             },
             matcher,
         });

@@ -78,6 +78,7 @@ fn index_agrees_with_linear_scan() {
     let mut rng = fastrand::Rng::with_seed(0x7011_6a7e);
     let mut compared = 0;
     let mut matched = 0;
+    let metrics = crate::metrics::Metrics::default();
     for _table in 0..20 {
         let n = rng.usize(1..300);
         let entries: Vec<Entry> = (0..n)
@@ -87,6 +88,7 @@ fn index_agrees_with_linear_scan() {
                 Entry {
                     route: CompiledRoute {
                         label: format!("ns/r{i}").into(),
+                        metrics: metrics.route(&format!("ns/r{i}")),
                         api,
                     },
                     matcher,

@@ -382,7 +382,7 @@ fn rebuilding_keeps_the_virtual_hosts_whose_routes_are_shared() {
     let mut t2 = t1.clone();
     let vhosts = &mut t2.ports[0].listeners[0].virtual_hosts;
     vhosts[1].routes = vec![mk_exact("b2", "/only")].into();
-    let r2 = Router::build_reusing(&t2, Some(&r1)).unwrap();
+    let r2 = Router::build_reusing(&t2, Some(&r1), &Metrics::default()).unwrap();
     let (s1, s2) = (sets(&r1), sets(&r2));
     assert!(Arc::ptr_eq(&s1[0].1, &s2[0].1), "a.test rebuilt");
     assert!(!Arc::ptr_eq(&s1[1].1, &s2[1].1), "b.test kept");
@@ -401,7 +401,7 @@ fn rebuilding_keeps_the_virtual_hosts_whose_routes_are_shared() {
     let mut t3 = t2.clone();
     let copy: Vec<Route> = t3.ports[0].listeners[0].virtual_hosts[0].routes.to_vec();
     t3.ports[0].listeners[0].virtual_hosts[0].routes = copy.into();
-    let r3 = Router::build_reusing(&t3, Some(&r2)).unwrap();
+    let r3 = Router::build_reusing(&t3, Some(&r2), &Metrics::default()).unwrap();
     assert!(!Arc::ptr_eq(&sets(&r2)[0].1, &sets(&r3)[0].1));
     assert_eq!(name_of(&r3, 80, "a.test", "/x").as_deref(), Some("a"));
 }
