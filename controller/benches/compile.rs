@@ -91,7 +91,8 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("10k_httproutes", |b| b.iter(|| compile(black_box(&inputs))));
     // What `tollgate run` does per change: one route added to (or, alternately, removed
-    // from) 10k, compiled with the cache the previous compile returned.
+    // from) 10k, compiled with the cache the previous compile returned, into which the
+    // previous output was recycled.
     let mut changed = inputs.clone();
     let extra = changed.http_routes[0].clone();
     changed.http_routes[0].metadata.name = Some("route-extra".into());
@@ -105,7 +106,7 @@ fn bench(c: &mut Criterion) {
             let now = if flip { &changed } else { &inputs };
             let (out, next) = compile_cached(black_box(now), std::mem::take(&mut cache));
             cache = next;
-            out
+            cache.recycle(black_box(out));
         })
     });
     g.finish();

@@ -165,6 +165,7 @@ impl Runner {
         // Rejections are logged once the new tables serve: reading 10k statuses for them need
         // not delay a route.
         self.report(&out.rejections());
+        self.cache.recycle(out);
         let stats = self.cache.stats();
         debug!(
             files_read = read,
@@ -174,6 +175,7 @@ impl Runner {
             attachments_reused = stats.attachments_reused,
             vhosts_built = stats.vhosts_built,
             vhosts_reused = stats.vhosts_reused,
+            statuses_recycled = stats.statuses_recycled,
             scan_ms = ms(scanned),
             compile_ms = ms(compiled - scanned),
             apply_ms = ms(applied - compiled),

@@ -20,10 +20,19 @@ fn world() -> Inputs {
     inputs(&["golden", "grpc", "tlsroute"], "")
 }
 
+thread_local! {
+    /// Whether [`step`] hands a copy of each output back to the cache
+    /// ([`CompileCache::recycle`]), as `tollgate run` does.
+    static RECYCLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Compiles `inputs` with `cache` and checks the result against a fresh compile.
 #[track_caller]
 fn step(inputs: &Inputs, cache: CompileCache, what: &str) -> (Output, CompileCache) {
-    let (out, cache) = compile_cached(inputs, cache);
+    let (out, mut cache) = compile_cached(inputs, cache);
+    if RECYCLE.get() {
+        cache.recycle(out.clone());
+    }
     let fresh = compile(inputs);
     assert!(
         out == fresh,
@@ -101,6 +110,64 @@ spec:
 
 #[test]
 fn a_sequence_of_changes_compiles_as_fresh() {
+    sequence_of_changes();
+}
+
+#[test]
+fn a_sequence_of_changes_compiles_as_fresh_with_each_output_recycled() {
+    RECYCLE.set(true);
+    sequence_of_changes();
+}
+
+#[test]
+fn a_recycled_output_holding_anything_changes_nothing() {
+    // Status entries recycled whatever they hold (other strings, more or fewer conditions
+    // and parents): a compile writes every field of the entries it reuses.
+    let inputs = world();
+    let (out, mut cache) = step(&inputs, CompileCache::default(), "first compile");
+    let mut garbage = out.clone();
+    for (i, status) in garbage.http_routes.values_mut().enumerate() {
+        if i % 3 == 2 {
+            status.parents.clear();
+            continue;
+        }
+        let extra = status.parents.first().cloned();
+        for p in &mut status.parents {
+            let extra_condition = p.conditions.first().cloned();
+            for c in &mut p.conditions {
+                c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+                c.message = "m".repeat(300);
+                c.observed_generation = Some(-1);
+                c.reason = "Garbage".into();
+                c.status = "Unknown".into();
+                c.type_ = "Bogus".into();
+            }
+            p.conditions.extend(extra_condition);
+            p.controller_name = "someone.else/controller".into();
+            let r = &mut p.parent_ref;
+            r.group = Some("other.group".into());
+            r.kind = Some("OtherKind".into());
+            r.name = "other-name".into();
+            r.namespace = if r.namespace.is_some() {
+                None
+            } else {
+                Some("elsewhere".into())
+            };
+            r.port = Some(1);
+            r.section_name = Some("other-section".into());
+        }
+        status.parents.extend(extra);
+    }
+    cache.recycle(garbage);
+    let (_, cache) = step(&inputs, cache, "unchanged, garbage recycled");
+    let stats = cache.stats();
+    assert_eq!(stats.routes_compiled, 0, "{stats:?}");
+    assert_eq!(stats.attachments_reused, stats.routes_reused, "{stats:?}");
+    // Every HTTPRoute's entries came from the recycled output.
+    assert_eq!(stats.statuses_recycled, out.http_routes.len(), "{stats:?}");
+}
+
+fn sequence_of_changes() {
     let mut inputs = world();
     let (first, cache) = step(&inputs, CompileCache::default(), "first compile");
     let stats = cache.stats();

@@ -18,7 +18,9 @@
 use std::collections::BTreeMap;
 
 use gateway_api::gateways::GatewayListeners;
-use gateway_api::httproutes::{HttpRouteParentRefs, HttpRouteStatusParents};
+use gateway_api::httproutes::{
+    HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
 
@@ -183,6 +185,18 @@ pub(crate) struct Attached {
 }
 
 impl Attached {
+    /// A copy of `self` whose status entries are written into the allocations of `into`
+    /// (entries of an earlier output, whatever they hold): equal to `self.clone()`, without
+    /// allocating where the old vectors and strings are large enough.
+    pub(crate) fn copy_into(&self, mut into: Vec<HttpRouteStatusParents>) -> Self {
+        refill(&mut into, &self.parents, refill_parent);
+        Self {
+            parents: into,
+            attachments: self.attachments.clone(),
+            counted: self.counted.clone(),
+        }
+    }
+
     /// Stamps every condition with `now`, as attaching the route now would.
     fn restamp(&mut self, now: &Time) {
         for c in self
@@ -193,6 +207,62 @@ impl Attached {
             c.last_transition_time = now.clone();
         }
     }
+}
+
+/// Makes `dst` equal to `src`, writing each element over an old one with `write` (which must
+/// leave it equal to its source) before cloning the rest.
+fn refill<T: Clone>(dst: &mut Vec<T>, src: &[T], write: fn(&mut T, &T)) {
+    dst.truncate(src.len());
+    for (d, s) in dst.iter_mut().zip(src) {
+        write(d, s);
+    }
+    let n = dst.len();
+    dst.extend_from_slice(&src[n..]);
+}
+
+/// `*d = s.clone()`, reusing `d`'s strings. Every field is named, so a field the type gains
+/// fails to compile here rather than being left stale.
+fn refill_parent(d: &mut HttpRouteStatusParents, s: &HttpRouteStatusParents) {
+    let HttpRouteStatusParents {
+        conditions,
+        controller_name,
+        parent_ref,
+    } = s;
+    refill(&mut d.conditions, conditions, refill_condition);
+    d.controller_name.clone_from(controller_name);
+    let HttpRouteStatusParentsParentRef {
+        group,
+        kind,
+        name,
+        namespace,
+        port,
+        section_name,
+    } = parent_ref;
+    let p = &mut d.parent_ref;
+    p.group.clone_from(group);
+    p.kind.clone_from(kind);
+    p.name.clone_from(name);
+    p.namespace.clone_from(namespace);
+    p.port = *port;
+    p.section_name.clone_from(section_name);
+}
+
+/// `*d = s.clone()`, reusing `d`'s strings (every field named, as in [`refill_parent`]).
+fn refill_condition(d: &mut Condition, s: &Condition) {
+    let Condition {
+        last_transition_time,
+        message,
+        observed_generation,
+        reason,
+        status,
+        type_,
+    } = s;
+    d.last_transition_time.clone_from(last_transition_time);
+    d.message.clone_from(message);
+    d.observed_generation = *observed_generation;
+    d.reason.clone_from(reason);
+    d.status.clone_from(status);
+    d.type_.clone_from(type_);
 }
 
 /// Attaches `route` (compiled to `compiled`) through `ours`, its parentRefs to our Gateways.
