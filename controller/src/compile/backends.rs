@@ -21,14 +21,14 @@
 //! `UnsupportedProtocol`. A TLSRoute's backends have their own key too ([`BackendKey::tcp`]):
 //! passthrough copies bytes, so any `appProtocol` is accepted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use tollgate_api::{Backend, BackendKey, BackendProtocol, Endpoint, LoadBalancer};
 
 use super::conditions::{Problem, reason};
 use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
-use super::index::{Index, ns_of};
+use super::index::{Index, LookupMap, ns_of};
 use super::kinds::RouteKind;
 
 /// Service annotation choosing the balancing algorithm.
@@ -53,8 +53,9 @@ pub struct RefSpec<'s> {
 #[derive(Debug)]
 pub struct Resolver<'i, 'a> {
     idx: &'i Index<'a>,
-    /// Every backend resolved so far, by [`BackendKey`].
-    pub backends: BTreeMap<String, Backend>,
+    /// Every backend resolved so far, by [`BackendKey`] (looked up once per reused route:
+    /// hashed).
+    pub backends: LookupMap<String, Backend>,
     /// Successful resolutions since [`Resolver::record`], when recording.
     recorded: Option<Vec<Resolution>>,
 }
@@ -75,7 +76,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
     pub fn new(idx: &'i Index<'a>) -> Self {
         Self {
             idx,
-            backends: BTreeMap::new(),
+            backends: LookupMap::default(),
             recorded: None,
         }
     }

@@ -111,7 +111,7 @@ pub fn resolve(routes: &mut Routes<'_>, gateways: &[GatewayModel<'_>], now: &Tim
         let before: BTreeSet<usize> = r.attachments.iter().map(|a| a.parent).collect();
         let gone: BTreeSet<usize> = losses.iter().map(|&(ai, _)| ai).collect();
         let mut ai = 0;
-        r.attachments.retain(|_| {
+        std::sync::Arc::make_mut(&mut r.attachments).retain(|_| {
             let keep = !gone.contains(&ai);
             ai += 1;
             keep

@@ -22,6 +22,12 @@ use tollgate_api::ObjectKey;
 
 use super::Inputs;
 
+/// Hash map for lookups only. The compiler never iterates one, so their order cannot reach
+/// the output (no hash-map iteration: see the module docs of [`super`]).
+pub type LookupMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// Hash set for membership only, or collected into a sorted collection.
+pub type LookupSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// Namespace assumed for objects that name none.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// Label EndpointSlices carry to name their Service.
@@ -171,37 +177,8 @@ pub fn labels_match<'s>(
         })
 }
 
-/// A string and its first 16 bytes as an integer ([`Prefixed::new`]), which decides most
-/// comparisons without a string comparison.
-#[derive(Clone, Copy)]
-struct Prefixed<'a>(u128, &'a str);
-
-impl<'a> Prefixed<'a> {
-    /// The first 16 bytes of `s`, big-endian, zero-padded.
-    fn new(s: &'a str) -> Self {
-        let mut b = [0u8; 16];
-        let n = s.len().min(16);
-        b[..n].copy_from_slice(&s.as_bytes()[..n]);
-        Self(u128::from_be_bytes(b), s)
-    }
-
-    /// The order of the strings. Unequal prefixes order as their strings do (zero padding
-    /// sorts a string before any longer one it begins). Equal prefixes of two strings of at
-    /// most 16 bytes mean one begins the other (the rest of the longer being NUL bytes), so
-    /// length decides; longer strings are compared whole.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.cmp(&other.0).then_with(|| {
-            if self.1.len() <= 16 && other.1.len() <= 16 {
-                self.1.len().cmp(&other.1.len())
-            } else {
-                self.1.cmp(other.1)
-            }
-        })
-    }
-}
-
 /// (namespace, name, resourceVersion), borrowed from an object's metadata.
-type SortKey<'a> = (Prefixed<'a>, Prefixed<'a>, Option<&'a str>);
+type SortKey<'a> = (&'a str, &'a str, Option<&'a str>);
 
 fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) -> Vec<&'a T> {
     // Borrowed keys, taken once per object rather than per comparison, and no allocation per
@@ -211,19 +188,10 @@ fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) ->
         .iter()
         .map(|t| {
             let m = meta(t);
-            let key = (
-                Prefixed::new(ns_of(m)),
-                Prefixed::new(name_of(m)),
-                m.resource_version.as_deref(),
-            );
-            (key, t)
+            ((ns_of(m), name_of(m), m.resource_version.as_deref()), t)
         })
         .collect();
-    keyed.sort_unstable_by(|(a, _), (b, _)| {
-        a.0.cmp(&b.0)
-            .then_with(|| a.1.cmp(&b.1))
-            .then_with(|| a.2.cmp(&b.2))
-    });
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut v: Vec<&'a T> = keyed.into_iter().map(|(_, t)| t).collect();
     let has_dups = v.windows(2).any(|w| {
         let (a, b) = (meta(w[0]), meta(w[1]));
@@ -251,8 +219,7 @@ fn by_key<'a, T: Serialize>(items: &'a [T], meta: impl Fn(&T) -> &ObjectMeta) ->
 mod tests {
     use super::*;
 
-    /// Strings over a small alphabet (NUL included), many sharing long prefixes: the cases
-    /// where the first 16 bytes cannot decide.
+    /// Strings over a small alphabet (NUL included), many sharing prefixes.
     fn random_string(rng: &mut fastrand::Rng) -> String {
         let len = rng.usize(0..=20);
         (0..len)
@@ -261,39 +228,13 @@ mod tests {
     }
 
     #[test]
-    fn prefixed_strings_order_as_the_strings_do() {
-        let mut rng = fastrand::Rng::with_seed(7);
-        let mut strings: Vec<String> = (0..400).map(|_| random_string(&mut rng)).collect();
-        strings.extend(
-            [
-                "",
-                "a",
-                "a\0",
-                "aaaaaaaaaaaaaaaa",
-                "aaaaaaaaaaaaaaaa\0",
-                "aaaaaaaaaaaaaaaab",
-            ]
-            .map(String::from),
-        );
-        for a in &strings {
-            for b in &strings {
-                assert_eq!(
-                    Prefixed::new(a).cmp(&Prefixed::new(b)),
-                    a.cmp(b),
-                    "{a:?} vs {b:?}"
-                );
-            }
-        }
-    }
-
-    #[test]
     fn objects_sort_by_namespace_then_name() {
         let mut rng = fastrand::Rng::with_seed(11);
         let services: Vec<Service> = (0..300)
             .map(|i| Service {
                 metadata: ObjectMeta {
-                    // Namespaces longer than 16 bytes that share their first 16, so the name
-                    // must not decide before the namespace does.
+                    // Namespaces that share a long prefix: the name must not decide before
+                    // the namespace does.
                     namespace: Some(format!("a-long-namespace-{}", rng.usize(0..3))),
                     name: Some(format!("{}-{i}", random_string(&mut rng))),
                     ..ObjectMeta::default()

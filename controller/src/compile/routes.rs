@@ -16,6 +16,7 @@
 //! HTTPRoutes and GRPCRoutes from sharing a hostname on a listener.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gateway_api::gateways::GatewayListeners;
 use gateway_api::httproutes::{
@@ -31,7 +32,7 @@ use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
 use super::crossserve;
 use super::grants::GATEWAY_GROUP;
 use super::hostnames;
-use super::index::{Index, key_of, ns_of};
+use super::index::{Index, LookupMap, key_of, ns_of};
 use super::kinds::{RouteKind, RouteSource, status_parent_ref};
 use super::listeners::{AllowedNamespaces, GatewayModel};
 use super::rules::CompiledRoute;
@@ -59,14 +60,15 @@ pub struct RouteModel<'a> {
     /// Its key.
     pub key: ObjectKey,
     /// Compiled rules (shared with the [`CompileCache`] that may hold them).
-    pub compiled: std::sync::Arc<CompiledRoute>,
+    pub compiled: Arc<CompiledRoute>,
     /// Names `compiled` for the virtual-host memo of the [`CompileCache`] (0 without one).
     pub stamp: u64,
     /// Status entries for our Gateways (HTTPRoute-typed; GRPCRoute ones are converted on
     /// output).
     pub parents: Vec<HttpRouteStatusParents>,
-    /// Listeners the route is served on (only when its rules are valid).
-    pub attachments: Vec<Attachment>,
+    /// Listeners the route is served on (only when its rules are valid). Shared with the
+    /// [`CompileCache`]'s memo of the route.
+    pub attachments: Arc<Vec<Attachment>>,
 }
 
 /// Routes plus every backend they resolved.
@@ -74,8 +76,8 @@ pub struct RouteModel<'a> {
 pub struct Routes<'a> {
     /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, each sorted by key.
     pub routes: Vec<RouteModel<'a>>,
-    /// Resolved backends by key.
-    pub backends: BTreeMap<String, Backend>,
+    /// Resolved backends by key (for lookups).
+    pub backends: LookupMap<String, Backend>,
 }
 
 fn is_gateway_ref(p: &HttpRouteParentRefs) -> bool {
@@ -131,7 +133,7 @@ pub fn compile_routes<'a>(
         let key = key_of(meta);
         let (compiled, stamp, kept) = match cache.as_deref_mut() {
             Some(c) => c.route(route, &key, &mut resolver),
-            None => (std::sync::Arc::new(route.compile(&mut resolver)), 0, None),
+            None => (Arc::new(route.compile(&mut resolver)), 0, None),
         };
         let attached = match kept {
             Some(mut a) => {
@@ -151,7 +153,7 @@ pub fn compile_routes<'a>(
             attachments,
             counted,
         } = attached;
-        for (gi, li) in counted {
+        for &(gi, li) in counted.iter() {
             gateways[gi].listeners[li].attached += 1;
         }
         routes.push(RouteModel {
@@ -178,10 +180,10 @@ pub fn compile_routes<'a>(
 #[derive(Debug, Clone)]
 pub(crate) struct Attached {
     parents: Vec<HttpRouteStatusParents>,
-    attachments: Vec<Attachment>,
+    attachments: Arc<Vec<Attachment>>,
     /// (gateway, listener) pairs the route counts on for `attachedRoutes`, invalid rules or
     /// not; once each, however many parentRefs lead there.
-    counted: Vec<(usize, usize)>,
+    counted: Arc<[(usize, usize)]>,
 }
 
 impl Attached {
@@ -308,8 +310,8 @@ fn attach_route(
     counted.dedup();
     Attached {
         parents,
-        attachments,
-        counted,
+        attachments: Arc::new(attachments),
+        counted: counted.into(),
     }
 }
 

@@ -8,7 +8,7 @@
 //! Virtual hosts are disjoint: a request for `foo.example.com` is served by the
 //! `foo.example.com` host if one exists, and never falls through to `*.example.com` routes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tollgate_api::{
@@ -18,17 +18,12 @@ use tollgate_api::{
 
 use super::cache::CompileCache;
 use super::hostnames::{listener_order, vhost_order};
+use super::index::{LookupMap, LookupSet};
 use super::kinds::RouteKind;
 use super::listeners::GatewayModel;
 use super::policies::Policies;
 use super::precedence::Precedence;
 use super::routes::Routes;
-
-/// Hash map for lookups by string; never iterated, so its order cannot reach the output.
-type LookupMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// Hash set for membership tests by string; never iterated in an order that reaches the
-/// output (it is collected into a sorted map).
-type LookupSet<K> = HashSet<K, foldhash::fast::RandomState>;
 
 /// Builds the tables of every accepted Gateway; with a `cache` and no policy in force, the
 /// route list of a virtual host whose routes compiled to what they did last time is the
