@@ -414,7 +414,14 @@ install_crds() {
       extra=", ${#files[@]} file(s) from crds/"
     fi
   fi
-  kc wait --for condition=established --timeout "${UP_TIMEOUT}s" crd --all >/dev/null
+  # kubectl wait fails at once, rather than waiting, on a CRD the API server has not given a
+  # status yet (".status.conditions accessor error: <nil> is of the type <nil>"; seen in CI
+  # right after the apply): such failures are retried until the deadline.
+  local deadline=$((SECONDS + UP_TIMEOUT)) err
+  until err=$(kc wait --for condition=established --timeout "${UP_TIMEOUT}s" crd --all 2>&1 >/dev/null); do
+    ((SECONDS < deadline)) || die "CRDs not Established within ${UP_TIMEOUT}s: $err"
+    sleep 0.5
+  done
   log "CRDs installed (Gateway API $(gateway_api_version) $GATEWAY_API_CHANNEL channel$extra) and Established in $(elapsed_since "$start")s"
 }
 
