@@ -22,12 +22,16 @@
 //!   those compiled routes alone when no policy applies, so the list is reused (the same
 //!   [`Arc`], which lets the proxy keep what it built from it) when the stamps are the same.
 //!   With any policy in force nothing is reused: policy keys depend on the whole table.
+//!
+//! Besides the memos, an output handed back with [`CompileCache::recycle`]: the next compile
+//! writes the status entries of reused HTTPRoutes into that output's, instead of allocating
+//! them anew.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatus, HttpRouteStatusParents};
+use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Service;
@@ -65,11 +69,10 @@ pub struct CompileCache {
     listeners: ListenerView,
     /// Whether the current compile's view is that one: attachments may be reused.
     listeners_same: bool,
-    /// HTTPRoute statuses of an output handed back ([`CompileCache::recycle`]), sorted by
-    /// key: a reused route's status entries are copied into its old entries' allocations.
-    recycled: Vec<(ObjectKey, HttpRouteStatus)>,
-    /// During a compile: those not yet walked past.
-    recycling: std::vec::IntoIter<(ObjectKey, HttpRouteStatus)>,
+    /// HTTPRoute statuses of an output handed back ([`CompileCache::recycle`]) not yet walked
+    /// past, sorted by key: a reused route's status entries are copied into its old entries'
+    /// allocations.
+    recycled: std::vec::IntoIter<(ObjectKey, HttpRouteStatus)>,
     /// Route memos reused and compiled in the current compile (for tests and logs).
     stats: CacheStats,
 }
@@ -177,13 +180,12 @@ impl CompileCache {
     /// their entries in `out` instead of allocating them anew (10k routes: ~15 strings each),
     /// and `out` is not freed. Optional; the next output is the same either way.
     pub fn recycle(&mut self, out: Output) {
-        self.recycled = out.http_routes.into_iter().collect();
+        self.recycled = out.http_routes.into_iter().collect::<Vec<_>>().into_iter();
     }
 
     /// Starts a compile over `idx`: decides whether route memos are still valid.
     pub(crate) fn begin(&mut self, idx: &Index<'_>) {
         self.epoch += 1;
-        self.recycling = std::mem::take(&mut self.recycled).into_iter();
         self.stats = CacheStats::default();
         let services_same = self.services.len() == idx.services.len()
             && self
@@ -229,14 +231,7 @@ impl CompileCache {
     ) -> (Arc<CompiledRoute>, u64, Option<Attached>) {
         let kind = slot(route.kind());
         // Memos of routes before this one are of routes gone (or not ours any more).
-        let prev = &mut self.prev[kind];
-        while prev.as_slice().first().is_some_and(|(k, _)| k < key) {
-            prev.next();
-        }
-        let memo = match prev.as_slice().first() {
-            Some((k, _)) if k == key => prev.next(),
-            _ => None,
-        };
+        let memo = take_key(&mut self.prev[kind], key);
         if self.env_same
             && let Some((k, m)) = memo
             && m.source.is(route)
@@ -246,7 +241,7 @@ impl CompileCache {
             let attached = match &m.attached {
                 Some(a) if self.listeners_same => {
                     let into = match route.kind() {
-                        RouteKind::Http => take_recycled(&mut self.recycling, &k),
+                        RouteKind::Http => take_key(&mut self.recycled, &k).map(|(_, s)| s.parents),
                         RouteKind::Grpc | RouteKind::Tls => None,
                     };
                     self.stats.statuses_recycled += usize::from(into.is_some());
@@ -320,22 +315,22 @@ impl CompileCache {
     pub(crate) fn finish(&mut self) {
         let epoch = self.epoch;
         self.prev = Default::default();
-        self.recycling = Vec::new().into_iter();
+        self.recycled = Vec::new().into_iter();
         self.vhosts.retain(|_, m| m.epoch == epoch);
     }
 }
 
-/// The status entries recycled for the HTTPRoute `key`, if any: walks `recycling` (sorted by
-/// key, as HTTPRoutes are compiled) past the routes before it.
-fn take_recycled(
-    recycling: &mut std::vec::IntoIter<(ObjectKey, HttpRouteStatus)>,
+/// The entry of `key` in `entries` (sorted by key), if any, after dropping the entries before
+/// it: walked alongside routes compiled in key order, without a lookup.
+fn take_key<V>(
+    entries: &mut std::vec::IntoIter<(ObjectKey, V)>,
     key: &ObjectKey,
-) -> Option<Vec<HttpRouteStatusParents>> {
-    while recycling.as_slice().first().is_some_and(|(k, _)| k < key) {
-        recycling.next();
+) -> Option<(ObjectKey, V)> {
+    while entries.as_slice().first().is_some_and(|(k, _)| k < key) {
+        entries.next();
     }
-    match recycling.as_slice().first() {
-        Some((k, _)) if k == key => recycling.next().map(|(_, s)| s.parents),
+    match entries.as_slice().first() {
+        Some((k, _)) if k == key => entries.next(),
         _ => None,
     }
 }
