@@ -73,9 +73,10 @@ print(f"Rounds: {a.rounds}, interleaved (tollgate, nginx, haproxy per round). Pr
 print(f"Load average (1/5/15 min) before: {a.load}; after: {a.load_after} "
       "(the machine is shared: absolute figures are noisy, the ratios are what counts).\n")
 print(f"Reproduce: `{a.command}`\n")
-print("Requests/s per core is requests per second of the proxy's own CPU time (utime+stime from "
-      "/proc) at saturation: with the load generator and the backend sharing the other core, wrk's "
-      "requests/s is often bounded by that core, not by the proxy. Both are shown below.\n")
+print("Requests/s per core is requests per second of the proxy's own CPU time (its threads' time "
+      "on a CPU, from /proc/PID/task/*/schedstat, in nanoseconds) at saturation: with the load "
+      "generator and the backend sharing the other core, wrk's requests/s is often bounded by that "
+      "core, not by the proxy. Both are shown below.\n")
 
 print("## Goals (issue 6)\n")
 print("| goal | target | measured | result |")
