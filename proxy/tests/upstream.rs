@@ -1,5 +1,5 @@
 //! Socket tests of the upstream side: weighted backend split, endpoint balancing, HTTP/2
-//! upstreams, WebSocket upgrades and request mirroring.
+//! upstreams, WebSocket upgrades, request mirroring and the backend's reason phrase.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -405,4 +405,80 @@ async fn a_get_the_backend_dropped_on_a_reused_connection_is_answered_and_a_post
             .contains(r#"tollgate_upstream_errors_total{kind="reset"} 1"#),
         "only the POST counts as an upstream error"
     );
+}
+
+/// A backend that answers every request with `status_line`, a 2-byte body, keeping the
+/// connection (it reads a Content-Length body before answering).
+async fn answers_with(status_line: &'static str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let body: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < end + body {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + body);
+                    let answer = format!("{status_line}\r\ncontent-length: 2\r\n\r\nok");
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_client_reads_the_backends_own_reason_phrase() {
+    for (backend_says, client_reads) in [
+        ("HTTP/1.1 200 Fine", "HTTP/1.1 200 Fine\r\n"),
+        ("HTTP/1.1 404 Gone Fishing", "HTTP/1.1 404 Gone Fishing\r\n"),
+        ("HTTP/1.1 404 Not Found", "HTTP/1.1 404 Not Found\r\n"),
+        // An empty phrase stays empty (RFC 9112 allows it; nginx relays it so too).
+        ("HTTP/1.1 503 ", "HTTP/1.1 503 \r\n"),
+    ] {
+        let addr = answers_with(backend_says).await;
+        let mut be = backend_of(&[]);
+        be.endpoints.push(tollgate_api::Endpoint {
+            ip: addr.ip().to_string(),
+            port: addr.port(),
+        });
+        let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+        // Without a body (the proxy's own HTTP/1 exchange) and with one (hyper's client).
+        for request in [
+            "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        ] {
+            let out = raw(&url, request.as_bytes()).await;
+            assert!(
+                out.starts_with(client_reads),
+                "backend {backend_says:?}, request {request:?}: {out:?}"
+            );
+            assert!(out.ends_with("\r\n\r\nok"), "{out:?}");
+        }
+    }
 }
