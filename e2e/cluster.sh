@@ -418,7 +418,7 @@ install_crds() {
   # status yet (".status.conditions accessor error: <nil> is of the type <nil>"; seen in CI
   # right after the apply): such failures are retried until the deadline.
   local deadline=$((SECONDS + UP_TIMEOUT)) err
-  until err=$(kc wait --for condition=established --timeout "${UP_TIMEOUT}s" crd --all 2>&1 >/dev/null); do
+  until err=$(kc wait --for condition=established --timeout "$((deadline > SECONDS ? deadline - SECONDS : 1))s" crd --all 2>&1 >/dev/null); do
     ((SECONDS < deadline)) || die "CRDs not Established within ${UP_TIMEOUT}s: $err"
     sleep 0.5
   done

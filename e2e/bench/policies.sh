@@ -70,9 +70,9 @@ spawn() { # cpu command...
   last_pid=$!
   pids+=("$last_pid")
 }
-# CPU time of a process in nanoseconds: the sum over its threads of the time on a CPU
-# (schedstat; /proc/PID/stat's utime+stime count 10 ms ticks, 0.4% of a 5 s share).
-cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }
+# CPU time in nanoseconds (cpu_snap, cpu_ns).
+# shellcheck source=e2e/bench/cpu.sh
+. "$bench/cpu.sh"
 wait_200() { # url [header...]
   local code h=() x
   for x in "${@:2}"; do h+=(-H "$x"); done
@@ -142,16 +142,17 @@ record_run() {
 }
 
 alone() { # round: the bare route alone on CPU 0 (CONNS connections), for the sharing overhead
-  local r=$1 c0
+  local r=$1
   load bare 1 /dev/null "$CONNS"
-  c0=$(cpu_ns "${pid_of[bare]}")
+  cpu_snap "${pid_of[bare]}" "$work/cpu.b0"
   load bare "$SAT_SECS" "$work/out.alone" "$CONNS"
-  record_run "$r" bare-alone "$work/out.alone" $(($(cpu_ns "${pid_of[bare]}") - c0))
+  cpu_snap "${pid_of[bare]}" "$work/cpu.b1"
+  record_run "$r" bare-alone "$work/out.alone" "$(cpu_ns "$work/cpu.b0" "$work/cpu.b1")"
   log "r$r bare alone: $(awk '/^Requests\/sec/ {print $2}' "$work/out.alone") req/s"
 }
 
 pair() { # variant round: the variant and the bare route, loaded at the same time
-  local v=$1 r=$2 a b c0 c1 b0 v0 b1 v1
+  local v=$1 r=$2 a b c0 c1
   load bare 1 /dev/null "$per_proxy" &
   a=$!
   load "$v" 1 /dev/null "$per_proxy" &
@@ -159,20 +160,20 @@ pair() { # variant round: the variant and the bare route, loaded at the same tim
   wait "$a"
   wait "$b"
   c0=$(redis_calls)
-  b0=$(cpu_ns "${pid_of[bare]}")
-  v0=$(cpu_ns "${pid_of[$v]}")
+  cpu_snap "${pid_of[bare]}" "$work/cpu.b0"
+  cpu_snap "${pid_of[$v]}" "$work/cpu.v0"
   load bare "$SAT_SECS" "$work/out.bare" "$per_proxy" &
   a=$!
   load "$v" "$SAT_SECS" "$work/out.$v" "$per_proxy" &
   b=$!
   wait "$a"
   wait "$b"
-  b1=$(cpu_ns "${pid_of[bare]}")
-  v1=$(cpu_ns "${pid_of[$v]}")
+  cpu_snap "${pid_of[bare]}" "$work/cpu.b1"
+  cpu_snap "${pid_of[$v]}" "$work/cpu.v1"
   c1=$(redis_calls)
   # The bare route's figures of this pair are recorded under "bare@VARIANT".
-  record_run "$r" "bare@$v" "$work/out.bare" $((b1 - b0))
-  record_run "$r" "$v" "$work/out.$v" $((v1 - v0))
+  record_run "$r" "bare@$v" "$work/out.bare" "$(cpu_ns "$work/cpu.b0" "$work/cpu.b1")"
+  record_run "$r" "$v" "$work/out.$v" "$(cpu_ns "$work/cpu.v0" "$work/cpu.v1")"
   if [ "$v" = cached ]; then
     record "$r" "$v" redis_per_request "$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/out.cached")" 'BEGIN {printf "%.5f", c / n}')"
   fi

@@ -113,20 +113,8 @@ stop() {
   kill "$1" 2>/dev/null || true
   wait "$1" 2>/dev/null || true
 }
-# CPU time of a process and its children (nginx workers), one "tid nanoseconds" line per
-# thread: schedstat's time on a CPU. /proc/PID/stat's utime+stime count 10 ms ticks: at 10k
-# requests/s for 5 s a tick was 0.2 µs of a 12 µs request, and the ratios moved by 2% on it.
-cpu_snap() { # pid file
-  local p
-  for p in $1 $(pgrep -P "$1" || true); do
-    awk '{n = split(FILENAME, f, "/"); print f[n - 1], $1}' /proc/"$p"/task/*/schedstat 2>/dev/null || true
-  done >"$2"
-}
-# Nanoseconds on a CPU between two snapshots: per thread, so a thread that ended in between
-# (an idle runtime thread retiring) does not subtract its whole lifetime.
-cpu_ns() { # before after
-  awk 'NR == FNR {a[$1] = $2; next} {s += $2 - (($1 in a) ? a[$1] : 0)} END {printf "%.0f", s}' "$1" "$2"
-}
+# shellcheck source=e2e/bench/cpu.sh
+. "$bench/cpu.sh"
 wait_200() { # url host
   local code
   for _ in $(seq 1 300); do

@@ -175,11 +175,7 @@ async fn an_upstreams_error_answer_to_a_grpc_call_passes_untouched() {
             });
         }
     });
-    let mut busy = backend_of(&[]);
-    busy.endpoints.push(Endpoint {
-        ip: addr.ip().to_string(),
-        port: addr.port(),
-    });
+    let busy = backend_at(addr);
     let (_p, url) = proxy_with(
         vec![route("busy", "/", vec![wb("busy", 1)])],
         vec![("busy", busy)],

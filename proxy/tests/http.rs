@@ -464,11 +464,7 @@ async fn no_endpoints_gets_503() {
 #[tokio::test]
 async fn dead_upstream_gets_502() {
     let port = free_port();
-    let mut dead = backend_of(&[]);
-    dead.endpoints.push(tollgate_api::Endpoint {
-        ip: "127.0.0.1".into(),
-        port,
-    });
+    let dead = backend_at(([127, 0, 0, 1], port).into());
     let (p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", dead)]).await;
     let a = get(&h1_client(), &format!("{url}/")).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY);
@@ -550,11 +546,7 @@ async fn upstream_that_resets_gets_502() {
             drop(s);
         }
     });
-    let mut rude = backend_of(&[]);
-    rude.endpoints.push(tollgate_api::Endpoint {
-        ip: addr.ip().to_string(),
-        port: addr.port(),
-    });
+    let rude = backend_at(addr);
     let metrics = metrics();
     let opts = ProxyOptions {
         metrics: metrics.clone(),

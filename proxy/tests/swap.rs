@@ -178,11 +178,7 @@ async fn admin_serves_metrics_health_and_readiness() {
         ..ProxyOptions::default()
     };
     let dead = free_port();
-    let mut dead_backend = backend_of(&[]);
-    dead_backend.endpoints.push(tollgate_api::Endpoint {
-        ip: "127.0.0.1".into(),
-        port: dead,
-    });
+    let dead_backend = backend_at(([127, 0, 0, 1], dead).into());
     let (_p, url) = proxy_with_options(
         opts,
         vec![

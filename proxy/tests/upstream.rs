@@ -363,11 +363,7 @@ async fn closes_after_one_answer() -> (
 async fn a_get_the_backend_dropped_on_a_reused_connection_is_answered_and_a_post_gets_502() {
     use std::sync::atomic::Ordering;
     let (addr, conns, requests) = closes_after_one_answer().await;
-    let mut be = backend_of(&[]);
-    be.endpoints.push(tollgate_api::Endpoint {
-        ip: addr.ip().to_string(),
-        port: addr.port(),
-    });
+    let be = backend_at(addr);
     let metrics = metrics();
     let opts = tollgate_proxy::ProxyOptions {
         metrics: metrics.clone(),
@@ -418,29 +414,24 @@ async fn answers_with(status_line: &'static str) -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
+                    // The request read whole: its head, then the Content-Length body.
+                    let whole = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| {
+                        let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+                        let body: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        i + 4 + body
+                    });
+                    let Some(len) = whole.filter(|&n| buf.len() >= n) else {
                         let mut chunk = [0u8; 4096];
                         match s.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
+                        continue;
                     };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let body: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .map_or(0, |v| v.trim().parse().unwrap());
-                    while buf.len() < end + body {
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..end + body);
+                    buf.drain(..len);
                     let answer = format!("{status_line}\r\ncontent-length: 2\r\n\r\nok");
                     if s.write_all(answer.as_bytes()).await.is_err() {
                         return;
@@ -461,12 +452,7 @@ async fn the_client_reads_the_backends_own_reason_phrase() {
         // An empty phrase stays empty (RFC 9112 allows it; nginx relays it so too).
         ("HTTP/1.1 503 ", "HTTP/1.1 503 \r\n"),
     ] {
-        let addr = answers_with(backend_says).await;
-        let mut be = backend_of(&[]);
-        be.endpoints.push(tollgate_api::Endpoint {
-            ip: addr.ip().to_string(),
-            port: addr.port(),
-        });
+        let be = backend_at(answers_with(backend_says).await);
         let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
         // Without a body (the proxy's own HTTP/1 exchange) and with one (hyper's client).
         for request in [

@@ -192,6 +192,18 @@ pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
     }
 }
 
+/// An HTTP/1 backend of one endpoint at `addr` (a listener of the test's own, or none).
+pub fn backend_at(addr: SocketAddr) -> Backend {
+    Backend {
+        protocol: BackendProtocol::Http1,
+        load_balancer: LoadBalancer::default(),
+        endpoints: vec![Endpoint {
+            ip: addr.ip().to_string(),
+            port: addr.port(),
+        }],
+    }
+}
+
 pub fn wb(key: &str, weight: u32) -> WeightedBackend {
     WeightedBackend {
         backend: Some(key.to_owned()),
