@@ -32,6 +32,43 @@ pub(crate) fn empty() -> ProxyBody {
     Empty::new().map_err(|e| match e {}).boxed()
 }
 
+/// A request body as the client sends it: hyper's, or none (a request head our own HTTP/1
+/// server read, module `h1serve`, which serves only bodiless requests itself).
+#[derive(Debug)]
+pub(crate) enum ClientBody {
+    Hyper(Incoming),
+    Empty,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Hyper(b) => Pin::new(b).poll_frame(cx),
+            Self::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Hyper(b) => b.is_end_stream(),
+            Self::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Hyper(b) => b.size_hint(),
+            Self::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
 /// The request body exceeded the configured limit.
 #[derive(Debug, thiserror::Error)]
 #[error("request body exceeds the limit")]
@@ -65,7 +102,7 @@ impl BodyFault {
 /// `idle_timeout` (if any) while more is due, and records which in `fault`.
 #[derive(Debug)]
 pub(crate) struct LimitedBody {
-    inner: Incoming,
+    inner: ClientBody,
     remaining: u64,
     fault: Arc<BodyFault>,
     idle_timeout: Option<Duration>,
@@ -76,7 +113,7 @@ pub(crate) struct LimitedBody {
 impl LimitedBody {
     /// Wraps `inner`.
     pub fn new(
-        inner: Incoming,
+        inner: ClientBody,
         limit: u64,
         idle_timeout: Option<Duration>,
         fault: Arc<BodyFault>,

@@ -12,11 +12,11 @@ use http::header::HOST;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
 use hyper_util::rt::TokioIo;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
+use crate::body::{BodyFault, ClientBody, LimitedBody, ProxyBody, empty, full};
 use crate::filters;
 use crate::forward::{self, X_REQUEST_ID};
 use crate::metrics::UpstreamErrorKind;
@@ -106,7 +106,7 @@ impl Call<'_> {
     pub async fn send(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: ClientBody,
     ) -> Result<Response<PooledBody>, Failure> {
         let body = self.prepare_body(body, &parts).await?;
         let call = self.shared.upstream.send(
@@ -124,7 +124,7 @@ impl Call<'_> {
     }
 
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
-    async fn prepare_body(&self, body: Incoming, parts: &Parts) -> Result<ProxyBody, Failure> {
+    async fn prepare_body(&self, body: ClientBody, parts: &Parts) -> Result<ProxyBody, Failure> {
         let limits = self.shared.limits;
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {

@@ -2,7 +2,8 @@
 //! [`Proxy::apply`]. Out: HTTP traffic forwarded to upstream endpoints, metrics (served by
 //! [`serve_admin`]) and access logs.
 //!
-//! Modules, in request order: `listener` (sockets, TLS, hyper), `service` (the
+//! Modules, in request order: `listener` (sockets, TLS, hyper's server), `h1serve` (our own
+//! server for bodiless HTTP/1.1 requests on plain ports), `service` (the
 //! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream`
 //! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
 //! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body`, then
@@ -40,6 +41,7 @@ pub mod filters;
 mod forward;
 mod grpc;
 mod h1;
+mod h1serve;
 mod listener;
 pub mod metrics;
 mod mirror;

@@ -1,7 +1,8 @@
 //! Sockets and connections. In: a bound [`TcpListener`] for one table port. Out: an accept
-//! loop that serves each connection with hyper-util's auto server (HTTP/1.1, and HTTP/2 by
-//! prior knowledge or ALPN), behind rustls when the live snapshot says the port is HTTPS; a
-//! TLS (TLSRoute) port hands each connection to [`crate::stream`].
+//! loop that serves each connection of a plain HTTP port with [`crate::h1serve`] (which hands
+//! what it does not serve itself to hyper here), and each connection of an HTTPS port with
+//! hyper-util's auto server (HTTP/1.1, and HTTP/2 by ALPN) behind rustls; a TLS (TLSRoute)
+//! port hands each connection to [`crate::stream`].
 //! Each connection's [`ConnCtx`] carries its client certificate (leaf DER) only when the
 //! port validates client certificates and this one verified ([`crate::tls::PortTls`]).
 //!
@@ -22,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::body::ClientBody;
 use crate::proxy::{PortState, Shared};
 use crate::service::{self, ConnCtx};
 use crate::timer::ConnTimer;
@@ -29,9 +31,9 @@ use crate::timer::ConnTimer;
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send request headers (HTTP/1).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// hyper refuses a smaller HTTP/1 buffer.
-const MIN_H1_BUFFER: usize = 8192;
+pub(crate) const MIN_H1_BUFFER: usize = 8192;
 
 /// A running accept loop.
 #[derive(Debug)]
@@ -133,7 +135,7 @@ async fn serve_connection(
     match port {
         // The port left the table between accept and now.
         None => {}
-        Some(PortState::Http) => serve(&shared, TokioIo::new(stream), conn, stop).await,
+        Some(PortState::Http) => crate::h1serve::serve(&shared, stream, Arc::new(conn), stop).await,
         Some(PortState::Tls(_)) => crate::stream::serve(&shared, stream, conn, stop).await,
         Some(PortState::Https(tls)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
@@ -142,7 +144,7 @@ async fn serve_connection(
                     conn.scheme = "https";
                     conn.sni = tls_stream.get_ref().1.server_name().map(Arc::from);
                     conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
-                    serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
+                    serve(&shared, TokioIo::new(tls_stream), Arc::new(conn), stop).await;
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, peer = %conn.peer, "TLS handshake failed")
@@ -156,13 +158,20 @@ async fn serve_connection(
     }
 }
 
-async fn serve<I>(shared: &Arc<Shared>, io: I, conn: ConnCtx, mut stop: watch::Receiver<bool>)
-where
+/// Serves a connection with hyper's server (HTTP/2, TLS, and the plain HTTP/1 requests
+/// [`crate::h1serve`] hands over).
+pub(crate) async fn serve<I>(
+    shared: &Arc<Shared>,
+    io: I,
+    conn: Arc<ConnCtx>,
+    mut stop: watch::Receiver<bool>,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let conn = Arc::new(conn);
     let svc_shared = shared.clone();
-    let svc = service_fn(move |req| service::handle(svc_shared.clone(), conn.clone(), req));
+    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        service::handle(svc_shared.clone(), conn.clone(), req.map(ClientBody::Hyper))
+    });
     // The header read timeout on a timer of this connection's own: one tokio timer entry per
     // connection instead of one per request (module `timer`).
     let mut server = shared.server.clone();

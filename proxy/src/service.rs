@@ -27,11 +27,11 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ORIGIN};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
-use crate::body::{BodyFault, OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::body::{BodyFault, ClientBody, OnComplete, ProxyBody, TrackedBody, empty, full};
 use crate::call::{Call, Failure, UpstreamHead, failure_response, response_filters};
 use crate::filters::{self, RequestView};
 use crate::forward;
@@ -142,7 +142,7 @@ struct Plan<'s> {
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     conn: Arc<ConnCtx>,
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
 ) -> Result<ProxyResponse, std::convert::Infallible> {
     let start = Instant::now();
     let seen = forward::Seen::scan(req.headers());
@@ -334,7 +334,7 @@ async fn proxy(
     snapshot: &Snapshot,
     conn: &ConnCtx,
     client: ClientHead,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     done: &mut Completion,
 ) -> Response<ProxyBody> {
