@@ -48,6 +48,8 @@ use crate::service::{self, ConnCtx, ProxyResponse};
 
 /// Most header fields a request served here may carry (hyper's default too).
 const MAX_HEADERS: usize = 100;
+/// Fields the proxy may add to a request before it goes upstream.
+const FIELDS_ADDED: usize = 6;
 /// Room made in the read buffer when it runs low: a new buffer, since the heads of earlier
 /// requests still share the old one.
 const READ_CHUNK: usize = 8192;
@@ -221,7 +223,10 @@ fn request_parts(
     fields: Vec<(HeaderName, std::ops::Range<usize>)>,
 ) -> Option<(Uri, HeaderMap)> {
     let uri = Uri::from_maybe_shared(head.slice(target)).ok()?;
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    // Room for the fields the proxy adds upstream (`UpstreamHead::apply`: X-Forwarded-For,
+    // -Proto, -Host, X-Request-Id, Host), so the map does not grow (a rehash and a realloc,
+    // ~900 instructions per request, callgrind).
+    let mut headers = HeaderMap::with_capacity(fields.len() + FIELDS_ADDED);
     for (name, value) in fields {
         headers.append(
             name,
