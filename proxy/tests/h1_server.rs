@@ -302,3 +302,32 @@ async fn a_client_that_leaves_cancels_its_request_upstream() {
         .unwrap();
     assert!(closed);
 }
+
+/// The second request on a connection carries its own fields only, none of the first
+/// request's or its answer's.
+#[tokio::test]
+async fn a_request_carries_only_its_own_fields() {
+    let (_b, _p, mut s) = echo_proxy().await;
+    let mut buf = Vec::new();
+    s.write_all(b"GET /api/1 HTTP/1.1\r\nHost: a\r\nX-First: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = read_answer(&mut s, &mut buf).await;
+    assert!(head.contains("\r\nx-backend: b"), "{head}");
+    assert_eq!(json(&body)["headers"]["x-first"], "1");
+    s.write_all(b"GET /api/2 HTTP/1.1\r\nHost: a\r\nX-Second: 2\r\n\r\n")
+        .await
+        .unwrap();
+    let (_, body) = read_answer(&mut s, &mut buf).await;
+    let seen = &json(&body)["headers"];
+    assert_eq!(seen["x-second"], "2");
+    for name in [
+        "x-first",
+        "x-backend",
+        "content-type",
+        "content-length",
+        "date",
+    ] {
+        assert!(seen.get(name).is_none(), "{name} leaked into: {seen}");
+    }
+}
