@@ -377,7 +377,7 @@ fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H
 }
 
 /// True when `Connection` lists `close`.
-fn asks_to_close(headers: &HeaderMap) -> bool {
+pub(crate) fn asks_to_close(headers: &HeaderMap) -> bool {
     header_tokens(headers, CONNECTION).any(|t| t.eq_ignore_ascii_case("close"))
 }
 
@@ -420,7 +420,7 @@ fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
         .ok_or(H1Error::Invalid("content-length"))
 }
 
-fn parse_decimal(s: &[u8]) -> Option<u64> {
+pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 19 {
         return None;
     }

@@ -26,7 +26,7 @@
 //! which asks for them, goes to hyper).
 
 use std::future::Future as _;
-use std::io;
+use std::io::{self, Write as _};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -42,6 +42,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::body::ClientBody;
+use crate::h1::{asks_to_close, parse_decimal};
 use crate::listener::{self, HEADER_READ_TIMEOUT, MIN_H1_BUFFER};
 use crate::proxy::Shared;
 use crate::service::{self, ConnCtx, ProxyResponse};
@@ -425,7 +426,8 @@ async fn write_response(
                 }
                 match framing {
                     Framing::Chunked => {
-                        wbuf.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                        // Into the buffer, not through a String (no allocation per chunk).
+                        let _ = write!(wbuf, "{:x}\r\n", data.len());
                         wbuf.extend_from_slice(&data);
                         wbuf.extend_from_slice(b"\r\n");
                     }
@@ -493,7 +495,7 @@ fn encode_head<B: Body>(
     let exact = body.size_hint().exact();
     let mut framing = None;
     let mut wrote_date = false;
-    let mut wrote_close = false;
+    let mut has_connection = false;
     for (name, value) in &parts.headers {
         if *name == CONTENT_LENGTH {
             if framing.is_some() {
@@ -502,10 +504,7 @@ fn encode_head<B: Body>(
             if end && !head_request {
                 continue; // nothing to send: `content-length: 0` below, as hyper wrote
             }
-            let parsed = std::str::from_utf8(value.as_bytes())
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok());
-            let Some(n) = parsed else {
+            let Some(n) = parse_decimal(value.as_bytes().trim_ascii()) else {
                 continue; // not a length: framed below from the body
             };
             framing = Some(Framing::Length(n));
@@ -513,12 +512,7 @@ fn encode_head<B: Body>(
             // The body comes decoded; it is framed here.
             continue;
         } else if *name == CONNECTION {
-            let close_token = value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-            close |= close_token;
-            wrote_close |= close_token;
+            has_connection = true;
         } else if *name == DATE {
             wrote_date = true;
         }
@@ -527,6 +521,9 @@ fn encode_head<B: Body>(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    // An answer that asks to close says so itself; the connection closes after it.
+    let wrote_close = has_connection && asks_to_close(&parts.headers);
+    close |= wrote_close;
     let framing = match framing {
         Some(f) => f,
         None if end || exact == Some(0) => {
@@ -537,9 +534,7 @@ fn encode_head<B: Body>(
         }
         None => match exact {
             Some(n) if !no_length => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(n.to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
+                let _ = write!(out, "content-length: {n}\r\n");
                 Framing::Length(n)
             }
             Some(_) => Framing::None,
