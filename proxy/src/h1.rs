@@ -29,6 +29,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::body::BoxError;
+use crate::field_name;
 use crate::forward::{header_tokens, is_known_token};
 use crate::pool::EndpointPool;
 
@@ -351,8 +352,8 @@ fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H
     headers.reserve(spans.len());
     let mut seen = Seen::default();
     for (name, value) in spans {
-        let name = HeaderName::from_bytes(&head[name])
-            .map_err(|_| H1Error::Invalid("header field name"))?;
+        let name =
+            field_name::parse(&head[name]).map_err(|_| H1Error::Invalid("header field name"))?;
         if name == CONNECTION && is_known_token(&head[value.clone()]) {
             // The usual `Connection: keep-alive` (or `close`) is hop-by-hop and names no
             // other field: read here and left out, where the service would remove it

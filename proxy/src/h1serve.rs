@@ -42,6 +42,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::body::ClientBody;
+use crate::field_name;
 use crate::h1::{asks_to_close, parse_decimal};
 use crate::listener::{self, HEADER_READ_TIMEOUT, MIN_H1_BUFFER};
 use crate::proxy::Shared;
@@ -176,7 +177,7 @@ fn parse_request(buf: &mut BytesMut) -> Parsed {
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
         let mut fields = Vec::with_capacity(req.headers.len());
         for f in req.headers.iter() {
-            let Ok(name) = HeaderName::from_bytes(f.name.as_bytes()) else {
+            let Ok(name) = field_name::parse(f.name.as_bytes()) else {
                 return Parsed::Hyper;
             };
             let v = f.value;

@@ -37,6 +37,7 @@ mod admin;
 mod body;
 mod call;
 mod error;
+mod field_name;
 pub mod filters;
 mod forward;
 mod grpc;
