@@ -18,7 +18,7 @@ use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
 use crate::body::{BodyFault, ClientBody, LimitedBody, ProxyBody, empty, full};
 use crate::filters;
-use crate::forward::{self, X_REQUEST_ID};
+use crate::forward::{self, Added};
 use crate::metrics::UpstreamErrorKind;
 use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
 use crate::pool::{PooledBody, UpstreamError};
@@ -40,22 +40,22 @@ pub(crate) struct UpstreamHead<'a> {
     pub upgrade: bool,
 }
 
-impl UpstreamHead<'_> {
-    /// Header hygiene, forwarding headers, Host, URI and version.
-    pub fn apply(&self, parts: &mut Parts) -> Result<(), StatusCode> {
+impl<'a> UpstreamHead<'a> {
+    /// Header hygiene, Host, URI and version; the forwarding fields and request id are
+    /// returned, for the exchange to send after the request's own fields.
+    pub fn apply(&self, parts: &mut Parts) -> Result<Added<'a>, StatusCode> {
         let headers = &mut parts.headers;
-        // The forwarding fields, request id and Host: one growth of the map, not several.
-        headers.reserve(5);
         let mut present = forward::Present::scan(headers);
         forward::strip_present(headers, &mut present, self.upgrade);
-        forward::set_forwarded(
+        let conn: &'a ConnCtx = self.conn;
+        let added = forward::forwarded(
             headers,
             &present,
-            &self.conn.peer_value,
-            self.conn.scheme,
+            &conn.peer_value,
+            conn.scheme,
             self.original_host,
+            self.request_id,
         );
-        headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
         let endpoint = self.endpoint.endpoint();
         if let Some(h) = self.host.and_then(|h| HeaderValue::from_str(h).ok()) {
             headers.insert(HOST, h);
@@ -83,7 +83,7 @@ impl UpstreamHead<'_> {
             BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
             BackendProtocol::H2c => Version::HTTP_2,
         };
-        Ok(())
+        Ok(added)
     }
 }
 
@@ -103,16 +103,27 @@ pub(crate) struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// Sends the request with the fields `added` (see [`UpstreamHead::apply`]).
     pub async fn send(
         &self,
-        parts: Parts,
+        mut parts: Parts,
         body: ClientBody,
+        added: &Added<'_>,
     ) -> Result<Response<PooledBody>, Failure> {
+        let none = Added::default();
+        let added = if self.mirrors.is_empty() {
+            added
+        } else {
+            // Mirrors copy the request's map: the fields go into it.
+            added.insert_into(&mut parts.headers);
+            &none
+        };
         let body = self.prepare_body(body, &parts).await?;
         let call = self.shared.upstream.send(
             self.protocol,
             self.endpoint,
             Request::from_parts(parts, body),
+            added,
         );
         match self.backend_timeout {
             Some(d) => tokio::time::timeout(d, call)

@@ -239,7 +239,7 @@ mod tests {
             for i in 0..text.len() {
                 for c in [b'_', b'^', b'~', b'.', b'!', b'0', b'a', b'Z'] {
                     let mut v = text.to_vec();
-                    if v[i].to_ascii_lowercase() != c.to_ascii_lowercase() {
+                    if !v[i].eq_ignore_ascii_case(&c) {
                         v[i] = c;
                         cases.push(v);
                     }

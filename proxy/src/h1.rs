@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 
 use crate::body::BoxError;
 use crate::field_name;
-use crate::forward::{header_tokens, is_known_token};
+use crate::forward::{Added, header_tokens, is_known_token};
 use crate::pool::EndpointPool;
 
 /// Most header fields an answer may carry (hyper's default too).
@@ -116,9 +116,10 @@ impl Conn {
     pub async fn exchange<B>(
         mut self,
         req: &mut Request<B>,
+        added: &Added<'_>,
         pool: &Arc<EndpointPool>,
     ) -> Result<Response<RawBody>, H1Error> {
-        encode_head(req, &mut self.wbuf);
+        encode_head(req, added, &mut self.wbuf);
         let mut written = 0;
         while written < self.wbuf.len() {
             match self.io.write(&self.wbuf[written..]).await {
@@ -229,16 +230,17 @@ impl Conn {
     }
 }
 
-/// Writes the request line and fields. A POST, PUT or PATCH without a length gets
-/// `content-length: 0` (RFC 9110 §8.6: a client should send it; hyper's client did not).
-fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
+/// Writes the request line and fields, the request's own then `added`. A POST, PUT or PATCH
+/// without a length gets `content-length: 0` (RFC 9110 §8.6: a client should send it;
+/// hyper's client did not).
+fn encode_head<B>(req: &Request<B>, added: &Added<'_>, out: &mut Vec<u8>) {
     out.clear();
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
+    for (name, value) in req.headers().iter().chain(added.fields()) {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -794,7 +796,7 @@ mod tests {
         method: Method,
     ) -> Result<(StatusCode, Bytes, Option<HeaderMap>), String> {
         let resp = pool
-            .send(request(method))
+            .send(request(method), &Added::default())
             .await
             .map_err(|e: UpstreamError| format!("send: {e}"))?;
         let status = resp.status();
@@ -960,7 +962,10 @@ mod tests {
         ])
         .await;
         let pool = Pools::default().pool_for(be.addr);
-        let resp = pool.send(request(Method::GET)).await.unwrap();
+        let resp = pool
+            .send(request(Method::GET), &Added::default())
+            .await
+            .unwrap();
         let phrase = resp.extensions().get::<hyper::ext::ReasonPhrase>();
         assert_eq!(
             phrase.map(|p| p.as_bytes().to_vec()),
@@ -968,7 +973,10 @@ mod tests {
         );
         resp.into_body().collect().await.unwrap();
         // A standard phrase is left to the status code; the length would misframe the body.
-        let resp = pool.send(request(Method::GET)).await.unwrap();
+        let resp = pool
+            .send(request(Method::GET), &Added::default())
+            .await
+            .unwrap();
         assert!(
             resp.extensions()
                 .get::<hyper::ext::ReasonPhrase>()
@@ -1007,7 +1015,7 @@ mod tests {
         let mut req = request(Method::GET);
         req.headers_mut().reserve(20);
         let room = req.headers().capacity();
-        let resp = pool.send(req).await.unwrap();
+        let resp = pool.send(req, &Added::default()).await.unwrap();
         assert_eq!(
             fields(&resp),
             owned(&[("server", "be"), ("content-length", "2")])
@@ -1017,7 +1025,10 @@ mod tests {
         assert_eq!(pool.idle_len(), 1);
 
         // A token that names a field stays, for the service to remove both.
-        let resp = pool.send(request(Method::GET)).await.unwrap();
+        let resp = pool
+            .send(request(Method::GET), &Added::default())
+            .await
+            .unwrap();
         assert_eq!(
             fields(&resp),
             owned(&[
@@ -1030,7 +1041,10 @@ mod tests {
         assert_eq!(pool.idle_len(), 1);
 
         // A lone `close`, in any case, is left out too, and still ends the connection.
-        let resp = pool.send(request(Method::GET)).await.unwrap();
+        let resp = pool
+            .send(request(Method::GET), &Added::default())
+            .await
+            .unwrap();
         assert_eq!(fields(&resp), owned(&[("content-length", "2")]));
         resp.into_body().collect().await.unwrap();
         assert_eq!(pool.idle_len(), 0);
@@ -1052,7 +1066,7 @@ mod tests {
             .header("host", "example.test:443")
             .body(empty())
             .unwrap();
-        let resp = pool.send(req).await.unwrap();
+        let resp = pool.send(req, &Added::default()).await.unwrap();
         assert_eq!(resp.status(), 200);
         drop(resp);
         assert_eq!(pool.idle_len(), 0);
@@ -1283,7 +1297,11 @@ mod tests {
         ])])
         .await;
         let pool = Pools::default().pool_for(be.addr);
-        let mut body = pool.send(request(Method::GET)).await.unwrap().into_body();
+        let mut body = pool
+            .send(request(Method::GET), &Added::default())
+            .await
+            .unwrap()
+            .into_body();
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "abc");
         // Known without another poll: the connection is back already.

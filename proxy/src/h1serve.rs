@@ -50,7 +50,9 @@ use crate::service::{self, ConnCtx, ProxyResponse};
 
 /// Most header fields a request served here may carry (hyper's default too).
 const MAX_HEADERS: usize = 100;
-/// Fields the proxy may add to a request before it goes upstream.
+/// Room for fields beyond the request's own: a Host the proxy may add upstream, and the
+/// answer's, which our HTTP/1 exchange reads into the request's map (module `h1`), with the
+/// `X-Request-Id` the service sets on it.
 const FIELDS_ADDED: usize = 6;
 /// Room made in the read buffer when it runs low: a new buffer, since the heads of earlier
 /// requests still share the old one.
@@ -225,9 +227,8 @@ fn request_parts(
     fields: Vec<(HeaderName, std::ops::Range<usize>)>,
 ) -> Option<(Uri, HeaderMap)> {
     let uri = Uri::from_maybe_shared(head.slice(target)).ok()?;
-    // Room for the fields the proxy adds upstream (`UpstreamHead::apply`: X-Forwarded-For,
-    // -Proto, -Host, X-Request-Id, Host), so the map does not grow (a rehash and a realloc,
-    // ~900 instructions per request, callgrind).
+    // Room for the fields added on the way (`FIELDS_ADDED`), so the map does not grow (a
+    // rehash and a realloc, ~900 instructions per request, callgrind).
     let mut headers = HeaderMap::with_capacity(fields.len() + FIELDS_ADDED);
     for (name, value) in fields {
         headers.append(

@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use tollgate_api::BackendProtocol;
 
 use crate::body::full;
+use crate::forward::Added;
 use crate::metrics::UpstreamErrorKind;
 use crate::pool::UpstreamError;
 use crate::proxy::{Shared, Snapshot};
@@ -91,7 +92,8 @@ pub(crate) fn spawn(
             let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
                 let resp = shared
                     .upstream
-                    .send(protocol, guard.endpoint(), copy)
+                    // The request's map already holds the added fields (`Call::send`).
+                    .send(protocol, guard.endpoint(), copy, &Added::default())
                     .await?;
                 // Drain so the pooled connection can be reused.
                 let _ = resp.into_body().collect().await;

@@ -35,6 +35,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::body::{BoxError, ProxyBody};
+use crate::forward::Added;
 use crate::h1::{self, H1Error, RawBody};
 
 /// Idle connections kept per endpoint; more are closed when they come back.
@@ -201,14 +202,16 @@ impl EndpointPool {
     pub async fn send(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
+        added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         // CONNECT turns the connection into a tunnel: hyper's upgrade machinery handles it.
         if req.body().is_end_stream()
             && !req.headers().contains_key(UPGRADE)
             && req.method() != http::Method::CONNECT
         {
-            return self.send_bodiless(&mut req).await;
+            return self.send_bodiless(&mut req, added).await;
         }
+        added.insert_into(req.headers_mut());
         while let Some(mut tx) = self.pop() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
             if tx.ready().await.is_err() {
@@ -239,13 +242,14 @@ impl EndpointPool {
     async fn send_bodiless(
         self: &Arc<Self>,
         req: &mut Request<ProxyBody>,
+        added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         while let Some(mut conn) = self.pop_raw() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
             if !conn.is_usable() {
                 continue;
             }
-            match conn.exchange(req, self).await {
+            match conn.exchange(req, added, self).await {
                 Ok(resp) => return Ok(resp.map(PooledBody::raw)),
                 // Not written: safe to send on another connection.
                 Err(H1Error::Unwritten(e)) => {
@@ -262,7 +266,7 @@ impl EndpointPool {
             }
         }
         let conn = h1::Conn::new(self.connect_tcp().await?);
-        Ok(conn.exchange(req, self).await?.map(PooledBody::raw))
+        Ok(conn.exchange(req, added, self).await?.map(PooledBody::raw))
     }
 
     async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
@@ -540,7 +544,7 @@ mod tests {
     }
 
     async fn roundtrip_with(pool: &Arc<EndpointPool>, req: Request<ProxyBody>) {
-        let resp = pool.send(req).await.unwrap();
+        let resp = pool.send(req, &Added::default()).await.unwrap();
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"ok");
@@ -615,7 +619,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         drop(l);
         let pool = Pools::default().pool_for(addr);
-        let err = pool.send(get()).await.unwrap_err();
+        let err = pool.send(get(), &Added::default()).await.unwrap_err();
         assert!(err.is_connect(), "{err}");
     }
 }

@@ -470,9 +470,10 @@ async fn proxy(
     // while its answer streams.
     let body_idle_timeout =
         (parts.version < Version::HTTP_2).then_some(shared.limits.request_body_idle_timeout);
-    if let Err(code) = head.apply(&mut parts) {
-        return status(code);
-    }
+    let added = match head.apply(&mut parts) {
+        Ok(added) => added,
+        Err(code) => return status(code),
+    };
     // The request timeout runs from arrival, not from here.
     let deadline = route
         .timeouts
@@ -492,10 +493,10 @@ async fn proxy(
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {
-        Some(d) => tokio::time::timeout_at(d, call.send(parts, body))
+        Some(d) => tokio::time::timeout_at(d, call.send(parts, body, &added))
             .await
             .unwrap_or(Err(Failure::Timeout)),
-        None => call.send(parts, body).await,
+        None => call.send(parts, body, &added).await,
     };
     done.guard = Some(guard);
     done.upstream_answered = result.is_ok();

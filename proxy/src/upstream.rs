@@ -23,6 +23,7 @@ use tollgate_api::{Backend, BackendProtocol, LoadBalancer, WeightedBackend};
 
 use crate::FastMap;
 use crate::body::ProxyBody;
+use crate::forward::Added;
 use crate::pool::{
     CONNECT_TIMEOUT, EndpointPool, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES,
     PooledBody, Pools, UpstreamError,
@@ -67,17 +68,21 @@ impl Upstream {
         &self,
         protocol: BackendProtocol,
         endpoint: &EndpointState,
-        req: Request<ProxyBody>,
+        mut req: Request<ProxyBody>,
+        added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         match protocol {
             // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => endpoint.pool.send(req).await,
+            BackendProtocol::Http1 | BackendProtocol::Tcp => endpoint.pool.send(req, added).await,
             // Boxed: the legacy client's future is large, and would otherwise size (and be
             // copied with) every HTTP/1.1 request's future too.
-            BackendProtocol::H2c => Box::pin(self.h2.request(req))
-                .await
-                .map(|r| r.map(PooledBody::plain))
-                .map_err(UpstreamError::H2),
+            BackendProtocol::H2c => {
+                added.insert_into(req.headers_mut());
+                Box::pin(self.h2.request(req))
+                    .await
+                    .map(|r| r.map(PooledBody::plain))
+                    .map_err(UpstreamError::H2)
+            }
         }
     }
 }

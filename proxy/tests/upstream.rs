@@ -468,3 +468,79 @@ async fn the_client_reads_the_backends_own_reason_phrase() {
         }
     }
 }
+
+/// The forwarding fields and the request id reach the backend once each, replacing the
+/// client's own, on every way upstream: our HTTP/1 exchange (no body), hyper's client (a
+/// body), h2c, and a mirror's copy (the proxy adds them after the request's own fields on the
+/// first way, into its header map on the others).
+#[tokio::test]
+async fn forwarding_fields_replace_the_clients_on_every_way_upstream() {
+    let h1 = echo_backend("h1").await;
+    let h2 = h2_backend("h2").await;
+    let shadow = echo_backend("shadow").await;
+    let mut h2c = backend_of(&[&h2]);
+    h2c.protocol = BackendProtocol::H2c;
+    let mirrored = with_filters(
+        route("m", "/m", vec![wb("h1", 1)]),
+        vec![Filter::RequestMirror(Mirror {
+            backend: Some("shadow".into()),
+            per_million: 1_000_000,
+            sampler: Default::default(),
+        })],
+    );
+    let (_p, url) = proxy_with(
+        vec![
+            route("one", "/h1", vec![wb("h1", 1)]),
+            route("two", "/h2", vec![wb("h2c", 1)]),
+            mirrored,
+        ],
+        vec![
+            ("h1", backend_of(&[&h1])),
+            ("h2c", h2c),
+            ("shadow", backend_of(&[&shadow])),
+        ],
+    )
+    .await;
+    let c = h1_client();
+    let check = |what: &str, headers: &serde_json::Value| {
+        let field = |name: &str| headers[name].as_str().unwrap_or_default().to_owned();
+        assert_eq!(field("x-forwarded-for"), "10.0.0.1, 127.0.0.1", "{what}");
+        assert_eq!(field("x-forwarded-proto"), "http", "{what}");
+        assert_eq!(field("x-forwarded-host"), "shop.example", "{what}");
+        assert_eq!(field("host"), "shop.example", "{what}");
+        let id = field("x-request-id");
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{what}: request id {id:?}"
+        );
+        id
+    };
+    for (path, body) in [
+        ("/h1", ""),
+        ("/h1", "payload"),
+        ("/h2", ""),
+        ("/h2", "payload"),
+        ("/m", ""),
+    ] {
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("{url}{path}"))
+            .header("host", "shop.example")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("x-forwarded-proto", "gopher")
+            .header("x-forwarded-host", "evil.example")
+            .header("x-request-id", "not a sane id")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let a = send(&c, req).await;
+        assert_eq!(a.status, StatusCode::OK, "{method} {path}");
+        assert_eq!(a.json()["body"], body, "{method} {path}");
+        let what = format!("{method} {path}");
+        let id = check(&what, &a.json()["headers"]);
+        assert_eq!(a.headers["x-request-id"], id.as_str(), "{what}");
+    }
+    assert!(eventually(|| shadow.seen.lock().unwrap().len() == 1).await);
+    let copy = shadow.seen.lock().unwrap()[0].clone();
+    check("the mirror's copy", &copy["headers"]);
+}
