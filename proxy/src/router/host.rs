@@ -52,22 +52,18 @@ pub(crate) fn normalize_host(host: &str) -> Cow<'_, str> {
     }
 }
 
-/// [`normalize_host`] of a trimmed host that is not a bracketed IPv6 literal, in one pass
-/// over its bytes (finding the port's `:` and any upper-case letter together cost less than
-/// half of the three passes they took apart: ~280 instructions per request, callgrind).
+/// [`normalize_host`] of a trimmed host that is not a bracketed IPv6 literal. Upper-case
+/// letters are looked for in one pass without an early exit, which the compiler vectorises,
+/// and a port only when the host has a `:` (callgrind: ~280 instructions per request for the
+/// three passes `host_without_port`, `strip_suffix` and `any` took).
 fn normalize_name(host: &str) -> Cow<'_, str> {
-    let mut colons = 0usize;
-    let mut colon = host.len();
-    let mut upper = false;
-    for (i, &c) in host.as_bytes().iter().enumerate() {
-        if c == b':' {
-            colons += 1;
-            colon = i;
-        }
-        upper |= c.is_ascii_uppercase();
-    }
-    // One `:` starts the port; more than one is a bare IPv6 literal, kept whole.
-    let h = if colons == 1 { &host[..colon] } else { host };
+    let b = host.as_bytes();
+    let upper = b.iter().fold(false, |u, c| u | c.is_ascii_uppercase());
+    let h = if b.contains(&b':') {
+        host_without_port(host)
+    } else {
+        host
+    };
     let h = h.strip_suffix('.').unwrap_or(h);
     if upper {
         Cow::Owned(h.to_ascii_lowercase())
@@ -177,7 +173,7 @@ mod tests {
     }
 
     #[test]
-    fn one_pass_normalisation_agrees_with_its_definition() {
+    fn normalisation_agrees_with_its_definition() {
         // The definition: trim, drop the port, drop one trailing dot, lower-case.
         fn definition(host: &str) -> String {
             let h = host_without_port(host.trim());
