@@ -193,7 +193,9 @@ pub(crate) fn response_filters(
         splice(client_side, hyper::upgrade::on(&mut resp));
     }
     let (mut rp, body) = resp.into_parts();
-    forward::strip_hop_by_hop(&mut rp.headers, upgraded);
+    if upgraded || !body.clean_head() {
+        forward::strip_hop_by_hop(&mut rp.headers, upgraded);
+    }
     rp.version = Version::HTTP_11;
     for m in response_mods {
         filters::modify_headers(m, &mut rp.headers);

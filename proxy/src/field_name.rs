@@ -17,93 +17,123 @@ use http::header::{
     STRICT_TRANSPORT_SECURITY, TE, TRAILER, TRANSFER_ENCODING, UPGRADE, USER_AGENT, VARY, VIA,
 };
 
-/// One known name: its lower-case text and the `HeaderName` it parses to.
-type Known = (&'static [u8], HeaderName);
+/// What the proxy does with a field of this name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Hop-by-hop (RFC 9110 §7.6.1): `Connection`, `Keep-Alive`, `Proxy-Connection`, `TE`,
+    /// `Transfer-Encoding`, `Upgrade` (the names `forward::strip_hop_by_hop` removes).
+    HopByHop,
+    /// Any other.
+    EndToEnd,
+}
+
+const HOP: Class = Class::HopByHop;
+const ANY: Class = Class::EndToEnd;
+
+/// One known name: its lower-case text, the `HeaderName` it parses to, and its class.
+type Known = (&'static [u8], HeaderName, Class);
 
 // By length. Lower-case text only, of `a`-`z`, `0`-`9` and `-` (see `eq_lower`).
-static LEN2: [Known; 1] = [(b"te", TE)];
-static LEN3: [Known; 2] = [(b"age", AGE), (b"via", VIA)];
+static LEN2: [Known; 1] = [(b"te", TE, HOP)];
+static LEN3: [Known; 2] = [(b"age", AGE, ANY), (b"via", VIA, ANY)];
 static LEN4: [Known; 4] = [
-    (b"host", HOST),
-    (b"date", DATE),
-    (b"etag", ETAG),
-    (b"vary", VARY),
+    (b"host", HOST, ANY),
+    (b"date", DATE, ANY),
+    (b"etag", ETAG, ANY),
+    (b"vary", VARY, ANY),
 ];
-static LEN5: [Known; 2] = [(b"allow", ALLOW), (b"range", RANGE)];
+static LEN5: [Known; 2] = [(b"allow", ALLOW, ANY), (b"range", RANGE, ANY)];
 static LEN6: [Known; 6] = [
-    (b"accept", ACCEPT),
-    (b"server", SERVER),
-    (b"cookie", COOKIE),
-    (b"origin", ORIGIN),
-    (b"expect", EXPECT),
-    (b"pragma", PRAGMA),
+    (b"accept", ACCEPT, ANY),
+    (b"server", SERVER, ANY),
+    (b"cookie", COOKIE, ANY),
+    (b"origin", ORIGIN, ANY),
+    (b"expect", EXPECT, ANY),
+    (b"pragma", PRAGMA, ANY),
 ];
 static LEN7: [Known; 4] = [
-    (b"upgrade", UPGRADE),
-    (b"expires", EXPIRES),
-    (b"referer", REFERER),
-    (b"trailer", TRAILER),
+    (b"upgrade", UPGRADE, HOP),
+    (b"expires", EXPIRES, ANY),
+    (b"referer", REFERER, ANY),
+    (b"trailer", TRAILER, ANY),
 ];
-static LEN8: [Known; 1] = [(b"location", LOCATION)];
+static LEN8: [Known; 1] = [(b"location", LOCATION, ANY)];
 static LEN10: [Known; 4] = [
-    (b"connection", CONNECTION),
-    (b"user-agent", USER_AGENT),
-    (b"set-cookie", SET_COOKIE),
-    (b"keep-alive", HeaderName::from_static("keep-alive")),
+    (b"connection", CONNECTION, HOP),
+    (b"user-agent", USER_AGENT, ANY),
+    (b"set-cookie", SET_COOKIE, ANY),
+    (b"keep-alive", HeaderName::from_static("keep-alive"), HOP),
 ];
 static LEN12: [Known; 2] = [
-    (b"content-type", CONTENT_TYPE),
-    (b"x-request-id", HeaderName::from_static("x-request-id")),
+    (b"content-type", CONTENT_TYPE, ANY),
+    (
+        b"x-request-id",
+        HeaderName::from_static("x-request-id"),
+        ANY,
+    ),
 ];
 static LEN13: [Known; 6] = [
-    (b"cache-control", CACHE_CONTROL),
-    (b"authorization", AUTHORIZATION),
-    (b"last-modified", LAST_MODIFIED),
-    (b"accept-ranges", ACCEPT_RANGES),
-    (b"if-none-match", IF_NONE_MATCH),
-    (b"content-range", CONTENT_RANGE),
+    (b"cache-control", CACHE_CONTROL, ANY),
+    (b"authorization", AUTHORIZATION, ANY),
+    (b"last-modified", LAST_MODIFIED, ANY),
+    (b"accept-ranges", ACCEPT_RANGES, ANY),
+    (b"if-none-match", IF_NONE_MATCH, ANY),
+    (b"content-range", CONTENT_RANGE, ANY),
 ];
 static LEN14: [Known; 2] = [
-    (b"content-length", CONTENT_LENGTH),
-    (b"accept-charset", ACCEPT_CHARSET),
+    (b"content-length", CONTENT_LENGTH, ANY),
+    (b"accept-charset", ACCEPT_CHARSET, ANY),
 ];
 static LEN15: [Known; 3] = [
-    (b"accept-encoding", ACCEPT_ENCODING),
-    (b"accept-language", ACCEPT_LANGUAGE),
+    (b"accept-encoding", ACCEPT_ENCODING, ANY),
+    (b"accept-language", ACCEPT_LANGUAGE, ANY),
     (
         b"x-forwarded-for",
         HeaderName::from_static("x-forwarded-for"),
+        ANY,
     ),
 ];
-static LEN16: [Known; 4] = [
-    (b"content-encoding", CONTENT_ENCODING),
-    (b"content-language", CONTENT_LANGUAGE),
-    (b"content-location", CONTENT_LOCATION),
+static LEN16: [Known; 5] = [
+    (b"content-encoding", CONTENT_ENCODING, ANY),
+    (b"content-language", CONTENT_LANGUAGE, ANY),
+    (b"content-location", CONTENT_LOCATION, ANY),
     (
         b"x-forwarded-host",
         HeaderName::from_static("x-forwarded-host"),
+        ANY,
+    ),
+    (
+        b"proxy-connection",
+        HeaderName::from_static("proxy-connection"),
+        HOP,
     ),
 ];
 static LEN17: [Known; 3] = [
-    (b"transfer-encoding", TRANSFER_ENCODING),
-    (b"if-modified-since", IF_MODIFIED_SINCE),
+    (b"transfer-encoding", TRANSFER_ENCODING, HOP),
+    (b"if-modified-since", IF_MODIFIED_SINCE, ANY),
     (
         b"x-forwarded-proto",
         HeaderName::from_static("x-forwarded-proto"),
+        ANY,
     ),
 ];
-static LEN25: [Known; 1] = [(b"strict-transport-security", STRICT_TRANSPORT_SECURITY)];
-static LEN27: [Known; 1] = [(b"access-control-allow-origin", ACCESS_CONTROL_ALLOW_ORIGIN)];
+static LEN25: [Known; 1] = [(b"strict-transport-security", STRICT_TRANSPORT_SECURITY, ANY)];
+static LEN27: [Known; 1] = [(
+    b"access-control-allow-origin",
+    ACCESS_CONTROL_ALLOW_ORIGIN,
+    ANY,
+)];
 
-/// The `HeaderName` of a field name httparse accepted (a token).
-pub(crate) fn parse(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+/// The `HeaderName` of a field name httparse accepted (a token), and its class. Every
+/// hop-by-hop name is in the table, so a name parsed by `from_bytes` is end to end.
+pub(crate) fn parse(name: &[u8]) -> Result<(HeaderName, Class), InvalidHeaderName> {
     match known(name) {
-        Some(n) => Ok(n.clone()),
-        None => HeaderName::from_bytes(name),
+        Some((_, n, class)) => Ok((n.clone(), *class)),
+        None => Ok((HeaderName::from_bytes(name)?, Class::EndToEnd)),
     }
 }
 
-fn known(name: &[u8]) -> Option<&'static HeaderName> {
+fn known(name: &[u8]) -> Option<&'static Known> {
     let candidates: &[Known] = match name.len() {
         2 => &LEN2,
         3 => &LEN3,
@@ -123,10 +153,7 @@ fn known(name: &[u8]) -> Option<&'static HeaderName> {
         27 => &LEN27,
         _ => return None,
     };
-    candidates
-        .iter()
-        .find(|(text, _)| eq_lower(name, text))
-        .map(|(_, n)| n)
+    candidates.iter().find(|(text, ..)| eq_lower(name, text))
 }
 
 /// Every byte with its 0x20 bit set: upper-case ASCII letters become lower-case.
@@ -193,7 +220,7 @@ mod tests {
 
     #[test]
     fn every_known_name_is_its_own_text_in_any_case() {
-        for (text, name) in all_known() {
+        for (text, name, class) in all_known() {
             assert_eq!(name.as_str().as_bytes(), *text, "table entry");
             let upper = text.to_ascii_uppercase();
             // Title case, as wrk and nginx write names (`Content-Length`).
@@ -206,14 +233,22 @@ mod tests {
                 start = *c == b'-';
             }
             for variant in [text.to_vec(), upper, title] {
-                assert_eq!(
-                    known(&variant),
-                    Some(name),
-                    "{:?}",
-                    String::from_utf8_lossy(&variant)
-                );
-                assert_eq!(parse(&variant).ok().as_ref(), Some(name));
+                let v = String::from_utf8_lossy(&variant);
+                assert_eq!(known(&variant).map(|k| &k.1), Some(name), "{v:?}");
+                assert_eq!(parse(&variant).ok(), Some((name.clone(), *class)), "{v:?}");
             }
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_are_the_names_the_proxy_strips() {
+        for (text, name, class) in all_known() {
+            let mut map = http::HeaderMap::new();
+            map.insert(name.clone(), http::HeaderValue::from_static("x"));
+            crate::forward::strip_hop_by_hop(&mut map, false);
+            let stripped = map.is_empty();
+            let name = String::from_utf8_lossy(text);
+            assert_eq!(stripped, *class == HOP, "{name}");
         }
     }
 
@@ -235,7 +270,7 @@ mod tests {
         ];
         // Every known name with one character changed at each position, to one a case
         // change or the 0x20 bit could confuse with it.
-        for (text, _) in all_known() {
+        for (text, ..) in all_known() {
             for i in 0..text.len() {
                 for c in [b'_', b'^', b'~', b'.', b'!', b'0', b'a', b'Z'] {
                     let mut v = text.to_vec();
@@ -247,11 +282,11 @@ mod tests {
             }
         }
         for case in cases {
-            let ours = parse(&case).map_err(|_| ());
+            let ours = parse(&case).map(|(n, _)| n).map_err(|_| ());
             let theirs = HeaderName::from_bytes(&case).map_err(|_| ());
             assert_eq!(ours, theirs, "{:?}", String::from_utf8_lossy(&case));
             if let Ok(n) = &theirs {
-                let standard = all_known().iter().any(|(_, k)| k == n);
+                let standard = all_known().iter().any(|(_, k, _)| k == n);
                 assert_eq!(known(&case).is_some(), standard, "{n}");
             }
         }

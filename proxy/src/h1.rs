@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::body::BoxError;
-use crate::field_name;
+use crate::field_name::{self, Class};
 use crate::forward::{Added, header_tokens, is_known_token};
 use crate::pool::EndpointPool;
 
@@ -218,7 +218,8 @@ impl Conn {
                 }
             }
         };
-        let body = RawBody::new(self, state, keep.then(|| pool.clone()));
+        let mut body = RawBody::new(self, state, keep.then(|| pool.clone()));
+        body.clean_head = !seen.hop;
         let mut resp = Response::new(body);
         *resp.status_mut() = status;
         *resp.version_mut() = version;
@@ -287,6 +288,12 @@ struct Seen {
     connection: bool,
     transfer_encoding: bool,
     content_length: bool,
+    /// The value of the head's one `Content-Length` field when it is a plain number (else
+    /// [`framing`] reads every value from the map).
+    length: Option<u64>,
+    /// Some hop-by-hop field is in the map; without one the service need not look for them
+    /// ([`RawBody::clean_head`]).
+    hop: bool,
 }
 
 /// Byte ranges of a field's name and value.
@@ -354,7 +361,7 @@ fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H
     headers.reserve(spans.len());
     let mut seen = Seen::default();
     for (name, value) in spans {
-        let name =
+        let (name, class) =
             field_name::parse(&head[name]).map_err(|_| H1Error::Invalid("header field name"))?;
         if name == CONNECTION && is_known_token(&head[value.clone()]) {
             // The usual `Connection: keep-alive` (or `close`) is hop-by-hop and names no
@@ -367,7 +374,16 @@ fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H
             .map_err(|_| H1Error::Invalid("header field value"))?;
         seen.connection |= name == CONNECTION;
         seen.transfer_encoding |= name == TRANSFER_ENCODING;
-        seen.content_length |= name == CONTENT_LENGTH;
+        seen.hop |= class == Class::HopByHop;
+        if name == CONTENT_LENGTH {
+            // A second field leaves the length to `framing`, which checks they agree.
+            seen.length = if seen.content_length {
+                None
+            } else {
+                parse_decimal(value.as_bytes().trim_ascii())
+            };
+            seen.content_length = true;
+        }
         headers.append(name, value);
     }
     Ok(Some(Head {
@@ -406,6 +422,9 @@ fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
     }
     if !has_length {
         return Ok(Framing::Close);
+    }
+    if let Some(n) = seen.length {
+        return Ok(Framing::Length(n));
     }
     // Repeated values (one field or several) must agree.
     let mut length = None;
@@ -464,14 +483,24 @@ pub(crate) struct RawBody {
     state: Decode,
     /// The pool to go back to; `None` when the connection may not be reused.
     back: Option<Arc<EndpointPool>>,
+    /// The answer's head, as read, holds no hop-by-hop field (see [`RawBody::clean_head`]).
+    clean_head: bool,
 }
 
 impl RawBody {
+    /// The answer's head held no hop-by-hop field once its `Connection: keep-alive` (or
+    /// `close`) was left out: nothing for the service to strip. (A field of another name
+    /// that a `Connection` list names would have kept that `Connection` in the map.)
+    pub(crate) fn clean_head(&self) -> bool {
+        self.clean_head
+    }
+
     fn new(conn: Conn, state: Decode, back: Option<Arc<EndpointPool>>) -> Self {
         let mut this = Self {
             conn: Some(conn),
             state,
             back,
+            clean_head: false,
         };
         if matches!(this.state, Decode::Length(0)) {
             this.finish();
@@ -954,6 +983,59 @@ mod tests {
         }
     }
 
+    /// An answer whose head, once `Connection: keep-alive` is left out, has no hop-by-hop
+    /// field says so, and the service skips its search for them; any hop-by-hop field (or a
+    /// `Connection` list) leaves the search to the service.
+    #[tokio::test]
+    async fn answers_say_whether_their_head_needs_hop_by_hop_stripping() {
+        let cases: [(&[u8], bool); 8] = [
+            (
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\ncontent-length: 2\r\n\r\nok",
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nServer: s\r\nX-Other: 1\r\ncontent-length: 2\r\n\r\nok",
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\ncontent-length: 2\r\n\r\nok",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: x-hop\r\nx-hop: 1\r\ncontent-length: 2\r\n\r\nok",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nUpgrade: h2c\r\ncontent-length: 2\r\n\r\nok",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nProxy-Connection: keep-alive\r\ncontent-length: 2\r\n\r\nok",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTE: trailers\r\ncontent-length: 2\r\n\r\nok",
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                false,
+            ),
+        ];
+        let be = backend(cases.iter().map(|(a, _)| answer(&[a])).collect()).await;
+        let pool = Pools::default().pool_for(be.addr);
+        for (i, (text, clean)) in cases.iter().enumerate() {
+            let resp = pool
+                .send(request(Method::GET), &Added::default())
+                .await
+                .unwrap();
+            let head = String::from_utf8_lossy(text);
+            assert_eq!(resp.body().clean_head(), *clean, "answer {i}: {head:?}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok", "answer {i}");
+        }
+    }
+
     #[tokio::test]
     async fn a_phrase_of_its_own_is_kept_and_a_length_beside_chunks_dropped() {
         let be = backend(vec![
@@ -1328,6 +1410,8 @@ mod tests {
                 connection: false,
                 transfer_encoding: m.contains_key(TRANSFER_ENCODING),
                 content_length: m.contains_key(CONTENT_LENGTH),
+                // No length read while parsing: `framing` reads every value.
+                ..Seen::default()
             };
             framing(&m, seen).map_err(|e| e.to_string())
         };

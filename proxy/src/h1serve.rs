@@ -179,7 +179,7 @@ fn parse_request(buf: &mut BytesMut) -> Parsed {
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
         let mut fields = Vec::with_capacity(req.headers.len());
         for f in req.headers.iter() {
-            let Ok(name) = field_name::parse(f.name.as_bytes()) else {
+            let Ok((name, _)) = field_name::parse(f.name.as_bytes()) else {
                 return Parsed::Hyper;
             };
             let v = f.value;

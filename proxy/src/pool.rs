@@ -346,6 +346,12 @@ impl PooledBody {
         Self(Inner::Raw(body))
     }
 
+    /// The answer's head holds no hop-by-hop field: known only of our own HTTP/1 exchange
+    /// ([`RawBody::clean_head`]); false for hyper's answers.
+    pub fn clean_head(&self) -> bool {
+        matches!(&self.0, Inner::Raw(b) if b.clean_head())
+    }
+
     /// A body with no connection to return (HTTP/2).
     pub fn plain(body: Incoming) -> Self {
         Self(Inner::Hyper { body, back: None })
