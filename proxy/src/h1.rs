@@ -23,7 +23,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -113,9 +114,9 @@ impl Conn {
     /// as it was; once written, its field map is emptied and holds the answer's fields (given
     /// back to the request when the connection ends without a byte of answer,
     /// [`H1Error::NoAnswer`]).
-    pub async fn exchange<B>(
+    pub async fn exchange(
         mut self,
-        req: &mut Request<B>,
+        req: &mut Parts,
         added: &Added<'_>,
         pool: &Arc<EndpointPool>,
     ) -> Result<Response<RawBody>, H1Error> {
@@ -132,11 +133,11 @@ impl Conn {
                 Err(e) => return Err(H1Error::Io(e)),
             }
         }
-        let head_request = req.method() == Method::HEAD;
+        let head_request = req.method == Method::HEAD;
         // The request's map, sized for its fields and the forwarding ones, takes the answer's
         // fields. hyper's server hands an answer's map, emptied, to the next request it reads
         // on that connection, so a client connection's map grows once, not on every request.
-        let mut fields = std::mem::take(req.headers_mut());
+        let mut fields = std::mem::take(&mut req.headers);
         // Whether a byte of answer came (an interim answer counts, and fills `fields`).
         let mut heard = false;
         loop {
@@ -158,7 +159,7 @@ impl Conn {
             let read = std::future::poll_fn(|cx| poll_fill(io, rbuf, cx)).await;
             if !heard && !matches!(read, Ok(1..)) {
                 // Nothing of an answer came, so the map is still the request's.
-                *req.headers_mut() = fields;
+                req.headers = fields;
                 let e = read
                     .err()
                     .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into());
@@ -234,22 +235,22 @@ impl Conn {
 /// Writes the request line and fields, the request's own then `added`. A POST, PUT or PATCH
 /// without a length gets `content-length: 0` (RFC 9110 §8.6: a client should send it;
 /// hyper's client did not).
-fn encode_head<B>(req: &Request<B>, added: &Added<'_>, out: &mut Vec<u8>) {
+fn encode_head(req: &Parts, added: &Added<'_>, out: &mut Vec<u8>) {
     out.clear();
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(req.method().as_str().as_bytes());
+    let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers().iter().chain(added.fields()) {
+    for (name, value) in req.headers.iter().chain(added.fields()) {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    let m = req.method();
+    let m = &req.method;
     if (m == Method::POST || m == Method::PUT || m == Method::PATCH)
-        && !req.headers().contains_key(CONTENT_LENGTH)
+        && !req.headers.contains_key(CONTENT_LENGTH)
     {
         out.extend_from_slice(b"content-length: 0\r\n");
     }
@@ -734,6 +735,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    use http::Request;
     use http_body_util::BodyExt as _;
     use tokio::io::AsyncWriteExt as _;
     use tokio::net::TcpListener;

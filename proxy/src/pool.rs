@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::UPGRADE;
+use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
@@ -197,21 +198,35 @@ impl EndpointPool {
         self.lock().len()
     }
 
-    /// Sends `req` on an idle connection, or a fresh one. `req` must be in origin form and
-    /// carry a Host header.
+    /// [`Self::send_parts`] of a whole request.
+    #[cfg(test)]
     pub async fn send(
         self: &Arc<Self>,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        self.send_parts(&mut parts, body, added).await
+    }
+
+    /// Sends a request on an idle connection, or a fresh one; it must be in origin form and
+    /// carry a Host header. The parts are borrowed: a request without a body is written from
+    /// them by our exchange (whose answer takes their field map); hyper's client takes them.
+    pub async fn send_parts(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        body: ProxyBody,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         // CONNECT turns the connection into a tunnel: hyper's upgrade machinery handles it.
-        if req.body().is_end_stream()
-            && !req.headers().contains_key(UPGRADE)
-            && req.method() != http::Method::CONNECT
+        if body.is_end_stream()
+            && !parts.headers.contains_key(UPGRADE)
+            && parts.method != http::Method::CONNECT
         {
-            return self.send_bodiless(&mut req, added).await;
+            return self.send_bodiless(parts, added).await;
         }
-        added.insert_into(req.headers_mut());
+        added.insert_into(&mut parts.headers);
+        let mut req = Request::from_parts(take_parts(parts), body);
         while let Some(mut tx) = self.pop() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
             if tx.ready().await.is_err() {
@@ -241,7 +256,7 @@ impl EndpointPool {
     /// `h1`) on an idle connection, or a fresh one.
     async fn send_bodiless(
         self: &Arc<Self>,
-        req: &mut Request<ProxyBody>,
+        parts: &mut Parts,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         while let Some(mut conn) = self.pop_raw() {
@@ -249,7 +264,7 @@ impl EndpointPool {
             if !conn.is_usable() {
                 continue;
             }
-            match conn.exchange(req, added, self).await {
+            match conn.exchange(parts, added, self).await {
                 Ok(resp) => return Ok(resp.map(PooledBody::raw)),
                 // Not written: safe to send on another connection.
                 Err(H1Error::Unwritten(e)) => {
@@ -258,7 +273,7 @@ impl EndpointPool {
                 // Written, and the connection closed without a byte of answer: the upstream
                 // closed it as the request arrived (its keep-alive timeout). An idempotent
                 // request may be sent again (RFC 9110 9.2.2), once, on a fresh connection.
-                Err(H1Error::NoAnswer(e)) if req.method().is_idempotent() => {
+                Err(H1Error::NoAnswer(e)) if parts.method.is_idempotent() => {
                     tracing::debug!(error = %e, "reused connection closed without answering; sending the request again on a fresh connection");
                     break;
                 }
@@ -266,7 +281,10 @@ impl EndpointPool {
             }
         }
         let conn = h1::Conn::new(self.connect_tcp().await?);
-        Ok(conn.exchange(req, added, self).await?.map(PooledBody::raw))
+        Ok(conn
+            .exchange(parts, added, self)
+            .await?
+            .map(PooledBody::raw))
     }
 
     async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
@@ -485,6 +503,11 @@ impl Registry {
             p.sweep();
         }
     }
+}
+
+/// Takes a request's parts for a client that owns its request (hyper's), leaving empty ones.
+pub(crate) fn take_parts(parts: &mut Parts) -> Parts {
+    std::mem::replace(parts, Request::new(()).into_parts().0)
 }
 
 #[cfg(test)]

@@ -493,10 +493,10 @@ async fn proxy(
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {
-        Some(d) => tokio::time::timeout_at(d, call.send(parts, body, &added))
+        Some(d) => tokio::time::timeout_at(d, call.send(&mut parts, body, &added))
             .await
             .unwrap_or(Err(Failure::Timeout)),
-        None => call.send(parts, body, &added).await,
+        None => call.send(&mut parts, body, &added).await,
     };
     done.guard = Some(guard);
     done.upstream_answered = result.is_ok();

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
@@ -26,7 +27,7 @@ use crate::body::ProxyBody;
 use crate::forward::Added;
 use crate::pool::{
     CONNECT_TIMEOUT, EndpointPool, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES,
-    PooledBody, Pools, UpstreamError,
+    PooledBody, Pools, UpstreamError, take_parts,
 };
 
 /// The pooled HTTP/2-only client (h2c).
@@ -68,16 +69,33 @@ impl Upstream {
         &self,
         protocol: BackendProtocol,
         endpoint: &EndpointState,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        self.send_parts(protocol, endpoint, &mut parts, body, added)
+            .await
+    }
+
+    /// [`Self::send`] of a request's parts, borrowed (see `EndpointPool::send_parts`).
+    pub async fn send_parts(
+        &self,
+        protocol: BackendProtocol,
+        endpoint: &EndpointState,
+        parts: &mut Parts,
+        body: ProxyBody,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         match protocol {
             // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => endpoint.pool.send(req, added).await,
+            BackendProtocol::Http1 | BackendProtocol::Tcp => {
+                endpoint.pool.send_parts(parts, body, added).await
+            }
             // Boxed: the legacy client's future is large, and would otherwise size (and be
             // copied with) every HTTP/1.1 request's future too.
             BackendProtocol::H2c => {
-                added.insert_into(req.headers_mut());
+                added.insert_into(&mut parts.headers);
+                let req = Request::from_parts(take_parts(parts), body);
                 Box::pin(self.h2.request(req))
                     .await
                     .map(|r| r.map(PooledBody::plain))
