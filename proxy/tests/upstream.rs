@@ -194,19 +194,11 @@ async fn mirror_gets_a_copy_and_the_client_gets_the_main_answer() {
     let shadow = echo_backend("shadow").await;
     let mirrored = with_filters(
         route("mirrored", "/m", vec![wb("main", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 1_000_000,
-            sampler: Default::default(),
-        })],
+        vec![mirror_to("shadow", 1_000_000)],
     );
     let unsampled = with_filters(
         route("unsampled", "/never", vec![wb("main", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 0,
-            sampler: Default::default(),
-        })],
+        vec![mirror_to("shadow", 0)],
     );
     let (_p, url) = proxy_with(
         vec![mirrored, unsampled],
@@ -305,11 +297,7 @@ async fn mirrored_to_a_slow_backend() -> (EchoBackend, EchoBackend, tollgate_api
     let shadow = slow_backend("shadow", 5_000).await;
     let r = with_filters(
         route("r", "/", vec![wb("main", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 1_000_000,
-            sampler: Default::default(),
-        })],
+        vec![mirror_to("shadow", 1_000_000)],
     );
     (main, shadow, r)
 }
@@ -482,11 +470,7 @@ async fn forwarding_fields_replace_the_clients_on_every_way_upstream() {
     h2c.protocol = BackendProtocol::H2c;
     let mirrored = with_filters(
         route("m", "/m", vec![wb("h1", 1)]),
-        vec![Filter::RequestMirror(Mirror {
-            backend: Some("shadow".into()),
-            per_million: 1_000_000,
-            sampler: Default::default(),
-        })],
+        vec![mirror_to("shadow", 1_000_000)],
     );
     let (_p, url) = proxy_with(
         vec![
@@ -543,4 +527,13 @@ async fn forwarding_fields_replace_the_clients_on_every_way_upstream() {
     assert!(eventually(|| shadow.seen.lock().unwrap().len() == 1).await);
     let copy = shadow.seen.lock().unwrap()[0].clone();
     check("the mirror's copy", &copy["headers"]);
+}
+
+/// A RequestMirror filter copying `per_million` of the requests to `backend`.
+fn mirror_to(backend: &str, per_million: u32) -> Filter {
+    Filter::RequestMirror(Mirror {
+        backend: Some(backend.into()),
+        per_million,
+        sampler: Default::default(),
+    })
 }
