@@ -17,6 +17,15 @@ use http::header::{
     STRICT_TRANSPORT_SECURITY, TE, TRAILER, TRANSFER_ENCODING, UPGRADE, USER_AGENT, VARY, VIA,
 };
 
+// The names outside the standard set that the proxy reads or writes (`forward` keeps statics
+// of them for lookups and references).
+pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 /// What the proxy does with a field of this name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Class {
@@ -62,15 +71,11 @@ static LEN10: [Known; 4] = [
     (b"connection", CONNECTION, HOP),
     (b"user-agent", USER_AGENT, ANY),
     (b"set-cookie", SET_COOKIE, ANY),
-    (b"keep-alive", HeaderName::from_static("keep-alive"), HOP),
+    (b"keep-alive", KEEP_ALIVE, HOP),
 ];
 static LEN12: [Known; 2] = [
     (b"content-type", CONTENT_TYPE, ANY),
-    (
-        b"x-request-id",
-        HeaderName::from_static("x-request-id"),
-        ANY,
-    ),
+    (b"x-request-id", X_REQUEST_ID, ANY),
 ];
 static LEN13: [Known; 6] = [
     (b"cache-control", CACHE_CONTROL, ANY),
@@ -87,35 +92,19 @@ static LEN14: [Known; 2] = [
 static LEN15: [Known; 3] = [
     (b"accept-encoding", ACCEPT_ENCODING, ANY),
     (b"accept-language", ACCEPT_LANGUAGE, ANY),
-    (
-        b"x-forwarded-for",
-        HeaderName::from_static("x-forwarded-for"),
-        ANY,
-    ),
+    (b"x-forwarded-for", X_FORWARDED_FOR, ANY),
 ];
 static LEN16: [Known; 5] = [
     (b"content-encoding", CONTENT_ENCODING, ANY),
     (b"content-language", CONTENT_LANGUAGE, ANY),
     (b"content-location", CONTENT_LOCATION, ANY),
-    (
-        b"x-forwarded-host",
-        HeaderName::from_static("x-forwarded-host"),
-        ANY,
-    ),
-    (
-        b"proxy-connection",
-        HeaderName::from_static("proxy-connection"),
-        HOP,
-    ),
+    (b"x-forwarded-host", X_FORWARDED_HOST, ANY),
+    (b"proxy-connection", PROXY_CONNECTION, HOP),
 ];
 static LEN17: [Known; 3] = [
     (b"transfer-encoding", TRANSFER_ENCODING, HOP),
     (b"if-modified-since", IF_MODIFIED_SINCE, ANY),
-    (
-        b"x-forwarded-proto",
-        HeaderName::from_static("x-forwarded-proto"),
-        ANY,
-    ),
+    (b"x-forwarded-proto", X_FORWARDED_PROTO, ANY),
 ];
 static LEN25: [Known; 1] = [(b"strict-transport-security", STRICT_TRANSPORT_SECURITY, ANY)];
 static LEN27: [Known; 1] = [(

@@ -15,13 +15,15 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderValue};
 
+use crate::field_name;
+
 /// `x-request-id`.
-pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub(crate) static X_REQUEST_ID: HeaderName = field_name::X_REQUEST_ID;
+static X_FORWARDED_FOR: HeaderName = field_name::X_FORWARDED_FOR;
+static X_FORWARDED_PROTO: HeaderName = field_name::X_FORWARDED_PROTO;
+static X_FORWARDED_HOST: HeaderName = field_name::X_FORWARDED_HOST;
+static KEEP_ALIVE: HeaderName = field_name::KEEP_ALIVE;
+static PROXY_CONNECTION: HeaderName = field_name::PROXY_CONNECTION;
 
 /// Longest client-supplied request id passed through.
 const MAX_REQUEST_ID_LEN: usize = 128;
@@ -190,12 +192,11 @@ pub(crate) fn strip_present(headers: &mut HeaderMap, p: &mut Present, upgrade: b
             .filter(|t| !is_known_token(t.as_bytes()))
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             .collect();
+        // (A token naming a field the proxy sets, X-Request-Id or X-Forwarded-*, removes the
+        // client's; the proxy's own is added after, `forwarded`.)
         for name in named {
-            // Never let a Connection token remove end-to-end headers we set ourselves.
-            if name != X_REQUEST_ID {
-                p.host &= name != HOST;
-                headers.remove(&name);
-            }
+            p.host &= name != HOST;
+            headers.remove(&name);
         }
     }
     if p.connection && !upgrade {

@@ -219,8 +219,7 @@ impl Conn {
                 }
             }
         };
-        let mut body = RawBody::new(self, state, keep.then(|| pool.clone()));
-        body.clean_head = !seen.hop;
+        let body = RawBody::new(self, state, keep.then(|| pool.clone()), !seen.hop);
         let mut resp = Response::new(body);
         *resp.status_mut() = status;
         *resp.version_mut() = version;
@@ -496,12 +495,12 @@ impl RawBody {
         self.clean_head
     }
 
-    fn new(conn: Conn, state: Decode, back: Option<Arc<EndpointPool>>) -> Self {
+    fn new(conn: Conn, state: Decode, back: Option<Arc<EndpointPool>>, clean_head: bool) -> Self {
         let mut this = Self {
             conn: Some(conn),
             state,
             back,
-            clean_head: false,
+            clean_head,
         };
         if matches!(this.state, Decode::Length(0)) {
             this.finish();

@@ -11,6 +11,12 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// Writes `request` and reads the answer to it.
+async fn ask(s: &mut TcpStream, buf: &mut Vec<u8>, request: &[u8]) -> (String, Vec<u8>) {
+    s.write_all(request).await.unwrap();
+    read_answer(s, buf).await
+}
+
 /// One answer off `s`: its head, and its body (by `content-length` or chunks).
 async fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
     let mut chunk = [0u8; 4096];
@@ -131,10 +137,7 @@ async fn pipelined_requests_are_answered_in_order() {
 async fn a_connection_goes_on_after_a_request_with_a_body() {
     let (b, _p, mut s) = echo_proxy().await;
     let mut buf = Vec::new();
-    s.write_all(b"GET /api/a HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let (_, body) = read_answer(&mut s, &mut buf).await;
+    let (_, body) = ask(&mut s, &mut buf, b"GET /api/a HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(json(&body)["path"], "/api/a");
     // Its head pipelined behind a bodiless request, its body sent later.
     s.write_all(
@@ -153,10 +156,7 @@ async fn a_connection_goes_on_after_a_request_with_a_body() {
         (v["path"].as_str(), v["body"].as_str()),
         (Some("/api/c"), Some("hello"))
     );
-    s.write_all(b"GET /api/d HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let (_, body) = read_answer(&mut s, &mut buf).await;
+    let (_, body) = ask(&mut s, &mut buf, b"GET /api/d HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(json(&body)["path"], "/api/d");
     assert_eq!(b.hits(), 4);
 }
@@ -238,10 +238,7 @@ async fn a_body_of_unknown_length_goes_out_chunked() {
     let (_p, mut s) = proxy_to(addr).await;
     let mut buf = Vec::new();
     for _ in 0..2 {
-        s.write_all(b"GET /s HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let (head, body) = read_answer(&mut s, &mut buf).await;
+        let (head, body) = ask(&mut s, &mut buf, b"GET /s HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert!(head.contains("\r\ntransfer-encoding: chunked"), "{head}");
         assert!(!head.contains("content-length"), "{head}");
         assert_eq!(body, b"hello world");
@@ -255,18 +252,12 @@ async fn a_head_answer_keeps_its_length_and_has_no_body() {
     let (_p, mut s) = proxy_to(addr).await;
     let mut buf = Vec::new();
     for _ in 0..2 {
-        s.write_all(b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let (head, body) = read_answer(&mut s, &mut buf).await;
+        let (head, body) = ask(&mut s, &mut buf, b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert!(head.contains("\r\ncontent-length: 1234"), "{head}");
         assert!(body.is_empty());
     }
     // Nothing else came: the next answer starts where the last head ended.
-    s.write_all(b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let (head, _) = read_answer(&mut s, &mut buf).await;
+    let (head, _) = ask(&mut s, &mut buf, b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
 }
 
@@ -309,16 +300,20 @@ async fn a_client_that_leaves_cancels_its_request_upstream() {
 async fn a_request_carries_only_its_own_fields() {
     let (_b, _p, mut s) = echo_proxy().await;
     let mut buf = Vec::new();
-    s.write_all(b"GET /api/1 HTTP/1.1\r\nHost: a\r\nX-First: 1\r\n\r\n")
-        .await
-        .unwrap();
-    let (head, body) = read_answer(&mut s, &mut buf).await;
+    let (head, body) = ask(
+        &mut s,
+        &mut buf,
+        b"GET /api/1 HTTP/1.1\r\nHost: a\r\nX-First: 1\r\n\r\n",
+    )
+    .await;
     assert!(head.contains("\r\nx-backend: b"), "{head}");
     assert_eq!(json(&body)["headers"]["x-first"], "1");
-    s.write_all(b"GET /api/2 HTTP/1.1\r\nHost: a\r\nX-Second: 2\r\n\r\n")
-        .await
-        .unwrap();
-    let (_, body) = read_answer(&mut s, &mut buf).await;
+    let (_, body) = ask(
+        &mut s,
+        &mut buf,
+        b"GET /api/2 HTTP/1.1\r\nHost: a\r\nX-Second: 2\r\n\r\n",
+    )
+    .await;
     let seen = &json(&body)["headers"];
     assert_eq!(seen["x-second"], "2");
     for name in [

@@ -209,16 +209,21 @@ async fn sets_forwarded_headers_and_request_id() {
     assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_eq!(a.headers["x-request-id"], generated.as_str());
 
-    let req = Request::get(format!("{url}/"))
-        .header("x-request-id", "client-id-42")
-        .body(Full::default())
-        .unwrap();
-    let a = send(&c, req).await;
-    assert_eq!(
-        a.upstream_header("x-request-id").as_deref(),
-        Some("client-id-42")
-    );
-    assert_eq!(a.headers["x-request-id"], "client-id-42");
+    // A client's sane id passes both ways; a Connection header naming it does not lose it
+    // (it was read on arrival).
+    for (connection, id) in [
+        ("keep-alive", "client-id-42"),
+        ("x-request-id", "client-id-43"),
+    ] {
+        let req = Request::get(format!("{url}/"))
+            .header("connection", connection)
+            .header("x-request-id", id)
+            .body(Full::default())
+            .unwrap();
+        let a = send(&c, req).await;
+        assert_eq!(a.upstream_header("x-request-id").as_deref(), Some(id));
+        assert_eq!(a.headers["x-request-id"], id);
+    }
 }
 
 #[tokio::test]
