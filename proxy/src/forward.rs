@@ -44,8 +44,15 @@ pub(crate) struct Seen<'h> {
     pub origin: Option<&'h HeaderValue>,
     /// First `Content-Type` (a gRPC request is answered the gRPC way: module `grpc`).
     pub content_type: Option<&'h HeaderValue>,
+    /// How many `Host` fields (more than one is refused).
+    pub hosts: u8,
     upgrade: bool,
     connection: bool,
+    /// Some hop-by-hop field other than `Connection` and `Upgrade` (`Keep-Alive`, `TE`,
+    /// `Transfer-Encoding`, `Proxy-Connection`).
+    hop: bool,
+    /// Some field name has an `_` (many backends read `X_User` as `X-User`).
+    underscore: bool,
 }
 
 impl<'h> Seen<'h> {
@@ -53,20 +60,29 @@ impl<'h> Seen<'h> {
     pub fn scan(headers: &'h HeaderMap) -> Self {
         let mut s = Self::default();
         for (name, value) in headers {
-            s.bytes += name.as_str().len() + value.len() + 4;
+            let n = name.as_str().as_bytes();
+            s.bytes += n.len() + value.len() + 4;
+            s.underscore |= n.contains(&b'_');
             // The name's length picks the one or two names it can be, then `HeaderName`
             // comparisons, not a `match` on the name's text: a standard name compares as one
             // byte, where the text match called `bcmp` for every arm of the same length.
             match name.as_str().len() {
-                4 if *name == HOST => s.host = s.host.or(Some(value)),
+                2 => s.hop |= *name == TE,
+                4 if *name == HOST => {
+                    s.host = s.host.or(Some(value));
+                    s.hosts = s.hosts.saturating_add(1);
+                }
                 6 if *name == ORIGIN => s.origin = s.origin.or(Some(value)),
                 7 => s.upgrade |= *name == UPGRADE,
-                10 => s.connection |= *name == CONNECTION,
+                10 if *name == CONNECTION => s.connection = true,
+                10 => s.hop |= *name == KEEP_ALIVE,
                 12 if *name == X_REQUEST_ID => s.request_id = s.request_id.or(Some(value)),
                 12 if *name == CONTENT_TYPE => s.content_type = s.content_type.or(Some(value)),
                 14 if *name == CONTENT_LENGTH => {
                     s.content_length = s.content_length.or(Some(value));
                 }
+                16 => s.hop |= *name == PROXY_CONNECTION,
+                17 => s.hop |= *name == TRANSFER_ENCODING,
                 _ => {}
             }
         }
@@ -78,6 +94,12 @@ impl<'h> Seen<'h> {
         self.upgrade
             && self.connection
             && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    }
+
+    /// True when [`strip_client`] has work to do: the client sent hop-by-hop fields or field
+    /// names with `_` (most requests send neither).
+    pub fn needs_strip(&self) -> bool {
+        self.connection || self.upgrade || self.hop || self.underscore
     }
 
     /// The client's `X-Request-Id` when it is sane (1..=128 visible ASCII chars from a safe
@@ -175,6 +197,25 @@ pub(crate) fn is_known_token(t: &[u8]) -> bool {
         _ => return false,
     };
     t.eq_ignore_ascii_case(known)
+}
+
+/// Client hygiene on arrival, before routing, policies and filters: hop-by-hop fields go
+/// (with every field `Connection` names), so what the gateway sets afterwards (identity
+/// headers of a policy, filter edits) can never be named away by the client; and fields
+/// whose name has an `_` go, so no backend that folds `_` into `-` (CGI, WSGI, Rack, PHP)
+/// reads `X_User` as the gateway's `X-User`.
+pub(crate) fn strip_client(headers: &mut HeaderMap, upgrade: bool) {
+    strip_hop_by_hop(headers, upgrade);
+    if headers.keys().any(|n| n.as_str().contains('_')) {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().contains('_'))
+            .cloned()
+            .collect();
+        for n in names {
+            headers.remove(&n);
+        }
+    }
 }
 
 /// Removes hop-by-hop headers. With `upgrade`, keeps `Upgrade` and sets `Connection: upgrade`.

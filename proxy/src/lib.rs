@@ -3,9 +3,9 @@
 //! [`serve_admin`]) and access logs.
 //!
 //! Modules, in request order: `listener` (sockets, TLS, hyper's server), `h1serve` (our own
-//! server for bodiless HTTP/1.1 requests on plain ports), `service` (the
-//! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream`
-//! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
+//! server for bodiless HTTP/1.1 requests on plain ports), `intake` and [`normalize`] (one
+//! authority and one path per request), `service` (the request lifecycle), `call` (the
+//! upstream exchange), [`router`], [`filters`], `upstream` (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
 //! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body`, then
 //! [`metrics`] and `access_log`; [`subscribe`] feeds tables from the controller.
 //!
@@ -43,9 +43,11 @@ mod forward;
 mod grpc;
 mod h1;
 mod h1serve;
+mod intake;
 mod listener;
 pub mod metrics;
 mod mirror;
+pub mod normalize;
 pub mod policy;
 mod pool;
 mod proxy;

@@ -1,6 +1,9 @@
 //! The request lifecycle. In: one request from a connection ([`ConnCtx`]). Out: its response,
 //! produced by named phases over the snapshot loaded once for it:
 //!
+//! 0. `intake::front_door`: one normalized authority and path (module `normalize`), or 400
+//!    for an ambiguous request (several Hosts, HTTP/1.1 without Host, a bad port or path);
+//!    the client's hop-by-hop fields and field names with `_` removed (`forward::strip_client`).
 //! 1. `check_limits`: header block over `max_header_bytes` → 431, declared body over
 //!    `max_body_bytes` → 413.
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
@@ -37,8 +40,10 @@ use crate::filters::{self, RequestView};
 use crate::forward;
 use crate::forward::X_REQUEST_ID;
 use crate::grpc;
+use crate::intake;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
 use crate::mirror;
+use crate::normalize::PathOptions;
 use crate::policy::enforce::RequestInfo;
 use crate::proxy::{Shared, Snapshot};
 use crate::upstream::{Balancer, EndpointGuard};
@@ -149,13 +154,28 @@ pub(crate) async fn handle(
     let request_id = seen.request_id();
     // A gRPC call is a POST (a CONNECT must keep its non-2xx answer: a 2xx opens a tunnel).
     let grpc_client = req.method() == Method::POST && seen.content_type.is_some_and(grpc::is_grpc);
-    let client = ClientHead {
-        host: request_host(seen.host, req.uri()),
+    let front = intake::front_door(&seen, req.uri(), req.version(), PathOptions::default());
+    let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
+    let strip = seen.needs_strip();
+    let mut client = ClientHead {
+        host: HeaderValue::from_static(""),
         limits: check_limits(&shared, &seen),
         origin: seen.origin.cloned(),
         grpc: grpc_client,
-        upgrade: req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers()),
+        upgrade,
     };
+    // Phase 0: one authority and one path (or 400), and the client's hop-by-hop fields gone
+    // before anything the gateway sets.
+    match front {
+        Ok(front) => {
+            client.host = front.authority.clone();
+            front.apply(&mut req);
+        }
+        Err(code) => client.limits = client.limits.and(Err(code)),
+    }
+    if strip {
+        forward::strip_client(req.headers_mut(), upgrade);
+    }
     let log = shared.access_log.enabled().then(|| {
         Box::new(LogFields {
             started_at: SystemTime::now(),
@@ -212,7 +232,7 @@ pub(crate) async fn handle(
 
 /// What phase 1 found in the client's headers, carried into [`proxy`].
 struct ClientHead {
-    /// Host as the client sent it (see [`request_host`]).
+    /// The normalized authority, `host[:port]` (module `intake`).
     host: HeaderValue,
     /// Phase 1's verdict, applied once a snapshot is there.
     limits: Result<(), StatusCode>,
@@ -222,19 +242,6 @@ struct ClientHead {
     grpc: bool,
     /// An HTTP/1 upgrade request.
     upgrade: bool,
-}
-
-/// Host as the client sent it: the (first) Host header, else the URI authority (HTTP/2
-/// `:authority`), else empty. A clone of the header's bytes, not a copy.
-fn request_host(header: Option<&HeaderValue>, uri: &Uri) -> HeaderValue {
-    if let Some(h) = header
-        && h.to_str().is_ok()
-    {
-        return h.clone();
-    }
-    uri.authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        .unwrap_or_else(|| HeaderValue::from_static(""))
 }
 
 /// `host[:port]` → `host` (IPv6 literals keep their brackets).
@@ -379,15 +386,9 @@ async fn proxy(
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
-        // Lower-case, as routing matched it: a predicate on the host must not be escaped by
-        // sending it in another case.
-        let host: std::borrow::Cow<'_, str> = if bare_host.bytes().any(|b| b.is_ascii_uppercase()) {
-            bare_host.to_ascii_lowercase().into()
-        } else {
-            bare_host.into()
-        };
+        // Normalized (module `intake`): the host routing matched, in one spelling.
         let info = RequestInfo {
-            host: &host,
+            host: bare_host,
             target,
             scheme: conn.scheme,
             peer: conn.peer,

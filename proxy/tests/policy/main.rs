@@ -13,6 +13,7 @@
 mod authn;
 #[path = "../common/mod.rs"]
 mod common;
+mod front_door;
 mod limits;
 mod order;
 mod support;

@@ -1,0 +1,226 @@
+//! The request's authority. In: a Host value or `:authority` (`Example.COM.:8080`,
+//! `[::1]:80`). Out: [`Authority`]: the host lower-cased without its trailing dot, and the
+//! port, or [`BadAuthority`].
+
+use std::borrow::Cow;
+
+/// A normalized authority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authority<'a> {
+    /// Lower case, no trailing dot, no port; IPv6 literals keep their brackets. Empty when the
+    /// client sent an empty Host (allowed by RFC 9112 §3.2 for a target without authority).
+    pub host: Cow<'a, str>,
+    /// The port, when one was given (an empty port, `host:`, is none).
+    pub port: Option<u16>,
+    /// True when `host[:port]` is, byte for byte, what the client sent: the client's value
+    /// can be forwarded as it is.
+    pub unchanged: bool,
+}
+
+impl Authority<'_> {
+    /// `host[:port]`, as it is forwarded upstream (Host, `X-Forwarded-Host`).
+    pub fn to_text(&self) -> String {
+        match self.port {
+            Some(p) => format!("{}:{p}", self.host),
+            None => self.host.to_string(),
+        }
+    }
+}
+
+/// Why an authority is refused (400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadAuthority {
+    /// The port is not 1 to 5 digits naming a value up to 65535.
+    #[error("the port is not a number from 0 to 65535")]
+    Port,
+    /// A character no host name, IPv4 or bracketed IPv6 literal may contain (userinfo `@`,
+    /// white space, a bare IPv6 literal, `%`...).
+    #[error("the host has a character no host name may contain")]
+    Character,
+    /// An empty label (`a..b`, `.a`, `a..`).
+    #[error("the host has an empty label")]
+    EmptyLabel,
+    /// `[` without its `]`, or something other than a port after it.
+    #[error("the IPv6 literal is not closed")]
+    Bracket,
+}
+
+/// Parses and normalizes an authority (see [`Authority`]).
+pub fn parse_authority(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
+    let (host, port_text) = split_port(raw)?;
+    let port = match port_text {
+        None | Some(b"") => None,
+        Some(p) => Some(parse_port(p)?),
+    };
+    let (host, dot) = if host.first() == Some(&b'[') {
+        check_ipv6(host)?;
+        (host, false)
+    } else {
+        check_name(host)?
+    };
+    // Checked above: every byte is ASCII.
+    let text = std::str::from_utf8(host).map_err(|_| BadAuthority::Character)?;
+    let upper = host.iter().fold(false, |u, c| u | c.is_ascii_uppercase());
+    let unchanged = !upper && !dot && port_text != Some(b"");
+    let host = if upper {
+        Cow::Owned(text.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(text)
+    };
+    Ok(Authority {
+        host,
+        port,
+        unchanged,
+    })
+}
+
+/// `host` and the text after its port colon, if any.
+fn split_port(raw: &[u8]) -> Result<(&[u8], Option<&[u8]>), BadAuthority> {
+    if raw.first() == Some(&b'[') {
+        let end = raw
+            .iter()
+            .position(|&c| c == b']')
+            .ok_or(BadAuthority::Bracket)?;
+        return match &raw[end + 1..] {
+            [] => Ok((raw, None)),
+            [b':', port @ ..] => Ok((&raw[..=end], Some(port))),
+            _ => Err(BadAuthority::Bracket),
+        };
+    }
+    match raw.iter().position(|&c| c == b':') {
+        // A second colon: a bare IPv6 literal or garbage, never a host and a port.
+        Some(i) if raw[i + 1..].contains(&b':') => Err(BadAuthority::Character),
+        Some(i) => Ok((&raw[..i], Some(&raw[i + 1..]))),
+        None => Ok((raw, None)),
+    }
+}
+
+fn parse_port(p: &[u8]) -> Result<u16, BadAuthority> {
+    if p.len() > 5 || !p.iter().all(u8::is_ascii_digit) {
+        return Err(BadAuthority::Port);
+    }
+    p.iter()
+        .try_fold(0u32, |n, d| Some(n * 10 + u32::from(d - b'0')))
+        .and_then(|n| u16::try_from(n).ok())
+        .ok_or(BadAuthority::Port)
+}
+
+/// A registered name or IPv4 address (RFC 3986 reg-name without percent-encoding): returns
+/// the name without one trailing dot, and whether a dot was removed.
+fn check_name(host: &[u8]) -> Result<(&[u8], bool), BadAuthority> {
+    if host.is_empty() {
+        return Ok((host, false));
+    }
+    let (name, dot) = match host.strip_suffix(b".") {
+        Some(n) => (n, true),
+        None => (host, false),
+    };
+    if !name.iter().all(|&c| is_name_byte(c)) {
+        return Err(BadAuthority::Character);
+    }
+    if name.is_empty() || name.split(|&c| c == b'.').any(<[u8]>::is_empty) {
+        return Err(BadAuthority::EmptyLabel);
+    }
+    Ok((name, dot))
+}
+
+/// RFC 3986 unreserved and sub-delims, less `.`'s special role: the bytes a reg-name may hold
+/// unescaped.
+fn is_name_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric()
+        || matches!(
+            c,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+        )
+}
+
+/// `[` IPv6 (hex digits, `:` and a dotted IPv4 tail) `]`; no zone identifier.
+fn check_ipv6(host: &[u8]) -> Result<(), BadAuthority> {
+    let inner = &host[1..host.len() - 1];
+    if inner.is_empty()
+        || !inner
+            .iter()
+            .all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
+    {
+        return Err(BadAuthority::Character);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(raw: &str) -> (String, Option<u16>, bool) {
+        let a = parse_authority(raw.as_bytes()).unwrap_or_else(|e| panic!("{raw}: {e}"));
+        (a.host.into_owned(), a.port, a.unchanged)
+    }
+
+    #[test]
+    fn normalizes_case_trailing_dot_and_port() {
+        assert_eq!(ok("example.com"), ("example.com".into(), None, true));
+        assert_eq!(ok("Internal.TEST."), ("internal.test".into(), None, false));
+        assert_eq!(
+            ok("internal.test.:20080"),
+            ("internal.test".into(), Some(20080), false)
+        );
+        assert_eq!(ok("a.b:80"), ("a.b".into(), Some(80), true));
+        assert_eq!(ok("a.b:"), ("a.b".into(), None, false));
+        assert_eq!(ok("127.0.0.1:8080"), ("127.0.0.1".into(), Some(8080), true));
+        assert_eq!(ok("[::1]:80"), ("[::1]".into(), Some(80), true));
+        assert_eq!(ok("[FE80::1]"), ("[fe80::1]".into(), None, false));
+        assert_eq!(ok(""), ("".into(), None, true));
+        assert_eq!(ok("a:00080"), ("a".into(), Some(80), true));
+    }
+
+    #[test]
+    fn refuses_what_is_ambiguous() {
+        for (raw, why) in [
+            ("internal.test:abc", BadAuthority::Port),
+            ("a:65536", BadAuthority::Port),
+            ("a:123456", BadAuthority::Port),
+            ("a:+80", BadAuthority::Port),
+            ("a: 80", BadAuthority::Port),
+            ("a:8o", BadAuthority::Port),
+            ("::1", BadAuthority::Character),
+            ("a:1:2", BadAuthority::Character),
+            ("user@internal.test", BadAuthority::Character),
+            ("a b", BadAuthority::Character),
+            ("a%2eb", BadAuthority::Character),
+            ("a/b", BadAuthority::Character),
+            ("a..", BadAuthority::EmptyLabel),
+            ("a..b", BadAuthority::EmptyLabel),
+            (".a", BadAuthority::EmptyLabel),
+            (".", BadAuthority::EmptyLabel),
+            ("[::1", BadAuthority::Bracket),
+            ("[::1]x", BadAuthority::Bracket),
+            ("[::1]:x", BadAuthority::Port),
+            ("[]", BadAuthority::Character),
+            ("[::1%25eth0]", BadAuthority::Character),
+            ("é.test", BadAuthority::Character),
+        ] {
+            assert_eq!(parse_authority(raw.as_bytes()), Err(why), "{raw}");
+        }
+    }
+
+    #[test]
+    fn text_is_host_and_port() {
+        let a = parse_authority(b"A.b.:81").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.to_text(), "a.b:81");
+        let a = parse_authority(b"[::1]").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.to_text(), "[::1]");
+    }
+}
