@@ -297,3 +297,96 @@ async fn request_trailers_are_not_forwarded() {
         "a request trailer reached the backend: {seen}"
     );
 }
+
+#[tokio::test]
+async fn url_rewrite_works_on_the_normalized_path() {
+    use tollgate_api::{Filter, PathModifier, UrlRewrite};
+    let api = echo_backend("api").await;
+    let site = echo_backend("site").await;
+    let rewrite = with_filters(
+        route("api", "/api", vec![wb("api", 1)]),
+        vec![Filter::UrlRewrite(UrlRewrite {
+            hostname: None,
+            path: Some(PathModifier::ReplacePrefixMatch("/v1".into())),
+        })],
+    );
+    let (_p, url) = proxy_with(
+        vec![rewrite, route("site", "/", vec![wb("site", 1)])],
+        vec![("api", backend_of(&[&api])), ("site", backend_of(&[&site]))],
+    )
+    .await;
+    let c = h1_client();
+    // (sent, backend that must answer, path it must receive)
+    for (sent, backend, forwarded) in [
+        ("/api/../admin", "site", "/admin"),
+        ("/api/%2e%2e/admin", "site", "/admin"),
+        ("/api/./x", "api", "/v1/x"),
+        ("/%61pi/x", "api", "/v1/x"),
+        ("//api//x", "api", "/v1/x"),
+        ("/api/x/../y", "api", "/v1/y"),
+        ("/api%2fx", "site", "/api%2Fx"),
+        ("/api/a%2fb", "api", "/v1/a%2Fb"),
+        ("/api/%2561", "api", "/v1/%2561"),
+    ] {
+        let a = get_with(&c, &format!("{url}{sent}"), &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "{sent}");
+        let got = a.json();
+        assert_eq!(got["backend"], backend, "{sent}");
+        assert_eq!(got["path"], forwarded, "{sent}");
+    }
+    assert_eq!(
+        raw_status(&url, "GET /api/../../x HTTP/1.1\r\nHost: a\r\n").await,
+        400
+    );
+}
+
+/// Sends `req` on a fresh HTTP/2 (prior knowledge) connection to `addr`, whatever its
+/// `:authority` names; returns the status and the body.
+async fn h2_send(
+    addr: &str,
+    req: http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn http2_authority_and_host_must_agree() {
+    let app = echo_backend("app").await;
+    let (_p, url) = proxy_with(
+        vec![route("site", "/", vec![wb("app", 1)])],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    let req = |host: Option<&str>| {
+        let mut b = http::Request::get("http://Public.Test.:8443/x");
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        b.body(http_body_util::Full::default()).unwrap()
+    };
+    // `:authority` alone, in another case and with a trailing dot: normalized.
+    let (status, body) = h2_send(&url, req(None)).await;
+    assert_eq!(status, 200, "{body}");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["headers"]["host"], "public.test:8443");
+    // The same entity in Host: served.
+    assert_eq!(h2_send(&url, req(Some("public.test:8443"))).await.0, 200);
+    // A Host naming another entity than `:authority`.
+    assert_eq!(h2_send(&url, req(Some("internal.test"))).await.0, 400);
+    assert_eq!(h2_send(&url, req(Some("public.test"))).await.0, 400);
+    assert_eq!(app.hits(), 2, "a mismatched request reached the backend");
+}
