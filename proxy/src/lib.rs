@@ -40,6 +40,7 @@ mod error;
 mod field_name;
 pub mod filters;
 mod forward;
+mod framing;
 mod grpc;
 mod h1;
 mod h1serve;
