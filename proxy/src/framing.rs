@@ -89,10 +89,10 @@ pub(crate) fn check_request_head(
             return Err(FramingError::BareLf);
         }
         let name = f.name.as_bytes();
-        // Compared by length first: most fields are neither.
-        if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
+        // (`eq_ignore_ascii_case` compares lengths first: most fields cost one compare.)
+        if name.eq_ignore_ascii_case(b"content-length") {
             seen.content_length(f.value)?;
-        } else if name.len() == 17 && name.eq_ignore_ascii_case(b"transfer-encoding") {
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             seen.transfer_encoding(f.value)?;
         }
     }

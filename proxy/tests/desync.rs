@@ -438,6 +438,39 @@ async fn broken_or_surplus_answers_are_refused_or_cut_off() {
             false,
         ),
         (
+            "one byte more than the length",
+            vec![(0, own_then(b"X"))],
+            Expect::Own,
+            false,
+        ),
+        (
+            "surplus garbage 5 ms later",
+            vec![(0, own_then(b"")), (5, b"XYZ".to_vec())],
+            Expect::Own,
+            false,
+        ),
+        (
+            "content-length with transfer-encoding: gzip",
+            vec![(
+                0,
+                head("content-length: 5\r\ntransfer-encoding: gzip\r\n", "for v"),
+            )],
+            Expect::BadGateway,
+            false,
+        ),
+        (
+            "content-length list with a sign",
+            vec![(0, head("content-length: 5, +5\r\n", "for v"))],
+            Expect::BadGateway,
+            false,
+        ),
+        (
+            "chunk size with a sign",
+            vec![(0, chunked("+5\r\nfor v\r\n0\r\n\r\n"))],
+            Expect::BrokenBody,
+            false,
+        ),
+        (
             "100 Continue, then close",
             vec![
                 (0, b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()),
@@ -704,6 +737,60 @@ async fn request_framing_vectors() {
         (
             "empty field name",
             b"GET /r/1 HTTP/1.1\r\nHost: a\r\n: b\r\n\r\n",
+            400,
+            &[],
+        ),
+        (
+            "clean content-length",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+            200,
+            &["/r/1"],
+        ),
+        (
+            "TE in capitals",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: CHUNKED\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            200,
+            &["/r/1"],
+        ),
+        (
+            "a request in a content-length body stays body",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nContent-Length: 37\r\nConnection: close\r\n\r\nGET /r/smuggled HTTP/1.1\r\nHost: a\r\n\r\n",
+            200,
+            &["/r/1"],
+        ),
+        (
+            "a field folded onto the next line",
+            b"GET /r/1 HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n",
+            400,
+            &[],
+        ),
+        (
+            "a space in the request target",
+            b"GET /r/1 x HTTP/1.1\r\nHost: a\r\n\r\n",
+            400,
+            &[],
+        ),
+        (
+            "NUL in the request line",
+            b"GET /r/1\x00 HTTP/1.1\r\nHost: a\r\n\r\n",
+            400,
+            &[],
+        ),
+        (
+            "CL.TE with TE first and a trailing space",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked \r\nContent-Length: 3\r\n\r\nabc",
+            400,
+            &[],
+        ),
+        (
+            "TE empty",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\nContent-Length: 3\r\n\r\nabc",
+            400,
+            &[],
+        ),
+        (
+            "CL empty",
+            b"POST /r/1 HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\nabc",
             400,
             &[],
         ),
