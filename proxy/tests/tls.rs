@@ -1,5 +1,5 @@
 //! Socket tests of HTTPS listeners: SNI certificate choice across listeners on one port,
-//! HTTP/2 and HTTP/1.1 over ALPN, and the TLS versions offered.
+//! HTTP/2 and HTTP/1.1 over ALPN, the TLS versions offered, and request framing over TLS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -363,4 +363,42 @@ async fn a_request_for_another_listener_than_the_sni_is_misdirected() {
         );
     }
     assert_eq!(f.backend.hits(), 4);
+}
+
+/// Over TLS hyper's server reads every head; the framing checks it leaves to the proxy
+/// (module `framing`) hold there too: a length with a leading zero and `chunked` twice are
+/// 400, and nothing reaches the backend.
+#[tokio::test]
+async fn ambiguous_framing_over_https_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fixture().await;
+    for (request, want) in [
+        (
+            &b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 03\r\nConnection: close\r\n\r\nabc"[..],
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked, chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+            "HTTP/1.1 200 ",
+        ),
+    ] {
+        let mut tls = connect(
+            f.addr,
+            "a.example",
+            client_config(&[&rustls::version::TLS13], &[b"http/1.1"]),
+        )
+        .await;
+        tls.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), tls.read_to_end(&mut out))
+            .await;
+        let out = String::from_utf8_lossy(&out);
+        let sent = String::from_utf8_lossy(request);
+        assert!(out.starts_with(want), "{sent:?}: {out:?}");
+    }
+    assert_eq!(f.backend.hits(), 1, "only the clean request went upstream");
 }
