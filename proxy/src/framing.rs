@@ -102,9 +102,8 @@ pub(crate) fn check_request_head(
 /// Checks the framing fields of an HTTP/1 request hyper's server parsed. hyper has refused
 /// differing lengths, non-digits and a final coding other than `chunked`; left are a leading
 /// zero, more than one coding, and several `Transfer-Encoding` fields. (hyper drops a
-/// `Content-Length` that comes with `Transfer-Encoding`, decodes the body by its chunks and
-/// closes the connection after it, as RFC 9112 §6.3 asks; that case is caught by
-/// [`check_request_head`] where the proxy reads the head itself.)
+/// `Content-Length` that comes with `Transfer-Encoding` and takes a bare LF as a line end;
+/// module `gate` runs [`check_request_head`] on the heads hyper reads for those.)
 pub(crate) fn check_request_fields(headers: &HeaderMap) -> Result<(), FramingError> {
     let mut seen = Seen::default();
     for v in headers.get_all(CONTENT_LENGTH) {

@@ -44,6 +44,7 @@ use tokio::sync::watch;
 use crate::body::ClientBody;
 use crate::field_name;
 use crate::framing;
+use crate::gate::Gated;
 use crate::h1::{asks_to_close, parse_decimal};
 use crate::listener::{self, HEADER_READ_TIMEOUT, MIN_H1_BUFFER};
 use crate::proxy::Shared;
@@ -92,10 +93,14 @@ pub(crate) async fn serve(
                     return;
                 }
                 Parsed::Partial | Parsed::Hyper => {
-                    let io = TokioIo::new(Prefixed {
-                        prefix: rbuf.freeze(),
-                        io,
-                    });
+                    // Gated: hyper's parser frames some heads otherwise (module `gate`).
+                    let io = TokioIo::new(Gated::new(
+                        Prefixed {
+                            prefix: rbuf.freeze(),
+                            io,
+                        },
+                        true,
+                    ));
                     return listener::serve(shared, io, conn, wait.into_stop()).await;
                 }
             }
