@@ -10,10 +10,13 @@
 //! answer must be driven at once), upgrades and CONNECT still go through hyper (module `pool`).
 //!
 //! What it reads (RFC 9112): a status line and up to [`MAX_HEADERS`] fields in at most
-//! [`MAX_HEAD`] bytes; 1xx interim answers are skipped; the body is framed by
-//! `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the connection's close;
-//! HEAD answers and 204/304 have none. A connection goes back to the pool only when the answer
-//! was HTTP/1.1, did not ask to close, was framed by length or chunks, and nothing followed it.
+//! [`MAX_HEAD`] bytes; up to [`MAX_INTERIM`] 1xx interim answers are skipped; the body is
+//! framed by `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the
+//! connection's close; HEAD answers and 204/304 have none. Both framing fields, lengths that
+//! differ or are not numbers, a broken chunk line and a 101 are errors (502), and close the
+//! connection. A connection goes back to the pool only when the answer was HTTP/1.1, did not
+//! ask to close, was framed by length or chunks, and nothing followed it; bytes that come while
+//! it is idle close it when it is next taken ([`Conn::is_usable`]).
 
 use std::future::Future as _;
 use std::io;
