@@ -79,13 +79,15 @@ pub(crate) struct BodyTooLarge;
 #[error("request body idle for too long")]
 pub(crate) struct BodyIdle;
 
-/// What went wrong with a request body, for the answer (413 or 408); set by [`LimitedBody`].
+/// What went wrong with a request body, for the answer (413, 408 or 400); set by
+/// [`LimitedBody`].
 #[derive(Debug, Default)]
 pub(crate) struct BodyFault(AtomicU8);
 
 impl BodyFault {
     const TOO_LARGE: u8 = 1;
     const IDLE: u8 = 2;
+    const CLIENT: u8 = 3;
 
     /// The body went past the size limit.
     pub fn too_large(&self) -> bool {
@@ -95,6 +97,11 @@ impl BodyFault {
     /// The client stopped sending the body.
     pub fn idle(&self) -> bool {
         self.0.load(Ordering::Acquire) == Self::IDLE
+    }
+
+    /// The body broke its framing (a bad chunk, trailers), or the client left mid-body.
+    pub fn client(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::CLIENT
     }
 }
 
@@ -154,7 +161,12 @@ impl Body for LimitedBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(Some(Err(e))) => {
+                // The client's fault, not the upstream's: 400, even once the upstream
+                // request has begun (it is cut off).
+                self.fault.0.store(BodyFault::CLIENT, Ordering::Release);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 let Some(timeout) = self.idle_timeout else {

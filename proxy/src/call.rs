@@ -1,7 +1,8 @@
 //! Phases 5 and 6 of the request lifecycle: the upstream exchange. In: the request parts
 //! after routing and filters, the picked endpoint, and the route's timeouts. Out: the
 //! upstream's response with response filters applied, or the status a failure maps to
-//! (timeout → 504, connect/reset → 502, body over the limit → 413). Upgrades (WebSocket)
+//! (timeout → 504, connect/reset → 502, body over the limit → 413, a request body that
+//! broke its framing → 400). Upgrades (WebSocket)
 //! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
 
 use std::sync::Arc;
@@ -223,6 +224,9 @@ pub(crate) fn failure_response(
     }
     if fault.is_some_and(BodyFault::idle) {
         return status(StatusCode::REQUEST_TIMEOUT);
+    }
+    if fault.is_some_and(BodyFault::client) {
+        return crate::framing::close_after(status(StatusCode::BAD_REQUEST));
     }
     let (kind, code) = match f {
         Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),

@@ -10,10 +10,13 @@
 //! answer must be driven at once), upgrades and CONNECT still go through hyper (module `pool`).
 //!
 //! What it reads (RFC 9112): a status line and up to [`MAX_HEADERS`] fields in at most
-//! [`MAX_HEAD`] bytes; 1xx interim answers are skipped; the body is framed by
-//! `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the connection's close;
-//! HEAD answers and 204/304 have none. A connection goes back to the pool only when the answer
-//! was HTTP/1.1, did not ask to close, was framed by length or chunks, and nothing followed it.
+//! [`MAX_HEAD`] bytes; up to [`MAX_INTERIM`] 1xx interim answers are skipped; the body is
+//! framed by `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the
+//! connection's close; HEAD answers and 204/304 have none. Both framing fields, lengths that
+//! differ or are not numbers, a broken chunk line and a 101 are errors (502), and close the
+//! connection. A connection goes back to the pool only when the answer was HTTP/1.1, did not
+//! ask to close, was framed by length or chunks, and nothing followed it; bytes that come while
+//! it is idle close it when it is next taken ([`Conn::is_usable`]).
 
 use std::future::Future as _;
 use std::io;
@@ -38,6 +41,9 @@ use crate::pool::EndpointPool;
 pub(crate) const MAX_HEADERS: usize = 100;
 /// Most bytes an answer's head (status line and fields) may take; hyper's default buffer.
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
+/// Most interim (1xx) answers before the final one: an upstream that sends them without end
+/// is broken, not slow.
+const MAX_INTERIM: usize = 16;
 /// Longest chunk-size line (with extensions).
 const MAX_CHUNK_LINE: usize = 4096;
 /// Most bytes of trailer fields.
@@ -140,6 +146,7 @@ impl Conn {
         let mut fields = std::mem::take(&mut req.headers);
         // Whether a byte of answer came (an interim answer counts, and fills `fields`).
         let mut heard = false;
+        let mut interim = 0;
         loop {
             if let Some(head) = parse_head(&mut self.rbuf, &mut fields)? {
                 // Interim answers (100 Continue, 103 Early Hints) precede the real one. A
@@ -148,6 +155,10 @@ impl Conn {
                     return Err(H1Error::Invalid("101 to a request without an upgrade"));
                 }
                 if head.status.is_informational() {
+                    interim += 1;
+                    if interim > MAX_INTERIM {
+                        return Err(H1Error::Invalid("too many interim answers"));
+                    }
                     continue;
                 }
                 return self.into_response(head, head_request, pool);
@@ -181,7 +192,7 @@ impl Conn {
         let Head {
             status,
             version,
-            mut headers,
+            headers,
             seen,
             reason,
         } = head;
@@ -190,10 +201,10 @@ impl Conn {
             if version == Version::HTTP_10 {
                 return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
             }
-            // §6.3: Transfer-Encoding overrides Content-Length, which an intermediary must
-            // not pass on (the client would frame the body by it).
+            // §6.3: both framings "ought to be handled as an error": two readers could frame
+            // the body two ways, and what follows it could be taken for the next answer.
             if seen.content_length {
-                headers.remove(CONTENT_LENGTH);
+                return Err(H1Error::Invalid("content-length with transfer-encoding"));
             }
         }
         let mut keep = version == Version::HTTP_11
@@ -207,9 +218,13 @@ impl Conn {
         } else {
             match framing(&headers, seen)? {
                 Framing::Chunked { with_length } => {
-                    // (`with_length` is the field seen in the head: removed above.)
-                    // Both framings: chunks win, and the connection is not trusted again.
+                    // (Both framings were refused above; kept as a second guard.)
                     keep &= !with_length;
+                    // A first chunk-size line that came with the head is checked now, so
+                    // a broken one is a 502 rather than an answer cut off after its head.
+                    if let Some(end) = find(&self.rbuf, b"\r\n") {
+                        parse_chunk_size(&self.rbuf[..end])?;
+                    }
                     Decode::Chunked(Chunk::Size)
                 }
                 Framing::Length(n) => Decode::Length(n),
@@ -686,7 +701,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// A chunk-size line: hex digits, then optional spaces or tabs before extensions (`;...`),
-/// which may hold no line feed.
+/// which may hold no control byte.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     let digits = line
         .iter()
@@ -697,7 +712,12 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
         .iter()
         .position(|b| !matches!(b, b' ' | b'\t'))
         .unwrap_or(rest.len())..];
-    if digits == 0 || digits > 16 || !(rest.is_empty() || rest[0] == b';') || rest.contains(&b'\n')
+    // Extensions hold no control byte (a bare CR or LF there is read as a line end by
+    // some, RFC 9112 §7.1.1); a tab is whitespace.
+    if digits == 0
+        || digits > 16
+        || !(rest.is_empty() || rest[0] == b';')
+        || rest.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f)
     {
         return Err(H1Error::Invalid("chunk size"));
     }
@@ -896,13 +916,6 @@ mod tests {
                 true,
             ),
             case(
-                "chunked and content-length: chunks win, connection not reused",
-                &[b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"],
-                200,
-                b"hi",
-                false,
-            ),
-            case(
                 "interim 100 and 103 are skipped",
                 &[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx"],
                 200,
@@ -1038,10 +1051,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_phrase_of_its_own_is_kept_and_a_length_beside_chunks_dropped() {
+    async fn a_phrase_of_its_own_is_kept_and_a_standard_one_left_to_the_code() {
         let be = backend(vec![
             answer(&[b"HTTP/1.1 200 Fine\r\ncontent-length: 2\r\n\r\nok"]),
-            answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"]),
+            answer(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"]),
         ])
         .await;
         let pool = Pools::default().pool_for(be.addr);
@@ -1055,7 +1068,8 @@ mod tests {
             Some(b"Fine".to_vec())
         );
         resp.into_body().collect().await.unwrap();
-        // A standard phrase is left to the status code; the length would misframe the body.
+        // A standard phrase is left to the status code. (A length beside the chunks, once
+        // dropped here, is now refused: `broken_answers_are_errors`.)
         let resp = pool
             .send(request(Method::GET), &Added::default())
             .await
@@ -1187,6 +1201,21 @@ mod tests {
                 "send: invalid answer from upstream: 101 to a request without an upgrade",
             ),
             (
+                "chunked and content-length",
+                answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"]),
+                "send: invalid answer from upstream: content-length with transfer-encoding",
+            ),
+            (
+                "first chunk size not hex, with the head",
+                answer(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"]),
+                "send: invalid answer from upstream: chunk size",
+            ),
+            (
+                "interim answers without end",
+                answer(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"]),
+                "send: invalid answer from upstream: too many interim answers",
+            ),
+            (
                 "lengths differ",
                 answer(&[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok"]),
                 "send: invalid answer from upstream: content-length values differ",
@@ -1198,7 +1227,10 @@ mod tests {
             ),
             (
                 "chunk size not hex",
-                answer(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"]),
+                answer(&[
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                    b"zz\r\n",
+                ]),
                 "body: invalid answer from upstream: chunk size",
             ),
             (
@@ -1453,6 +1485,8 @@ mod tests {
             b"-1",
             b"5 junk",
             b"5;a\nb",
+            b"5;a\rb",
+            b"5;a\x00",
         ] {
             assert!(parse_chunk_size(bad).is_err(), "{bad:?}");
         }

@@ -43,6 +43,8 @@ use tokio::sync::watch;
 
 use crate::body::ClientBody;
 use crate::field_name;
+use crate::framing;
+use crate::gate::Gated;
 use crate::h1::{asks_to_close, parse_decimal};
 use crate::listener::{self, HEADER_READ_TIMEOUT, MIN_H1_BUFFER};
 use crate::proxy::Shared;
@@ -60,6 +62,9 @@ const READ_CHUNK: usize = 8192;
 /// Least room for a read; less and [`READ_CHUNK`] more is made. (Making room for a whole
 /// chunk before every read allocated a buffer per request.)
 const READ_ROOM: usize = 2048;
+/// The answer to a head refused for its framing; the connection closes after it.
+const BAD_REQUEST: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 /// Response bytes gathered before they are written while the body still comes.
 const WRITE_HIGH: usize = 64 * 1024;
 
@@ -81,11 +86,21 @@ pub(crate) async fn serve(
             match parse_request(&mut rbuf) {
                 Parsed::Serve(req, shape) => break (req, shape),
                 Parsed::Partial if rbuf.len() < max_head => {}
+                Parsed::Reject(e) => {
+                    tracing::debug!(error = %e, "request refused");
+                    let _ = io.write_all(BAD_REQUEST).await;
+                    let _ = io.shutdown().await;
+                    return;
+                }
                 Parsed::Partial | Parsed::Hyper => {
-                    let io = TokioIo::new(Prefixed {
-                        prefix: rbuf.freeze(),
-                        io,
-                    });
+                    // Gated: hyper's parser frames some heads otherwise (module `gate`).
+                    let io = TokioIo::new(Gated::new(
+                        Prefixed {
+                            prefix: rbuf.freeze(),
+                            io,
+                        },
+                        true,
+                    ));
                     return listener::serve(shared, io, conn, wait.into_stop()).await;
                 }
             }
@@ -141,6 +156,8 @@ enum Parsed {
     Serve(Request<ClientBody>, Shape),
     /// Anything else: hyper's.
     Hyper,
+    /// A head whose framing is ambiguous (module `framing`): answered 400, then closed.
+    Reject(framing::FramingError),
 }
 
 /// Parses a request head off the front of `buf` (taking its bytes only when it is served).
@@ -163,6 +180,11 @@ fn parse_request(buf: &mut BytesMut) -> Parsed {
             Ok(httparse::Status::Partial) => return Parsed::Partial,
             Err(_) => return Parsed::Hyper,
         };
+        // Every head read here, served or handed to hyper: hyper's parser takes a bare LF
+        // as a line end, and a length with chunks as chunks.
+        if let Err(e) = framing::check_request_head(&buf[..len], req.headers) {
+            return Parsed::Reject(e);
+        }
         if req.version != Some(1) {
             return Parsed::Hyper;
         }

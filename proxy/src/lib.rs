@@ -40,6 +40,8 @@ mod error;
 mod field_name;
 pub mod filters;
 mod forward;
+mod framing;
+mod gate;
 mod grpc;
 mod h1;
 mod h1serve;

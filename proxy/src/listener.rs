@@ -144,7 +144,10 @@ async fn serve_connection(
                     conn.scheme = "https";
                     conn.sni = tls_stream.get_ref().1.server_name().map(Arc::from);
                     conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
-                    serve(&shared, TokioIo::new(tls_stream), Arc::new(conn), stop).await;
+                    // HTTP/1 heads checked as hyper reads them (module `gate`).
+                    let h1 = tls_stream.get_ref().1.alpn_protocol() != Some(b"h2");
+                    let io = TokioIo::new(crate::gate::Gated::new(tls_stream, h1));
+                    serve(&shared, io, Arc::new(conn), stop).await;
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, peer = %conn.peer, "TLS handshake failed")

@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::UPGRADE;
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -226,6 +226,7 @@ impl EndpointPool {
             return self.send_bodiless(parts, added).await;
         }
         added.insert_into(&mut parts.headers);
+        let upgrade = parts.headers.contains_key(UPGRADE) || parts.method == http::Method::CONNECT;
         let mut req = Request::from_parts(take_parts(parts), body);
         while let Some(mut tx) = self.pop() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
@@ -233,7 +234,7 @@ impl EndpointPool {
                 continue;
             }
             match tx.try_send_request(req).await {
-                Ok(resp) => return Ok(self.finish(tx, resp)),
+                Ok(resp) => return self.finish(tx, resp, upgrade),
                 Err(mut e) => match e.take_message() {
                     // Not written: safe to send on a fresh connection.
                     Some(unsent) => {
@@ -247,7 +248,7 @@ impl EndpointPool {
         }
         let mut tx = self.connect().await?;
         match tx.try_send_request(req).await {
-            Ok(resp) => Ok(self.finish(tx, resp)),
+            Ok(resp) => self.finish(tx, resp, upgrade),
             Err(e) => Err(UpstreamError::Http(e.into_error())),
         }
     }
@@ -312,13 +313,30 @@ impl EndpointPool {
     }
 
     /// Wraps the response body so the connection comes back when it ends. A 101 hands the
-    /// connection to the upgrade: it never comes back.
-    fn finish(self: &Arc<Self>, tx: Sender, resp: Response<Incoming>) -> Response<PooledBody> {
-        let back = (resp.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| Back {
+    /// connection to the upgrade: it never comes back. What hyper's client lets through and
+    /// the proxy refuses (as module `h1` does): a 101 to a request that asked for no
+    /// upgrade, and both `Content-Length` and `Transfer-Encoding` (hyper frames by the
+    /// chunks; what the length says is left for whoever reads it next). Either closes the
+    /// connection (dropping `tx` and the body).
+    fn finish(
+        self: &Arc<Self>,
+        tx: Sender,
+        resp: Response<Incoming>,
+        upgrade: bool,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching && !upgrade {
+            return Err(H1Error::Invalid("101 to a request without an upgrade").into());
+        }
+        let h = resp.headers();
+        if h.contains_key(TRANSFER_ENCODING) && h.contains_key(CONTENT_LENGTH) {
+            return Err(H1Error::Invalid("content-length with transfer-encoding").into());
+        }
+        let back = (!switching).then(|| Back {
             pool: self.clone(),
             tx,
         });
-        resp.map(|body| PooledBody::hyper(body, back))
+        Ok(resp.map(|body| PooledBody::hyper(body, back)))
     }
 }
 

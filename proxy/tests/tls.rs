@@ -1,5 +1,5 @@
 //! Socket tests of HTTPS listeners: SNI certificate choice across listeners on one port,
-//! HTTP/2 and HTTP/1.1 over ALPN, and the TLS versions offered.
+//! HTTP/2 and HTTP/1.1 over ALPN, the TLS versions offered, and request framing over TLS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -363,4 +363,54 @@ async fn a_request_for_another_listener_than_the_sni_is_misdirected() {
         );
     }
     assert_eq!(f.backend.hits(), 4);
+}
+
+/// Over TLS hyper's server reads every head; the framing checks hold there too (modules
+/// `framing` and `gate`): a length with a leading zero, `chunked` twice, a length beside
+/// chunks and a bare LF are 400, and nothing of them reaches the backend.
+#[tokio::test]
+async fn ambiguous_framing_over_https_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fixture().await;
+    for (request, want) in [
+        (
+            &b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 03\r\nConnection: close\r\n\r\nabc"[..],
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked, chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"GET /x HTTP/1.1\nHost: a.example\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 400 ",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+            "HTTP/1.1 200 ",
+        ),
+    ] {
+        let mut tls = connect(
+            f.addr,
+            "a.example",
+            client_config(&[&rustls::version::TLS13], &[b"http/1.1"]),
+        )
+        .await;
+        // After a clean request: the refused head is not the connection's first.
+        let first = b"GET /x HTTP/1.1\r\nHost: a.example\r\n\r\n";
+        tls.write_all(&[&first[..], request].concat()).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), tls.read_to_end(&mut out))
+            .await;
+        let out = String::from_utf8_lossy(&out);
+        let sent = String::from_utf8_lossy(request);
+        let last = out.rfind("HTTP/1.1 ").map_or("", |i| &out[i..]);
+        assert!(out.starts_with("HTTP/1.1 200 "), "{sent:?}: {out:?}");
+        assert!(last.starts_with(want), "{sent:?}: {out:?}");
+    }
+    assert_eq!(f.backend.hits(), 6, "only the clean requests went upstream");
 }
