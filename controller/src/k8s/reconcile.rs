@@ -12,6 +12,10 @@
 //! sync state (when one is configured): it turns True only when a proxy ACKed the current
 //! version; once True it stays True while proxies are connected and none NACKed, so a table
 //! change in flight (e.g. new endpoints) does not flap it.
+//!
+//! Each compile gets the previous one's `last_valid` policies, so a policy that becomes
+//! invalid keeps enforcing its last valid version (held in memory: after a restart a
+//! still-invalid AuthPolicy closes its targets until fixed).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -283,6 +287,8 @@ impl Reconciler {
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
             own_classes(&mut inputs, &self.settings.controller_name);
+            // Fail closed: a policy that became invalid keeps its last valid version.
+            inputs.last_valid = self.compiled.last_valid.clone();
             let refs = referenced::references(&inputs);
             self.stores.referenced.replace(refs.clone());
             unread = match self.fetched.fill(&self.client, &mut inputs, &refs).await {
