@@ -183,3 +183,33 @@ fn run_keeps_the_last_valid_auth_policy_and_closes_never_valid_ones() {
     .unwrap_or_else(|| panic!("never.test not reopened:\n{}", tg.log()));
     assert_eq!(status(gw, "never.test", &[KEY]), 200, "{}", tg.log());
 }
+
+/// `tollgate validate` has no memory of earlier versions: it says a never-valid AuthPolicy
+/// closes its targets, and fails.
+#[test]
+fn validate_says_a_never_valid_auth_policy_closes_its_targets() {
+    let dir = temp_dir("fail-closed-validate");
+    std::fs::write(dir.join("base.yaml"), base_yaml(8080, 9080)).unwrap();
+    std::fs::write(
+        dir.join("never.yaml"),
+        auth_yaml("never-auth", "never", "request.method != "),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("validate")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    // The policy's block: its header, then its conditions (a CEL error spans lines).
+    let header = "\nAuthPolicy default/never-auth\n";
+    let block = &text[text.find(header).unwrap_or_else(|| panic!("{text}"))..];
+    let accepted = &block[header.len()..block.find("  Stalled=").unwrap_or(block.len())];
+    assert!(accepted.starts_with("  Accepted=False Invalid: "), "{text}");
+    assert!(
+        accepted
+            .contains("it was never valid, so the routes it targets answer 500 until it is fixed"),
+        "{text}"
+    );
+}

@@ -287,8 +287,6 @@ impl Reconciler {
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
             own_classes(&mut inputs, &self.settings.controller_name);
-            // Fail closed: a policy that became invalid keeps its last valid version.
-            inputs.last_valid = self.compiled.last_valid.clone();
             let refs = referenced::references(&inputs);
             self.stores.referenced.replace(refs.clone());
             unread = match self.fetched.fill(&self.client, &mut inputs, &refs).await {
@@ -310,9 +308,8 @@ impl Reconciler {
                 }
             };
             let snapshot = started.elapsed();
-            let mut out = compile(&inputs);
+            let out = compile_next(&self.compiled, &mut inputs, &self.settings.controller_name);
             drop(inputs);
-            name_parents(&mut out, &self.settings.controller_name);
             let compiled = started.elapsed();
             self.publish(&out);
             self.compiled = out;
@@ -760,6 +757,16 @@ impl Reconciler {
         }
         all_done
     }
+}
+
+/// Compiles `inputs` after `previous` (the last compile's output): hands the compiler the
+/// policies `previous` found valid, so a policy that became invalid keeps its last valid
+/// version (fail closed), and names our controller on route parents.
+pub fn compile_next(previous: &Output, inputs: &mut Inputs, controller_name: &str) -> Output {
+    inputs.last_valid = previous.last_valid.clone();
+    let mut out = compile(inputs);
+    name_parents(&mut out, controller_name);
+    out
 }
 
 /// Makes the compiler treat `controller_name`'s classes as its own and nothing else: the
