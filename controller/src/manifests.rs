@@ -140,6 +140,7 @@ impl Counts {
             config_maps: _,
             rate_limit_policies: _,
             auth_policies: _,
+            last_valid: _,
             now: _,
             warnings: _,
         } = inputs;
@@ -201,6 +202,13 @@ impl ManifestDir {
             merged: Inputs::default(),
             scanned: false,
         }
+    }
+
+    /// Sets the [`Inputs::last_valid`] the next scans hand the compiler: the previous
+    /// compile's [`crate::compile::Output::last_valid`]. It changes no object, so a scan that
+    /// finds no file changed still reports `changed: false`.
+    pub fn set_last_valid(&mut self, last_valid: crate::compile::LastValid) {
+        self.merged.last_valid = last_valid;
     }
 
     /// Reads every manifest file that changed since the last scan. `now` stamps the

@@ -3,7 +3,9 @@
 //! In: a directory of manifests, watched for changes. Out: one in-process proxy per Gateway
 //! of our class, fed by the same [`compile`] the controller uses; a log line for every
 //! rejected object with its conditions. A rejected object or a file that does not parse
-//! changes nothing else: the other Gateways and routes keep serving.
+//! changes nothing else: the other Gateways and routes keep serving. Each compile hands the
+//! next the policies it found valid, so a policy edited into an invalid state keeps
+//! enforcing its last valid version (see `compile::policies::last_valid`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -115,6 +117,9 @@ impl Runner {
         self.loaded = true;
         let (mut out, cache) = compile_cached(scan.inputs, std::mem::take(&mut self.cache));
         self.cache = cache;
+        // Fail closed: a policy edited into an invalid state keeps its last valid version.
+        self.manifests
+            .set_last_valid(std::mem::take(&mut out.last_valid));
         let compiled = started.elapsed();
         let tables = std::mem::take(&mut out.tables);
         let live: BTreeSet<ObjectKey> = tables.keys().cloned().collect();

@@ -94,6 +94,23 @@ fn invalid_cel_and_window_and_methods() {
     }
 }
 
+/// Fail closed: the invalid, never valid AuthPolicies on vault close it (500), and say so.
+/// The older one holds the route (the newer one lost it, as a valid one would).
+#[test]
+fn never_valid_auth_policies_close_their_route() {
+    let out = out();
+    let t = table(&out, "pol", "gw");
+    let r = &vhost(table_listener(t, "http"), "vault.test").routes[0];
+    let key = r.policy.as_deref().expect("vault names its closure");
+    assert!(!t.policies.contains_key(key));
+    assert_eq!(t.closed[key].by, [ObjectKey::new("pol", "no-creds")]);
+    assert_eq!(t.closed.len(), 1, "{:?}", t.closed);
+    for name in ["no-creds", "two-methods"] {
+        let m = &cond(ap(&out, name), "Accepted").message;
+        assert!(m.contains("answer 500 until it is fixed"), "{m}");
+    }
+}
+
 #[test]
 fn newer_policy_on_the_same_target_is_conflicted() {
     let out = out();

@@ -63,6 +63,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         version: 1,
         gateway: ObjectKey::new("bench", "gw"),
         policies: Default::default(),
+        closed: Default::default(),
         ports: vec![PortConfig {
             address: "127.0.0.1".into(),
             port: 0,

@@ -74,6 +74,7 @@ fn table(vhosts: Vec<VirtualHost>) -> RouteTable {
         version: 1,
         gateway: ObjectKey::new("bench", "gw"),
         policies: Default::default(),
+        closed: Default::default(),
         ports: vec![PortConfig {
             address: "0.0.0.0".into(),
             port: 80,

@@ -228,9 +228,10 @@ impl Proxy {
         let prev = shared.snapshot.load_full();
         let router =
             Router::build_reusing(&table, prev.as_deref().map(|s| &s.router), &shared.metrics)?;
-        let policies = crate::policy::enforce::build_all(&table.policies, &shared.policy)?
-            .into_iter()
-            .collect();
+        let policies =
+            crate::policy::enforce::build_all(&table.policies, &table.closed, &shared.policy)?
+                .into_iter()
+                .collect();
         let mut ports = FastMap::with_capacity_and_hasher(table.ports.len(), Default::default());
         let mut wanted = Vec::with_capacity(table.ports.len());
         for p in &table.ports {

@@ -211,6 +211,7 @@ async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
         version: 1,
         gateway: ObjectKey::new("apps", "gw"),
         policies: Default::default(),
+        closed: Default::default(),
         ports: vec![port],
         backends: [
             ("plain".to_owned(), tcp_backend(&[plain_addr])),

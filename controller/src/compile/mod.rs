@@ -58,6 +58,7 @@ pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;
 pub use load::{LoadError, LoadWarning, inputs_from_yaml};
 pub use output::Rejection;
+pub use policies::LastValid;
 
 /// The `spec.controllerName` of GatewayClasses this compiler owns.
 pub const CONTROLLER_NAME: &str = "tollgate.dev/gateway-controller";
@@ -91,6 +92,11 @@ pub struct Inputs {
     pub rate_limit_policies: Vec<RateLimitPolicy>,
     /// AuthPolicies.
     pub auth_policies: Vec<AuthPolicy>,
+    /// The policies an earlier compile found valid: what a policy that became invalid keeps
+    /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
+    /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
+    /// empty, an invalid AuthPolicy closes its targets.
+    pub last_valid: LastValid,
     /// Stamped as `lastTransitionTime` on every condition; nothing else reads a clock.
     pub now: Time,
     /// Documents [`inputs_from_yaml`] skipped (kinds the compiler does not read). The compiler
@@ -122,13 +128,14 @@ impl Inputs {
             config_maps: Vec::new(),
             rate_limit_policies: Vec::new(),
             auth_policies: Vec::new(),
+            last_valid: LastValid::default(),
             now,
             warnings: Vec::new(),
         }
     }
 
-    /// Appends every object and warning of `other` (keeps `self.now`), e.g. when reading a
-    /// directory.
+    /// Appends every object and warning of `other` (keeps `self.now` and `self.last_valid`),
+    /// e.g. when reading a directory.
     pub fn extend(&mut self, other: Inputs) {
         self.gateway_classes.extend(other.gateway_classes);
         self.gateways.extend(other.gateways);
@@ -186,6 +193,10 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub auth_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// The policies valid now, or kept at their last valid version: the next compile's
+    /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
+    #[serde(skip)]
+    pub last_valid: LastValid,
 }
 
 /// Compiles `inputs`. Pure and deterministic.
@@ -225,13 +236,10 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let any_policy = !(inputs.rate_limit_policies.is_empty() && inputs.auth_policies.is_empty());
     let policies = if any_policy {
         policies::compile_policies(
-            &inputs.rate_limit_policies,
-            &inputs.auth_policies,
-            &inputs.secrets,
+            inputs,
             &policy_gateways(&gateways),
             &policy_routes(&gateways, &routes),
             &existing_targets(inputs),
-            now,
         )
     } else {
         policies::Policies::default()
@@ -310,6 +318,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         tls_routes: tls_routes.into_iter().collect(),
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
+        last_valid: policies.last_valid,
     }
 }
 

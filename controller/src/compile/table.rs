@@ -3,7 +3,8 @@
 //! In: validated Gateways and attached routes. Out: one [`RouteTable`] per accepted Gateway:
 //! programmed listeners grouped by port (most specific hostname first), each with the virtual
 //! hosts of the routes attached to it (listener isolation: a listener never sees another's
-//! routes), routes sorted by [`Precedence`], and only the backends those routes reference.
+//! routes), routes sorted by [`Precedence`], only the backends those routes reference, and
+//! the policy sets (or closures by invalid policies) their rules name.
 //!
 //! Virtual hosts are disjoint: a request for `foo.example.com` is served by the
 //! `foo.example.com` host if one exists, and never falls through to `*.example.com` routes.
@@ -11,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tollgate_api::policy::Closed;
 use tollgate_api::{
     Filter, ListenerConfig, ObjectKey, PolicySet, PortConfig, Route, RouteTable, VirtualHost,
     WeightedBackend,
@@ -34,7 +36,8 @@ pub fn build_tables(
     policies: &Policies,
     cache: Option<&mut CompileCache>,
 ) -> BTreeMap<ObjectKey, RouteTable> {
-    let mut cache = cache.filter(|_| policies.effective.is_empty());
+    let no_policy = policies.effective.is_empty() && policies.closed.is_empty();
+    let mut cache = cache.filter(|_| no_policy);
     // (gateway, listener) -> [(route index, attachment index)]
     let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
     for (ri, r) in routes.routes.iter().enumerate() {
@@ -54,7 +57,7 @@ pub fn build_tables(
         // Backend keys the Gateway's routes reference: looked up once per rule of each of
         // 10k routes, so hashed rather than compared along a tree.
         let mut used: LookupSet<&str> = LookupSet::default();
-        let mut table_policies: BTreeMap<String, PolicySet> = BTreeMap::new();
+        let mut table_policies: BTreeMap<String, Entry> = BTreeMap::new();
         for (li, l) in gw.listeners.iter().enumerate() {
             let (true, Some(port), Some(protocol)) = (l.programmed, l.port, l.protocol) else {
                 continue;
@@ -64,21 +67,25 @@ pub fn build_tables(
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let mut policy_for = |kind: RouteKind, route: &ObjectKey, rule: u32| {
-                if policies.effective.is_empty() {
+                if no_policy {
                     return None;
                 }
-                let set = policies.effective.get(&(
+                let rule_key = (
                     gw.key.clone(),
                     l.spec.name.clone(),
                     kind.as_str(),
                     route.clone(),
                     rule,
-                ))?;
+                );
+                let entry = match policies.closed.get(&rule_key) {
+                    Some(c) => Entry::Closed(c.clone()),
+                    None => Entry::Set(policies.effective.get(&rule_key)?.clone()),
+                };
                 Some(policy_key(
                     &mut table_policies,
                     (kind, route, rule),
                     &l.spec.name,
-                    set,
+                    entry,
                 ))
             };
             let memo = cache
@@ -115,12 +122,24 @@ pub fn build_tables(
             .into_iter()
             .filter_map(|k| routes.backends.get(k).map(|b| (k.to_owned(), b.clone())))
             .collect();
+        let (mut sets, mut closed) = (BTreeMap::new(), BTreeMap::new());
+        for (k, e) in table_policies {
+            match e {
+                Entry::Set(s) => {
+                    sets.insert(k, s);
+                }
+                Entry::Closed(c) => {
+                    closed.insert(k, c);
+                }
+            }
+        }
         out.insert(
             gw.key.clone(),
             RouteTable {
                 version: 0,
                 gateway: gw.key.clone(),
-                policies: table_policies,
+                policies: sets,
+                closed,
                 ports,
                 backends,
             },
@@ -234,24 +253,33 @@ fn host_routes(
     entries.into_iter().map(|(_, r)| r).collect()
 }
 
+/// What a route's policy key names: a policy set, or a closure by invalid policies. One map
+/// of both while building, so a key is never used for one in `policies` and the other in
+/// `closed`.
+#[derive(PartialEq)]
+enum Entry {
+    Set(PolicySet),
+    Closed(Closed),
+}
+
 /// The key of `set` in the table's policy map: `namespace/route/rule` (`#grpc` appended for a
 /// GRPCRoute, which may share an HTTPRoute's name), or with `@listener` when another listener
 /// already holds a different set for the same rule.
 fn policy_key(
-    map: &mut BTreeMap<String, PolicySet>,
+    map: &mut BTreeMap<String, Entry>,
     (kind, route, rule): (RouteKind, &ObjectKey, u32),
     listener: &str,
-    set: &PolicySet,
+    set: Entry,
 ) -> String {
     let mut base = format!("{}/{}/{rule}", route.namespace, route.name);
     if kind == RouteKind::Grpc {
         base.push_str("#grpc");
     }
     let key = match map.get(&base) {
-        Some(existing) if existing != set => format!("{base}@{listener}"),
+        Some(existing) if *existing != set => format!("{base}@{listener}"),
         _ => base,
     };
-    map.entry(key.clone()).or_insert_with(|| set.clone());
+    map.entry(key.clone()).or_insert(set);
     key
 }
 

@@ -12,6 +12,10 @@
 //! sync state (when one is configured): it turns True only when a proxy ACKed the current
 //! version; once True it stays True while proxies are connected and none NACKed, so a table
 //! change in flight (e.g. new endpoints) does not flap it.
+//!
+//! Each compile gets the previous one's `last_valid` policies, so a policy that becomes
+//! invalid keeps enforcing its last valid version (held in memory: after a restart a
+//! still-invalid AuthPolicy closes its targets until fixed).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -304,9 +308,8 @@ impl Reconciler {
                 }
             };
             let snapshot = started.elapsed();
-            let mut out = compile(&inputs);
+            let out = compile_next(&self.compiled, &mut inputs, &self.settings.controller_name);
             drop(inputs);
-            name_parents(&mut out, &self.settings.controller_name);
             let compiled = started.elapsed();
             self.publish(&out);
             self.compiled = out;
@@ -754,6 +757,16 @@ impl Reconciler {
         }
         all_done
     }
+}
+
+/// Compiles `inputs` after `previous` (the last compile's output): hands the compiler the
+/// policies `previous` found valid, so a policy that became invalid keeps its last valid
+/// version (fail closed), and names our controller on route parents.
+pub fn compile_next(previous: &Output, inputs: &mut Inputs, controller_name: &str) -> Output {
+    inputs.last_valid = previous.last_valid.clone();
+    let mut out = compile(inputs);
+    name_parents(&mut out, controller_name);
+    out
 }
 
 /// Makes the compiler treat `controller_name`'s classes as its own and nothing else: the

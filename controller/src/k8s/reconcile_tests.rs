@@ -184,3 +184,74 @@ fn a_static_address_must_be_assigned_before_programmed() {
     static_addresses(&mut s, &want, Vec::new());
     assert_eq!(programmed_of(&s).1, "Programmed");
 }
+
+/// The reconcile loop hands each compile the previous one's valid policies: an AuthPolicy
+/// edited into an invalid state keeps its last valid rules in the published table, where a
+/// compile without that memory would close its route. (The real-cluster version of this
+/// needs `e2e/cluster.sh up`; this is the reconcile step itself, without the API server.)
+#[test]
+fn compile_next_keeps_an_invalid_policys_last_valid_version() {
+    let yaml = |predicate: &str, generation: u32| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: {CONTROLLER_NAME}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: api, namespace: default}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules: [{{}}]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: api-auth, namespace: default, generation: {generation}}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: api}}]
+  rules:
+    authorization:
+      internal: {{predicate: "{predicate}"}}
+"#
+        )
+    };
+    let load = |text: String| {
+        crate::compile::inputs_from_yaml(&text, Time(Timestamp::UNIX_EPOCH)).unwrap()
+    };
+    let gw = ObjectKey::new("default", "gw");
+    let first = compile_next(
+        &Output::default(),
+        &mut load(yaml("source.address.startsWith('10.')", 1)),
+        CONTROLLER_NAME,
+    );
+    let valid = first.tables[&gw].policies.clone();
+    assert_eq!(valid.len(), 1, "{:?}", first.tables[&gw]);
+
+    let mut edited = load(yaml("source.address.startsWith(", 2));
+    let second = compile_next(&first, &mut edited, CONTROLLER_NAME);
+    assert_eq!(second.tables[&gw].policies, valid);
+    assert!(second.tables[&gw].closed.is_empty());
+    let accepted = &second.auth_policies[&ObjectKey::new("default", "api-auth")].conditions[0];
+    assert!(
+        accepted
+            .message
+            .contains("the last valid version (generation 1) stays enforced"),
+        "{}",
+        accepted.message
+    );
+    // The memory passes on while the policy stays invalid.
+    let third = compile_next(&second, &mut edited, CONTROLLER_NAME);
+    assert_eq!(third.tables[&gw].policies, valid);
+    // Without it (a fresh controller), the route is closed.
+    let fresh = compile_next(&Output::default(), &mut edited, CONTROLLER_NAME);
+    assert!(fresh.tables[&gw].policies.is_empty());
+    assert_eq!(fresh.tables[&gw].closed.len(), 1);
+}

@@ -342,12 +342,14 @@ impl PushServer {
                 ports,
                 backends,
                 policies,
+                closed,
             } = &table;
             if let Some(old) = &gw.table
                 && old.gateway == *new_gateway
                 && old.ports == *ports
                 && old.backends == *backends
                 && old.policies == *policies
+                && old.closed == *closed
             {
                 return gw.version;
             }

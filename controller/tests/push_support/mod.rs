@@ -135,6 +135,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
         version: 0,
         gateway: gw(),
         policies: BTreeMap::new(),
+        closed: BTreeMap::new(),
         ports: vec![PortConfig {
             address: "127.0.0.1".into(),
             port: 0,

@@ -39,6 +39,12 @@ pub struct RouteTable {
     /// GRPCRoute's rule, `@listener` appended when listeners differ), referenced from routes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub policies: BTreeMap<String, PolicySet>,
+    /// Route rules closed by invalid policies, by the same keys: a route whose `policy` key is
+    /// here (and never in `policies`) answers 500 to every request until the policies are
+    /// fixed. Kept out of `policies` so a proxy that predates this field still finds no
+    /// policy set under the key and answers 500 too, instead of serving the rule open.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub closed: BTreeMap<String, policy::Closed>,
 }
 
 /// A namespaced object name.

@@ -3,7 +3,8 @@
 //! In: nothing. Out: plain serde types. The compiler resolves targetRefs, applies the
 //! defaults/overrides hierarchy and validates every CEL expression; what lands here is the
 //! *effective* policy of one route rule, referenced from [`crate::Route::policy`] by key into
-//! [`crate::RouteTable::policies`]. The proxy compiles the CEL once per table and enforces in
+//! [`crate::RouteTable::policies`], or a [`Closed`] entry in [`crate::RouteTable::closed`]
+//! when an invalid policy closes the rule. The proxy compiles the CEL once per table and enforces in
 //! the order authentication, authorization, rate limit.
 //!
 //! Secrets never appear in clear: API keys travel as SHA-256 digests; the only secret material
@@ -30,6 +31,16 @@ impl PolicySet {
     pub fn is_empty(&self) -> bool {
         self.auth.is_none() && self.rate_limits.is_empty()
     }
+}
+
+/// A route rule that invalid policies close (fail closed): the proxy answers 500 to every
+/// request of it. The compiler emits one where a policy that grants or denies access
+/// (AuthPolicy) targets the rule, is invalid, and has no valid version to keep enforcing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Closed {
+    /// The invalid policies (`namespace/name`), for logs and for whoever reads the table.
+    pub by: Vec<ObjectKey>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 //! request, the matched route's enforcer, the request head and [`RequestInfo`] (with the
 //! connection's verified client certificate, for X.509). Out: either the headers to add
 //! to the eventual response (`X-RateLimit-*`) or the answer that ends the request: the
-//! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`.
+//! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`, or 500 for a rule
+//! the table marks [`Closed`] by invalid policies (fail closed: never served open).
 //!
 //! The proxy-wide [`PolicyRuntime`] outlives snapshots: JWKS and token caches, the rate
 //! limiter's counters (in memory or in Redis), so a table swap neither refetches keys nor
@@ -23,7 +24,7 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
 use tollgate_api::PolicySet;
-use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule};
+use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
@@ -62,21 +63,30 @@ pub struct PolicyRuntime {
 /// One route rule's compiled policies.
 #[derive(Debug)]
 pub struct Enforcer {
+    /// Closed by invalid policies: every request answers 500, nothing else runs.
+    closed: bool,
     auth: Option<CompiledAuth>,
     limits: Vec<CompiledLimit>,
     /// What the expressions of the set read from a request.
     needs: Needs,
 }
 
-/// Compiles every policy set of a table.
+/// Compiles every policy set of a table, and an enforcer answering 500 for each rule the
+/// table marks closed.
 pub fn build_all(
     policies: &std::collections::BTreeMap<String, PolicySet>,
+    closed: &std::collections::BTreeMap<String, Closed>,
     rt: &PolicyRuntime,
 ) -> Result<HashMap<String, Arc<Enforcer>>, PolicyError> {
-    policies
+    let mut out = policies
         .iter()
         .map(|(k, set)| Enforcer::build(k, set, rt).map(|e| (k.clone(), Arc::new(e))))
-        .collect()
+        .collect::<Result<HashMap<_, _>, _>>()?;
+    // A key in both (no compiler emits one) stays closed.
+    for k in closed.keys() {
+        out.insert(k.clone(), Arc::new(Enforcer::closed()));
+    }
+    Ok(out)
 }
 
 /// What a request carries into the policy phase besides its head.
@@ -124,10 +134,21 @@ impl Enforcer {
             auth_needs(auth, &mut needs);
         }
         Ok(Self {
+            closed: false,
             auth,
             limits,
             needs,
         })
+    }
+
+    /// The enforcer of a rule closed by invalid policies: it answers 500 to every request.
+    pub fn closed() -> Self {
+        Self {
+            closed: true,
+            auth: None,
+            limits: Vec::new(),
+            needs: Needs::default(),
+        }
     }
 
     /// Runs authentication, authorization and rate limits for one request, in that order.
@@ -139,6 +160,15 @@ impl Enforcer {
         parts: &mut Parts,
         info: RequestInfo<'_>,
     ) -> Result<Option<Decision>, Response<Bytes>> {
+        if self.closed {
+            let mut resp = Response::new(Bytes::from_static(b"Internal Server Error\n"));
+            *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return Err(resp);
+        }
         if let Some(auth) = &self.auth {
             // Expressions must never see the client's own values of the identity headers.
             auth.strip_success_headers(&mut parts.headers);

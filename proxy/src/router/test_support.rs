@@ -98,6 +98,7 @@ pub(crate) fn mk_table(ports: Vec<PortConfig>) -> RouteTable {
         ports,
         backends: Default::default(),
         policies: Default::default(),
+        closed: Default::default(),
     }
 }
 

@@ -260,6 +260,7 @@ pub fn table(version: u64, ports: Vec<PortConfig>, backends: Vec<(&str, Backend)
         version,
         gateway: ObjectKey::new("default", "gw"),
         policies: BTreeMap::new(),
+        closed: BTreeMap::new(),
         ports,
         backends: backends
             .into_iter()

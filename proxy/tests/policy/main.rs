@@ -2,7 +2,8 @@
 //! serving a table whose routes carry AuthPolicy and RateLimitPolicy sets, real clients and
 //! an echo backend on 127.0.0.1. What a client gets (401 with `WWW-Authenticate`, 403, 429
 //! with `Retry-After`, `X-RateLimit-*` on admitted answers), what the upstream sees (success
-//! headers set, spoofed ones gone), and the order of the checks.
+//! headers set, spoofed ones gone), the order of the checks, and rules closed by invalid
+//! policies (500).
 //!
 //! Rate limits here count per minute in the default sliding window, so the numbers asserted
 //! hold whatever the wall clock: a test that crosses a minute boundary carries the previous
@@ -11,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod authn;
+mod closed;
 #[path = "../common/mod.rs"]
 mod common;
 mod front_door;

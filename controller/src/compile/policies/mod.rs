@@ -16,25 +16,30 @@
 //! specific one lacks, an `atomic` one is replaced. Overrides then apply from most to least
 //! specific, so the least specific wins: `atomic` replaces everything, `merge` wins by name.
 //! A policy is `Enforced` where any of its entries survives, else `Overridden`.
+//!
+//! Fail closed ([`last_valid`]): an invalid policy enforces its last valid version; an
+//! AuthPolicy with none closes the rules under its targets (a [`Closed`] entry, 500), unless
+//! a valid atomic override from a less specific target replaces whatever it would have said.
 
 pub mod auth;
+pub mod last_valid;
 pub mod ratelimit;
+mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::ObjectKey;
-use tollgate_api::policy::{Auth, DenyResponse, PolicySet};
+use tollgate_api::policy::{Auth, Closed, DenyResponse, PolicySet};
 
-use super::CONTROLLER_NAME;
 pub use super::conditions::Problem;
-use super::conditions::{ACCEPTED, Conds};
 use super::grants::GATEWAY_GROUP;
 use super::index::key_of;
-use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus, Strategy, TargetRef};
-use crate::crds::{AuthPolicy, RateLimitPolicy};
+use crate::crds::common::{PolicyStatus, Strategy, TargetRef};
 use auth::AuthEntries;
+pub use last_valid::LastValid;
+use last_valid::State;
 use ratelimit::Limits;
 
 /// Condition type `Enforced`.
@@ -145,8 +150,8 @@ pub struct GatewayTarget {
 /// A policy named by kind and key.
 pub type PolicyRef = (&'static str, ObjectKey);
 
-/// One policy before resolution: metadata, targetRefs, contribution or problem.
-type Item<T> = (ObjectMeta, Vec<TargetRef>, Result<Contribution<T>, Problem>);
+/// One policy before resolution: metadata, the targetRefs of the version in effect, state.
+type Item<T> = (ObjectMeta, Vec<TargetRef>, State<T>);
 
 /// Where an effective policy set applies: Gateway, listener, route kind, route, rule index.
 pub type RuleKey = (ObjectKey, String, &'static str, ObjectKey, u32);
@@ -156,6 +161,11 @@ pub type RuleKey = (ObjectKey, String, &'static str, ObjectKey, u32);
 pub struct Policies {
     /// Effective policy set per served rule (absent = no policy).
     pub effective: BTreeMap<RuleKey, PolicySet>,
+    /// Rules closed by invalid policies (never in `effective`): they answer 500.
+    pub closed: BTreeMap<RuleKey, Closed>,
+    /// The version of every policy valid now or kept from before: the next compile's
+    /// [`crate::compile::Inputs::last_valid`].
+    pub last_valid: LastValid,
     /// Status of every RateLimitPolicy.
     pub rate_limit_status: BTreeMap<ObjectKey, PolicyStatus>,
     /// Status of every AuthPolicy.
@@ -183,8 +193,8 @@ struct Resolved<T> {
     kind: &'static str,
     keys: Vec<ObjectKey>,
     metas: Vec<ObjectMeta>,
-    /// Per policy: its contribution or why it is rejected.
-    contributions: Vec<Result<Contribution<T>, Problem>>,
+    /// Per policy: what it enforces (its contribution, its last valid one, closure) and why.
+    contributions: Vec<State<T>>,
     /// Per policy: targets found, missing refs, targets lost to an older policy.
     found: Vec<Vec<Target>>,
     missing: Vec<Vec<String>>,
@@ -228,7 +238,7 @@ impl<T: Entries> Resolved<T> {
         };
         for (i, (meta, refs, contribution)) in items.into_iter().enumerate() {
             let key = key_of(&meta);
-            if contribution.is_ok() {
+            if contribution.holds_targets() {
                 for t in &refs {
                     match resolve(&key.namespace, t, gateways, routes) {
                         Some(target) => {
@@ -253,14 +263,15 @@ impl<T: Entries> Resolved<T> {
         r
     }
 
-    /// The effective entries for one rule, with the indices of the contributing policies.
+    /// The effective entries for one rule, with the indices of the contributing policies,
+    /// and the indices of the invalid policies that close it (empty = open).
     fn effective(
         &mut self,
         gw: &ObjectKey,
         listener: &str,
         route: &RouteTarget,
         rule: &(u32, Option<String>),
-    ) -> Option<(T, BTreeSet<usize>)> {
+    ) -> (Option<(T, BTreeSet<usize>)>, BTreeSet<usize>) {
         let kind = route.kind;
         let candidates: [Target; 4] = [
             (Level::Gateway, "Gateway", gw.clone(), None),
@@ -275,6 +286,7 @@ impl<T: Entries> Resolved<T> {
         ];
         // Holders, most specific first.
         let mut held: Vec<usize> = Vec::new();
+        let mut levels: Vec<Level> = Vec::new();
         for t in candidates.iter().rev() {
             if t.0 == Level::Rule && t.3.is_none() {
                 continue;
@@ -282,12 +294,34 @@ impl<T: Entries> Resolved<T> {
             if let Some(&i) = self.holder.get(t) {
                 self.reached[i].insert(gw.clone());
                 held.push(i);
+                levels.push(t.0);
             }
         }
+        // An invalid policy closes the rule, since what it would enforce is unknown, unless
+        // a valid atomic override from a less specific target replaces it whatever it says.
+        let replaced_below = held
+            .iter()
+            .zip(&levels)
+            .filter(|(i, _)| {
+                self.contributions[**i]
+                    .contribution()
+                    .is_some_and(|c| c.overrides && c.strategy == Strategy::Atomic)
+            })
+            .map(|(_, l)| *l)
+            .min();
+        let closed: BTreeSet<usize> = held
+            .iter()
+            .zip(&levels)
+            .filter(|(i, l)| {
+                matches!(self.contributions[**i], State::Closed(_))
+                    && replaced_below.is_none_or(|r| **l <= r)
+            })
+            .map(|(i, _)| *i)
+            .collect();
         let mut result: Option<T> = None;
         let mut sources: BTreeSet<usize> = BTreeSet::new();
         for &i in &held {
-            let Ok(c) = &self.contributions[i] else {
+            let Some(c) = self.contributions[i].contribution() else {
                 continue;
             };
             if c.overrides {
@@ -306,7 +340,7 @@ impl<T: Entries> Resolved<T> {
             }
         }
         for &i in &held {
-            let Ok(c) = &self.contributions[i] else {
+            let Some(c) = self.contributions[i].contribution() else {
                 continue;
             };
             if !c.overrides {
@@ -332,128 +366,7 @@ impl<T: Entries> Resolved<T> {
         for &i in &sources {
             self.enforced_on[i].insert(gw.clone());
         }
-        result.map(|r| (r, sources))
-    }
-
-    /// Status of every policy.
-    fn statuses(&self, now: &Time) -> BTreeMap<ObjectKey, PolicyStatus> {
-        let mut out = BTreeMap::new();
-        for i in 0..self.keys.len() {
-            if self.contributions[i].is_ok()
-                && self.found[i].is_empty()
-                && self.lost[i].is_empty()
-                && self.missing[i].is_empty()
-                && self.foreign[i] > 0
-            {
-                // Every target is another controller's Gateway or route: not ours to judge.
-                continue;
-            }
-            let conds = Conds::new(self.metas[i].generation, now);
-            let mut conditions = Vec::new();
-            let accepted = match &self.contributions[i] {
-                Err(p) => conds.no(ACCEPTED, p.reason, p.message.clone()),
-                Ok(_) if self.found[i].is_empty() && !self.lost[i].is_empty() => conds.no(
-                    ACCEPTED,
-                    reason::CONFLICTED,
-                    self.lost[i]
-                        .iter()
-                        .map(|(t, by)| format!("{t} already has {} {by}", self.kind))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                ),
-                Ok(_) if self.found[i].is_empty() => conds.no(
-                    ACCEPTED,
-                    reason::TARGET_NOT_FOUND,
-                    format!(
-                        "no target is a Gateway or route served by {CONTROLLER_NAME}: {}",
-                        self.missing[i].join(", ")
-                    ),
-                ),
-                Ok(_) => {
-                    let mut msg = format!("{} is accepted", self.kind);
-                    if !self.missing[i].is_empty() {
-                        msg.push_str(&format!(
-                            "; targets not found: {}",
-                            self.missing[i].join(", ")
-                        ));
-                    }
-                    if !self.lost[i].is_empty() {
-                        msg.push_str(&format!(
-                            "; targets held by older policies: {}",
-                            self.lost[i]
-                                .iter()
-                                .map(|(t, by)| format!("{t} ({by})"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ));
-                    }
-                    conds.yes(ACCEPTED, reason::ACCEPTED, msg)
-                }
-            };
-            let is_accepted = accepted.status == "True";
-            conditions.push(accepted.clone());
-            if !is_accepted {
-                // kstatus (Flux, Argo CD's kstatus-based checks) reads Stalled=True as Failed.
-                conditions.push(conds.yes(STALLED, &accepted.reason, accepted.message.clone()));
-            }
-            let mut ancestors = Vec::new();
-            if is_accepted {
-                conditions.push(self.enforced(i, None, &conds));
-                let mut reached: BTreeSet<ObjectKey> = self.reached[i].clone();
-                for t in &self.found[i] {
-                    if t.1 == "Gateway" {
-                        reached.insert(t.2.clone());
-                    }
-                }
-                for gw in reached {
-                    ancestors.push(PolicyAncestorStatus {
-                        ancestor_ref: AncestorRef {
-                            group: GATEWAY_GROUP.to_owned(),
-                            kind: "Gateway".to_owned(),
-                            namespace: gw.namespace.clone(),
-                            name: gw.name.clone(),
-                        },
-                        controller_name: CONTROLLER_NAME.to_owned(),
-                        conditions: vec![accepted.clone(), self.enforced(i, Some(&gw), &conds)],
-                    });
-                }
-            }
-            out.insert(
-                self.keys[i].clone(),
-                PolicyStatus {
-                    observed_generation: self.metas[i].generation,
-                    conditions,
-                    ancestors,
-                },
-            );
-        }
-        out
-    }
-
-    fn enforced(&self, i: usize, gw: Option<&ObjectKey>, conds: &Conds<'_>) -> Condition {
-        let (enforced, reached) = match gw {
-            Some(g) => (self.enforced_on[i].contains(g), self.reached[i].contains(g)),
-            None => (!self.enforced_on[i].is_empty(), !self.reached[i].is_empty()),
-        };
-        if enforced {
-            conds.yes(
-                ENFORCED,
-                reason::ENFORCED,
-                format!("{} is enforced", self.kind),
-            )
-        } else if reached {
-            conds.no(
-                ENFORCED,
-                reason::OVERRIDDEN,
-                format!("{} is overridden by other policies", self.kind),
-            )
-        } else {
-            conds.no(
-                ENFORCED,
-                reason::UNKNOWN,
-                "no route is served under the targets",
-            )
-        }
+        (result.map(|r| (r, sources)), closed)
     }
 }
 
@@ -519,70 +432,69 @@ fn resolve(
     }
 }
 
-/// Compiles every policy. `existing` holds every Gateway and route in the inputs, ours or
-/// not, as (kind, key): a policy whose targets all exist but are another controller's gets no
-/// status from us.
+/// Compiles every policy of `inputs` (the policies, Secrets, [`LastValid`] and `now`).
+/// `existing` holds every Gateway and route in the inputs, ours or not, as (kind, key): a
+/// policy whose targets all exist but are another controller's gets no status from us.
 pub fn compile_policies(
-    rate_limit_policies: &[RateLimitPolicy],
-    auth_policies: &[AuthPolicy],
-    secrets: &[Secret],
+    inputs: &crate::compile::Inputs,
     gateways: &[GatewayTarget],
     routes: &[RouteTarget],
     existing: &BTreeSet<(&str, ObjectKey)>,
-    now: &Time,
 ) -> Policies {
-    let secrets: Vec<&Secret> = secrets.iter().collect();
-    let mut rl = Resolved::new(
-        "RateLimitPolicy",
-        rate_limit_policies
-            .iter()
-            .map(|p| {
-                let key = key_of(&p.metadata);
-                (
-                    p.metadata.clone(),
-                    p.spec.target_refs.clone(),
-                    ratelimit::contribution(p, &key),
-                )
-            })
-            .collect(),
-        gateways,
-        routes,
-        existing,
-    );
-    let mut ap = Resolved::new(
-        "AuthPolicy",
-        auth_policies
-            .iter()
-            .map(|p| {
-                let key = key_of(&p.metadata);
-                (
-                    p.metadata.clone(),
-                    p.spec.target_refs.clone(),
-                    auth::contribution(p, &key, &secrets),
-                )
-            })
-            .collect(),
-        gateways,
-        routes,
-        existing,
-    );
-    let mut out = Policies::default();
+    let now = &inputs.now;
+    let secrets: Vec<&Secret> = inputs.secrets.iter().collect();
+    let mut last_valid = LastValid::default();
+    let mut items = Vec::with_capacity(inputs.rate_limit_policies.len());
+    for p in &inputs.rate_limit_policies {
+        let key = key_of(&p.metadata);
+        let last = inputs.last_valid.rate_limit_policies.get(&key);
+        // A rate limit keeps its last valid version but, never valid, closes nothing.
+        let (state, refs, keep) =
+            last_valid::resolve(p, last, false, |v| ratelimit::contribution(v, &key));
+        if let Some(keep) = keep {
+            last_valid.rate_limit_policies.insert(key, keep);
+        }
+        items.push((p.metadata.clone(), refs, state));
+    }
+    let mut rl = Resolved::new("RateLimitPolicy", items, gateways, routes, existing);
+    let mut items = Vec::with_capacity(inputs.auth_policies.len());
+    for p in &inputs.auth_policies {
+        let key = key_of(&p.metadata);
+        let last = inputs.last_valid.auth_policies.get(&key);
+        let (state, refs, keep) =
+            last_valid::resolve(p, last, true, |v| auth::contribution(v, &key, &secrets));
+        if let Some(keep) = keep {
+            last_valid.auth_policies.insert(key, keep);
+        }
+        items.push((p.metadata.clone(), refs, state));
+    }
+    let mut ap = Resolved::new("AuthPolicy", items, gateways, routes, existing);
+    let mut out = Policies {
+        last_valid,
+        ..Policies::default()
+    };
     for route in routes {
         for (gw, listener) in &route.attachments {
             for rule in &route.rules {
                 let mut set = PolicySet::default();
                 let mut affecting = BTreeSet::new();
-                if let Some((limits, sources)) = rl.effective(gw, listener, route, rule) {
+                let (limits, rl_closed) = rl.effective(gw, listener, route, rule);
+                if let Some((limits, sources)) = limits {
                     set.rate_limits = limits.into_values().collect();
                     affecting.extend(sources.into_iter().map(|i| (rl.kind, rl.keys[i].clone())));
                 }
-                if let Some((entries, sources)) = ap.effective(gw, listener, route, rule) {
+                let (entries, ap_closed) = ap.effective(gw, listener, route, rule);
+                // Rate limits never close (see `last_valid`): only AuthPolicies can.
+                debug_assert!(rl_closed.is_empty());
+                if let Some((entries, sources)) = entries {
                     set.auth = Some(to_auth(
                         entries,
                         sources.iter().map(|&i| ap.keys[i].clone()).collect(),
                     ));
                     affecting.extend(sources.into_iter().map(|i| (ap.kind, ap.keys[i].clone())));
                 }
+                // The closing policies affect the route too: its status names them.
+                affecting.extend(ap_closed.iter().map(|&i| (ap.kind, ap.keys[i].clone())));
                 if !affecting.is_empty() {
                     out.affecting_gateways
                         .entry(gw.clone())
@@ -593,17 +505,18 @@ pub fn compile_policies(
                         .or_default()
                         .extend(affecting);
                 }
-                if !set.is_empty() {
-                    out.effective.insert(
-                        (
-                            gw.clone(),
-                            listener.clone(),
-                            route.kind,
-                            route.key.clone(),
-                            rule.0,
-                        ),
-                        set,
-                    );
+                let key = (
+                    gw.clone(),
+                    listener.clone(),
+                    route.kind,
+                    route.key.clone(),
+                    rule.0,
+                );
+                if !ap_closed.is_empty() {
+                    let by = ap_closed.iter().map(|&i| ap.keys[i].clone()).collect();
+                    out.closed.insert(key, Closed { by });
+                } else if !set.is_empty() {
+                    out.effective.insert(key, set);
                 }
             }
         }
