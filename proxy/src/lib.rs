@@ -2,11 +2,13 @@
 //! [`Proxy::apply`]. Out: HTTP traffic forwarded to upstream endpoints, metrics (served by
 //! [`serve_admin`]) and access logs.
 //!
-//! Modules, in request order: `listener` (sockets, TLS, hyper's server), `h1serve` (our own
-//! server for bodiless HTTP/1.1 requests on plain ports), `service` (the
+//! Modules, in request order: `listener` (sockets, TLS, hyper's server; `inflight`, its
+//! connections' requests in flight), `h1serve` (our own server for bodiless HTTP/1.1
+//! requests on plain ports), `service` (the
 //! request lifecycle), `call` (the upstream exchange), [`router`], [`filters`], `upstream`
 //! (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
-//! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body`, then
+//! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body` (and
+//! `pace`, how slowly a client may send one), then
 //! [`metrics`] and `access_log`; [`subscribe`] feeds tables from the controller.
 //!
 //! ```no_run
@@ -43,9 +45,11 @@ mod forward;
 mod grpc;
 mod h1;
 mod h1serve;
+mod inflight;
 mod listener;
 pub mod metrics;
 mod mirror;
+mod pace;
 pub mod policy;
 mod pool;
 mod proxy;
