@@ -46,6 +46,7 @@ mod grpc;
 mod h1;
 mod h1serve;
 mod inflight;
+mod limit_args;
 mod listener;
 pub mod metrics;
 mod mirror;
@@ -69,6 +70,7 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 
 pub use admin::serve_admin;
 pub use error::{ProxyError, Result};
+pub use limit_args::ClientLimitArgs;
 pub use metrics::Metrics;
 pub use proxy::{Proxy, ProxyOptions};
 pub use signal::shutdown_signal;

@@ -188,7 +188,8 @@ pub(crate) enum ClientTimeoutKind {
 }
 
 impl ClientTimeoutKind {
-    fn as_str(self) -> &'static str {
+    /// The label value (also the access log's `client_timeout`).
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::BodyIdle => "body_idle",
             Self::BodyRate => "body_rate",

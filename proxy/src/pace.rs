@@ -46,13 +46,9 @@ impl Cut {
         }
     }
 
-    /// The access log's word for it (as the metric's `kind`).
+    /// The access log's word for it: the metric's `kind`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Idle => "body_idle",
-            Self::Slow => "body_rate",
-            Self::Deadline => "body_deadline",
-        }
+        self.kind().as_str()
     }
 }
 
