@@ -189,7 +189,7 @@ pub(crate) async fn serve<I>(
     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let (shared, conn, inflight) = (svc_shared.clone(), conn.clone(), svc_inflight.clone());
         async move {
-            // Only HTTP/2 carries several requests at once: its are capped.
+            // Only HTTP/2 carries several requests at once: those are capped.
             let held = inflight.enter(req.version() == Version::HTTP_2).await;
             let resp = service::handle(shared, conn, req.map(ClientBody::Hyper)).await?;
             Ok::<_, Infallible>(resp.map(|body| HeldBody::new(body, held)))
