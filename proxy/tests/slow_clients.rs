@@ -321,6 +321,40 @@ async fn an_http2_body_that_never_finishes_is_cut_at_the_deadline() {
     drop(tx);
 }
 
+/// An HTTP/2 request body the client pauses for longer than the stream idle timeout (1 s
+/// here; the total deadline is far off) is cut: 408 on the stream, the upstream request
+/// closed, counted as `body_idle`. Before, an HTTP/2 body could pause for ever.
+#[tokio::test]
+async fn an_http2_body_paused_past_the_stream_idle_timeout_is_cut() {
+    let (backend, at) = RawBackend::start().await;
+    let opts = ProxyOptions {
+        http2_stream_idle_timeout: Duration::from_secs(1),
+        ..ProxyOptions::default()
+    };
+    let (_p, addr, metrics) = proxy_to(opts, at).await;
+    let (mut sender, _conn) = h2_connect(&addr).await;
+    let (tx, body) = h2_body();
+    tx.send(data(b"start")).await.unwrap();
+    let req = Request::post(format!("http://{addr}/stream"))
+        .body(body)
+        .unwrap();
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req)).await;
+    let resp = answer.expect("no answer 5 s in").unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        eventually(|| backend.closed() == 1).await,
+        "the upstream request stayed open"
+    );
+    assert!(counted(&metrics, "body_idle"), "{}", metrics.encode());
+    drop(tx);
+}
+
 /// An HTTP/2 connection with nothing in flight is closed after the idle timeout (500 ms);
 /// a request in flight for longer than that (1.2 s) keeps it open and is served. Before,
 /// an idle HTTP/2 connection stayed open for ever.
