@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use tollgate::run::{RunOptions, Runner, next_change, watch};
+use tollgate_proxy::ClientLimitArgs;
 use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::{Metrics, ProxyOptions};
 use tracing::{info, warn};
@@ -54,6 +55,9 @@ enum Command {
         /// Rate-limit storage.
         #[command(flatten)]
         rate_limit: RateLimitArgs,
+        /// Slow-client limits of every served Gateway.
+        #[command(flatten)]
+        client_limits: ClientLimitArgs,
     },
     /// Serve only the built-in echo backend (the one `run --demo-backend` starts, with its DEMO
     /// introspection endpoint), e.g. as a pod behind the examples on a cluster.
@@ -206,9 +210,17 @@ fn main() -> ExitCode {
             demo_backend,
             access_log,
             rate_limit,
+            client_limits,
         } => {
             init_tracing();
-            serve(run(dir, admin, demo_backend, access_log, rate_limit))
+            serve(run(
+                dir,
+                admin,
+                demo_backend,
+                access_log,
+                rate_limit,
+                client_limits,
+            ))
         }
     }
 }
@@ -281,6 +293,7 @@ async fn run(
     demo_backend: Option<SocketAddr>,
     access_log: bool,
     rate_limit: RateLimitArgs,
+    client_limits: ClientLimitArgs,
 ) -> anyhow::Result<()> {
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
@@ -301,6 +314,7 @@ async fn run(
         dir: dir.clone(),
         access_log,
         rate_limiter: Some(limiter),
+        client_limits,
     };
     let mut runner = Runner::new(&opts, metrics.clone());
     runner

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::ratelimit::RateLimiter;
-use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
+use tollgate_proxy::{ClientLimitArgs, Metrics, Proxy, ProxyOptions};
 use tracing::{debug, error, info, warn};
 
 use crate::compile::{CompileCache, Rejection, compile_cached};
@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub access_log: bool,
     /// Rate-limit counters shared by every served Gateway (`None` = in memory).
     pub rate_limiter: Option<RateLimiter>,
+    /// Slow-client limits of every served Gateway.
+    pub client_limits: ClientLimitArgs,
 }
 
 /// One served Gateway.
@@ -58,6 +60,7 @@ pub struct Runner {
     metrics: Arc<Metrics>,
     access_log: bool,
     rate_limiter: RateLimiter,
+    client_limits: ClientLimitArgs,
     served: BTreeMap<ObjectKey, Served>,
     reported: BTreeSet<String>,
     /// True once the manifests have been compiled and every table applied: a later scan that
@@ -79,6 +82,7 @@ impl Runner {
                 .unwrap_or_else(|| RateLimiter::in_memory(metrics.rate_limit().clone())),
             metrics,
             access_log: opts.access_log,
+            client_limits: opts.client_limits.clone(),
             served: BTreeMap::new(),
             reported: BTreeSet::new(),
             loaded: false,
@@ -138,15 +142,19 @@ impl Runner {
 
         for (key, mut table) in tables {
             table.version = 0;
-            let served = self.served.entry(key.clone()).or_insert_with(|| Served {
-                proxy: Proxy::new(ProxyOptions {
+            let served = self.served.entry(key.clone()).or_insert_with(|| {
+                let mut opts = ProxyOptions {
                     metrics: self.metrics.clone(),
                     access_log: self.access_log,
                     rate_limiter: Some(self.rate_limiter.clone()),
                     ..ProxyOptions::default()
-                }),
-                applied: RouteTable::default(),
-                version: 0,
+                };
+                self.client_limits.apply(&mut opts);
+                Served {
+                    proxy: Proxy::new(opts),
+                    applied: RouteTable::default(),
+                    version: 0,
+                }
             });
             if served.version > 0 && served.applied == table {
                 continue;

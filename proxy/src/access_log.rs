@@ -43,6 +43,10 @@ pub(crate) struct AccessRecord {
     /// a gRPC call is 200 whatever the call's outcome.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<u32>,
+    /// Why the client's request body was cut as too slow (`body_idle`, `body_rate`,
+    /// `body_deadline`, as `tollgate_client_timeouts_total`'s kinds); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_timeout: Option<&'static str>,
 }
 
 /// Sender side of the access log.
@@ -222,6 +226,7 @@ mod tests {
             request_id: "r".into(),
             peer: "127.0.0.1:1".into(),
             grpc_status: None,
+            client_timeout: None,
         }
     }
 
@@ -233,6 +238,16 @@ mod tests {
         rec.grpc_status = Some(14);
         let grpc = serde_json::to_value(&rec).unwrap();
         assert_eq!(grpc["grpc_status"], 14, "{grpc}");
+    }
+
+    #[test]
+    fn client_timeout_is_written_only_for_a_cut_body() {
+        let mut rec = record();
+        let plain = serde_json::to_value(&rec).unwrap();
+        assert!(plain.get("client_timeout").is_none(), "{plain}");
+        rec.client_timeout = Some("body_rate");
+        let cut = serde_json::to_value(&rec).unwrap();
+        assert_eq!(cut["client_timeout"], "body_rate", "{cut}");
     }
 
     #[test]

@@ -1,20 +1,23 @@
 //! Body types on both sides of the proxy. In: hyper's streaming bodies. Out: a boxed
-//! [`ProxyBody`] for everything the proxy sends, a byte-limited request body
-//! ([`LimitedBody`]) and a response body ([`TrackedBody`]) that reports how many bytes went
-//! out once the response is finished, so the access log and metrics see the whole exchange.
+//! [`ProxyBody`] for everything the proxy sends, a request body bounded in size and in pace
+//! ([`LimitedBody`]; the pace is module `pace`'s) and a response body ([`TrackedBody`]) that
+//! reports how many bytes went out once the response is finished, so the access log and
+//! metrics see the whole exchange.
 
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use crate::metrics::Metrics;
+use crate::pace::{BodyPace, Cut, Pacer};
 
 /// Boxed error of proxy bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,64 +77,120 @@ impl Body for ClientBody {
 #[error("request body exceeds the limit")]
 pub(crate) struct BodyTooLarge;
 
-/// The client sent no request body bytes for the idle timeout.
+/// The client sent the request body too slowly: idle, below the minimum rate, or past the
+/// total deadline (module `pace`).
 #[derive(Debug, thiserror::Error)]
-#[error("request body idle for too long")]
-pub(crate) struct BodyIdle;
+#[error("request body too slow ({0})")]
+pub(crate) struct BodyTooSlow(&'static str);
 
-/// What went wrong with a request body, for the answer (413, 408 or 400); set by
-/// [`LimitedBody`].
+/// What went wrong with a request body, for the answer (413, 408 or 400) and the access
+/// log; set by [`LimitedBody`]. Also carries whether the upstream's answer has started (the
+/// HTTP/2 total deadline ends there).
 #[derive(Debug, Default)]
 pub(crate) struct BodyFault(AtomicU8);
 
 impl BodyFault {
     const TOO_LARGE: u8 = 1;
     const IDLE: u8 = 2;
-    const CLIENT: u8 = 3;
+    const SLOW: u8 = 3;
+    const DEADLINE: u8 = 4;
+    const CLIENT: u8 = 5;
+    const FAULT: u8 = 0x7f;
+    const ANSWERED: u8 = 0x80;
+
+    fn fault(&self) -> u8 {
+        self.0.load(Ordering::Acquire) & Self::FAULT
+    }
 
     /// The body went past the size limit.
     pub fn too_large(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::TOO_LARGE
+        self.fault() == Self::TOO_LARGE
     }
 
-    /// The client stopped sending the body.
-    pub fn idle(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::IDLE
+    /// Why the client's body was cut as too slow, if it was.
+    pub fn cut(&self) -> Option<Cut> {
+        match self.fault() {
+            Self::IDLE => Some(Cut::Idle),
+            Self::SLOW => Some(Cut::Slow),
+            Self::DEADLINE => Some(Cut::Deadline),
+            _ => None,
+        }
+    }
+
+    /// The upstream's answer has started.
+    pub fn answered(&self) {
+        self.0.fetch_or(Self::ANSWERED, Ordering::AcqRel);
+    }
+
+    fn is_answered(&self) -> bool {
+        self.0.load(Ordering::Acquire) & Self::ANSWERED != 0
+    }
+
+    fn set(&self, fault: u8) {
+        self.0.fetch_or(fault, Ordering::AcqRel);
     }
 
     /// The body broke its framing (a bad chunk, trailers), or the client left mid-body.
     pub fn client(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::CLIENT
+        self.fault() == Self::CLIENT
     }
 }
 
-/// A request body that fails past `remaining` bytes, or when the client sends nothing for
-/// `idle_timeout` (if any) while more is due, and records which in `fault`.
+/// A request body that fails past `remaining` bytes, or when the client sends it too slowly
+/// ([`BodyPace`]: idle, below the minimum rate, past the total deadline), and records which
+/// in `fault`; a cut is counted in `tollgate_client_timeouts_total`. The failure resets the
+/// upstream request (hyper's client abandons a request whose body fails).
 #[derive(Debug)]
 pub(crate) struct LimitedBody {
     inner: ClientBody,
     remaining: u64,
     fault: Arc<BodyFault>,
-    idle_timeout: Option<Duration>,
-    /// Armed the first time the client keeps us waiting; pushed back by every frame.
-    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    pacer: Pacer,
+    metrics: Arc<Metrics>,
+    /// Armed the first time the client keeps us waiting, at the pacer's deadline.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl LimitedBody {
-    /// Wraps `inner`.
+    /// Wraps `inner`, whose pace is bounded from now on.
     pub fn new(
         inner: ClientBody,
         limit: u64,
-        idle_timeout: Option<Duration>,
+        pace: BodyPace,
         fault: Arc<BodyFault>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             inner,
             remaining: limit,
             fault,
-            idle_timeout,
-            idle: None,
+            pacer: Pacer::new(pace, tokio::time::Instant::now()),
+            metrics,
+            timer: None,
         }
+    }
+
+    /// Waiting on the client: arms the timer at the pacer's deadline; the error once it is
+    /// past.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let answered = self.fault.is_answered();
+        let (deadline, why) = self.pacer.waiting(tokio::time::Instant::now(), answered);
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.fault.set(match why {
+            Cut::Idle => BodyFault::IDLE,
+            Cut::Slow => BodyFault::SLOW,
+            Cut::Deadline => BodyFault::DEADLINE,
+        });
+        self.metrics.client_timeout(why.kind());
+        Poll::Ready(Some(Err(Box::new(BodyTooSlow(why.as_str())))))
     }
 }
 
@@ -143,44 +202,29 @@ impl Body for LimitedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
             // Request trailers are dropped: a field the client adds after the body
             // (`X-User: root` in a chunked trailer) would escape every check made on the head.
             Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => Poll::Ready(None),
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let len = data.len() as u64;
-                    if len > self.remaining {
-                        self.fault.0.store(BodyFault::TOO_LARGE, Ordering::Release);
-                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
-                    }
-                    self.remaining -= len;
+                let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if len > this.remaining {
+                    this.fault.set(BodyFault::TOO_LARGE);
+                    return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
                 }
-                if let (Some(timeout), Some(idle)) = (self.idle_timeout, self.idle.as_mut()) {
-                    idle.as_mut().reset(tokio::time::Instant::now() + timeout);
-                }
+                this.remaining -= len;
+                this.pacer.received(len, tokio::time::Instant::now);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 // The client's fault, not the upstream's: 400, even once the upstream
                 // request has begun (it is cut off).
-                self.fault.0.store(BodyFault::CLIENT, Ordering::Release);
+                this.fault.set(BodyFault::CLIENT);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                let Some(timeout) = self.idle_timeout else {
-                    return Poll::Pending;
-                };
-                let idle = self
-                    .idle
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                if idle.as_mut().poll(cx).is_ready() {
-                    self.fault.0.store(BodyFault::IDLE, Ordering::Release);
-                    return Poll::Ready(Some(Err(Box::new(BodyIdle))));
-                }
-                Poll::Pending
-            }
+            Poll::Pending => this.wait(cx),
         }
     }
 

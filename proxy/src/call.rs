@@ -1,8 +1,8 @@
 //! Phases 5 and 6 of the request lifecycle: the upstream exchange. In: the request parts
 //! after routing and filters, the picked endpoint, and the route's timeouts. Out: the
 //! upstream's response with response filters applied, or the status a failure maps to
-//! (timeout → 504, connect/reset → 502, body over the limit → 413, a request body that
-//! broke its framing → 400). Upgrades (WebSocket)
+//! (timeout → 504, connect/reset → 502, body over the limit → 413, body too slow → 408, a
+//! request body that broke its framing → 400). Upgrades (WebSocket)
 //! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
 
 use std::sync::Arc;
@@ -22,6 +22,7 @@ use crate::filters;
 use crate::forward::{self, Added};
 use crate::metrics::UpstreamErrorKind;
 use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::pace::BodyPace;
 use crate::pool::{PooledBody, UpstreamError};
 use crate::proxy::{Shared, Snapshot};
 use crate::service::{ConnCtx, status};
@@ -96,10 +97,11 @@ pub(crate) struct Call<'a> {
     pub endpoint: &'a EndpointState,
     pub path_and_query: &'a str,
     pub mirrors: &'a [&'a str],
-    /// Set by the request body past the limit or when idle; `None` for a bodiless request.
+    /// Set by the request body past the limit or when too slow; `None` for a bodiless
+    /// request.
     pub fault: Option<&'a Arc<BodyFault>>,
-    /// How long the client may leave the request body waiting; `None`: without bound.
-    pub body_idle_timeout: Option<Duration>,
+    /// How long and how slowly the client may send the request body.
+    pub body_pace: BodyPace,
     pub backend_timeout: Option<Duration>,
 }
 
@@ -126,13 +128,20 @@ impl Call<'_> {
             self.shared
                 .upstream
                 .send_parts(self.protocol, self.endpoint, parts, body, added);
-        match self.backend_timeout {
+        let resp = match self.backend_timeout {
             Some(d) => tokio::time::timeout(d, call)
                 .await
                 .map_err(|_| Failure::Timeout)?
                 .map_err(Failure::Upstream),
             None => call.await.map_err(Failure::Upstream),
+        };
+        // An HTTP/2 body's total deadline ends with the answer's start (module `pace`).
+        if resp.is_ok()
+            && let Some(fault) = self.fault
+        {
+            fault.answered();
         }
+        resp
     }
 
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
@@ -140,7 +149,15 @@ impl Call<'_> {
         let limits = self.shared.limits;
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {
-            LimitedBody::new(body, limits.max_body_bytes, self.body_idle_timeout, fault()).boxed()
+            let metrics = self.shared.metrics.clone();
+            LimitedBody::new(
+                body,
+                limits.max_body_bytes,
+                self.body_pace,
+                fault(),
+                metrics,
+            )
+            .boxed()
         };
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {
@@ -222,7 +239,9 @@ pub(crate) fn failure_response(
     if fault.is_some_and(BodyFault::too_large) {
         return status(StatusCode::PAYLOAD_TOO_LARGE);
     }
-    if fault.is_some_and(BodyFault::idle) {
+    // Too slow (idle, below the rate, past the deadline): as nginx answers a body that
+    // stops, 408. The upstream request was reset when the body failed.
+    if fault.is_some_and(|f| f.cut().is_some()) {
         return status(StatusCode::REQUEST_TIMEOUT);
     }
     if fault.is_some_and(BodyFault::client) {

@@ -2,11 +2,13 @@
 //! [`Proxy::apply`]. Out: HTTP traffic forwarded to upstream endpoints, metrics (served by
 //! [`serve_admin`]) and access logs.
 //!
-//! Modules, in request order: `listener` (sockets, TLS, hyper's server), `h1serve` (our own
-//! server for bodiless HTTP/1.1 requests on plain ports), `intake` and [`normalize`] (one
-//! authority and one path per request), `service` (the request lifecycle), `call` (the
-//! upstream exchange), [`router`], [`filters`], `upstream` (balancing, clients), `pool` (HTTP/1.1 connections per endpoint), `forward` (header
-//! hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`, `body`, then
+//! Modules, in request order: `listener` (sockets, TLS, hyper's server; `inflight`, its
+//! connections' requests in flight), `h1serve` (our own server for bodiless HTTP/1.1
+//! requests on plain ports), `intake` and [`normalize`] (one authority and one path per
+//! request), `service` (the request lifecycle), `call` (the upstream exchange), [`router`],
+//! [`filters`], `upstream` (balancing, clients), `pool` (HTTP/1.1 connections per endpoint),
+//! `forward` (header hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`,
+//! `body` (and `pace`, how slowly a client may send one), then
 //! [`metrics`] and `access_log`; [`subscribe`] feeds tables from the controller.
 //!
 //! ```no_run
@@ -45,11 +47,14 @@ mod gate;
 mod grpc;
 mod h1;
 mod h1serve;
+mod inflight;
 mod intake;
+mod limit_args;
 mod listener;
 pub mod metrics;
 mod mirror;
 pub mod normalize;
+mod pace;
 pub mod policy;
 mod pool;
 mod proxy;
@@ -69,6 +74,7 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 
 pub use admin::serve_admin;
 pub use error::{ProxyError, Result};
+pub use limit_args::ClientLimitArgs;
 pub use metrics::Metrics;
 pub use proxy::{Proxy, ProxyOptions};
 pub use signal::shutdown_signal;

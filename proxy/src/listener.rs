@@ -9,13 +9,22 @@
 //! The TLS config is looked up per connection, so a certificate change applies to new
 //! connections without rebinding. Stopping a listener closes its socket and asks its open
 //! connections to finish gracefully (in-flight requests complete).
+//!
+//! Slow and idle clients on hyper's connections: HTTP/2 streams past
+//! `http2_max_concurrent_streams` are refused by hyper, HTTP/2 requests past
+//! `max_upstream_requests_per_connection` wait for a slot (module `inflight`), and a
+//! connection with nothing in flight for `http2_idle_timeout` is shut down gracefully
+//! (GOAWAY on HTTP/2), as hyper has no idle timeout of its own.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use http::Version;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -24,7 +33,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::body::ClientBody;
-use crate::proxy::{PortState, Shared};
+use crate::inflight::{HeldBody, InFlight};
+use crate::metrics::ClientTimeoutKind;
+use crate::proxy::{Limits, PortState, Shared};
 use crate::service::{self, ConnCtx};
 use crate::timer::ConnTimer;
 
@@ -53,7 +64,8 @@ impl ListenerHandle {
 }
 
 /// Builds the connection server once per proxy, from the limits.
-pub(crate) fn server_builder(max_header_bytes: usize) -> auto::Builder<TokioExecutor> {
+pub(crate) fn server_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let max_header_bytes = limits.max_header_bytes;
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         // Replaced per connection by a `ConnTimer` (see `serve`).
@@ -62,8 +74,11 @@ pub(crate) fn server_builder(max_header_bytes: usize) -> auto::Builder<TokioExec
         .writev(false)
         // Headers over the buffer are answered 431 by hyper itself.
         .max_buf_size(max_header_bytes.max(MIN_H1_BUFFER));
+    // Streams past the cap are refused (REFUSED_STREAM: never processed, so clients retry
+    // them). hyper has no idle timeout of its own: `serve` closes idle connections.
     b.http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
     b
 }
@@ -172,8 +187,16 @@ pub(crate) async fn serve<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let svc_shared = shared.clone();
+    let inflight = InFlight::new(shared.limits.max_upstream_requests_per_connection);
+    let svc_inflight = inflight.clone();
     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        service::handle(svc_shared.clone(), conn.clone(), req.map(ClientBody::Hyper))
+        let (shared, conn, inflight) = (svc_shared.clone(), conn.clone(), svc_inflight.clone());
+        async move {
+            // Only HTTP/2 carries several requests at once: those are capped.
+            let held = inflight.enter(req.version() == Version::HTTP_2).await;
+            let resp = service::handle(shared, conn, req.map(ClientBody::Hyper)).await?;
+            Ok::<_, Infallible>(resp.map(|body| HeldBody::new(body, held)))
+        }
     });
     // The header read timeout on a timer of this connection's own: one tokio timer entry per
     // connection instead of one per request (module `timer`).
@@ -181,37 +204,81 @@ pub(crate) async fn serve<I>(
     server.http1().timer(ConnTimer::new());
     let c = server.serve_connection_with_upgrades(io, svc);
     tokio::pin!(c);
-    // The connection until it ends or the listener stops. Not `select!`: that polled the stop
-    // signal's waiter (a lock in `Notify`) on every wake-up of the connection, ~320
-    // instructions per request (callgrind). The waiter is polled once per waker (a tokio
-    // task keeps its waker), and otherwise a version check tells whether it fired.
+    // The connection until it ends, the listener stops or it stays idle. Not `select!`: that
+    // polled the stop signal's waiter (a lock in `Notify`) on every wake-up of the
+    // connection, ~320 instructions per request (callgrind). The waiter and the idle timer
+    // are polled once per waker (a tokio task keeps its waker), and otherwise a version
+    // check and the timer's state tell whether they fired.
     let probe = stop.clone();
     let mut stopped = std::pin::pin!(stop.changed());
+    let idle_timeout = shared.limits.http2_idle_timeout;
+    let mut idle = std::pin::pin!(tokio::time::sleep(idle_timeout));
     let mut registered: Option<Waker> = None;
     let ended = std::future::poll_fn(|cx| {
         if let Poll::Ready(r) = c.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
+            return Poll::Ready(End::Done(r));
         }
         if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             // A closed sender stops the connection too, as `changed` would.
             if probe.has_changed().unwrap_or(true) {
-                return Poll::Ready(None);
+                return Poll::Ready(End::Stop);
+            }
+            if idle.is_elapsed() && idle_for(&inflight, idle.as_mut(), idle_timeout, cx) {
+                return Poll::Ready(End::Idle);
             }
         } else {
             if stopped.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(None);
+                return Poll::Ready(End::Stop);
+            }
+            if idle_for(&inflight, idle.as_mut(), idle_timeout, cx) {
+                return Poll::Ready(End::Idle);
             }
             registered = Some(cx.waker().clone());
         }
         Poll::Pending
     })
     .await;
-    if let Some(r) = ended {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "connection ended with an error");
+    match ended {
+        End::Done(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
+        End::Done(Ok(())) => {}
+        End::Stop | End::Idle => {
+            if matches!(ended, End::Idle) {
+                shared
+                    .metrics
+                    .client_timeout(ClientTimeoutKind::ConnectionIdle);
+            }
+            c.as_mut().graceful_shutdown();
+            let _ = c.await;
         }
-        return;
     }
-    c.as_mut().graceful_shutdown();
-    let _ = c.await;
+}
+
+/// How [`serve`]'s connection ended.
+enum End<E> {
+    /// On its own.
+    Done(Result<(), E>),
+    /// The listener stopped.
+    Stop,
+    /// Nothing in flight for the idle timeout.
+    Idle,
+}
+
+/// True once the connection has had nothing in flight for `timeout`; otherwise re-arms
+/// `idle` for the earliest instant that can be so (and registers it with `cx`).
+fn idle_for(
+    inflight: &InFlight,
+    mut idle: Pin<&mut tokio::time::Sleep>,
+    timeout: Duration,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    while idle.as_mut().poll(cx).is_ready() {
+        let now = tokio::time::Instant::now();
+        match inflight.idle_since() {
+            Some(since) if since + timeout <= now => return true,
+            Some(since) => idle.as_mut().reset(since + timeout),
+            // Busy: nothing to check before a whole timeout from now.
+            None => idle.as_mut().reset(now + timeout),
+        }
+    }
+    false
 }

@@ -20,7 +20,7 @@ use clap::Parser;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::subscribe::{self, SubscribeConfig};
-use tollgate_proxy::{Metrics, Proxy, ProxyOptions, serve_admin};
+use tollgate_proxy::{ClientLimitArgs, Metrics, Proxy, ProxyOptions, serve_admin};
 
 /// jemalloc: the request path allocates a few buffers per request (hyper's read buffers, header
 /// blocks, channels); glibc malloc spent ~2.2k instructions per proxied request on them.
@@ -65,6 +65,9 @@ struct Args {
     /// Rate-limit storage.
     #[command(flatten)]
     rate_limit: RateLimitArgs,
+    /// Slow-client limits.
+    #[command(flatten)]
+    client_limits: ClientLimitArgs,
 }
 
 fn parse(path: &Path, text: &[u8]) -> anyhow::Result<RouteTable> {
@@ -101,6 +104,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         ..ProxyOptions::default()
     };
     options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
+    args.client_limits.apply(&mut options);
     let proxy = Proxy::new(options);
     // The subscription, kept alive until shutdown.
     let mut subscription = None;

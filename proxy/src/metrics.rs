@@ -96,6 +96,7 @@ pub struct Metrics {
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
     tls_connections: Family<OutcomeLabels, Counter>,
+    client_timeouts: Family<KindLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
@@ -171,6 +172,33 @@ impl Default for Metrics {
     }
 }
 
+/// Why the proxy cut a slow or idle client off: the `kind` label of
+/// `tollgate_client_timeouts_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientTimeoutKind {
+    /// A request body the client stopped sending (the idle timeout; on HTTP/2 the stream
+    /// idle timeout).
+    BodyIdle,
+    /// A request body sent below the minimum rate.
+    BodyRate,
+    /// A request body not finished within the total request-body deadline.
+    BodyDeadline,
+    /// A connection with no request in flight for the idle timeout (closed gracefully).
+    ConnectionIdle,
+}
+
+impl ClientTimeoutKind {
+    /// The label value (also the access log's `client_timeout`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::BodyIdle => "body_idle",
+            Self::BodyRate => "body_rate",
+            Self::BodyDeadline => "body_deadline",
+            Self::ConnectionIdle => "connection_idle",
+        }
+    }
+}
+
 /// Kinds of upstream error (the `kind` label of `tollgate_upstream_errors_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UpstreamErrorKind {
@@ -212,6 +240,7 @@ impl Metrics {
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
+        let client_timeouts = Family::<KindLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
         registry.register(
@@ -233,6 +262,11 @@ impl Metrics {
             "tls_connections",
             "Connections on TLS (TLSRoute) ports, by outcome",
             tls_connections.clone(),
+        );
+        registry.register(
+            "client_timeouts",
+            "Slow or idle clients cut off, by kind (body_idle, body_rate, body_deadline, connection_idle)",
+            client_timeouts.clone(),
         );
         registry.register(
             "active_connections",
@@ -264,6 +298,7 @@ impl Metrics {
             durations,
             upstream_errors,
             tls_connections,
+            client_timeouts,
             active_connections,
             table_version,
             access_log_dropped,
@@ -324,6 +359,15 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a slow or idle client cut off.
+    pub(crate) fn client_timeout(&self, kind: ClientTimeoutKind) {
+        self.client_timeouts
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
     /// Counts a finished connection of a TLS port.
     pub(crate) fn tls_connection(&self, outcome: TlsOutcome) {
         self.tls_connections
@@ -374,6 +418,7 @@ mod tests {
         assert!(Arc::ptr_eq(&shop, &m.route("default/shop")));
         m.upstream_error(UpstreamErrorKind::Connect);
         m.set_table_version(7);
+        m.client_timeout(ClientTimeoutKind::BodyRate);
         let text = m.encode();
         assert!(
             text.contains(r#"tollgate_requests_total{route="default/shop",code_class="2xx"} 1"#),
@@ -386,6 +431,10 @@ mod tests {
         );
         assert!(text.contains(r#"tollgate_upstream_errors_total{kind="connect"} 1"#));
         assert!(text.contains("tollgate_route_table_version 7"));
+        assert!(
+            text.contains(r#"tollgate_client_timeouts_total{kind="body_rate"} 1"#),
+            "{text}"
+        );
         assert!(text.contains("tollgate_request_duration_seconds_bucket"));
     }
 

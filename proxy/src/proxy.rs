@@ -57,8 +57,39 @@ pub struct ProxyOptions {
     /// ends the request: 408 when no answer has started, and the upstream request is
     /// abandoned, so a client trickling a body cannot hold an upstream connection for ever.
     /// Not for HTTP/2 requests, whose bodies (gRPC streams) may rightly stay quiet while the
-    /// answer streams. Default 60 s.
+    /// answer streams (see `http2_stream_idle_timeout`). Default 60 s (nginx's
+    /// `client_body_timeout`).
     pub request_body_idle_timeout: Duration,
+    /// A request body must be whole this long after it starts to be forwarded, else it is cut
+    /// as the idle timeout cuts it (408 when no answer has started, the upstream request
+    /// reset). On HTTP/2 only until the answer starts, so a gRPC stream the upstream
+    /// answers may go on. Default 300 s (Envoy's edge `request_timeout`).
+    pub request_body_timeout: Duration,
+    /// Least pace of an HTTP/1.x request body, in bytes per second, kept up over
+    /// `request_body_rate_window`: a client may fall behind this pace by at most one window's
+    /// worth of bytes (time the proxy is not reading, because the upstream is not, does not
+    /// count). Slower is cut as the idle timeout cuts. 0 turns it off. Default 256 B/s
+    /// (Kestrel asks 240 B/s, Apache's mod_reqtimeout 500 B/s).
+    pub request_body_min_rate: u64,
+    /// The window of `request_body_min_rate`; also how long a body may pause entirely.
+    /// Default 60 s, the idle timeout's.
+    pub request_body_rate_window: Duration,
+    /// An HTTP/2 request body (a stream) the client sends nothing of for this long, more
+    /// being due, is cut (408 when no answer has started, the upstream stream reset).
+    /// Default 300 s (Envoy's edge `stream_idle_timeout`).
+    pub http2_stream_idle_timeout: Duration,
+    /// A connection served by hyper (HTTP/2; HTTP/1 over TLS, whose header read timeout
+    /// closes it sooner anyway) with no request in flight for this long is closed gracefully
+    /// (HTTP/2: GOAWAY). Default 75 s (nginx's `keepalive_timeout`).
+    pub http2_idle_timeout: Duration,
+    /// Most streams one HTTP/2 connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS);
+    /// more are refused (REFUSED_STREAM, which clients retry). Default 100 (Envoy's edge
+    /// guide, HAProxy).
+    pub http2_max_concurrent_streams: u32,
+    /// Most requests of one HTTP/2 connection forwarded at once, so most upstream
+    /// connections one client connection can hold; the others wait (streams stay open)
+    /// until one finishes. An HTTP/1 connection has one request at a time anyway. Default 32.
+    pub max_upstream_requests_per_connection: usize,
     /// Most mirror copies (RequestMirror) in flight at once; a copy past it is not sent
     /// (counted as `tollgate_upstream_errors_total{kind="mirror_overload"}`), so a slow or
     /// unreachable mirror backend cannot pile up tasks, sockets and buffered bodies. Default
@@ -92,17 +123,31 @@ impl Default for ProxyOptions {
             stream_idle_timeout: Duration::from_secs(3600),
             max_mirrors_in_flight: 1024,
             request_body_idle_timeout: Duration::from_secs(60),
+            request_body_timeout: Duration::from_secs(300),
+            request_body_min_rate: 256,
+            request_body_rate_window: Duration::from_secs(60),
+            http2_stream_idle_timeout: Duration::from_secs(300),
+            http2_idle_timeout: Duration::from_secs(75),
+            http2_max_concurrent_streams: 100,
+            max_upstream_requests_per_connection: 100,
         }
     }
 }
 
-/// Request limits, copied out of [`ProxyOptions`].
+/// Request and connection limits, copied out of [`ProxyOptions`] (documented there).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
     pub stream_idle_timeout: Duration,
     pub request_body_idle_timeout: Duration,
+    pub request_body_timeout: Duration,
+    pub request_body_min_rate: u64,
+    pub request_body_rate_window: Duration,
+    pub http2_stream_idle_timeout: Duration,
+    pub http2_idle_timeout: Duration,
+    pub http2_max_concurrent_streams: u32,
+    pub max_upstream_requests_per_connection: usize,
 }
 
 /// Per-port runtime state of a snapshot.
@@ -174,6 +219,13 @@ impl Proxy {
             max_body_bytes: opts.max_body_bytes,
             stream_idle_timeout: opts.stream_idle_timeout,
             request_body_idle_timeout: opts.request_body_idle_timeout,
+            request_body_timeout: opts.request_body_timeout,
+            request_body_min_rate: opts.request_body_min_rate,
+            request_body_rate_window: opts.request_body_rate_window,
+            http2_stream_idle_timeout: opts.http2_stream_idle_timeout,
+            http2_idle_timeout: opts.http2_idle_timeout,
+            http2_max_concurrent_streams: opts.http2_max_concurrent_streams,
+            max_upstream_requests_per_connection: opts.max_upstream_requests_per_connection,
         };
         let limiter = match opts.rate_limiter.clone() {
             Some(l) => l,
@@ -190,7 +242,7 @@ impl Proxy {
             access_log: AccessLog::new(opts.access_log, opts.metrics.clone()),
             metrics: opts.metrics,
             upstream: Upstream::new(),
-            server: listener::server_builder(limits.max_header_bytes),
+            server: listener::server_builder(&limits),
             connections: AtomicUsize::new(0),
             idle: Notify::new(),
             mirror_slots: Arc::new(tokio::sync::Semaphore::new(opts.max_mirrors_in_flight)),

@@ -45,6 +45,7 @@ use crate::intake;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
 use crate::mirror;
 use crate::normalize::PathOptions;
+use crate::pace::{BodyPace, Cut};
 use crate::policy::enforce::RequestInfo;
 use crate::proxy::{Shared, Snapshot};
 use crate::upstream::{Balancer, EndpointGuard};
@@ -100,6 +101,8 @@ struct LogFields {
     /// A gRPC call: its status is read from the answer's head or trailers.
     grpc: bool,
     grpc_status: Option<u32>,
+    /// The request body's fault, read when the answer ends: why a slow body was cut.
+    fault: Option<Arc<BodyFault>>,
 }
 
 impl OnComplete for Completion {
@@ -120,6 +123,11 @@ impl OnComplete for Completion {
                 request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
                 peer: log.peer.to_string(),
                 grpc_status: log.grpc_status,
+                client_timeout: log
+                    .fault
+                    .as_deref()
+                    .and_then(BodyFault::cut)
+                    .map(Cut::as_str),
             });
         }
     }
@@ -187,6 +195,7 @@ pub(crate) async fn handle(
             peer: conn.peer,
             grpc: grpc_client,
             grpc_status: None,
+            fault: None,
         })
     });
     let mut done = Completion {
@@ -469,10 +478,8 @@ async fn proxy(
         protocol,
         upgrade,
     };
-    // HTTP/1.x bodies only: an HTTP/2 request body (a gRPC stream) may rightly stay quiet
-    // while its answer streams.
-    let body_idle_timeout =
-        (parts.version < Version::HTTP_2).then_some(shared.limits.request_body_idle_timeout);
+    // Read before `apply` sets the upstream's version: the bounds are the client's.
+    let body_pace = BodyPace::for_request(&shared.limits, parts.version);
     let added = match head.apply(&mut parts) {
         Ok(added) => added,
         Err(code) => return status(code),
@@ -484,6 +491,9 @@ async fn proxy(
         .map(|ms| tokio::time::Instant::from_std(done.start) + Duration::from_millis(ms));
     // Only a request with a body can exceed the body limit or stall it.
     let fault = (!body.is_end_stream()).then(|| Arc::new(BodyFault::default()));
+    if let Some(log) = done.log.as_mut() {
+        log.fault = fault.clone();
+    }
     let call = Call {
         shared,
         snapshot,
@@ -492,7 +502,7 @@ async fn proxy(
         path_and_query: pq,
         mirrors: &plan.mirrors,
         fault: fault.as_ref(),
-        body_idle_timeout,
+        body_pace,
         backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
     };
     let result = match deadline {

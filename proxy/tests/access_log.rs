@@ -1,7 +1,8 @@
 //! The access log of the `tollgate-proxy` binary (one JSON line per request on stdout): a gRPC
 //! call's line carries its `grpc_status`, wherever the status came from (the upstream's
 //! trailers, the upstream's Trailers-Only head, or the gateway's own answer); other lines
-//! have none.
+//! have none. A request whose body was cut as too slow carries why (`client_timeout`),
+//! which the metrics count too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -103,6 +104,41 @@ fn line_for(lines: &mpsc::Receiver<String>, path: &str) -> Value {
     }
 }
 
+/// Writes `t` to `file` and starts the `tollgate-proxy` binary on it with the access log on,
+/// the admin server on `admin` and `args`; the process (killed when dropped) and its stdout
+/// lines.
+fn start_binary(
+    file: &std::path::Path,
+    t: &tollgate_api::RouteTable,
+    admin: u16,
+    args: &[&str],
+) -> (Killed, mpsc::Receiver<String>) {
+    std::fs::write(file, serde_json::to_string(t).unwrap()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
+        .arg("--table")
+        .arg(file)
+        .arg("--admin")
+        .arg(format!("127.0.0.1:{admin}"))
+        .args(["--access-log", "true"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (Killed(child), lines)
+}
+
 #[tokio::test]
 async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     let grpc = grpc_server().await;
@@ -134,29 +170,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
         )],
         vec![("grpc", grpc_backend), ("plain", backend_of(&[&echo]))],
     );
-    std::fs::write(&file, serde_json::to_string(&t).unwrap()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
-        .arg("--table")
-        .arg(&file)
-        .arg("--admin")
-        .arg(format!("127.0.0.1:{admin}"))
-        .args(["--access-log", "true"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _proxy = Killed(child);
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let (_proxy, lines) = start_binary(&file, &t, admin, &[]);
 
     let h1 = h1_client();
     let h2 = h2c_client();
@@ -236,5 +250,78 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
         }
     }
 
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Started with `--request-body-timeout-secs 1`, the binary cuts a body that stalls: the
+/// client gets 408, the line says `client_timeout: body_deadline` (a request with no body
+/// has no such field), and `/metrics` counts it.
+#[tokio::test]
+async fn a_body_cut_as_too_slow_is_logged_and_counted_with_its_reason() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let echo = echo_backend("plain").await;
+    let port = free_port();
+    let admin = free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-slow-body-log-{}-{port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = table(
+        1,
+        vec![http_port(
+            port,
+            vec![route("plain", "/", vec![wb("plain", 1)])],
+        )],
+        vec![("plain", backend_of(&[&echo]))],
+    );
+    let (_proxy, lines) = start_binary(
+        &dir.join("table.json"),
+        &t,
+        admin,
+        &["--request-body-timeout-secs", "1"],
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let h1 = h1_client();
+    let mut up = false;
+    for _ in 0..300 {
+        let req = Request::get(format!("{base}/ready"))
+            .body(Full::default())
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), h1.request(req)).await
+            && r.status() == StatusCode::OK
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the proxy never served /ready");
+    let ready = line_for(&lines, "/ready");
+    assert!(ready.get("client_timeout").is_none(), "{ready}");
+
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nfirst")
+        .await
+        .unwrap();
+    let mut out = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut out))
+        .await
+        .expect("no answer to the stalled body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let line = line_for(&lines, "/upload");
+    assert_eq!(line["status"], 408, "{line}");
+    assert_eq!(line["client_timeout"], "body_deadline", "{line}");
+
+    let metrics = get(&h1, &format!("http://127.0.0.1:{admin}/metrics")).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains(r#"tollgate_client_timeouts_total{kind="body_deadline"} 1"#),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
