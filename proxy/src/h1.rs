@@ -185,27 +185,48 @@ impl Conn {
             seen,
             reason,
         } = head;
-        if seen.transfer_encoding {
-            // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
-            if version == Version::HTTP_10 {
-                return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
-            }
-            // §6.3: Transfer-Encoding overrides Content-Length, which an intermediary must
-            // not pass on (the client would frame the body by it).
-            if seen.content_length {
-                headers.remove(CONTENT_LENGTH);
-            }
+        let (state, keep) = body_plan(status, version, &mut headers, seen, head_request)?;
+        let body = RawBody::new(self, state, keep.then(|| pool.clone()), !seen.hop);
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        *resp.version_mut() = version;
+        *resp.headers_mut() = headers;
+        if let Some(r) = reason {
+            resp.extensions_mut().insert(r);
         }
-        let mut keep = version == Version::HTTP_11
-            && !seen.close
-            && !(seen.connection && asks_to_close(&headers));
-        let state = if head_request
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
+        Ok(resp)
+    }
+}
+
+/// How an answer's body is read, and whether its connection may be reused after it, from
+/// its head (whose map loses a `Content-Length` that chunks override) and whether it
+/// answers a HEAD. Apart from [`Conn::into_response`] so the fuzz targets and the
+/// differential test (`crate::fuzzing`) judge the very same decision.
+pub(crate) fn body_plan(
+    status: StatusCode,
+    version: Version,
+    headers: &mut HeaderMap,
+    seen: Seen,
+    head_request: bool,
+) -> Result<(Decode, bool), H1Error> {
+    if seen.transfer_encoding {
+        // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
+        if version == Version::HTTP_10 {
+            return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
+        }
+        // §6.3: Transfer-Encoding overrides Content-Length, which an intermediary must
+        // not pass on (the client would frame the body by it).
+        if seen.content_length {
+            headers.remove(CONTENT_LENGTH);
+        }
+    }
+    let mut keep =
+        version == Version::HTTP_11 && !seen.close && !(seen.connection && asks_to_close(headers));
+    let state =
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             Decode::Length(0)
         } else {
-            match framing(&headers, seen)? {
+            match framing(headers, seen)? {
                 Framing::Chunked { with_length } => {
                     // (`with_length` is the field seen in the head: removed above.)
                     // Both framings: chunks win, and the connection is not trusted again.
@@ -219,16 +240,7 @@ impl Conn {
                 }
             }
         };
-        let body = RawBody::new(self, state, keep.then(|| pool.clone()), !seen.hop);
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
-        *resp.version_mut() = version;
-        *resp.headers_mut() = headers;
-        if let Some(r) = reason {
-            resp.extensions_mut().insert(r);
-        }
-        Ok(resp)
-    }
+    Ok((state, keep))
 }
 
 /// Writes the request line and fields, the request's own then `added`. A POST, PUT or PATCH
@@ -268,19 +280,19 @@ fn poll_fill(
 }
 
 /// A parsed answer head.
-struct Head {
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    seen: Seen,
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    pub(crate) seen: Seen,
     /// The status line's phrase, when it is not the standard one.
-    reason: Option<hyper::ext::ReasonPhrase>,
+    pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
 }
 
 /// Which of the fields that frame the body the head has (noted while parsing, so a head
 /// without them is not searched for them).
 #[derive(Debug, Default, Clone, Copy)]
-struct Seen {
+pub(crate) struct Seen {
     /// A `Connection` field that was one known token (`keep-alive`, `close`...) was read
     /// and left out of the map; this says whether it was `close`.
     close: bool,
@@ -301,7 +313,7 @@ type Span = (std::ops::Range<usize>, std::ops::Range<usize>);
 
 /// Parses an answer head off the front of `buf`; `None` until it is complete. The fields go
 /// into `map` (emptied first), which the head then takes.
-fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H1Error> {
+pub(crate) fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H1Error> {
     if buf.is_empty() {
         return Ok(None);
     }
@@ -453,7 +465,7 @@ pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
 
 /// Where the body's reading stands.
 #[derive(Debug)]
-enum Decode {
+pub(crate) enum Decode {
     /// This many bytes to go.
     Length(u64),
     Chunked(Chunk),
@@ -464,7 +476,7 @@ enum Decode {
 }
 
 #[derive(Debug)]
-enum Chunk {
+pub(crate) enum Chunk {
     /// Expecting a chunk-size line.
     Size,
     /// This many bytes of the chunk to go.
@@ -527,7 +539,7 @@ impl RawBody {
 }
 
 /// What one step of decoding gave.
-enum Step {
+pub(crate) enum Step {
     Frame(Frame<Bytes>),
     /// The body ended.
     End,
@@ -618,7 +630,7 @@ fn take_data(buf: &mut BytesMut, rest: &mut u64) -> Step {
 }
 
 /// One step of chunked decoding over what `buf` holds.
-fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
+pub(crate) fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
     loop {
         match chunk {
             Chunk::Size => {

@@ -40,6 +40,10 @@ mod error;
 mod field_name;
 pub mod filters;
 mod forward;
+/// Thin wrappers over the private HTTP/1 codec for the fuzz targets and the differential
+/// test; not a stable API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc;
 mod h1;
 mod h1serve;
