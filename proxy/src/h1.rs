@@ -336,7 +336,9 @@ pub(crate) fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Opti
         };
         let base = buf.as_ptr() as usize;
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
-        let reason = resp.reason.map(|r| {
+        // An empty phrase ("HTTP/1.1 200\r\n") may be a static "" outside `buf`, whose
+        // offset would be garbage (a panic, found by fuzzing); it says nothing anyway.
+        let reason = resp.reason.filter(|r| !r.is_empty()).map(|r| {
             let start = offset(r.as_bytes());
             start..start + r.len()
         });
