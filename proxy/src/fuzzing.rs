@@ -24,7 +24,7 @@ pub enum Request {
     /// Served by `h1serve` itself; its head's bytes were taken off the buffer.
     Served {
         /// The request as the service receives it (its body is always empty).
-        request: http::Request<()>,
+        request: Box<http::Request<()>>,
         /// A HEAD request.
         head: bool,
         /// The client asked to close after this exchange.
@@ -38,7 +38,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Request {
         Parsed::Partial => Request::Partial,
         Parsed::Hyper => Request::Hyper,
         Parsed::Serve(req, shape) => Request::Served {
-            request: req.map(|_| ()),
+            request: Box::new(req.map(|_| ())),
             head: shape.head,
             close: shape.close,
         },
