@@ -58,7 +58,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
             .build()
             .expect("a runtime"),
         policy: CompiledAuth::build(&auth, &state).expect("the fixture policy builds"),
-        key: EncodingKey::from_secret(SECRET),
+        key: EncodingKey::from_secret(SECRET).expect("a non-empty secret"),
     }
 });
 
