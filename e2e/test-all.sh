@@ -55,6 +55,9 @@ e2e/kstatus.sh build >/dev/null
 step "cargo test"
 cargo test --workspace --locked
 
+step "e2e/fuzz.sh 30 (every fuzz target 30 s from its seeds; docs/fuzzing.md)"
+e2e/fuzz.sh 30
+
 step "e2e/chart-test.sh (helm lint/template, server-side dry run, RBAC as the chart grants it)"
 TOLLGATE_BIN="$CARGO_TARGET_DIR/debug/tollgate" e2e/chart-test.sh
 

@@ -6,6 +6,9 @@
 pub mod compile;
 pub mod crds;
 pub mod demo;
+/// Thin wrappers for the fuzz targets (`fuzz/`); not a stable API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod k8s;
 pub mod manifests;
 pub mod push;

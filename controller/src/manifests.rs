@@ -349,7 +349,7 @@ impl ManifestDir {
 /// cache tell an unchanged route from a changed one without comparing them field by field,
 /// also among the unchanged objects of an edited file; and a fresh scan of the same files
 /// gives the same versions.
-fn set_versions(inputs: &mut Inputs) {
+pub(crate) fn set_versions(inputs: &mut Inputs) {
     let mut json = Vec::new();
     macro_rules! set {
         ($f:ident) => {

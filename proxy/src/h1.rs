@@ -196,44 +196,14 @@ impl Conn {
             seen,
             reason,
         } = head;
-        if seen.transfer_encoding {
-            // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
-            if version == Version::HTTP_10 {
-                return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
-            }
-            // §6.3: both framings "ought to be handled as an error": two readers could frame
-            // the body two ways, and what follows it could be taken for the next answer.
-            if seen.content_length {
-                return Err(H1Error::Invalid("content-length with transfer-encoding"));
-            }
-        }
-        let mut keep = version == Version::HTTP_11
-            && !seen.close
-            && !(seen.connection && asks_to_close(&headers));
-        let state = if head_request
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
+        let (state, keep) = body_plan(status, version, &headers, seen, head_request)?;
+        // A first chunk-size line that came with the head is checked now, so a broken one is
+        // a 502 rather than an answer cut off after its head.
+        if matches!(state, Decode::Chunked(Chunk::Size))
+            && let Some(end) = find(&self.rbuf, b"\r\n")
         {
-            Decode::Length(0)
-        } else {
-            match framing(&headers, seen)? {
-                Framing::Chunked { with_length } => {
-                    // (Both framings were refused above; kept as a second guard.)
-                    keep &= !with_length;
-                    // A first chunk-size line that came with the head is checked now, so
-                    // a broken one is a 502 rather than an answer cut off after its head.
-                    if let Some(end) = find(&self.rbuf, b"\r\n") {
-                        parse_chunk_size(&self.rbuf[..end])?;
-                    }
-                    Decode::Chunked(Chunk::Size)
-                }
-                Framing::Length(n) => Decode::Length(n),
-                Framing::Close => {
-                    keep = false;
-                    Decode::Close
-                }
-            }
-        };
+            parse_chunk_size(&self.rbuf[..end])?;
+        }
         let body = RawBody::new(self, state, keep.then(|| pool.clone()), !seen.hop);
         let mut resp = Response::new(body);
         *resp.status_mut() = status;
@@ -244,6 +214,49 @@ impl Conn {
         }
         Ok(resp)
     }
+}
+
+/// How an answer's body is read, and whether its connection may be reused after it, from
+/// its head and whether it answers a HEAD. Apart from [`Conn::into_response`] so the fuzz targets and the
+/// differential test (`crate::fuzzing`) judge the very same decision.
+pub(crate) fn body_plan(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+    seen: Seen,
+    head_request: bool,
+) -> Result<(Decode, bool), H1Error> {
+    if seen.transfer_encoding {
+        // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
+        if version == Version::HTTP_10 {
+            return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
+        }
+        // §6.3: both framings "ought to be handled as an error": two readers could frame
+        // the body two ways, and what follows it could be taken for the next answer.
+        if seen.content_length {
+            return Err(H1Error::Invalid("content-length with transfer-encoding"));
+        }
+    }
+    let mut keep =
+        version == Version::HTTP_11 && !seen.close && !(seen.connection && asks_to_close(headers));
+    let state =
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            Decode::Length(0)
+        } else {
+            match framing(headers, seen)? {
+                Framing::Chunked { with_length } => {
+                    // (Both framings were refused above; kept as a second guard.)
+                    keep &= !with_length;
+                    Decode::Chunked(Chunk::Size)
+                }
+                Framing::Length(n) => Decode::Length(n),
+                Framing::Close => {
+                    keep = false;
+                    Decode::Close
+                }
+            }
+        };
+    Ok((state, keep))
 }
 
 /// Writes the request line and fields, the request's own then `added`. A POST, PUT or PATCH
@@ -283,19 +296,19 @@ fn poll_fill(
 }
 
 /// A parsed answer head.
-struct Head {
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    seen: Seen,
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    pub(crate) seen: Seen,
     /// The status line's phrase, when it is not the standard one.
-    reason: Option<hyper::ext::ReasonPhrase>,
+    pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
 }
 
 /// Which of the fields that frame the body the head has (noted while parsing, so a head
 /// without them is not searched for them).
 #[derive(Debug, Default, Clone, Copy)]
-struct Seen {
+pub(crate) struct Seen {
     /// A `Connection` field that was one known token (`keep-alive`, `close`...) was read
     /// and left out of the map; this says whether it was `close`.
     close: bool,
@@ -316,7 +329,7 @@ type Span = (std::ops::Range<usize>, std::ops::Range<usize>);
 
 /// Parses an answer head off the front of `buf`; `None` until it is complete. The fields go
 /// into `map` (emptied first), which the head then takes.
-fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H1Error> {
+pub(crate) fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H1Error> {
     if buf.is_empty() {
         return Ok(None);
     }
@@ -339,7 +352,9 @@ fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H
         };
         let base = buf.as_ptr() as usize;
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
-        let reason = resp.reason.map(|r| {
+        // An empty phrase ("HTTP/1.1 200\r\n") may be a static "" outside `buf`, whose
+        // offset would be garbage (a panic, found by fuzzing); it says nothing anyway.
+        let reason = resp.reason.filter(|r| !r.is_empty()).map(|r| {
             let start = offset(r.as_bytes());
             start..start + r.len()
         });
@@ -428,8 +443,20 @@ fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
     let has_length = seen.content_length;
     if seen.transfer_encoding {
         // Only chunked as the final coding delimits the body; anything else runs to close.
-        return Ok(match header_tokens(headers, TRANSFER_ENCODING).last() {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked {
+        // By bytes, from the last field: a value that is not text (obs-text) must not be
+        // skipped, or an earlier `chunked` would pass for the final coding.
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| {
+                v.as_bytes()
+                    .split(|&b| b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .rfind(|t| !t.is_empty())
+            });
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case(b"chunked") => Framing::Chunked {
                 with_length: has_length,
             },
             _ => Framing::Close,
@@ -468,7 +495,7 @@ pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
 
 /// Where the body's reading stands.
 #[derive(Debug)]
-enum Decode {
+pub(crate) enum Decode {
     /// This many bytes to go.
     Length(u64),
     Chunked(Chunk),
@@ -479,7 +506,7 @@ enum Decode {
 }
 
 #[derive(Debug)]
-enum Chunk {
+pub(crate) enum Chunk {
     /// Expecting a chunk-size line.
     Size,
     /// This many bytes of the chunk to go.
@@ -542,7 +569,7 @@ impl RawBody {
 }
 
 /// What one step of decoding gave.
-enum Step {
+pub(crate) enum Step {
     Frame(Frame<Bytes>),
     /// The body ended.
     End,
@@ -633,7 +660,7 @@ fn take_data(buf: &mut BytesMut, rest: &mut u64) -> Step {
 }
 
 /// One step of chunked decoding over what `buf` holds.
-fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
+pub(crate) fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
     loop {
         match chunk {
             Chunk::Size => {

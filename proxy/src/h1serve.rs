@@ -139,17 +139,17 @@ pub(crate) async fn serve(
 
 /// What [`serve`] must remember of a request for its response.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
+pub(crate) struct Shape {
     /// A HEAD request: the response has no body.
-    head: bool,
+    pub(crate) head: bool,
     /// The client asked to close after this exchange.
-    close: bool,
+    pub(crate) close: bool,
 }
 
 // Returned once per request and taken apart at once: a box would cost an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-enum Parsed {
+pub(crate) enum Parsed {
     /// Not a whole head yet.
     Partial,
     /// A request this module serves.
@@ -161,7 +161,7 @@ enum Parsed {
 }
 
 /// Parses a request head off the front of `buf` (taking its bytes only when it is served).
-fn parse_request(buf: &mut BytesMut) -> Parsed {
+pub(crate) fn parse_request(buf: &mut BytesMut) -> Parsed {
     if buf.is_empty() {
         return Parsed::Partial;
     }

@@ -119,16 +119,22 @@ impl Expr {
             message: e.to_string(),
         })?;
         let mut vars = 0;
-        for v in program.references().variables() {
+        let references = program.references();
+        let mut unknown: Option<&str> = None;
+        for v in references.variables() {
             match VARIABLES.iter().position(|known| *known == v) {
                 Some(i) => vars |= 1 << i,
-                None => {
-                    return Err(CelError::UnknownVariable {
-                        expr: source.to_owned(),
-                        variable: v.to_owned(),
-                    });
-                }
+                // The names come from a hash set, in no fixed order: the least one is
+                // reported, so an expression always gets the same message (statuses are
+                // part of the compiler's deterministic output; found by fuzzing).
+                None => unknown = Some(unknown.map_or(v, |u| u.min(v))),
             }
+        }
+        if let Some(v) = unknown {
+            return Err(CelError::UnknownVariable {
+                expr: source.to_owned(),
+                variable: v.to_owned(),
+            });
         }
         let fast = fast::compile(program.expression());
         let mut headers = Vec::new();

@@ -418,3 +418,15 @@ fn common_shapes_are_fast() {
         assert!(!Expr::compile(src).unwrap().is_fast(), "{src}");
     }
 }
+
+/// Found by fuzzing (`manifests`): with two unknown names the error named either one, by
+/// hash-set order, so compiling the same manifests twice gave different statuses.
+#[test]
+fn the_unknown_variable_reported_is_always_the_same() {
+    for _ in 0..32 {
+        match Expr::compile("sour*e.address + zed") {
+            Err(CelError::UnknownVariable { variable, .. }) => assert_eq!(variable, "e"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
