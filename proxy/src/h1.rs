@@ -353,8 +353,12 @@ pub(crate) fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Opti
         let base = buf.as_ptr() as usize;
         let offset = |s: &[u8]| s.as_ptr() as usize - base;
         // An empty phrase ("HTTP/1.1 200\r\n") may be a static "" outside `buf`, whose
-        // offset would be garbage (a panic, found by fuzzing); it says nothing anyway.
-        let reason = resp.reason.filter(|r| !r.is_empty()).map(|r| {
+        // offset would be garbage (a panic, found by fuzzing): it is the empty range, and
+        // the client reads the empty phrase the upstream sent.
+        let reason = resp.reason.map(|r| {
+            if r.is_empty() {
+                return 0..0;
+            }
             let start = offset(r.as_bytes());
             start..start + r.len()
         });
