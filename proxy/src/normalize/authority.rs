@@ -61,7 +61,12 @@ pub fn parse_authority(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
     // Checked above: every byte is ASCII.
     let text = std::str::from_utf8(host).map_err(|_| BadAuthority::Character)?;
     let upper = host.iter().fold(false, |u, c| u | c.is_ascii_uppercase());
-    let unchanged = !upper && !dot && port_text != Some(b"");
+    // A port is written back without leading zeros (`:080` → `:80`).
+    let port_canonical = match port_text {
+        None => true,
+        Some(p) => !p.is_empty() && (p.len() == 1 || p[0] != b'0'),
+    };
+    let unchanged = !upper && !dot && port_canonical;
     let host = if upper {
         Cow::Owned(text.to_ascii_lowercase())
     } else {
@@ -183,7 +188,8 @@ mod tests {
         assert_eq!(ok("[::1]:80"), ("[::1]".into(), Some(80), true));
         assert_eq!(ok("[FE80::1]"), ("[fe80::1]".into(), None, false));
         assert_eq!(ok(""), ("".into(), None, true));
-        assert_eq!(ok("a:00080"), ("a".into(), Some(80), true));
+        assert_eq!(ok("a:00080"), ("a".into(), Some(80), false));
+        assert_eq!(ok("a:0"), ("a".into(), Some(0), true));
     }
 
     #[test]
@@ -214,6 +220,15 @@ mod tests {
         ] {
             assert_eq!(parse_authority(raw.as_bytes()), Err(why), "{raw}");
         }
+    }
+
+    /// Found by the `authority` fuzz target: a port with a leading zero was called
+    /// unchanged, so the client's `:00` was forwarded where the normal form says `:0`.
+    #[test]
+    fn a_port_with_leading_zeros_is_rewritten() {
+        let a = parse_authority(b"1-7)0=.0.1:00").unwrap();
+        assert!(!a.unchanged);
+        assert_eq!(a.to_text(), "1-7)0=.0.1:0");
     }
 
     #[test]
