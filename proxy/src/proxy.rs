@@ -88,7 +88,9 @@ pub struct ProxyOptions {
     pub http2_max_concurrent_streams: u32,
     /// Most requests of one HTTP/2 connection forwarded at once, so most upstream
     /// connections one client connection can hold; the others wait (streams stay open)
-    /// until one finishes. An HTTP/1 connection has one request at a time anyway. Default 32.
+    /// until one finishes. An HTTP/1 connection has one request at a time anyway. Default
+    /// 100, the stream cap: by default no admitted stream waits (a gRPC channel with many
+    /// long-lived streams is not held back); lower it to bound one connection's upstreams.
     pub max_upstream_requests_per_connection: usize,
     /// Most mirror copies (RequestMirror) in flight at once; a copy past it is not sent
     /// (counted as `tollgate_upstream_errors_total{kind="mirror_overload"}`), so a slow or
