@@ -129,32 +129,13 @@ pub(crate) fn rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    let (y, m, day) = tollgate_h1::encode::civil_from_days(i64::try_from(days).unwrap_or(0));
     format!(
         "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,
         (rem % 3600) / 60,
         rem % 60,
         d.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
-pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    (
-        y,
-        u32::try_from(m).unwrap_or(1),
-        u32::try_from(d).unwrap_or(1),
     )
 }
 

@@ -15,7 +15,8 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderValue};
 
-use crate::field_name;
+use tollgate_h1::field_name;
+pub(crate) use tollgate_h1::{header_tokens, is_known_token};
 
 /// `x-request-id`.
 pub(crate) static X_REQUEST_ID: HeaderName = field_name::X_REQUEST_ID;
@@ -116,18 +117,6 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     header_tokens(headers, CONNECTION)
 }
 
-/// The comma-separated tokens of every `name` field (`Connection`, `Transfer-Encoding`),
-/// trimmed, empty ones skipped.
-pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-}
-
 /// Which hop-by-hop and forwarding fields a header block carries, found in one pass over its
 /// names, so the edits that follow touch the map (and hash a name) only for fields that are
 /// there: most requests carry none of them.
@@ -181,22 +170,6 @@ impl Present {
         }
         p
     }
-}
-
-/// Connection tokens that name fields `strip_present` removes anyway (or no field at all).
-/// `te` is not one: a TE field named by Connection goes, `trailers` and all.
-pub(crate) fn is_known_token(t: &[u8]) -> bool {
-    // Length first: `eq_ignore_ascii_case` against every token cost ~90 instructions per
-    // response carrying `Connection: keep-alive` (callgrind).
-    let known: &[u8] = match t.len() {
-        5 => b"close",
-        7 => b"upgrade",
-        10 => b"keep-alive",
-        16 => b"proxy-connection",
-        17 => b"transfer-encoding",
-        _ => return false,
-    };
-    t.eq_ignore_ascii_case(known)
 }
 
 /// Client hygiene on arrival, before routing, policies and filters: hop-by-hop fields go
@@ -407,6 +380,32 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn hop_by_hop_are_the_names_the_codec_classes_so() {
+        use tollgate_h1::field_name::{self, Class};
+        for text in [
+            "te",
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+            "host",
+            "content-length",
+            "date",
+            "trailer",
+            "accept",
+            "x-forwarded-for",
+            "x-custom",
+        ] {
+            let (name, class) = field_name::parse(text.as_bytes()).unwrap();
+            let mut map = HeaderMap::new();
+            map.insert(name, HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut map, false);
+            assert_eq!(map.is_empty(), class == Class::HopByHop, "{text}");
+        }
     }
 
     #[test]

@@ -11,8 +11,9 @@
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode, Version};
 
-use crate::h1::{self, Chunk, Decode, Step};
 use crate::h1serve::{self, Parsed};
+use tollgate_h1::body::{Decoder, Framing, Step};
+use tollgate_h1::response::{ResponseHead as Head, body_plan, parse_response as parse_head};
 
 /// What the server side (`h1serve`) made of the bytes a client sent.
 #[derive(Debug)]
@@ -80,10 +81,10 @@ pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<ResponseHead>, String> {
-    let Some(head) = h1::parse_head(buf, &mut HeaderMap::new()).map_err(|e| e.to_string())? else {
+    let Some(head) = parse_head(buf, &mut HeaderMap::new()).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    let h1::Head {
+    let Head {
         status,
         version,
         headers,
@@ -93,13 +94,12 @@ pub fn parse_response(
     let plan = if status.is_informational() {
         None
     } else {
-        let (decode, keep) = h1::body_plan(status, version, &headers, seen, head_request)
-            .map_err(|e| e.to_string())?;
+        let (decode, keep) =
+            body_plan(status, version, &headers, seen, head_request).map_err(|e| e.to_string())?;
         let framing = match decode {
-            Decode::Length(n) => BodyFraming::Length(n),
-            Decode::Chunked(_) => BodyFraming::Chunked,
-            Decode::Close => BodyFraming::Close,
-            Decode::Done => BodyFraming::Length(0),
+            Framing::Length(n) => BodyFraming::Length(n),
+            Framing::Chunked => BodyFraming::Chunked,
+            Framing::Close => BodyFraming::Close,
         };
         Some((framing, keep))
     };
@@ -124,26 +124,24 @@ pub enum ChunkPiece {
 
 /// The upstream exchange's chunked-body decoder, one step at a time.
 #[derive(Debug)]
-pub struct ChunkDecoder(Chunk);
+pub struct ChunkDecoder(Decoder);
 
 impl Default for ChunkDecoder {
     fn default() -> Self {
-        Self(Chunk::Size)
+        Self(Decoder::new(Framing::Chunked))
     }
 }
 
 impl ChunkDecoder {
     /// One step over what `buf` holds: `Ok(None)` when more bytes are needed.
     pub fn step(&mut self, buf: &mut BytesMut) -> Result<Option<ChunkPiece>, String> {
-        Ok(
-            match h1::decode_chunk(buf, &mut self.0).map_err(|e| e.to_string())? {
-                Step::More => None,
-                Step::End => Some(ChunkPiece::End),
-                Step::Frame(f) => Some(match f.into_data() {
-                    Ok(data) => ChunkPiece::Data(data),
-                    Err(f) => ChunkPiece::Trailers(f.into_trailers().unwrap_or_default()),
-                }),
-            },
-        )
+        Ok(match self.0.decode(buf).map_err(|e| e.to_string())? {
+            Step::More => None,
+            Step::End => Some(ChunkPiece::End),
+            Step::Frame(f) => Some(match f.into_data() {
+                Ok(data) => ChunkPiece::Data(data),
+                Err(f) => ChunkPiece::Trailers(f.into_trailers().unwrap_or_default()),
+            }),
+        })
     }
 }

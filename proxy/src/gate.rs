@@ -24,8 +24,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::framing::check_request_head;
-use crate::h1::parse_decimal;
+use tollgate_h1::framing::check_request_head;
+use tollgate_h1::parse_decimal;
 
 /// Most header fields a followed head may carry (hyper's default): a head with more is
 /// hyper's to refuse.

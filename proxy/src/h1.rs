@@ -9,7 +9,7 @@
 //! own task writes the head and parses the answer. Requests with a body (their body and the
 //! answer must be driven at once), upgrades and CONNECT still go through hyper (module `pool`).
 //!
-//! What it reads (RFC 9112): a status line and up to [`MAX_HEADERS`] fields in at most
+//! What it reads (RFC 9112): a status line and up to `tollgate_h1::MAX_HEADERS` fields in at most
 //! [`MAX_HEAD`] bytes; up to [`MAX_INTERIM`] 1xx interim answers are skipped; the body is
 //! framed by `Transfer-Encoding: chunked` (trailers kept), `Content-Length`, or the
 //! connection's close; HEAD answers and 204/304 have none. Both framing fields, lengths that
@@ -24,32 +24,25 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf as _, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::body::BoxError;
-use crate::field_name::{self, Class};
-use crate::forward::{Added, header_tokens, is_known_token};
+use tollgate_h1::body::{Decoder, Framing, Step};
+use tollgate_h1::response::{ResponseHead, body_plan, parse_response};
+
+use crate::forward::Added;
 use crate::pool::EndpointPool;
 
-/// Most header fields an answer may carry (hyper's default too).
-pub(crate) const MAX_HEADERS: usize = 100;
 /// Most bytes an answer's head (status line and fields) may take; hyper's default buffer.
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// Most interim (1xx) answers before the final one: an upstream that sends them without end
 /// is broken, not slow.
 const MAX_INTERIM: usize = 16;
-/// Longest chunk-size line (with extensions).
-const MAX_CHUNK_LINE: usize = 4096;
-/// Most bytes of trailer fields.
-const MAX_TRAILERS: usize = 64 * 1024;
-/// The end of a chunked body without trailers, after a chunk's data.
-const LAST_CHUNK: &[u8] = b"\r\n0\r\n\r\n";
 /// Room made in the read buffer before each read.
 const READ_CHUNK: usize = 8192;
 
@@ -75,6 +68,9 @@ pub(crate) enum H1Error {
     /// The answer broke HTTP/1.1.
     #[error("invalid answer from upstream: {0}")]
     Invalid(&'static str),
+    /// The answer broke HTTP/1.1, as the codec found.
+    #[error("invalid answer from upstream: {0}")]
+    Codec(#[from] tollgate_h1::Error),
     /// The answer's head went past [`MAX_HEAD`] bytes.
     #[error("answer head larger than {MAX_HEAD} bytes")]
     HeadTooLarge,
@@ -126,7 +122,15 @@ impl Conn {
         added: &Added<'_>,
         pool: &Arc<EndpointPool>,
     ) -> Result<Response<RawBody>, H1Error> {
-        encode_head(req, added, &mut self.wbuf);
+        let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
+        let fields = req.headers.iter().chain(added.fields());
+        tollgate_h1::encode::request_head(
+            &req.method,
+            target,
+            fields,
+            Framing::Length(0),
+            &mut self.wbuf,
+        );
         let mut written = 0;
         while written < self.wbuf.len() {
             match self.io.write(&self.wbuf[written..]).await {
@@ -148,7 +152,7 @@ impl Conn {
         let mut heard = false;
         let mut interim = 0;
         loop {
-            if let Some(head) = parse_head(&mut self.rbuf, &mut fields)? {
+            if let Some(head) = parse_response(&mut self.rbuf, &mut fields)? {
                 // Interim answers (100 Continue, 103 Early Hints) precede the real one. A
                 // 101 cannot answer a request that asked for no upgrade.
                 if head.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -185,103 +189,33 @@ impl Conn {
 
     fn into_response(
         self,
-        head: Head,
+        head: ResponseHead,
         head_request: bool,
         pool: &Arc<EndpointPool>,
     ) -> Result<Response<RawBody>, H1Error> {
-        let Head {
+        let ResponseHead {
             status,
             version,
             headers,
             seen,
             reason,
         } = head;
-        let (state, keep) = body_plan(status, version, &headers, seen, head_request)?;
+        let (framing, keep) = body_plan(status, version, &headers, seen, head_request)?;
+        let state = Decoder::new(framing);
         // A first chunk-size line that came with the head is checked now, so a broken one is
         // a 502 rather than an answer cut off after its head.
-        if matches!(state, Decode::Chunked(Chunk::Size))
-            && let Some(end) = find(&self.rbuf, b"\r\n")
-        {
-            parse_chunk_size(&self.rbuf[..end])?;
-        }
+        state.check_first_chunk(&self.rbuf)?;
         let body = RawBody::new(self, state, keep.then(|| pool.clone()), !seen.hop);
         let mut resp = Response::new(body);
         *resp.status_mut() = status;
         *resp.version_mut() = version;
         *resp.headers_mut() = headers;
-        if let Some(r) = reason {
+        // A phrase of its own ("200 Fine") goes on to the client, as hyper passes it.
+        if let Some(r) = reason.and_then(|r| hyper::ext::ReasonPhrase::try_from(r).ok()) {
             resp.extensions_mut().insert(r);
         }
         Ok(resp)
     }
-}
-
-/// How an answer's body is read, and whether its connection may be reused after it, from
-/// its head and whether it answers a HEAD. Apart from [`Conn::into_response`] so the fuzz targets and the
-/// differential test (`crate::fuzzing`) judge the very same decision.
-pub(crate) fn body_plan(
-    status: StatusCode,
-    version: Version,
-    headers: &HeaderMap,
-    seen: Seen,
-    head_request: bool,
-) -> Result<(Decode, bool), H1Error> {
-    if seen.transfer_encoding {
-        // RFC 9112 §6.1: a 1.0 message cannot be chunked; its framing is faulty.
-        if version == Version::HTTP_10 {
-            return Err(H1Error::Invalid("transfer-encoding in an HTTP/1.0 answer"));
-        }
-        // §6.3: both framings "ought to be handled as an error": two readers could frame
-        // the body two ways, and what follows it could be taken for the next answer.
-        if seen.content_length {
-            return Err(H1Error::Invalid("content-length with transfer-encoding"));
-        }
-    }
-    let mut keep =
-        version == Version::HTTP_11 && !seen.close && !(seen.connection && asks_to_close(headers));
-    let state =
-        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-            Decode::Length(0)
-        } else {
-            match framing(headers, seen)? {
-                Framing::Chunked { with_length } => {
-                    // (Both framings were refused above; kept as a second guard.)
-                    keep &= !with_length;
-                    Decode::Chunked(Chunk::Size)
-                }
-                Framing::Length(n) => Decode::Length(n),
-                Framing::Close => {
-                    keep = false;
-                    Decode::Close
-                }
-            }
-        };
-    Ok((state, keep))
-}
-
-/// Writes the request line and fields, the request's own then `added`. A POST, PUT or PATCH
-/// without a length gets `content-length: 0` (RFC 9110 §8.6: a client should send it;
-/// hyper's client did not).
-fn encode_head(req: &Parts, added: &Added<'_>, out: &mut Vec<u8>) {
-    out.clear();
-    let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(req.method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(path.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers.iter().chain(added.fields()) {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    let m = &req.method;
-    if (m == Method::POST || m == Method::PUT || m == Method::PATCH)
-        && !req.headers.contains_key(CONTENT_LENGTH)
-    {
-        out.extend_from_slice(b"content-length: 0\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Reads what the socket has into `buf` (after making room); 0 at EOF. The read future keeps
@@ -295,238 +229,12 @@ fn poll_fill(
     pin!(io.read_buf(buf)).poll(cx)
 }
 
-/// A parsed answer head.
-pub(crate) struct Head {
-    pub(crate) status: StatusCode,
-    pub(crate) version: Version,
-    pub(crate) headers: HeaderMap,
-    pub(crate) seen: Seen,
-    /// The status line's phrase, when it is not the standard one.
-    pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
-}
-
-/// Which of the fields that frame the body the head has (noted while parsing, so a head
-/// without them is not searched for them).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Seen {
-    /// A `Connection` field that was one known token (`keep-alive`, `close`...) was read
-    /// and left out of the map; this says whether it was `close`.
-    close: bool,
-    /// A `Connection` field is in the map (a list, or a token that may name a field).
-    connection: bool,
-    transfer_encoding: bool,
-    content_length: bool,
-    /// The value of the head's one `Content-Length` field when it is a plain number (else
-    /// [`framing`] reads every value from the map).
-    length: Option<u64>,
-    /// Some hop-by-hop field is in the map; without one the service need not look for them
-    /// ([`RawBody::clean_head`]).
-    hop: bool,
-}
-
-/// Byte ranges of a field's name and value.
-type Span = (std::ops::Range<usize>, std::ops::Range<usize>);
-
-/// Parses an answer head off the front of `buf`; `None` until it is complete. The fields go
-/// into `map` (emptied first), which the head then takes.
-pub(crate) fn parse_head(buf: &mut BytesMut, map: &mut HeaderMap) -> Result<Option<Head>, H1Error> {
-    if buf.is_empty() {
-        return Ok(None);
-    }
-    // Where each field's name and value sit in `buf`, so the values can share its bytes.
-    // (Neither array is zeroed: at 100 fields that would cost more than the parse.)
-    let (len, code, minor, reason, spans) = {
-        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut []);
-        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-            &mut resp,
-            buf,
-            &mut fields,
-        ) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(H1Error::Invalid("too many header fields"));
-            }
-            Err(_) => return Err(H1Error::Invalid("malformed head")),
-        };
-        let base = buf.as_ptr() as usize;
-        let offset = |s: &[u8]| s.as_ptr() as usize - base;
-        // An empty phrase ("HTTP/1.1 200\r\n") may be a static "" outside `buf`, whose
-        // offset would be garbage (a panic, found by fuzzing): it is the empty range, and
-        // the client reads the empty phrase the upstream sent.
-        let reason = resp.reason.map(|r| {
-            if r.is_empty() {
-                return 0..0;
-            }
-            let start = offset(r.as_bytes());
-            start..start + r.len()
-        });
-        let spans: Vec<Span> = resp
-            .headers
-            .iter()
-            .map(|f| {
-                let (n, v) = (offset(f.name.as_bytes()), offset(f.value));
-                (n..n + f.name.len(), v..v + f.value.len())
-            })
-            .collect();
-        (
-            len,
-            resp.code.unwrap_or(0),
-            resp.version.unwrap_or(1),
-            reason,
-            spans,
-        )
-    };
-    let head = buf.split_to(len).freeze();
-    let status = StatusCode::from_u16(code).map_err(|_| H1Error::Invalid("status code"))?;
-    let version = if minor == 0 {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    // A phrase of its own ("200 Fine") goes on to the client, as hyper passes it.
-    let reason = reason
-        .map(|r| head.slice(r))
-        .filter(|r| Some(&r[..]) != status.canonical_reason().map(str::as_bytes))
-        .and_then(|r| hyper::ext::ReasonPhrase::try_from(r).ok());
-    let mut headers = std::mem::take(map);
-    headers.clear();
-    headers.reserve(spans.len());
-    let mut seen = Seen::default();
-    for (name, value) in spans {
-        let (name, class) =
-            field_name::parse(&head[name]).map_err(|_| H1Error::Invalid("header field name"))?;
-        if name == CONNECTION && is_known_token(&head[value.clone()]) {
-            // The usual `Connection: keep-alive` (or `close`) is hop-by-hop and names no
-            // other field: read here and left out, where the service would remove it
-            // (hashed lookups, ~300 instructions per answer).
-            seen.close |= head[value].eq_ignore_ascii_case(b"close");
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(head.slice(value))
-            .map_err(|_| H1Error::Invalid("header field value"))?;
-        seen.connection |= name == CONNECTION;
-        seen.transfer_encoding |= name == TRANSFER_ENCODING;
-        seen.hop |= class == Class::HopByHop;
-        if name == CONTENT_LENGTH {
-            // A second field leaves the length to `framing`, which checks they agree.
-            seen.length = if seen.content_length {
-                None
-            } else {
-                parse_decimal(value.as_bytes().trim_ascii())
-            };
-            seen.content_length = true;
-        }
-        headers.append(name, value);
-    }
-    Ok(Some(Head {
-        status,
-        version,
-        headers,
-        seen,
-        reason,
-    }))
-}
-
-/// True when `Connection` lists `close`.
-pub(crate) fn asks_to_close(headers: &HeaderMap) -> bool {
-    header_tokens(headers, CONNECTION).any(|t| t.eq_ignore_ascii_case("close"))
-}
-
-/// How an answer's body is delimited.
-#[derive(Debug, PartialEq)]
-enum Framing {
-    Chunked { with_length: bool },
-    Length(u64),
-    Close,
-}
-
-/// The body's framing from the fields (RFC 9112 §6.3).
-fn framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
-    let has_length = seen.content_length;
-    if seen.transfer_encoding {
-        // Only chunked as the final coding delimits the body; anything else runs to close.
-        // By bytes, from the last field: a value that is not text (obs-text) must not be
-        // skipped, or an earlier `chunked` would pass for the final coding.
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| {
-                v.as_bytes()
-                    .split(|&b| b == b',')
-                    .map(<[u8]>::trim_ascii)
-                    .rfind(|t| !t.is_empty())
-            });
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case(b"chunked") => Framing::Chunked {
-                with_length: has_length,
-            },
-            _ => Framing::Close,
-        });
-    }
-    if !has_length {
-        return Ok(Framing::Close);
-    }
-    if let Some(n) = seen.length {
-        return Ok(Framing::Length(n));
-    }
-    // Repeated values (one field or several) must agree.
-    let mut length = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|&b| b == b',') {
-            let n = parse_decimal(part.trim_ascii()).ok_or(H1Error::Invalid("content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(H1Error::Invalid("content-length values differ"));
-            }
-            length = Some(n);
-        }
-    }
-    length
-        .map(Framing::Length)
-        .ok_or(H1Error::Invalid("content-length"))
-}
-
-pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 19 {
-        return None;
-    }
-    s.iter().try_fold(0u64, |n, &b| {
-        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
-    })
-}
-
-/// Where the body's reading stands.
-#[derive(Debug)]
-pub(crate) enum Decode {
-    /// This many bytes to go.
-    Length(u64),
-    Chunked(Chunk),
-    /// Everything until the upstream closes.
-    Close,
-    /// Read to the end.
-    Done,
-}
-
-#[derive(Debug)]
-pub(crate) enum Chunk {
-    /// Expecting a chunk-size line.
-    Size,
-    /// This many bytes of the chunk to go.
-    Data(u64),
-    /// Expecting the CRLF after a chunk's data.
-    DataEnd,
-    /// Past the last chunk: trailer fields, then an empty line.
-    Trailers,
-}
-
 /// An answer's body, read off the connection; gives the connection back to its pool when it
 /// has been read to the end (a body dropped early closes the connection).
 #[derive(Debug)]
 pub(crate) struct RawBody {
     conn: Option<Conn>,
-    state: Decode,
+    state: Decoder,
     /// The pool to go back to; `None` when the connection may not be reused.
     back: Option<Arc<EndpointPool>>,
     /// The answer's head, as read, holds no hop-by-hop field (see [`RawBody::clean_head`]).
@@ -541,14 +249,14 @@ impl RawBody {
         self.clean_head
     }
 
-    fn new(conn: Conn, state: Decode, back: Option<Arc<EndpointPool>>, clean_head: bool) -> Self {
+    fn new(conn: Conn, state: Decoder, back: Option<Arc<EndpointPool>>, clean_head: bool) -> Self {
         let mut this = Self {
             conn: Some(conn),
             state,
             back,
             clean_head,
         };
-        if matches!(this.state, Decode::Length(0)) {
+        if this.state.is_done() {
             this.finish();
         }
         this
@@ -556,7 +264,7 @@ impl RawBody {
 
     /// The body has ended: the connection goes back, if it may.
     fn finish(&mut self) {
-        self.state = Decode::Done;
+        self.state = Decoder::Done;
         if let (Some(conn), Some(pool)) = (self.conn.take(), self.back.take())
             && conn.rbuf.is_empty()
         {
@@ -565,20 +273,11 @@ impl RawBody {
     }
 
     fn fail(&mut self, e: H1Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.state = Decode::Done;
+        self.state = Decoder::Done;
         self.conn = None;
         self.back = None;
         Poll::Ready(Some(Err(Box::new(e))))
     }
-}
-
-/// What one step of decoding gave.
-pub(crate) enum Step {
-    Frame(Frame<Bytes>),
-    /// The body ended.
-    End,
-    /// The buffer holds too little: read more.
-    More,
 }
 
 impl Body for RawBody {
@@ -594,30 +293,10 @@ impl Body for RawBody {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            let step = match &mut this.state {
-                Decode::Done | Decode::Length(0) => Ok(Step::End),
-                Decode::Length(rest) => Ok(take_data(&mut conn.rbuf, rest)),
-                Decode::Close => Ok(if conn.rbuf.is_empty() {
-                    Step::More
-                } else {
-                    Step::Frame(Frame::data(conn.rbuf.split().freeze()))
-                }),
-                Decode::Chunked(chunk) => decode_chunk(&mut conn.rbuf, chunk),
-            };
-            match step {
-                Err(e) => return this.fail(e),
+            match this.state.decode(&mut conn.rbuf) {
+                Err(e) => return this.fail(e.into()),
                 Ok(Step::Frame(f)) => {
-                    let ended = match &this.state {
-                        Decode::Length(0) | Decode::Chunked(Chunk::Trailers) => true,
-                        // The last chunk often arrives with the body's end: take it now, so
-                        // the end is known (and the connection back) without another poll.
-                        Decode::Chunked(Chunk::DataEnd) if conn.rbuf[..] == *LAST_CHUNK => {
-                            conn.rbuf.clear();
-                            true
-                        }
-                        _ => false,
-                    };
-                    if ended {
+                    if this.state.is_done() {
                         this.finish();
                     }
                     return Poll::Ready(Some(Ok(f)));
@@ -627,8 +306,8 @@ impl Body for RawBody {
                     return Poll::Ready(None);
                 }
                 Ok(Step::More) => match ready!(poll_fill(&mut conn.io, &mut conn.rbuf, cx)) {
-                    Ok(0) if matches!(this.state, Decode::Close) => {
-                        this.state = Decode::Done;
+                    Ok(0) if matches!(this.state, Decoder::Close) => {
+                        this.state = Decoder::Done;
                         this.conn = None;
                         return Poll::Ready(None);
                     }
@@ -641,141 +320,13 @@ impl Body for RawBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, Decode::Done)
+        matches!(self.state, Decoder::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.state {
-            Decode::Length(n) => SizeHint::with_exact(n),
-            Decode::Done => SizeHint::with_exact(0),
-            _ => SizeHint::default(),
-        }
-    }
-}
-
-/// Up to `rest` bytes of body from `buf`.
-fn take_data(buf: &mut BytesMut, rest: &mut u64) -> Step {
-    if buf.is_empty() {
-        return Step::More;
-    }
-    let n = usize::try_from(*rest).map_or(buf.len(), |r| r.min(buf.len()));
-    *rest -= n as u64;
-    Step::Frame(Frame::data(buf.split_to(n).freeze()))
-}
-
-/// One step of chunked decoding over what `buf` holds.
-pub(crate) fn decode_chunk(buf: &mut BytesMut, chunk: &mut Chunk) -> Result<Step, H1Error> {
-    loop {
-        match chunk {
-            Chunk::Size => {
-                let Some(line) = take_line(buf, MAX_CHUNK_LINE)? else {
-                    return Ok(Step::More);
-                };
-                let size = parse_chunk_size(&line)?;
-                *chunk = if size == 0 {
-                    Chunk::Trailers
-                } else {
-                    Chunk::Data(size)
-                };
-            }
-            Chunk::Data(rest) => {
-                let step = take_data(buf, rest);
-                if *rest == 0 {
-                    *chunk = Chunk::DataEnd;
-                }
-                return Ok(step);
-            }
-            Chunk::DataEnd => {
-                if buf.len() < 2 {
-                    return Ok(Step::More);
-                }
-                if &buf[..2] != b"\r\n" {
-                    return Err(H1Error::Invalid("chunk not followed by CRLF"));
-                }
-                buf.advance(2);
-                *chunk = Chunk::Size;
-            }
-            Chunk::Trailers => {
-                if buf.starts_with(b"\r\n") {
-                    buf.advance(2);
-                    return Ok(Step::End);
-                }
-                let Some(end) = find(buf, b"\r\n\r\n") else {
-                    if buf.len() > MAX_TRAILERS {
-                        return Err(H1Error::Invalid("trailers too large"));
-                    }
-                    return Ok(Step::More);
-                };
-                let section = buf.split_to(end + 4).freeze();
-                let trailers = parse_trailers(&section)?;
-                return Ok(Step::Frame(Frame::trailers(trailers)));
-            }
-        }
-    }
-}
-
-/// Takes one CRLF-ended line off `buf` (without the CRLF); `None` until it is complete.
-fn take_line(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, H1Error> {
-    match find(buf, b"\r\n") {
-        Some(i) => {
-            let line = buf.split_to(i);
-            buf.advance(2);
-            Ok(Some(line))
-        }
-        None if buf.len() > max => Err(H1Error::Invalid("chunk-size line too long")),
-        None => Ok(None),
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// A chunk-size line: hex digits, then optional spaces or tabs before extensions (`;...`),
-/// which may hold no control byte.
-fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line
-        .iter()
-        .position(|b| !b.is_ascii_hexdigit())
-        .unwrap_or(line.len());
-    let rest = &line[digits..];
-    let rest = &rest[rest
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(rest.len())..];
-    // Extensions hold no control byte (a bare CR or LF there is read as a line end by
-    // some, RFC 9112 §7.1.1); a tab is whitespace.
-    if digits == 0
-        || digits > 16
-        || !(rest.is_empty() || rest[0] == b';')
-        || rest.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f)
-    {
-        return Err(H1Error::Invalid("chunk size"));
-    }
-    line[..digits].iter().try_fold(0u64, |n, &b| {
-        let d = (b as char)
-            .to_digit(16)
-            .ok_or(H1Error::Invalid("chunk size"))?;
-        Ok((n << 4) | u64::from(d))
-    })
-}
-
-/// Trailer fields (ending with the empty line).
-fn parse_trailers(section: &Bytes) -> Result<HeaderMap, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    match httparse::parse_headers(section, &mut fields) {
-        Ok(httparse::Status::Complete((_, parsed))) => {
-            let mut map = HeaderMap::with_capacity(parsed.len());
-            for f in parsed {
-                let name = HeaderName::from_bytes(f.name.as_bytes())
-                    .map_err(|_| H1Error::Invalid("trailer field name"))?;
-                let value = HeaderValue::from_maybe_shared(section.slice_ref(f.value))
-                    .map_err(|_| H1Error::Invalid("trailer field value"))?;
-                map.append(name, value);
-            }
-            Ok(map)
-        }
-        _ => Err(H1Error::Invalid("malformed trailers")),
+        self.state
+            .remaining()
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
@@ -789,6 +340,9 @@ mod tests {
     use http_body_util::BodyExt as _;
     use tokio::io::AsyncWriteExt as _;
     use tokio::net::TcpListener;
+
+    use http::HeaderMap;
+    use http::header::CONTENT_LENGTH;
 
     use super::*;
     use crate::body::{ProxyBody, empty};
@@ -831,13 +385,13 @@ mod tests {
                 tokio::spawn(async move {
                     let mut got = BytesMut::new();
                     loop {
-                        while find(&got, b"\r\n\r\n").is_none() {
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
                             match s.read_buf(&mut got).await {
                                 Ok(0) | Err(_) => return,
                                 Ok(_) => {}
                             }
                         }
-                        let end = find(&got, b"\r\n\r\n").unwrap() + 4;
+                        let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
                         let head = got.split_to(end);
                         h.lock()
                             .unwrap()
@@ -1453,73 +1007,5 @@ mod tests {
         // Known without another poll: the connection is back already.
         assert!(body.is_end_stream());
         assert_eq!(pool.idle_len(), 1);
-    }
-
-    #[test]
-    fn framing_follows_rfc_9112() {
-        let map = |fields: &[(&str, &str)]| {
-            let mut m = HeaderMap::new();
-            for (k, v) in fields {
-                m.append(
-                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                );
-            }
-            m
-        };
-        let f = |fields: &[(&str, &str)]| {
-            let m = map(fields);
-            let seen = Seen {
-                close: false,
-                connection: false,
-                transfer_encoding: m.contains_key(TRANSFER_ENCODING),
-                content_length: m.contains_key(CONTENT_LENGTH),
-                // No length read while parsing: `framing` reads every value.
-                ..Seen::default()
-            };
-            framing(&m, seen).map_err(|e| e.to_string())
-        };
-        assert_eq!(f(&[]), Ok(Framing::Close));
-        assert_eq!(f(&[("content-length", "0")]), Ok(Framing::Length(0)));
-        assert_eq!(
-            f(&[("transfer-encoding", "gzip, chunked")]),
-            Ok(Framing::Chunked { with_length: false })
-        );
-        assert_eq!(
-            f(&[
-                ("transfer-encoding", "chunked"),
-                ("transfer-encoding", "gzip")
-            ]),
-            Ok(Framing::Close)
-        );
-        assert_eq!(
-            f(&[("content-length", "9999999999999999999")]),
-            Ok(Framing::Length(9_999_999_999_999_999_999))
-        );
-        assert!(f(&[("content-length", "99999999999999999999")]).is_err());
-        assert!(f(&[("content-length", "")]).is_err());
-        assert!(f(&[("content-length", "1 2")]).is_err());
-    }
-
-    #[test]
-    fn chunk_sizes_parse_or_fail() {
-        assert_eq!(parse_chunk_size(b"1a").ok(), Some(26));
-        assert_eq!(parse_chunk_size(b"FF;name=value").ok(), Some(255));
-        assert_eq!(parse_chunk_size(b"0 ").ok(), Some(0));
-        assert_eq!(parse_chunk_size(b"ffffffffffffffff").ok(), Some(u64::MAX));
-        assert_eq!(parse_chunk_size(b"5 \t;a=b").ok(), Some(5));
-        for bad in [
-            &b""[..],
-            b";x",
-            b"1g",
-            b"fffffffffffffffff",
-            b"-1",
-            b"5 junk",
-            b"5;a\nb",
-            b"5;a\rb",
-            b"5;a\x00",
-        ] {
-            assert!(parse_chunk_size(bad).is_err(), "{bad:?}");
-        }
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! What it serves itself: HTTP/1.1 requests in origin form (`GET /path HTTP/1.1`), without
 //! `Transfer-Encoding`, a non-zero `Content-Length`, `Upgrade`, `Expect` or `TE`, whose
-//! `Connection` (if any) is `keep-alive` or `close`, with at most [`MAX_HEADERS`] fields.
+//! `Connection` (if any) is `keep-alive` or `close`, with at most `tollgate_h1::MAX_HEADERS` fields.
 //! Everything else (HTTP/1.0, HTTP/2 by prior knowledge, request bodies, upgrades and
 //! CONNECT, `Expect: 100-continue`, heads too large or malformed, which hyper answers 431 or
 //! 400) goes to hyper, which then keeps the connection to its end.
@@ -26,32 +26,30 @@
 //! which asks for them, goes to hyper).
 
 use std::future::Future as _;
-use std::io::{self, Write as _};
+use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version};
+use http::header::{EXPECT, TE};
+use http::{Method, Request, Version};
 use hyper::body::Body;
+use hyper::ext::ReasonPhrase;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tollgate_h1::body::Framing;
+use tollgate_h1::encode::{self, BodyShape, RequestShape};
+use tollgate_h1::framing::FramingError;
 
 use crate::body::ClientBody;
-use crate::field_name;
-use crate::framing;
 use crate::gate::Gated;
-use crate::h1::{asks_to_close, parse_decimal};
 use crate::listener::{self, HEADER_READ_TIMEOUT, MIN_H1_BUFFER};
 use crate::proxy::Shared;
 use crate::service::{self, ConnCtx, ProxyResponse};
 
-/// Most header fields a request served here may carry (hyper's default too).
-const MAX_HEADERS: usize = 100;
 /// Room for fields beyond the request's own: a Host the proxy may add upstream, and the
 /// answer's, which our HTTP/1 exchange reads into the request's map (module `h1`), with the
 /// `X-Request-Id` the service sets on it.
@@ -157,108 +155,42 @@ pub(crate) enum Parsed {
     /// Anything else: hyper's.
     Hyper,
     /// A head whose framing is ambiguous (module `framing`): answered 400, then closed.
-    Reject(framing::FramingError),
+    Reject(FramingError),
 }
 
 /// Parses a request head off the front of `buf` (taking its bytes only when it is served).
 pub(crate) fn parse_request(buf: &mut BytesMut) -> Parsed {
-    if buf.is_empty() {
-        return Parsed::Partial;
-    }
-    let mut shape = Shape {
-        head: false,
-        close: false,
-    };
-    // Each field's name, and where its value sits in `buf` (so values can share its bytes).
-    let (len, method, target, fields) = {
-        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut []);
-        let len = match httparse::ParserConfig::default()
-            .parse_request_with_uninit_headers(&mut req, buf, &mut slots)
-        {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Parsed::Partial,
-            Err(_) => return Parsed::Hyper,
-        };
+    let head = match tollgate_h1::request::parse_request(buf, FIELDS_ADDED) {
+        Ok(Some(head)) => head,
+        Ok(None) => return Parsed::Partial,
         // Every head read here, served or handed to hyper: hyper's parser takes a bare LF
         // as a line end, and a length with chunks as chunks.
-        if let Err(e) = framing::check_request_head(&buf[..len], req.headers) {
-            return Parsed::Reject(e);
-        }
-        if req.version != Some(1) {
-            return Parsed::Hyper;
-        }
-        let (Some(method), Some(path)) = (req.method, req.path) else {
-            return Parsed::Hyper;
-        };
-        let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-            return Parsed::Hyper;
-        };
-        if method == Method::CONNECT || !path.starts_with('/') {
-            return Parsed::Hyper;
-        }
-        let base = buf.as_ptr() as usize;
-        let offset = |s: &[u8]| s.as_ptr() as usize - base;
-        let mut fields = Vec::with_capacity(req.headers.len());
-        for f in req.headers.iter() {
-            let Ok((name, _)) = field_name::parse(f.name.as_bytes()) else {
-                return Parsed::Hyper;
-            };
-            let v = f.value;
-            if name == CONNECTION {
-                if v.eq_ignore_ascii_case(b"close") {
-                    shape.close = true;
-                } else if !v.eq_ignore_ascii_case(b"keep-alive") {
-                    return Parsed::Hyper;
-                }
-            } else if (name == CONTENT_LENGTH && v != b"0")
-                || name == TRANSFER_ENCODING
-                || name == UPGRADE
-                || name == EXPECT
-                || name == TE
-            {
-                return Parsed::Hyper;
-            }
-            let start = offset(v);
-            fields.push((name, start..start + v.len()));
-        }
-        let start = offset(path.as_bytes());
-        (len, method, start..start + path.len(), fields)
+        Err(tollgate_h1::Error::Framing(e)) => return Parsed::Reject(e),
+        // hyper answers the rest (400, or 431 for too many fields).
+        Err(_) => return Parsed::Hyper,
     };
-    // The head, frozen so the target and values share its bytes; put back for hyper if
-    // they do not parse (hyper answers 400).
-    let head = buf.split_to(len).freeze();
-    let Some((uri, headers)) = request_parts(&head, target, fields) else {
+    let req = &head.request;
+    let served = head.body == Framing::Length(0)
+        && !head.expect_continue
+        && !head.upgrade
+        && req.version() == Version::HTTP_11
+        && req.method() != Method::CONNECT
+        && req.uri().scheme().is_none()
+        && req.uri().path().starts_with('/')
+        && !req.headers().contains_key(EXPECT)
+        && !req.headers().contains_key(TE);
+    if !served {
+        // Put back for hyper, as read.
         let rest = buf.split();
-        buf.extend_from_slice(&head);
+        buf.extend_from_slice(&head.raw);
         buf.unsplit(rest);
         return Parsed::Hyper;
-    };
-    shape.head = method == Method::HEAD;
-    let mut req = Request::new(ClientBody::Empty);
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
-    Parsed::Serve(req, shape)
-}
-
-fn request_parts(
-    head: &Bytes,
-    target: std::ops::Range<usize>,
-    fields: Vec<(HeaderName, std::ops::Range<usize>)>,
-) -> Option<(Uri, HeaderMap)> {
-    let uri = Uri::from_maybe_shared(head.slice(target)).ok()?;
-    // Room for the fields added on the way (`FIELDS_ADDED`), so the map does not grow (a
-    // rehash and a realloc, ~900 instructions per request, callgrind).
-    let mut headers = HeaderMap::with_capacity(fields.len() + FIELDS_ADDED);
-    for (name, value) in fields {
-        headers.append(
-            name,
-            HeaderValue::from_maybe_shared(head.slice(value)).ok()?,
-        );
     }
-    Some((uri, headers))
+    let shape = Shape {
+        head: req.method() == Method::HEAD,
+        close: head.close,
+    };
+    Parsed::Serve(head.request.map(|()| ClientBody::Empty), shape)
 }
 
 /// The connection's waits for request heads: the header read timeout on one tokio sleep per
@@ -387,15 +319,6 @@ async fn in_flight(
     .await
 }
 
-/// How the response body goes out.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Framing {
-    /// No body bytes.
-    None,
-    Length(u64),
-    Chunked,
-}
-
 /// Writes the response; `Ok(true)` when the connection can serve another request.
 async fn write_response(
     io: &mut TcpStream,
@@ -406,9 +329,21 @@ async fn write_response(
 ) -> io::Result<bool> {
     let (parts, body) = resp.into_parts();
     wbuf.clear();
-    let (framing, asked_close) = encode_head(&parts, &body, head_request, close, wbuf);
+    let reason = parts
+        .extensions
+        .get::<ReasonPhrase>()
+        .map(ReasonPhrase::as_bytes);
+    let shape = BodyShape {
+        end: body.is_end_stream(),
+        exact: body.size_hint().exact(),
+    };
+    let request = RequestShape {
+        head: head_request,
+        http10: false,
+    };
+    let (framing, asked_close) = encode::response_head(&parts, reason, shape, request, close, wbuf);
     let mut reusable = !asked_close;
-    if framing == Framing::None {
+    if framing == Framing::Length(0) {
         drop(body);
         io.write_all(wbuf).await?;
         return Ok(reusable);
@@ -450,8 +385,7 @@ async fn write_response(
                 }
                 match framing {
                     Framing::Chunked => {
-                        // Into the buffer, not through a String (no allocation per chunk).
-                        let _ = write!(wbuf, "{:x}\r\n", data.len());
+                        encode::chunk_size(data.len(), wbuf);
                         wbuf.extend_from_slice(&data);
                         wbuf.extend_from_slice(b"\r\n");
                     }
@@ -476,7 +410,8 @@ async fn write_response(
         }
     }
     match framing {
-        Framing::Chunked => wbuf.extend_from_slice(b"0\r\n\r\n"),
+        Framing::Chunked => wbuf.extend_from_slice(encode::LAST_CHUNK),
+        Framing::Close => reusable = false,
         // Shorter than its length: the connection ends the message.
         _ if remaining != 0 => reusable = false,
         _ => {}
@@ -485,141 +420,6 @@ async fn write_response(
         io.write_all(wbuf).await?;
     }
     Ok(reusable)
-}
-
-/// Writes the status line and fields; returns the body's framing and whether the
-/// connection closes after it.
-fn encode_head<B: Body>(
-    parts: &http::response::Parts,
-    body: &B,
-    head_request: bool,
-    mut close: bool,
-    out: &mut Vec<u8>,
-) -> (Framing, bool) {
-    let status = parts.status;
-    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
-    if status == StatusCode::OK && reason.is_none() {
-        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        match reason {
-            Some(r) => out.extend_from_slice(r.as_bytes()),
-            None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
-        }
-        out.extend_from_slice(b"\r\n");
-    }
-    // HEAD answers, 1xx, 204 and 304 carry no body; only 1xx, 204 and 304 no length.
-    let no_length = status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let no_body = no_length || head_request;
-    let end = body.is_end_stream();
-    let exact = body.size_hint().exact();
-    let mut framing = None;
-    let mut wrote_date = false;
-    let mut has_connection = false;
-    for (name, value) in &parts.headers {
-        if *name == CONTENT_LENGTH {
-            if framing.is_some() {
-                continue; // a repeated length: the first one stands
-            }
-            if end && !head_request {
-                continue; // nothing to send: `content-length: 0` below, as hyper wrote
-            }
-            let Some(n) = parse_decimal(value.as_bytes().trim_ascii()) else {
-                continue; // not a length: framed below from the body
-            };
-            framing = Some(Framing::Length(n));
-        } else if *name == TRANSFER_ENCODING {
-            // The body comes decoded; it is framed here.
-            continue;
-        } else if *name == CONNECTION {
-            has_connection = true;
-        } else if *name == DATE {
-            wrote_date = true;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    // An answer that asks to close says so itself; the connection closes after it.
-    let wrote_close = has_connection && asks_to_close(&parts.headers);
-    close |= wrote_close;
-    let framing = match framing {
-        Some(f) => f,
-        None if end || exact == Some(0) => {
-            if !no_length && !head_request {
-                out.extend_from_slice(b"content-length: 0\r\n");
-            }
-            Framing::None
-        }
-        None => match exact {
-            Some(n) if !no_length => {
-                let _ = write!(out, "content-length: {n}\r\n");
-                Framing::Length(n)
-            }
-            Some(_) => Framing::None,
-            None if no_body => Framing::None,
-            None => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                Framing::Chunked
-            }
-        },
-    };
-    if close && !wrote_close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    if !wrote_date {
-        out.extend_from_slice(b"date: ");
-        http_date(out);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    let framing = if no_body { Framing::None } else { framing };
-    (framing, close)
-}
-
-/// Appends the current time as an IMF-fixdate (`Wed, 02 Dec 2026 12:17:13 GMT`), formatted
-/// once a second per thread.
-fn http_date(out: &mut Vec<u8>) {
-    thread_local! {
-        static CACHED: std::cell::Cell<(u64, [u8; 29])> = const { std::cell::Cell::new((u64::MAX, [0; 29])) };
-    }
-    let secs = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (at, text) = CACHED.get();
-    if at == secs {
-        out.extend_from_slice(&text);
-        return;
-    }
-    let text = format_http_date(secs);
-    CACHED.set((secs, text));
-    out.extend_from_slice(&text);
-}
-
-fn format_http_date(secs: u64) -> [u8; 29] {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = crate::access_log::civil_from_days(i64::try_from(days).unwrap_or(0));
-    let s = format!(
-        "{}, {d:02} {} {y:04} {:02}:{:02}:{:02} GMT",
-        DAYS[(days % 7) as usize],
-        MONTHS[(m.clamp(1, 12) - 1) as usize],
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    );
-    let mut text = [b' '; 29];
-    let n = s.len().min(29);
-    text[..n].copy_from_slice(&s.as_bytes()[..n]);
-    text
 }
 
 /// A connection whose first bytes were already read: they are read again first.
@@ -712,6 +512,11 @@ mod tests {
             parse("GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
             Parsed::Serve(..)
         ));
+        // A `Connection` list is served here; the service removes the fields it names.
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\nConnection: keep-alive, x-hop\r\n\r\n"),
+            Parsed::Serve(..)
+        ));
     }
 
     #[test]
@@ -721,7 +526,6 @@ mod tests {
             "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
             "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
             "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
-            "GET / HTTP/1.1\r\nConnection: keep-alive, x-hop\r\n\r\n",
             "PUT / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
             "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
             "CONNECT a.test:443 HTTP/1.1\r\n\r\n",
@@ -736,21 +540,12 @@ mod tests {
         }
         let many = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "a: b\r\n".repeat(MAX_HEADERS + 1)
+            "a: b\r\n".repeat(tollgate_h1::MAX_HEADERS + 1)
         );
         assert!(matches!(parse(&many), Parsed::Hyper));
         assert!(matches!(
             parse("GET / HTTP/1.1\r\nHost: a"),
             Parsed::Partial
         ));
-    }
-
-    #[test]
-    fn dates_are_imf_fixdates() {
-        assert_eq!(&format_http_date(0), b"Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(
-            &format_http_date(1_796_213_833),
-            b"Wed, 02 Dec 2026 12:17:13 GMT"
-        );
     }
 }

@@ -39,7 +39,6 @@ mod admin;
 mod body;
 mod call;
 mod error;
-mod field_name;
 pub mod filters;
 mod forward;
 mod framing;
@@ -70,6 +69,8 @@ mod stream;
 pub mod subscribe;
 mod timer;
 pub mod tls;
+#[allow(dead_code)] // taken up by the HTTP/1 drivers (server and upstream sides)
+mod upgrade;
 mod upstream;
 
 /// A hash map for lookups on the request path: foldhash (seeded per map) instead of SipHash.
