@@ -192,31 +192,33 @@ impl EndpointPool {
     async fn send_streaming(
         self: &Arc<Self>,
         parts: &mut Parts,
-        mut body: ProxyBody,
+        body: ProxyBody,
         added: &Added<'_>,
         upgrade: bool,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        while let Some(conn) = self.pop_raw() {
-            let mut conn = conn;
+        let mut out = h1::Outgoing::new(parts, body)?;
+        // A body that fails at once (over the limit) fails before any upstream sees its head.
+        out.first().await?;
+        while let Some(mut conn) = self.pop_raw() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
             if !conn.is_usable() {
                 continue;
             }
-            match conn.send(parts, &mut body, added, self, upgrade).await {
+            match conn.send(parts, &mut out, added, self, upgrade).await {
                 Ok(resp) => return Ok(resp.map(PooledBody::raw)),
-                // Not written, the body not polled: safe to send on a fresh connection.
+                // Not a byte written, what was taken from the body still in `out`: safe to
+                // send on a fresh connection.
                 Err(H1Error::Unwritten(e)) => {
                     tracing::trace!(error = %e, "reused connection refused the request");
                     break;
                 }
-                // Written: some of the body may have been taken from the client, so the
-                // request is never sent again.
+                // Written: some of the body went out, so the request is never sent again.
                 Err(e) => return Err(e.into()),
             }
         }
         let conn = h1::Conn::new(self.connect_tcp().await?);
         Ok(conn
-            .send(parts, &mut body, added, self, upgrade)
+            .send(parts, &mut out, added, self, upgrade)
             .await?
             .map(PooledBody::raw))
     }

@@ -47,6 +47,7 @@ mod body;
 mod send;
 
 pub(crate) use body::RawBody;
+pub(crate) use send::Outgoing;
 
 /// Most bytes an answer's head (status line and fields) may take; hyper's default buffer.
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;

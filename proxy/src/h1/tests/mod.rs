@@ -349,3 +349,4 @@ async fn a_phrase_of_its_own_is_kept_and_a_standard_one_left_to_the_code() {
 }
 
 mod conns;
+mod streaming;
