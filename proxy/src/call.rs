@@ -17,7 +17,7 @@ use hyper::body::Body;
 use hyper_util::rt::TokioIo;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::body::{BodyFault, ClientBody, LimitedBody, ProxyBody, empty, full};
+use crate::body::{BodyFault, BoxError, ClientBody, LimitedBody, ProxyBody, empty, full};
 use crate::filters;
 use crate::forward::{self, Added};
 use crate::metrics::UpstreamErrorKind;
@@ -207,8 +207,13 @@ pub(crate) fn response_filters(
 ) -> Response<ProxyBody> {
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgraded = switching && client_upgrade.is_some();
-    if switching && let Some(client_side) = client_upgrade {
-        splice(client_side, hyper::upgrade::on(&mut resp));
+    // The upstream side's connection rides in the answer (module `h1`); without it (an
+    // answer of another client) nothing is spliced and the client's side just closes.
+    if switching
+        && let Some(client_side) = client_upgrade
+        && let Some(upstream_side) = resp.extensions_mut().remove::<crate::upgrade::OnUpgrade>()
+    {
+        splice(client_side, upstream_side);
     }
     let (mut rp, body) = resp.into_parts();
     if upgraded || !body.clean_head() {
@@ -262,10 +267,13 @@ pub(crate) fn failure_response(
     status(code)
 }
 
-/// Joins the client's and the upstream's upgraded connections in a detached task.
-fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+/// Joins the client's (hyper's) and the upstream's (module `h1`'s) upgraded connections in a
+/// detached task.
+fn splice(client: hyper::upgrade::OnUpgrade, upstream: crate::upgrade::OnUpgrade) {
     tokio::spawn(async move {
-        let (client, upstream) = match tokio::try_join!(client, upstream) {
+        let client = async { client.await.map_err(BoxError::from) };
+        let upstream = async { upstream.await.map_err(BoxError::from) };
+        let (client, mut upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(error = %e, "upgrade failed");
@@ -273,7 +281,6 @@ fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade
             }
         };
         let mut client = TokioIo::new(client);
-        let mut upstream = TokioIo::new(upstream);
         let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
     });
 }

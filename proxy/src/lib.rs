@@ -69,7 +69,6 @@ mod stream;
 pub mod subscribe;
 mod timer;
 pub mod tls;
-#[allow(dead_code)] // taken up by the HTTP/1 drivers (server and upstream sides)
 mod upgrade;
 mod upstream;
 

@@ -8,16 +8,16 @@
 //! endpoint the balancer picked: no key, no hash), the lock is held only for a push or a pop,
 //! and the request's own task puts the connection back when the response body ends.
 //!
-//! A request without a body (and no upgrade) is exchanged by the request's own task (module
-//! `h1`); the rest go through hyper, whose connection driver (`Connection`, with upgrades)
-//! runs in its own task for the connection's lifetime. The two kinds of connection have their
-//! own idle stacks. The stack is LIFO, so a quiet period leaves the surplus at the
-//! bottom, where a sweeper closes what stayed idle through two sweeps (30 to 60 s). A request
-//! that a reused connection refused before writing a byte (the upstream closed it while
-//! idle) is sent again on a fresh connection. A request that may have been written is sent
-//! twice only when it is idempotent, has no body, and the reused connection closed without a
-//! byte of answer (the upstream's keep-alive timeout racing it): once more, on a fresh
-//! connection.
+//! Every exchange is the project's own HTTP/1.1 client (module `h1`), run by the request's
+//! own task: a bodiless request by its lean exchange, a request with a body, an upgrade or
+//! CONNECT by the streaming one (an upgraded connection never comes back). The idle stack is
+//! LIFO, so a quiet period leaves the surplus at the bottom, where a sweeper closes what
+//! stayed idle through two sweeps (30 to 60 s). A request that a reused connection refused
+//! before writing a byte (the upstream closed it while idle) is sent again on another
+//! connection (its body, if any, not yet polled). A request that may have been written is
+//! sent twice only when it is idempotent, has no body, and the reused connection closed
+//! without a byte of answer (the upstream's keep-alive timeout racing it): once more, on a
+//! fresh connection. A body, once any of it was polled, is never sent again.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,12 +27,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
+use http::Response;
+use http::header::UPGRADE;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::body::{BoxError, ProxyBody};
@@ -73,21 +71,16 @@ fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
 /// How long a TCP connect to an endpoint may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-type Sender = http1::SendRequest<ProxyBody>;
-
 /// Why an upstream exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UpstreamError {
     /// The TCP connect failed or timed out.
     #[error("connect: {0}")]
     Connect(std::io::Error),
-    /// The HTTP exchange failed after connecting.
-    #[error(transparent)]
-    Http(#[from] hyper::Error),
     /// The HTTP/2 (h2c) client failed.
     #[error(transparent)]
     H2(#[from] hyper_util::client::legacy::Error),
-    /// A bodiless exchange (module `h1`) failed after connecting.
+    /// The HTTP/1.1 exchange (module `h1`) failed after connecting.
     #[error(transparent)]
     H1(#[from] H1Error),
 }
@@ -97,7 +90,7 @@ impl UpstreamError {
     pub fn is_connect(&self) -> bool {
         match self {
             Self::Connect(_) => true,
-            Self::Http(_) | Self::H1(_) => false,
+            Self::H1(_) => false,
             Self::H2(e) => e.is_connect(),
         }
     }
@@ -109,23 +102,13 @@ struct Idle<C> {
     swept: bool,
 }
 
-/// Idle connections: hyper's (for requests with bodies and upgrades) and our own.
-#[derive(Default)]
-struct Stacks {
-    hyper: Vec<Idle<Sender>>,
-    raw: Vec<Idle<h1::Conn>>,
-}
-
-impl Stacks {
-    fn len(&self) -> usize {
-        self.hyper.len() + self.raw.len()
-    }
-}
+/// Idle connections, the most recently used on top.
+type Stack = Vec<Idle<h1::Conn>>;
 
 /// The idle HTTP/1.1 connections to one endpoint address.
 pub(crate) struct EndpointPool {
     addr: SocketAddr,
-    idle: Mutex<Stacks>,
+    idle: Mutex<Stack>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -141,53 +124,32 @@ impl EndpointPool {
     fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
-            idle: Mutex::new(Stacks::default()),
+            idle: Mutex::new(Stack::new()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Stacks> {
+    fn lock(&self) -> MutexGuard<'_, Stack> {
         // Nothing panics while the lock is held; a poisoned stack is still a valid stack.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn pop(&self) -> Option<Sender> {
-        self.lock().hyper.pop().map(|i| i.conn)
-    }
-
-    fn push(&self, tx: Sender) {
-        if tx.is_closed() {
-            return;
-        }
-        let mut idle = self.lock();
-        if idle.hyper.len() < MAX_IDLE_PER_ENDPOINT {
-            idle.hyper.push(Idle {
-                conn: tx,
-                swept: false,
-            });
-        }
-    }
-
     fn pop_raw(&self) -> Option<h1::Conn> {
-        self.lock().raw.pop().map(|i| i.conn)
+        self.lock().pop().map(|i| i.conn)
     }
 
     /// Takes back a connection whose exchange ended cleanly.
     pub(crate) fn push_raw(&self, conn: h1::Conn) {
         let mut idle = self.lock();
-        if idle.raw.len() < MAX_IDLE_PER_ENDPOINT {
-            idle.raw.push(Idle { conn, swept: false });
+        if idle.len() < MAX_IDLE_PER_ENDPOINT {
+            idle.push(Idle { conn, swept: false });
         }
     }
 
     /// Closes connections idle since the previous sweep (or closed by the peer).
     fn sweep(&self) {
         let mut idle = self.lock();
-        idle.hyper.retain(|i| !i.swept && !i.conn.is_closed());
-        idle.raw.retain_mut(|i| !i.swept && i.conn.is_usable());
-        for i in idle.hyper.iter_mut() {
-            i.swept = true;
-        }
-        for i in idle.raw.iter_mut() {
+        idle.retain_mut(|i| !i.swept && i.conn.is_usable());
+        for i in idle.iter_mut() {
             i.swept = true;
         }
     }
@@ -202,55 +164,63 @@ impl EndpointPool {
     #[cfg(test)]
     pub async fn send(
         self: &Arc<Self>,
-        req: Request<ProxyBody>,
+        req: http::Request<ProxyBody>,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         self.send_parts(&mut parts, body, added).await
     }
 
-    /// Sends a request on an idle connection, or a fresh one; it must be in origin form and
-    /// carry a Host header. The parts are borrowed: a request without a body is written from
-    /// them by our exchange (whose answer takes their field map); hyper's client takes them.
+    /// Sends a request on an idle connection, or a fresh one; it must be in origin form
+    /// (authority form for CONNECT) and carry a Host header. The parts are borrowed: our
+    /// exchange writes the request from them, and the answer takes their field map.
     pub async fn send_parts(
         self: &Arc<Self>,
         parts: &mut Parts,
         body: ProxyBody,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        // CONNECT turns the connection into a tunnel: hyper's upgrade machinery handles it.
-        if body.is_end_stream()
-            && !parts.headers.contains_key(UPGRADE)
-            && parts.method != http::Method::CONNECT
-        {
+        let upgrade = parts.headers.contains_key(UPGRADE) || parts.method == http::Method::CONNECT;
+        if body.is_end_stream() && !upgrade {
             return self.send_bodiless(parts, added).await;
         }
-        added.insert_into(&mut parts.headers);
-        let upgrade = parts.headers.contains_key(UPGRADE) || parts.method == http::Method::CONNECT;
-        let mut req = Request::from_parts(take_parts(parts), body);
-        while let Some(mut tx) = self.pop() {
+        self.send_streaming(parts, body, added, upgrade).await
+    }
+
+    /// [`Self::send`] for a request with a body, an upgrade or CONNECT (module `h1`'s
+    /// [`h1::Conn::send`]) on an idle connection, or a fresh one.
+    async fn send_streaming(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        body: ProxyBody,
+        added: &Added<'_>,
+        upgrade: bool,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let mut out = h1::Outgoing::new(parts, body)?;
+        // A body that fails at once (over the limit) fails before any upstream sees its head.
+        out.first().await?;
+        while let Some(mut conn) = self.pop_raw() {
             // Closed while idle (the peer's keep-alive timeout): try the next one.
-            if tx.ready().await.is_err() {
+            if !conn.is_usable() {
                 continue;
             }
-            match tx.try_send_request(req).await {
-                Ok(resp) => return self.finish(tx, resp, upgrade),
-                Err(mut e) => match e.take_message() {
-                    // Not written: safe to send on a fresh connection.
-                    Some(unsent) => {
-                        tracing::trace!(error = %e.error(), "reused connection refused the request");
-                        req = unsent;
-                        break;
-                    }
-                    None => return Err(UpstreamError::Http(e.into_error())),
-                },
+            match conn.send(parts, &mut out, added, self, upgrade).await {
+                Ok(resp) => return Ok(resp.map(PooledBody::raw)),
+                // Not a byte written, what was taken from the body still in `out`: safe to
+                // send on a fresh connection.
+                Err(H1Error::Unwritten(e)) => {
+                    tracing::trace!(error = %e, "reused connection refused the request");
+                    break;
+                }
+                // Written: some of the body went out, so the request is never sent again.
+                Err(e) => return Err(e.into()),
             }
         }
-        let mut tx = self.connect().await?;
-        match tx.try_send_request(req).await {
-            Ok(resp) => self.finish(tx, resp, upgrade),
-            Err(e) => Err(UpstreamError::Http(e.into_error())),
-        }
+        let conn = h1::Conn::new(self.connect_tcp().await?);
+        Ok(conn
+            .send(parts, &mut out, added, self, upgrade)
+            .await?
+            .map(PooledBody::raw))
     }
 
     /// [`Self::send`] for a request without a body or upgrade: our own exchange (module
@@ -297,108 +267,35 @@ impl EndpointPool {
         let _ = dead_peer_detection(&stream);
         Ok(stream)
     }
-
-    async fn connect(&self) -> Result<Sender, UpstreamError> {
-        let stream = self.connect_tcp().await?;
-        let (tx, conn) = http1::Builder::new()
-            .writev(false)
-            .handshake(TokioIo::new(stream))
-            .await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(tx)
-    }
-
-    /// Wraps the response body so the connection comes back when it ends. A 101 hands the
-    /// connection to the upgrade: it never comes back. What hyper's client lets through and
-    /// the proxy refuses (as module `h1` does): a 101 to a request that asked for no
-    /// upgrade, and both `Content-Length` and `Transfer-Encoding` (hyper frames by the
-    /// chunks; what the length says is left for whoever reads it next). Either closes the
-    /// connection (dropping `tx` and the body).
-    fn finish(
-        self: &Arc<Self>,
-        tx: Sender,
-        resp: Response<Incoming>,
-        upgrade: bool,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if switching && !upgrade {
-            return Err(H1Error::Invalid("101 to a request without an upgrade").into());
-        }
-        let h = resp.headers();
-        if h.contains_key(TRANSFER_ENCODING) && h.contains_key(CONTENT_LENGTH) {
-            return Err(H1Error::Invalid("content-length with transfer-encoding").into());
-        }
-        let back = (!switching).then(|| Back {
-            pool: self.clone(),
-            tx,
-        });
-        Ok(resp.map(|body| PooledBody::hyper(body, back)))
-    }
-}
-
-/// A connection to give back.
-struct Back {
-    pool: Arc<EndpointPool>,
-    tx: Sender,
 }
 
 /// An upstream response body; for a pooled HTTP/1.1 connection, returns the connection to its
 /// pool when the body has been read to the end. A body dropped early (client gone, error)
-/// takes its connection with it (hyper closes a connection whose response was not finished;
-/// a [`RawBody`] drops its socket).
+/// takes its connection with it (a [`RawBody`] drops its socket).
+#[derive(Debug)]
 pub(crate) struct PooledBody(Inner);
 
+#[derive(Debug)]
 enum Inner {
-    Hyper { body: Incoming, back: Option<Back> },
+    /// HTTP/2 (h2c): hyper's, with no connection to return.
+    Plain(Incoming),
     Raw(RawBody),
 }
 
-impl std::fmt::Debug for PooledBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Inner::Hyper { back, .. } => f
-                .debug_struct("PooledBody")
-                .field("pooled", &back.is_some())
-                .finish_non_exhaustive(),
-            Inner::Raw(b) => f.debug_tuple("PooledBody").field(b).finish(),
-        }
-    }
-}
-
 impl PooledBody {
-    fn hyper(body: Incoming, back: Option<Back>) -> Self {
-        let mut this = Self(Inner::Hyper { body, back });
-        if this.is_end_stream() {
-            this.release();
-        }
-        this
-    }
-
     fn raw(body: RawBody) -> Self {
         Self(Inner::Raw(body))
     }
 
     /// The answer's head holds no hop-by-hop field: known only of our own HTTP/1 exchange
-    /// ([`RawBody::clean_head`]); false for hyper's answers.
+    /// ([`RawBody::clean_head`]); false for HTTP/2 answers.
     pub fn clean_head(&self) -> bool {
         matches!(&self.0, Inner::Raw(b) if b.clean_head())
     }
 
     /// A body with no connection to return (HTTP/2).
     pub fn plain(body: Incoming) -> Self {
-        Self(Inner::Hyper { body, back: None })
-    }
-
-    fn release(&mut self) {
-        if let Inner::Hyper { back, .. } = &mut self.0
-            && let Some(b) = back.take()
-        {
-            b.pool.push(b.tx);
-        }
+        Self(Inner::Plain(body))
     }
 }
 
@@ -410,40 +307,24 @@ impl Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        let (body, back) = match &mut this.0 {
-            Inner::Raw(b) => return Pin::new(b).poll_frame(cx),
-            Inner::Hyper { body, back } => (body, back),
-        };
-        match Pin::new(&mut *body).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if body.is_end_stream() {
-                    this.release();
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(None) => {
-                this.release();
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Err(e))) => {
-                *back = None;
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
-            Poll::Pending => Poll::Pending,
+        match &mut self.0 {
+            Inner::Raw(b) => Pin::new(b).poll_frame(cx),
+            Inner::Plain(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.0 {
-            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Plain(b) => b.is_end_stream(),
             Inner::Raw(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
-            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Plain(b) => b.size_hint(),
             Inner::Raw(b) => b.size_hint(),
         }
     }
@@ -523,9 +404,10 @@ impl Registry {
     }
 }
 
-/// Takes a request's parts for a client that owns its request (hyper's), leaving empty ones.
+/// Takes a request's parts for a client that owns its request (hyper's HTTP/2 client),
+/// leaving empty ones.
 pub(crate) fn take_parts(parts: &mut Parts) -> Parts {
-    std::mem::replace(parts, Request::new(()).into_parts().0)
+    std::mem::replace(parts, http::Request::new(()).into_parts().0)
 }
 
 #[cfg(test)]
@@ -533,6 +415,8 @@ mod tests {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    use http::Request;
 
     use super::*;
     use crate::body::empty;
@@ -575,7 +459,7 @@ mod tests {
             .unwrap()
     }
 
-    /// A request with a body: it goes through hyper's client, not module `h1`.
+    /// A request with a body: module `h1`'s streaming exchange.
     fn post() -> Request<ProxyBody> {
         Request::builder()
             .method("POST")
@@ -609,7 +493,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn requests_with_bodies_reuse_hyper_connections_of_their_own() {
+    async fn requests_with_and_without_bodies_share_one_connection() {
         let (addr, conns) = backend(usize::MAX).await;
         let pool = Pools::default().pool_for(addr);
         for _ in 0..3 {
@@ -619,10 +503,9 @@ mod tests {
         roundtrip(&pool).await;
         roundtrip_with(&pool, post()).await;
         roundtrip(&pool).await;
-        // One connection for each kind, each back on its own stack.
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
-        let idle = pool.lock();
-        assert_eq!((idle.hyper.len(), idle.raw.len()), (1, 1));
+        // One HTTP/1 client now: every exchange on the one connection, back on one stack.
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_len(), 1);
     }
 
     #[tokio::test]
@@ -643,6 +526,12 @@ mod tests {
         let pool = Pools::default().pool_for(addr);
         roundtrip(&pool).await;
         roundtrip_with(&pool, post()).await;
+        // Two at once, so two connections.
+        let none = Added::default();
+        let (a, b) = tokio::join!(pool.send(get(), &none), pool.send(post(), &none));
+        for r in [a, b] {
+            r.unwrap().into_body().collect().await.unwrap();
+        }
         pool.sweep();
         assert_eq!(pool.idle_len(), 2);
         pool.sweep();

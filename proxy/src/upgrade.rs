@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::{Buf as _, Bytes};
@@ -98,13 +99,16 @@ impl AsyncWrite for Upgraded {
 pub(crate) struct Pending(oneshot::Sender<Upgraded>);
 
 /// The half of an upgrade the message carries: resolves to the connection once upgraded.
-#[derive(Debug)]
-pub(crate) struct OnUpgrade(oneshot::Receiver<Upgraded>);
+/// Clone because a message's extensions must be (as hyper's `OnUpgrade` is); clones share
+/// the one connection, which the first to wait for it after the switch takes. The lock is
+/// taken only when an upgrade is awaited, never per request.
+#[derive(Debug, Clone)]
+pub(crate) struct OnUpgrade(Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
 
 /// A new pair.
 pub(crate) fn pending() -> (Pending, OnUpgrade) {
     let (tx, rx) = oneshot::channel();
-    (Pending(tx), OnUpgrade(rx))
+    (Pending(tx), OnUpgrade(Arc::new(Mutex::new(Some(rx)))))
 }
 
 impl Pending {
@@ -122,8 +126,16 @@ pub(crate) struct NotUpgraded;
 impl Future for OnUpgrade {
     type Output = Result<Upgraded, NotUpgraded>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map_err(|_| NotUpgraded)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Nothing panics while the lock is held; a poisoned receiver is still a receiver.
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken by another clone already: a receiver must not be polled past its end.
+        let Some(rx) = slot.as_mut() else {
+            return Poll::Ready(Err(NotUpgraded));
+        };
+        let got = std::task::ready!(Pin::new(rx).poll(cx));
+        *slot = None;
+        Poll::Ready(got.map_err(|_| NotUpgraded))
     }
 }
 
