@@ -26,6 +26,7 @@ use crate::pace::BodyPace;
 use crate::pool::{PooledBody, UpstreamError};
 use crate::proxy::{Shared, Snapshot};
 use crate::service::{ConnCtx, status};
+use crate::upgrade::OnUpgrade;
 use crate::upstream::{EndpointGuard, EndpointState, request_uri};
 
 /// Phase 5, head: what the upstream request looks like.
@@ -203,7 +204,7 @@ pub(crate) fn response_filters(
     response_mods: &[&HeaderModifier],
     cors: &[&Cors],
     origin: Option<&HeaderValue>,
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    client_upgrade: Option<OnUpgrade>,
 ) -> Response<ProxyBody> {
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgraded = switching && client_upgrade.is_some();
@@ -262,17 +263,22 @@ pub(crate) fn failure_response(
     status(code)
 }
 
-/// Joins the client's and the upstream's upgraded connections in a detached task.
-fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+/// Joins the client's (our HTTP/1 server's, module `h1serve`) and the upstream's upgraded
+/// connections in a detached task.
+fn splice(client: OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
     tokio::spawn(async move {
-        let (client, upstream) = match tokio::try_join!(client, upstream) {
-            Ok(pair) => pair,
-            Err(e) => {
+        let (client, upstream) = tokio::join!(client, upstream);
+        let (mut client, upstream) = match (client, upstream) {
+            (Ok(c), Ok(u)) => (c, u),
+            (Err(e), _) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+            (_, Err(e)) => {
                 tracing::debug!(error = %e, "upgrade failed");
                 return;
             }
         };
-        let mut client = TokioIo::new(client);
         let mut upstream = TokioIo::new(upstream);
         let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
     });

@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf as _, Bytes};
@@ -98,13 +99,15 @@ impl AsyncWrite for Upgraded {
 pub(crate) struct Pending(oneshot::Sender<Upgraded>);
 
 /// The half of an upgrade the message carries: resolves to the connection once upgraded.
-#[derive(Debug)]
-pub(crate) struct OnUpgrade(oneshot::Receiver<Upgraded>);
+/// Clone, as `http::Extensions` wants of what it holds: clones share the one connection,
+/// which the first to wait for it gets (the others fail).
+#[derive(Debug, Clone)]
+pub(crate) struct OnUpgrade(Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
 
 /// A new pair.
 pub(crate) fn pending() -> (Pending, OnUpgrade) {
     let (tx, rx) = oneshot::channel();
-    (Pending(tx), OnUpgrade(rx))
+    (Pending(tx), OnUpgrade(Arc::new(Mutex::new(Some(rx)))))
 }
 
 impl Pending {
@@ -122,8 +125,20 @@ pub(crate) struct NotUpgraded;
 impl Future for OnUpgrade {
     type Output = Result<Upgraded, NotUpgraded>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map_err(|_| NotUpgraded)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Only upgrades pay for this lock, never held across an await.
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(rx) = slot.as_mut() else {
+            return Poll::Ready(Err(NotUpgraded));
+        };
+        let polled = Pin::new(rx).poll(cx).map_err(|_| NotUpgraded);
+        if polled.is_ready() {
+            *slot = None;
+        }
+        polled
     }
 }
 
