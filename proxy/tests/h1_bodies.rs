@@ -113,9 +113,11 @@ async fn bodies_by_length_and_by_chunks_reach_the_backend() {
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert_eq!(json(&body)["body"], "hello");
     // The chunks in separate writes: the body is read across reads.
-    s.write_all(b"POST /api/b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
-        .await
-        .unwrap();
+    s.write_all(
+        b"POST /api/b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     s.write_all(b"2;ext=1\r\nde\r\n0\r\nx-trailer: t\r\n\r\n")
         .await
@@ -135,8 +137,9 @@ async fn bodies_by_length_and_by_chunks_reach_the_backend() {
 }
 
 /// `Expect: 100-continue`: the interim answer comes once the body is wanted (a routed
-/// request), and then the final one; a request answered without its body (no route) gets
-/// no `100`, only its answer, and the connection closes (its body never came).
+/// request), and then the final one; another expectation is ignored; a request answered
+/// without its body (no route) gets no `100`, only its answer, and the connection closes
+/// (its body never came).
 #[tokio::test]
 async fn expect_100_continue_is_answered_only_when_the_body_is_wanted() {
     let (b, _p, mut s) = echo_proxy().await;
@@ -153,6 +156,14 @@ async fn expect_100_continue_is_answered_only_when_the_body_is_wanted() {
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert_eq!(json(&body)["body"], "hello");
     assert_eq!(b.hits(), 1);
+    // Another expectation is ignored, as hyper's server did: no 100, the body is read.
+    s.write_all(b"PUT /api/f HTTP/1.1\r\nHost: a\r\nExpect: later\r\nContent-Length: 2\r\n\r\nok")
+        .await
+        .unwrap();
+    let (head, body) = read_answer(&mut s, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(json(&body)["body"], "ok");
+    assert_eq!(b.hits(), 2);
 
     s.write_all(
         b"PUT /nope HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
@@ -161,10 +172,14 @@ async fn expect_100_continue_is_answered_only_when_the_body_is_wanted() {
     .unwrap();
     let (head, _) = read_answer(&mut s, &mut buf).await;
     assert!(head.starts_with("HTTP/1.1 404 "), "no 100 first: {head}");
-    assert_eq!(field(&head, "connection").as_deref(), Some("close"), "{head}");
+    assert_eq!(
+        field(&head, "connection").as_deref(),
+        Some("close"),
+        "{head}"
+    );
     assert_eq!(read_to_close(&mut s).await, b"");
     assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
-    assert_eq!(b.hits(), 1);
+    assert_eq!(b.hits(), 2);
 }
 
 /// A backend whose every answer has a body of unknown length (chunked), and counts requests.
@@ -222,7 +237,11 @@ async fn http10_keeps_alive_only_when_asked_and_gets_no_chunks() {
         .await
         .unwrap();
     let (head, _) = read_answer(&mut s, &mut buf).await;
-    assert_eq!(field(&head, "connection").as_deref(), Some("close"), "{head}");
+    assert_eq!(
+        field(&head, "connection").as_deref(),
+        Some("close"),
+        "{head}"
+    );
     assert_eq!(read_to_close(&mut s).await, b"");
     assert_eq!(b.hits(), 3);
 

@@ -456,8 +456,8 @@ async fn bodies_over_https_stream_and_a_refused_first_head_gets_400() {
         .await
         .unwrap();
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), tls.read_to_end(&mut out))
-        .await;
+    let _ =
+        tokio::time::timeout(std::time::Duration::from_secs(2), tls.read_to_end(&mut out)).await;
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 400 "), "{out:?}");
     assert_eq!(f.backend.hits(), 2, "nothing of it went upstream");

@@ -99,18 +99,19 @@ pub(crate) async fn serve<I: Io>(
         // A head: parsed from what is buffered (pipelined requests), else read.
         wait.start_head();
         let head = loop {
-            let parsed = if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(24)]) {
-                if rbuf.len() >= H2_PREFACE.len() {
-                    let io = TokioIo::new(Prefixed {
-                        prefix: rbuf.freeze(),
-                        io,
-                    });
-                    return listener::serve(shared, io, conn, wait.into_stop()).await;
-                }
-                Parsed::Partial
-            } else {
-                parse_request(&mut rbuf)
-            };
+            let parsed =
+                if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
+                    if rbuf.len() >= H2_PREFACE.len() {
+                        let io = TokioIo::new(Prefixed {
+                            prefix: rbuf.freeze(),
+                            io,
+                        });
+                        return listener::serve(shared, io, conn, wait.into_stop()).await;
+                    }
+                    Parsed::Partial
+                } else {
+                    parse_request(&mut rbuf)
+                };
             match parsed {
                 Parsed::Serve(head) => break head,
                 Parsed::Partial if rbuf.len() < max_head => {}
@@ -148,7 +149,8 @@ pub(crate) async fn serve<I: Io>(
         }
         let answer = Answer {
             request: RequestShape {
-                head: shape.head,
+                // A CONNECT's 2xx carries no length (RFC 9110 §8.6), as a HEAD answer.
+                head: shape.head || (switching && shape.connect),
                 http10: shape.http10,
             },
             close: close && !switching,
