@@ -109,3 +109,38 @@ fn broken_heads_are_refused_with_their_status() {
         Parsed::Partial
     ));
 }
+
+/// Backpressure: nothing of a body is read off the connection until the body waits for
+/// it, then one read gives one frame, and nothing more is read until it waits again.
+#[tokio::test]
+async fn a_body_is_read_only_while_wanted_one_read_at_a_time() {
+    use hyper::body::Body as _;
+    use std::task::Waker;
+    use tokio::io::AsyncWriteExt as _;
+
+    const SIZE: usize = 1 << 20;
+    let (mut client, mut server) = tokio::io::duplex(2 * SIZE);
+    client.write_all(&vec![7u8; SIZE]).await.unwrap();
+    let (mut reader, mut body) = Reader::new(Framing::Length(SIZE as u64), false);
+    let mut rbuf = BytesMut::new();
+    let mut cx = Context::from_waker(Waker::noop());
+    reader.drive(&mut cx, &mut server, &mut rbuf, false);
+    assert!(rbuf.is_empty(), "read before the body was wanted");
+
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+    reader.drive(&mut cx, &mut server, &mut rbuf, false);
+    let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) else {
+        panic!("no frame after one drive");
+    };
+    let taken = frame.into_data().unwrap().len();
+    assert!(taken > 0 && taken + rbuf.len() <= 64 * 1024, "{taken}");
+    let read = taken + rbuf.len();
+    reader.drive(&mut cx, &mut server, &mut rbuf, false);
+    assert_eq!(
+        taken + rbuf.len(),
+        read,
+        "read again before the body waited"
+    );
+    assert!(!reader.is_done());
+    assert_eq!(body.size_hint().exact(), Some((SIZE - taken) as u64));
+}
