@@ -1,4 +1,5 @@
-//! Body types on both sides of the proxy. In: hyper's streaming bodies. Out: a boxed
+//! Body types on both sides of the proxy. In: the clients' streaming bodies (hyper's for
+//! HTTP/2, module `h1serve`'s for HTTP/1). Out: a boxed
 //! [`ProxyBody`] for everything the proxy sends, a request body bounded in size and in pace
 //! ([`LimitedBody`]; the pace is module `pace`'s) and a response body ([`TrackedBody`]) that
 //! reports how many bytes went out once the response is finished, so the access log and
@@ -35,24 +36,30 @@ pub(crate) fn empty() -> ProxyBody {
     Empty::new().map_err(|e| match e {}).boxed()
 }
 
-/// A request body as the client sends it: hyper's, or none (a request head our own HTTP/1
-/// server read, module `h1serve`, which serves only bodiless requests itself).
+/// A request body as the client sends it: hyper's (HTTP/2), our HTTP/1 server's (module
+/// `h1serve`, streamed off the client's connection), or none.
 #[derive(Debug)]
 pub(crate) enum ClientBody {
     Hyper(Incoming),
+    H1(crate::h1serve::RequestBody),
     Empty,
 }
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            Self::Hyper(b) => Pin::new(b).poll_frame(cx),
+            Self::Hyper(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(Into::into))),
+            Self::H1(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(Into::into))),
             Self::Empty => Poll::Ready(None),
         }
     }
@@ -60,6 +67,7 @@ impl Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Hyper(b) => b.is_end_stream(),
+            Self::H1(b) => b.is_end_stream(),
             Self::Empty => true,
         }
     }
@@ -67,6 +75,7 @@ impl Body for ClientBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Hyper(b) => b.size_hint(),
+            Self::H1(b) => b.size_hint(),
             Self::Empty => SizeHint::with_exact(0),
         }
     }
@@ -221,7 +230,7 @@ impl Body for LimitedBody {
                 // The client's fault, not the upstream's: 400, even once the upstream
                 // request has begun (it is cut off).
                 this.fault.set(BodyFault::CLIENT);
-                Poll::Ready(Some(Err(Box::new(e))))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => this.wait(cx),

@@ -14,10 +14,9 @@ use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use hyper_util::rt::TokioIo;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::body::{BodyFault, BoxError, ClientBody, LimitedBody, ProxyBody, empty, full};
+use crate::body::{BodyFault, ClientBody, LimitedBody, ProxyBody, empty, full};
 use crate::filters;
 use crate::forward::{self, Added};
 use crate::metrics::UpstreamErrorKind;
@@ -26,6 +25,7 @@ use crate::pace::BodyPace;
 use crate::pool::{PooledBody, UpstreamError};
 use crate::proxy::{Shared, Snapshot};
 use crate::service::{ConnCtx, status};
+use crate::upgrade::OnUpgrade;
 use crate::upstream::{EndpointGuard, EndpointState, request_uri};
 
 /// Phase 5, head: what the upstream request looks like.
@@ -203,7 +203,7 @@ pub(crate) fn response_filters(
     response_mods: &[&HeaderModifier],
     cors: &[&Cors],
     origin: Option<&HeaderValue>,
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    client_upgrade: Option<OnUpgrade>,
 ) -> Response<ProxyBody> {
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgraded = switching && client_upgrade.is_some();
@@ -211,7 +211,7 @@ pub(crate) fn response_filters(
     // answer of another client) nothing is spliced and the client's side just closes.
     if switching
         && let Some(client_side) = client_upgrade
-        && let Some(upstream_side) = resp.extensions_mut().remove::<crate::upgrade::OnUpgrade>()
+        && let Some(upstream_side) = resp.extensions_mut().remove::<OnUpgrade>()
     {
         splice(client_side, upstream_side);
     }
@@ -267,20 +267,17 @@ pub(crate) fn failure_response(
     status(code)
 }
 
-/// Joins the client's (hyper's) and the upstream's (module `h1`'s) upgraded connections in a
-/// detached task.
-fn splice(client: hyper::upgrade::OnUpgrade, upstream: crate::upgrade::OnUpgrade) {
+/// Joins the client's (module `h1serve`) and the upstream's (module `h1`) upgraded
+/// connections in a detached task.
+fn splice(client: OnUpgrade, upstream: OnUpgrade) {
     tokio::spawn(async move {
-        let client = async { client.await.map_err(BoxError::from) };
-        let upstream = async { upstream.await.map_err(BoxError::from) };
-        let (client, mut upstream) = match tokio::try_join!(client, upstream) {
+        let (mut client, mut upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(error = %e, "upgrade failed");
                 return;
             }
         };
-        let mut client = TokioIo::new(client);
         let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
     });
 }

@@ -1,25 +1,9 @@
-//! Strict HTTP/1 request framing of the requests hyper's server reads (the codec,
-//! `tollgate_h1::framing`, checks the heads the proxy's own server reads). In: a request
-//! hyper parsed. Out: `Ok`, or the 400 it is answered with, its connection closed.
+//! Closing after a refusal. In: an answer the proxy made. Out: the same, marked to close
+//! the connection when it is a 400 (HTTP/1 framing is checked by the codec,
+//! `tollgate_h1::framing`, as our server reads each head: module `h1serve`).
 
 use http::header::CONNECTION;
-use http::{HeaderValue, Request, Response, StatusCode, Version};
-use tollgate_h1::framing::check_request_fields;
-
-use crate::body::ClientBody;
-
-/// [`check_request_fields`] of a request hyper's HTTP/1 server read, as the status it is
-/// answered with. Requests the proxy's own server read ([`ClientBody::Empty`]: their head
-/// passed `tollgate_h1::framing::check_request_head`) and HTTP/2 ones (no such fields) are not looked at again.
-pub(crate) fn check_request(req: &Request<ClientBody>) -> Result<(), StatusCode> {
-    if req.version() > Version::HTTP_11 || matches!(req.body(), ClientBody::Empty) {
-        return Ok(());
-    }
-    check_request_fields(req.headers()).map_err(|e| {
-        tracing::debug!(error = %e, "request refused");
-        StatusCode::BAD_REQUEST
-    })
-}
+use http::{HeaderValue, Response, StatusCode};
 
 /// Marks a refusal to close the connection after it: what follows a head that was refused
 /// (or a body that was never read) cannot be trusted to start a request.

@@ -2,9 +2,9 @@
 //! [`Proxy::apply`]. Out: HTTP traffic forwarded to upstream endpoints, metrics (served by
 //! [`serve_admin`]) and access logs.
 //!
-//! Modules, in request order: `listener` (sockets, TLS, hyper's server; `inflight`, its
-//! connections' requests in flight), `h1serve` (our own server for bodiless HTTP/1.1
-//! requests on plain ports), `intake` and [`normalize`] (one authority and one path per
+//! Modules, in request order: `listener` (sockets, TLS, hyper's HTTP/2 server; `inflight`,
+//! its connections' requests in flight), `h1serve` (our own server for all client HTTP/1,
+//! plain and TLS; `upgrade`, the connections it hands over after a 101), `intake` and [`normalize`] (one authority and one path per
 //! request), `service` (the request lifecycle), `call` (the upstream exchange), [`router`],
 //! [`filters`], `upstream` (balancing, clients), `pool` (HTTP/1.1 connections per endpoint),
 //! `forward` (header hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`,
@@ -42,11 +42,6 @@ mod error;
 pub mod filters;
 mod forward;
 mod framing;
-/// Thin wrappers over the private HTTP/1 codec for the fuzz targets and the differential
-/// test; not a stable API.
-#[doc(hidden)]
-pub mod fuzzing;
-mod gate;
 mod grpc;
 mod h1;
 mod h1serve;
@@ -67,7 +62,6 @@ mod signal;
 pub mod sni;
 mod stream;
 pub mod subscribe;
-mod timer;
 pub mod tls;
 mod upgrade;
 mod upstream;

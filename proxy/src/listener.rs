@@ -1,7 +1,7 @@
 //! Sockets and connections. In: a bound [`TcpListener`] for one table port. Out: an accept
-//! loop that serves each connection of a plain HTTP port with [`crate::h1serve`] (which hands
-//! what it does not serve itself to hyper here), and each connection of an HTTPS port with
-//! hyper-util's auto server (HTTP/1.1, and HTTP/2 by ALPN) behind rustls; a TLS (TLSRoute)
+//! loop that serves HTTP/1 with our own server, [`crate::h1serve`] (plain ports, and HTTPS
+//! ports behind rustls when ALPN chose `http/1.1` or nothing), and HTTP/2 with hyper's
+//! server, here (ALPN `h2`, and the h2c preface `h1serve` hands over); a TLS (TLSRoute)
 //! port hands each connection to [`crate::stream`].
 //! Each connection's [`ConnCtx`] carries its client certificate (leaf DER) only when the
 //! port validates client certificates and this one verified ([`crate::tls::PortTls`]).
@@ -10,7 +10,7 @@
 //! connections without rebinding. Stopping a listener closes its socket and asks its open
 //! connections to finish gracefully (in-flight requests complete).
 //!
-//! Slow and idle clients on hyper's connections: HTTP/2 streams past
+//! Slow and idle clients on hyper's (HTTP/2) connections: HTTP/2 streams past
 //! `http2_max_concurrent_streams` are refused by hyper, HTTP/2 requests past
 //! `max_upstream_requests_per_connection` wait for a slot (module `inflight`), and a
 //! connection with nothing in flight for `http2_idle_timeout` is shut down gracefully
@@ -24,7 +24,6 @@ use std::sync::atomic::Ordering;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use http::Version;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -37,14 +36,9 @@ use crate::inflight::{HeldBody, InFlight};
 use crate::metrics::ClientTimeoutKind;
 use crate::proxy::{Limits, PortState, Shared};
 use crate::service::{self, ConnCtx};
-use crate::timer::ConnTimer;
 
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send request headers (HTTP/1).
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// hyper refuses a smaller HTTP/1 buffer.
-pub(crate) const MIN_H1_BUFFER: usize = 8192;
 
 /// A running accept loop.
 #[derive(Debug)]
@@ -63,17 +57,10 @@ impl ListenerHandle {
     }
 }
 
-/// Builds the connection server once per proxy, from the limits.
+/// Builds the HTTP/2 server once per proxy, from the limits (HTTP/1 is module `h1serve`'s).
 pub(crate) fn server_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let max_header_bytes = limits.max_header_bytes;
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        // Replaced per connection by a `ConnTimer` (see `serve`).
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .writev(false)
-        // Headers over the buffer are answered 431 by hyper itself.
-        .max_buf_size(max_header_bytes.max(MIN_H1_BUFFER));
+    let mut b = auto::Builder::new(TokioExecutor::new()).http2_only();
     // Streams past the cap are refused (REFUSED_STREAM: never processed, so clients retry
     // them). hyper has no idle timeout of its own: `serve` closes idle connections.
     b.http2()
@@ -150,7 +137,9 @@ async fn serve_connection(
     match port {
         // The port left the table between accept and now.
         None => {}
-        Some(PortState::Http) => crate::h1serve::serve(&shared, stream, Arc::new(conn), stop).await,
+        Some(PortState::Http) => {
+            crate::h1serve::serve(&shared, stream, Arc::new(conn), stop, true).await
+        }
         Some(PortState::Tls(_)) => crate::stream::serve(&shared, stream, conn, stop).await,
         Some(PortState::Https(tls)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
@@ -159,10 +148,13 @@ async fn serve_connection(
                     conn.scheme = "https";
                     conn.sni = tls_stream.get_ref().1.server_name().map(Arc::from);
                     conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
-                    // HTTP/1 heads checked as hyper reads them (module `gate`).
-                    let h1 = tls_stream.get_ref().1.alpn_protocol() != Some(b"h2");
-                    let io = TokioIo::new(crate::gate::Gated::new(tls_stream, h1));
-                    serve(&shared, io, Arc::new(conn), stop).await;
+                    let conn = Arc::new(conn);
+                    if tls_stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
+                    } else {
+                        // ALPN `http/1.1`, or none: HTTP/1 (no h2c preface over TLS).
+                        crate::h1serve::serve(&shared, tls_stream, conn, stop, false).await;
+                    }
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, peer = %conn.peer, "TLS handshake failed")
@@ -176,8 +168,8 @@ async fn serve_connection(
     }
 }
 
-/// Serves a connection with hyper's server (HTTP/2, TLS, and the plain HTTP/1 requests
-/// [`crate::h1serve`] hands over).
+/// Serves an HTTP/2 connection with hyper's server (ALPN `h2`, or the h2c preface
+/// [`crate::h1serve`] found).
 pub(crate) async fn serve<I>(
     shared: &Arc<Shared>,
     io: I,
@@ -192,17 +184,13 @@ pub(crate) async fn serve<I>(
     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let (shared, conn, inflight) = (svc_shared.clone(), conn.clone(), svc_inflight.clone());
         async move {
-            // Only HTTP/2 carries several requests at once: those are capped.
-            let held = inflight.enter(req.version() == Version::HTTP_2).await;
+            // HTTP/2 carries several requests at once: they are capped.
+            let held = inflight.enter(true).await;
             let resp = service::handle(shared, conn, req.map(ClientBody::Hyper)).await?;
             Ok::<_, Infallible>(resp.map(|body| HeldBody::new(body, held)))
         }
     });
-    // The header read timeout on a timer of this connection's own: one tokio timer entry per
-    // connection instead of one per request (module `timer`).
-    let mut server = shared.server.clone();
-    server.http1().timer(ConnTimer::new());
-    let c = server.serve_connection_with_upgrades(io, svc);
+    let c = shared.server.serve_connection(io, svc);
     tokio::pin!(c);
     // The connection until it ends, the listener stops or it stays idle. Not `select!`: that
     // polled the stop signal's waiter (a lock in `Notify`) on every wake-up of the

@@ -48,6 +48,7 @@ use crate::normalize::PathOptions;
 use crate::pace::{BodyPace, Cut};
 use crate::policy::enforce::RequestInfo;
 use crate::proxy::{Shared, Snapshot};
+use crate::upgrade::OnUpgrade;
 use crate::upstream::{Balancer, EndpointGuard};
 
 /// What a connection knows about itself.
@@ -168,8 +169,7 @@ pub(crate) async fn handle(
     let strip = seen.needs_strip();
     let mut client = ClientHead {
         host: HeaderValue::from_static(""),
-        // Framing hyper's server let through (module `framing`): 400.
-        limits: check_limits(&shared, &seen).and_then(|()| framing::check_request(&req)),
+        limits: check_limits(&shared, &seen),
         origin: seen.origin.cloned(),
         grpc: grpc_client,
         upgrade,
@@ -209,7 +209,11 @@ pub(crate) async fn handle(
         upstream_answered: false,
         log,
     };
-    let client_upgrade = client.upgrade.then(|| hyper::upgrade::on(&mut req));
+    // Put there by our HTTP/1 server (module `h1serve`) for a request that may upgrade.
+    let client_upgrade = client
+        .upgrade
+        .then(|| req.extensions_mut().remove::<OnUpgrade>())
+        .flatten();
     let snapshot = shared.snapshot.load_full();
     let mut resp = match snapshot {
         Some(snapshot) => {
@@ -353,7 +357,7 @@ async fn proxy(
     conn: &ConnCtx,
     client: ClientHead,
     req: Request<ClientBody>,
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    client_upgrade: Option<OnUpgrade>,
     done: &mut Completion,
 ) -> Response<ProxyBody> {
     let original_host = client.host.to_str().unwrap_or("");

@@ -1,6 +1,7 @@
-//! The proxy's own HTTP/1.1 server (module `h1serve`), over raw sockets: pipelining, the hand
-//! over to hyper mid-connection, `Connection: close`, HEAD, the `date` field, framing of
-//! bodies of unknown length, and a client that leaves while its request is in flight.
+//! The proxy's own HTTP/1.1 server (module `h1serve`), over raw sockets: pipelining, bodiless
+//! requests around one with a body, `Connection: close`, HEAD, the `date` field, framing of
+//! bodies of unknown length, and a client that leaves while its request is in flight (more
+//! of it, bodies and upgrades, in `h1_bodies.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -130,9 +131,8 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(buf.is_empty());
 }
 
-/// Bodiless requests, then one with a body (which hyper's server takes over from the bytes
-/// already read, for the rest of the connection), then bodiless ones again: all answered on
-/// the one connection.
+/// Bodiless requests, then one with a body (streamed off the same read buffer), then
+/// bodiless ones again: all answered on the one connection.
 #[tokio::test]
 async fn a_connection_goes_on_after_a_request_with_a_body() {
     let (b, _p, mut s) = echo_proxy().await;

@@ -379,7 +379,7 @@ async fn oversized_headers_get_431_and_bodies_413() {
         send(&c, req.unwrap()).await.status,
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
     );
-    // Just over the configured limit but under hyper's buffer: our own check answers.
+    // Just over the configured limit: 431 too (the server stops reading the head there).
     let mid = "v".repeat(16 * 1024);
     let req = Request::get(format!("{url}/"))
         .header("x-mid", mid.as_str())
@@ -622,8 +622,8 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> String {
     }
 }
 
-/// A client that stalls in the middle of a request head is disconnected (hyper answers a
-/// header read timeout with a close, no status) once the timeout (30 s) has passed since the
+/// A client that stalls in the middle of a request head is disconnected (a header read
+/// timeout is answered with a close, no status, as hyper did) once the timeout (30 s) has passed since the
 /// previous answer, not earlier, although the connection's timer was armed, while the
 /// previous head was awaited, for an earlier deadline. Paused time: the runtime skips ahead
 /// whenever every task waits, so the test takes no 30 s.

@@ -365,8 +365,8 @@ async fn a_request_for_another_listener_than_the_sni_is_misdirected() {
     assert_eq!(f.backend.hits(), 4);
 }
 
-/// Over TLS hyper's server reads every head; the framing checks hold there too (modules
-/// `framing` and `gate`): a length with a leading zero, `chunked` twice, a length beside
+/// Over TLS our HTTP/1 server reads every head (module `h1serve`), with the same framing
+/// checks as on plain ports: a length with a leading zero, `chunked` twice, a length beside
 /// chunks and a bare LF are 400, and nothing of them reaches the backend.
 #[tokio::test]
 async fn ambiguous_framing_over_https_is_refused() {
@@ -413,4 +413,52 @@ async fn ambiguous_framing_over_https_is_refused() {
         assert!(last.starts_with(want), "{sent:?}: {out:?}");
     }
     assert_eq!(f.backend.hits(), 6, "only the clean requests went upstream");
+}
+
+/// HTTP/1.1 over TLS is our own server's too: bodies by length and in chunks reach the
+/// backend on one connection, and a refused head is answered 400 even as the connection's
+/// first (hyper's server, which read TLS connections before, closed those without a word).
+#[tokio::test]
+async fn bodies_over_https_stream_and_a_refused_first_head_gets_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fixture().await;
+    let mut tls = connect(
+        f.addr,
+        "a.example",
+        client_config(&[&rustls::version::TLS13], &[b"http/1.1"]),
+    )
+    .await;
+    tls.write_all(
+        b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\n\r\nhello\
+          POST /y HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tls.read_to_end(&mut out))
+        .await
+        .expect("closed after the second answer");
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{out}");
+    assert!(out.contains(r#""body":"hello""#), "{out}");
+    assert!(out.contains(r#""body":"abcde""#), "{out}");
+    assert!(out.contains(r#""x-forwarded-proto":"https""#), "{out}");
+    assert_eq!(f.backend.hits(), 2);
+
+    let mut tls = connect(
+        f.addr,
+        "a.example",
+        client_config(&[&rustls::version::TLS13], &[]),
+    )
+    .await;
+    tls.write_all(b"POST /x HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ =
+        tokio::time::timeout(std::time::Duration::from_secs(2), tls.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 400 "), "{out:?}");
+    assert_eq!(f.backend.hits(), 2, "nothing of it went upstream");
 }

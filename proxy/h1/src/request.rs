@@ -8,7 +8,7 @@
 //! refuses, more than [`MAX_HEADERS`] fields.
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use crate::body::Framing;
@@ -30,6 +30,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     /// An upgrade is asked (HTTP/1.1, `Upgrade` with `Connection: upgrade`).
     pub upgrade: bool,
+    /// `TE` lists `trailers`: the client takes trailer fields on a chunked answer.
+    pub te_trailers: bool,
     /// The head's bytes, as read.
     pub raw: Bytes,
 }
@@ -46,6 +48,7 @@ pub fn parse_request(buf: &mut BytesMut, spare: usize) -> Result<Option<RequestH
     let mut upgrade_token = false;
     let mut has_upgrade = false;
     let mut expect_continue = false;
+    let mut te_trailers = false;
     let mut body = Framing::Length(0);
     // Each field's name, and where its value sits in `buf` (so values can share its bytes).
     let (len, minor, method, target, fields) = {
@@ -98,6 +101,10 @@ pub fn parse_request(buf: &mut BytesMut, spare: usize) -> Result<Option<RequestH
                     minor == 1 && v.trim_ascii().eq_ignore_ascii_case(b"100-continue");
             } else if name == UPGRADE {
                 has_upgrade = true;
+            } else if name == TE {
+                te_trailers |= v
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
             }
             let start = offset(v);
             fields.push((name, start..start + v.len()));
@@ -131,6 +138,7 @@ pub fn parse_request(buf: &mut BytesMut, spare: usize) -> Result<Option<RequestH
         close,
         expect_continue,
         upgrade: minor == 1 && has_upgrade && upgrade_token,
+        te_trailers,
         raw: head,
     }))
 }
@@ -213,6 +221,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!head.upgrade);
+        let head = parse(b"GET / HTTP/1.1\r\nTE: gzip, Trailers\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(head.te_trailers);
     }
 
     #[test]

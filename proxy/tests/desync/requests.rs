@@ -317,9 +317,8 @@ async fn request_framing_vectors() {
     for (name, request, status, paths) in vectors {
         let be = raw_backend(script.clone()).await;
         let (_p, url) = proxy_to(&be).await;
-        // On a fresh connection (the head goes to whichever server side takes it first),
-        // after a bodiless request (the proxy's own server read it, and reads this head),
-        // and after one with a body (hyper's server owns the connection from then on).
+        // On a fresh connection, after a bodiless request, and after one with a body (read
+        // off the same buffer: this head must start where that body ended).
         let prefixes: [(&str, &[u8]); 3] = [
             ("fresh", b""),
             (
