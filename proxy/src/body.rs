@@ -15,13 +15,12 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 
 use crate::metrics::Metrics;
 use crate::pace::{BodyPace, Cut, Pacer};
 
-/// Boxed error of proxy bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::BoxError;
 
 /// Body of every request and response the proxy sends.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -34,51 +33,6 @@ pub(crate) fn full(b: impl Into<Bytes>) -> ProxyBody {
 /// An empty body.
 pub(crate) fn empty() -> ProxyBody {
     Empty::new().map_err(|e| match e {}).boxed()
-}
-
-/// A request body as the client sends it: hyper's (HTTP/2), our HTTP/1 server's (module
-/// `h1serve`, streamed off the client's connection), or none.
-#[derive(Debug)]
-pub(crate) enum ClientBody {
-    Hyper(Incoming),
-    H1(crate::h1serve::RequestBody),
-    Empty,
-}
-
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Self::Hyper(b) => Pin::new(b)
-                .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(Into::into))),
-            Self::H1(b) => Pin::new(b)
-                .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(Into::into))),
-            Self::Empty => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Hyper(b) => b.is_end_stream(),
-            Self::H1(b) => b.is_end_stream(),
-            Self::Empty => true,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Hyper(b) => b.size_hint(),
-            Self::H1(b) => b.size_hint(),
-            Self::Empty => SizeHint::with_exact(0),
-        }
-    }
 }
 
 /// The request body exceeded the configured limit.
@@ -150,8 +104,8 @@ impl BodyFault {
 /// in `fault`; a cut is counted in `tollgate_client_timeouts_total`. The failure resets the
 /// upstream request (hyper's client abandons a request whose body fails).
 #[derive(Debug)]
-pub(crate) struct LimitedBody {
-    inner: ClientBody,
+pub(crate) struct LimitedBody<B> {
+    inner: B,
     remaining: u64,
     fault: Arc<BodyFault>,
     pacer: Pacer,
@@ -160,10 +114,10 @@ pub(crate) struct LimitedBody {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl LimitedBody {
+impl<B> LimitedBody<B> {
     /// Wraps `inner`, whose pace is bounded from now on.
     pub fn new(
-        inner: ClientBody,
+        inner: B,
         limit: u64,
         pace: BodyPace,
         fault: Arc<BodyFault>,
@@ -203,7 +157,10 @@ impl LimitedBody {
     }
 }
 
-impl Body for LimitedBody {
+impl<B> Body for LimitedBody<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
     type Data = Bytes;
     type Error = BoxError;
 

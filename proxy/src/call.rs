@@ -16,15 +16,17 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::body::{BodyFault, ClientBody, LimitedBody, ProxyBody, empty, full};
+use crate::answer::{close_after, status};
+use crate::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
+use crate::client_body::ClientBody;
+use crate::conn::ConnCtx;
 use crate::filters;
 use crate::forward::{self, Added};
 use crate::metrics::UpstreamErrorKind;
 use crate::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
 use crate::pace::BodyPace;
 use crate::pool::{PooledBody, UpstreamError};
-use crate::proxy::{Shared, Snapshot};
-use crate::service::{ConnCtx, status};
+use crate::state::{Shared, Snapshot};
 use crate::upgrade::OnUpgrade;
 use crate::upstream::{EndpointGuard, EndpointState, request_uri};
 
@@ -250,7 +252,7 @@ pub(crate) fn failure_response(
         return status(StatusCode::REQUEST_TIMEOUT);
     }
     if fault.is_some_and(BodyFault::client) {
-        return crate::framing::close_after(status(StatusCode::BAD_REQUEST));
+        return close_after(status(StatusCode::BAD_REQUEST));
     }
     let (kind, code) = match f {
         Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),

@@ -46,5 +46,8 @@ pub enum ProxyError {
     Shutdown,
 }
 
+/// Boxed error of proxy bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// `Result` with [`ProxyError`].
 pub type Result<T, E = ProxyError> = std::result::Result<T, E>;

@@ -31,11 +31,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::body::ClientBody;
+use crate::client_body::ClientBody;
+use crate::conn::ConnCtx;
 use crate::inflight::{HeldBody, InFlight};
+use crate::limits::Limits;
 use crate::metrics::ClientTimeoutKind;
-use crate::proxy::{Limits, PortState, Shared};
-use crate::service::{self, ConnCtx};
+use crate::service;
+use crate::state::{PortState, Shared};
 
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

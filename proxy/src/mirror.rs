@@ -23,7 +23,7 @@ use crate::body::full;
 use crate::forward::Added;
 use crate::metrics::UpstreamErrorKind;
 use crate::pool::UpstreamError;
-use crate::proxy::{Shared, Snapshot};
+use crate::state::{Shared, Snapshot};
 use crate::upstream::request_uri;
 
 /// Largest declared body that is buffered to be mirrored.

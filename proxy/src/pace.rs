@@ -22,8 +22,8 @@ use std::time::Duration;
 use http::Version;
 use tokio::time::Instant;
 
+use crate::limits::Limits;
 use crate::metrics::ClientTimeoutKind;
-use crate::proxy::Limits;
 
 /// Why a request body was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

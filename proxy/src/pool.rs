@@ -138,7 +138,7 @@ impl EndpointPool {
     }
 
     /// Takes back a connection whose exchange ended cleanly.
-    pub(crate) fn push_raw(&self, conn: h1::Conn) {
+    fn push_raw(&self, conn: h1::Conn) {
         let mut idle = self.lock();
         if idle.len() < MAX_IDLE_PER_ENDPOINT {
             idle.push(Idle { conn, swept: false });
@@ -408,6 +408,12 @@ impl Registry {
 /// leaving empty ones.
 pub(crate) fn take_parts(parts: &mut Parts) -> Parts {
     std::mem::replace(parts, http::Request::new(()).into_parts().0)
+}
+
+impl h1::Reuse for EndpointPool {
+    fn reuse(&self, conn: h1::Conn) {
+        self.push_raw(conn);
+    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tollgate_api::{Protocol, RouteTable};
@@ -24,14 +22,15 @@ use tollgate_api::{Protocol, RouteTable};
 use crate::FastMap;
 use crate::access_log::AccessLog;
 use crate::error::{ProxyError, Result};
+use crate::limits::Limits;
 use crate::listener::{self, ListenerHandle};
 use crate::metrics::Metrics;
+use crate::policy::PolicyRuntime;
 use crate::policy::auth::AuthState;
 use crate::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
-use crate::policy::{Enforcer, PolicyRuntime};
 use crate::router::Router;
-use crate::tls::PortTls;
-use crate::upstream::{Balancer, Upstream, build_balancers};
+use crate::state::{PortState, Shared, Snapshot};
+use crate::upstream::{Upstream, build_balancers};
 
 /// How long [`Proxy::shutdown`] waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -136,67 +135,6 @@ impl Default for ProxyOptions {
     }
 }
 
-/// Request and connection limits, copied out of [`ProxyOptions`] (documented there).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub max_header_bytes: usize,
-    pub max_body_bytes: u64,
-    pub stream_idle_timeout: Duration,
-    pub request_body_idle_timeout: Duration,
-    pub request_body_timeout: Duration,
-    pub request_body_min_rate: u64,
-    pub request_body_rate_window: Duration,
-    pub http2_stream_idle_timeout: Duration,
-    pub http2_idle_timeout: Duration,
-    pub http2_max_concurrent_streams: u32,
-    pub max_upstream_requests_per_connection: usize,
-}
-
-/// Per-port runtime state of a snapshot.
-#[derive(Debug, Clone)]
-pub(crate) enum PortState {
-    /// Plain HTTP.
-    Http,
-    /// HTTPS: TLS config and client-certificate rule.
-    Https(Arc<PortTls>),
-    /// TLS streams routed on SNI (TLSRoutes).
-    Tls(Arc<crate::stream::TlsPort>),
-}
-
-/// Everything a request needs, immutable once built.
-#[derive(Debug)]
-pub(crate) struct Snapshot {
-    /// Table version.
-    pub version: u64,
-    /// The routes.
-    pub router: Router,
-    /// Balancers by backend key.
-    pub backends: FastMap<String, Arc<Balancer>>,
-    /// Ports by table port number.
-    pub ports: FastMap<u16, PortState>,
-    /// Compiled policies by the table's policy key.
-    pub policies: FastMap<String, Arc<Enforcer>>,
-}
-
-/// State shared by the handle, the listeners and every request.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub snapshot: ArcSwapOption<Snapshot>,
-    pub limits: Limits,
-    pub metrics: Arc<Metrics>,
-    pub upstream: Upstream,
-    pub access_log: AccessLog,
-    pub server: auto::Builder<TokioExecutor>,
-    /// Open client connections (for draining on shutdown).
-    pub connections: AtomicUsize,
-    /// Notified when `connections` drops to zero.
-    pub idle: Notify,
-    /// Auth caches and rate-limit counters, shared by every snapshot.
-    pub policy: PolicyRuntime,
-    /// One permit per mirror copy in flight ([`ProxyOptions::max_mirrors_in_flight`]).
-    pub mirror_slots: Arc<tokio::sync::Semaphore>,
-}
-
 #[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
@@ -296,7 +234,7 @@ impl Proxy {
             let state = match p.protocol {
                 Protocol::Http => PortState::Http,
                 Protocol::Https => PortState::Https(Arc::new(crate::tls::port_tls(p)?)),
-                Protocol::Tls => PortState::Tls(Arc::new(crate::stream::TlsPort::build(p)?)),
+                Protocol::Tls => PortState::Tls(Arc::new(crate::tls::TlsPort::build(p)?)),
             };
             ports.insert(p.port, state);
             wanted.push((ip, p.port));

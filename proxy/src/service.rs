@@ -26,20 +26,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, ORIGIN};
+use http::header::ORIGIN;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Body as _;
 use tollgate_api::{BackendProtocol, Cors, Filter, HeaderModifier};
 
 use crate::access_log::{AccessRecord, rfc3339};
-use crate::body::{BodyFault, ClientBody, OnComplete, ProxyBody, TrackedBody, empty, full};
+use crate::answer::{close_after, status, with_empty_body};
+use crate::body::{BodyFault, OnComplete, ProxyBody, TrackedBody, full};
 use crate::call::{Call, Failure, UpstreamHead, failure_response, response_filters};
+use crate::client_body::ClientBody;
+use crate::conn::ConnCtx;
 use crate::filters::{self, RequestView};
 use crate::forward;
 use crate::forward::X_REQUEST_ID;
-use crate::framing;
 use crate::grpc;
 use crate::intake;
 use crate::metrics::{RouteMetrics, UpstreamErrorKind};
@@ -47,30 +48,9 @@ use crate::mirror;
 use crate::normalize::PathOptions;
 use crate::pace::{BodyPace, Cut};
 use crate::policy::enforce::RequestInfo;
-use crate::proxy::{Shared, Snapshot};
+use crate::state::{Shared, Snapshot};
 use crate::upgrade::OnUpgrade;
 use crate::upstream::{Balancer, EndpointGuard};
-
-/// What a connection knows about itself.
-#[derive(Debug)]
-pub(crate) struct ConnCtx {
-    /// Client address.
-    pub peer: SocketAddr,
-    /// Port the client connected to (differs from `table_port` only for port 0).
-    pub local_port: u16,
-    /// Port as the route table names it (what the router matches on).
-    pub table_port: u16,
-    /// `http` or `https`.
-    pub scheme: &'static str,
-    /// The peer's IP as an `X-Forwarded-For` value, formatted once per connection; its text
-    /// (`IpAddr`'s `Display`) is also `source.address` for policy expressions.
-    pub peer_value: HeaderValue,
-    /// The TLS server name the client sent (HTTPS only).
-    pub sni: Option<Arc<str>>,
-    /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
-    /// authentication).
-    pub peer_cert: Option<Arc<[u8]>>,
-}
 
 /// The response type of the service.
 pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
@@ -279,24 +259,6 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// A bodiless answer with a short text reason.
-pub(crate) fn status(code: StatusCode) -> Response<ProxyBody> {
-    let mut r = Response::new(full(Bytes::from(format!(
-        "{}\n",
-        code.canonical_reason().unwrap_or("error")
-    ))));
-    *r.status_mut() = code;
-    r.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
-fn with_empty_body(resp: Response<()>) -> Response<ProxyBody> {
-    resp.map(|()| empty())
-}
-
 /// Phase 1.
 fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusCode> {
     if seen.bytes > shared.limits.max_header_bytes {
@@ -364,7 +326,7 @@ async fn proxy(
     let bare_host = strip_port(original_host);
     let (mut parts, body) = req.into_parts();
     if let Err(code) = client.limits {
-        return framing::close_after(status(code));
+        return close_after(status(code));
     }
 
     // Phase 2: route. A request for a name another listener serves than the one the TLS

@@ -1,5 +1,5 @@
 //! TLS ports (Gateway API protocol `TLS`, TLSRoutes). In: an accepted TCP connection on a
-//! [`Protocol::Tls`](tollgate_api::Protocol::Tls) port and the port's [`TlsPort`]. Out: the
+//! [`Protocol::Tls`](tollgate_api::Protocol::Tls) port and the port's [`crate::tls::TlsPort`]. Out: the
 //! connection copied both ways to one endpoint of the route its SNI selects.
 //!
 //! Per connection:
@@ -31,17 +31,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method};
-use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tollgate_api::PortConfig;
 
+use crate::conn::ConnCtx;
 use crate::error::Result;
 use crate::metrics::TlsOutcome;
-use crate::proxy::{PortState, Shared};
-use crate::service::ConnCtx;
 use crate::sni::{self, MAX_CLIENT_HELLO, Sni};
+use crate::state::{PortState, Shared};
 use crate::upstream::pick_weighted;
 
 /// How long a client may take to send its ClientHello.
@@ -50,28 +48,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to an endpoint may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The runtime side of a TLS port, immutable once built. Which listener passes through is
-/// the router's to say ([`crate::router::RouteRef::passthrough`]).
-#[derive(Debug)]
-pub(crate) struct TlsPort {
-    /// The handshake of the terminating listeners; `None` when every listener passes through.
-    terminate: Option<Arc<ServerConfig>>,
-}
-
-impl TlsPort {
-    /// Builds the port; a terminating listener's bad certificate rejects the table, as on
-    /// HTTPS ports. Passthrough listeners carry no certificates, so the handshake's resolver
-    /// holds the terminating listeners' alone.
-    pub fn build(port: &PortConfig) -> Result<Self> {
-        let terminate = if port.listeners.iter().any(|l| !l.passthrough) {
-            Some(crate::tls::stream_config(port)?)
-        } else {
-            None
-        };
-        Ok(Self { terminate })
-    }
-}
 
 /// Serves one connection of a TLS port until either side closes or `stop` fires.
 pub(crate) async fn serve(

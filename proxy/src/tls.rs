@@ -313,6 +313,28 @@ fn certified_key(
     CertifiedKey::from_der(chain, key, provider).map_err(|e| format!("private key: {e}"))
 }
 
+/// The runtime side of a TLS port (module `stream`), immutable once built. Which listener
+/// passes through is the router's to say ([`crate::router::RouteRef::passthrough`]).
+#[derive(Debug)]
+pub(crate) struct TlsPort {
+    /// The handshake of the terminating listeners; `None` when every listener passes through.
+    pub(crate) terminate: Option<Arc<ServerConfig>>,
+}
+
+impl TlsPort {
+    /// Builds the port; a terminating listener's bad certificate rejects the table, as on
+    /// HTTPS ports. Passthrough listeners carry no certificates, so the handshake's resolver
+    /// holds the terminating listeners' alone.
+    pub fn build(port: &PortConfig) -> Result<Self> {
+        let terminate = if port.listeners.iter().any(|l| !l.passthrough) {
+            Some(stream_config(port)?)
+        } else {
+            None
+        };
+        Ok(Self { terminate })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

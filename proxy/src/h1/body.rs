@@ -10,9 +10,8 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use tollgate_h1::body::{Decoder, Step};
 
-use super::{Conn, H1Error, poll_fill};
+use super::{Conn, H1Error, Reuse, poll_fill};
 use crate::body::BoxError;
-use crate::pool::EndpointPool;
 
 /// An answer's body, read off the connection; gives the connection back to its pool when it
 /// has been read to the end (a body dropped early closes the connection).
@@ -21,7 +20,7 @@ pub(crate) struct RawBody {
     conn: Option<Conn>,
     state: Decoder,
     /// The pool to go back to; `None` when the connection may not be reused.
-    back: Option<Arc<EndpointPool>>,
+    back: Option<Arc<dyn Reuse>>,
     /// The answer's head, as read, holds no hop-by-hop field (see [`RawBody::clean_head`]).
     clean_head: bool,
 }
@@ -37,7 +36,7 @@ impl RawBody {
     pub(super) fn new(
         conn: Conn,
         state: Decoder,
-        back: Option<Arc<EndpointPool>>,
+        back: Option<Arc<dyn Reuse>>,
         clean_head: bool,
     ) -> Self {
         let mut this = Self {
@@ -70,7 +69,7 @@ impl RawBody {
         if let (Some(conn), Some(pool)) = (self.conn.take(), self.back.take())
             && conn.rbuf.is_empty()
         {
-            pool.push_raw(conn);
+            pool.reuse(conn);
         }
     }
 

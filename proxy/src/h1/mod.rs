@@ -41,7 +41,13 @@ use tollgate_h1::body::{Decoder, Framing};
 use tollgate_h1::response::{ResponseHead, body_plan, parse_response};
 
 use crate::forward::Added;
-use crate::pool::EndpointPool;
+
+/// Where a connection goes back once its answer was read exactly to its end: the endpoint's
+/// pool (module `pool`), which this module does not know.
+pub(crate) trait Reuse: Send + Sync + std::fmt::Debug {
+    /// Takes back an idle connection.
+    fn reuse(&self, conn: Conn);
+}
 
 mod body;
 mod send;
@@ -138,7 +144,7 @@ impl Conn {
         mut self,
         req: &mut Parts,
         added: &Added<'_>,
-        pool: &Arc<EndpointPool>,
+        pool: &Arc<impl Reuse + 'static>,
     ) -> Result<Response<RawBody>, H1Error> {
         let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
         let fields = req.headers.iter().chain(added.fields());
@@ -218,7 +224,7 @@ impl Conn {
         head: ResponseHead,
         head_request: bool,
         reusable: bool,
-        pool: &Arc<EndpointPool>,
+        pool: &Arc<impl Reuse + 'static>,
     ) -> Result<Response<RawBody>, H1Error> {
         let ResponseHead {
             status,
@@ -232,7 +238,7 @@ impl Conn {
         // A first chunk-size line that came with the head is checked now, so a broken one is
         // a 502 rather than an answer cut off after its head.
         state.check_first_chunk(&self.rbuf)?;
-        let back = (keep && reusable).then(|| pool.clone());
+        let back = (keep && reusable).then(|| Arc::clone(pool) as Arc<dyn Reuse>);
         let body = RawBody::new(self, state, back, !seen.hop);
         let mut resp = Response::new(body);
         *resp.status_mut() = status;

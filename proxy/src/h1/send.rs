@@ -33,10 +33,9 @@ use tollgate_h1::body::Framing;
 use tollgate_h1::encode::{LAST_CHUNK, chunk_size};
 use tollgate_h1::response::{ResponseHead, parse_response};
 
-use super::{Conn, H1Error, MAX_HEAD, MAX_INTERIM, RawBody, poll_fill};
+use super::{Conn, H1Error, MAX_HEAD, MAX_INTERIM, RawBody, Reuse, poll_fill};
 use crate::body::{BoxError, ProxyBody};
 use crate::forward::Added;
-use crate::pool::EndpointPool;
 use crate::upgrade::{self, OnUpgrade, Upgraded};
 
 /// A chunk's CRLF.
@@ -57,7 +56,7 @@ impl Conn {
         req: &mut Parts,
         out: &mut Outgoing,
         added: &Added<'_>,
-        pool: &Arc<EndpointPool>,
+        pool: &Arc<impl Reuse + 'static>,
         upgrade: bool,
     ) -> Result<Response<RawBody>, H1Error> {
         let connect = req.method == Method::CONNECT;

@@ -1,7 +1,7 @@
 //! Our HTTP/1 server: every HTTP/1 request a client sends, on plain ports and on TLS ports
 //! whose ALPN chose `http/1.1` (or nothing). In: an accepted connection (TCP, or TLS over
 //! it). Out: each request handed to [`service::handle`] (its body, if any, streamed as
-//! `ClientBody::H1`, module `body`) and its answer written back (module `write`), on the
+//! `ClientBody::H1`, module `h1_body`) and its answer written back (module `write`), on the
 //! connection's own task; an upgraded connection (101, or a CONNECT's 2xx) handed to
 //! [`crate::upgrade`]. Only HTTP/2 goes to hyper's server ([`listener::serve`]): ALPN `h2`
 //! on TLS ports (chosen in module `listener`), and here the HTTP/2 prior-knowledge preface
@@ -28,7 +28,6 @@
 //! read timeout, from the moment the connection waits for a head; a client that closes its
 //! side while its request is in flight cancels the request.
 
-mod body;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -49,13 +48,14 @@ use tollgate_h1::body::Framing;
 use tollgate_h1::encode::{self, RequestShape};
 use tollgate_h1::request::RequestHead;
 
-use self::body::Reader;
-pub(crate) use self::body::RequestBody;
+use crate::h1_body::Reader;
+
 use self::write::{Answer, WRITE_HIGH, write_response};
-use crate::body::ClientBody;
+use crate::client_body::ClientBody;
+use crate::conn::ConnCtx;
 use crate::listener;
-use crate::proxy::Shared;
-use crate::service::{self, ConnCtx, ProxyResponse};
+use crate::service::{self, ProxyResponse};
+use crate::state::Shared;
 use crate::upgrade::{self, Pending, Upgraded};
 
 /// How long a client may take to send a request head.

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tollgate_h1::body::Framing;
 use tollgate_h1::encode::{self, BodyShape, RequestShape};
 
-use super::body::Reader;
+use crate::h1_body::Reader;
 use crate::service::ProxyResponse;
 
 /// Response bytes gathered before they are written while the body still comes.

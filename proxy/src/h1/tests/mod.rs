@@ -17,7 +17,7 @@ use http::header::CONTENT_LENGTH;
 
 use super::*;
 use crate::body::{ProxyBody, empty};
-use crate::pool::{PooledBody, Pools, UpstreamError};
+use crate::pool::{EndpointPool, PooledBody, Pools, UpstreamError};
 
 /// One answer, written in pieces (each its own write, a few ms apart, so the proxy reads
 /// them separately), and whether the backend closes the connection after it.

@@ -147,7 +147,7 @@ impl Drop for RequestBody {
 /// The connection's side of one request body: reads it off the socket for the
 /// [`RequestBody`].
 #[derive(Debug)]
-pub(super) struct Reader {
+pub(crate) struct Reader {
     pipe: Arc<Pipe>,
     decoder: Decoder,
     /// Bytes of the `100 Continue` still to write; `None` when none is due.
@@ -159,7 +159,7 @@ pub(super) struct Reader {
 impl Reader {
     /// A reader for a body framed so, and the body the service gets; `expect` when the
     /// client waits for `100 Continue`.
-    pub(super) fn new(framing: Framing, expect: bool) -> (Self, RequestBody) {
+    pub(crate) fn new(framing: Framing, expect: bool) -> (Self, RequestBody) {
         let pipe = Arc::new(Pipe::default());
         let remaining = match framing {
             Framing::Length(n) => Some(n),
@@ -180,7 +180,7 @@ impl Reader {
     }
 
     /// The body was read to its end: the connection may read the next head.
-    pub(super) fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         !self.failed && self.decoder.is_done()
     }
 
@@ -189,7 +189,7 @@ impl Reader {
     /// buffered (nothing more is read). Before the answer (`answered` false), a body still
     /// held may yet be read, unless its client still waits for `100 Continue`, which no
     /// longer comes; after it, an unfinished body closes the connection.
-    pub(super) fn must_close(&mut self, rbuf: &mut BytesMut, answered: bool) -> bool {
+    pub(crate) fn must_close(&mut self, rbuf: &mut BytesMut, answered: bool) -> bool {
         if self.is_done() {
             return false;
         }
@@ -206,7 +206,7 @@ impl Reader {
     /// Moves body bytes from `io` to the body while it waits for them (see the module doc).
     /// `answered`: the final answer's head is out, so no `100 Continue` any more. Registers
     /// the task's waker for the body's next wish; never completes on its own.
-    pub(super) fn drive<I>(
+    pub(crate) fn drive<I>(
         &mut self,
         cx: &mut Context<'_>,
         io: &mut I,
@@ -259,7 +259,7 @@ impl Reader {
 
     /// Hands the body the first frame of what `rbuf` already holds (the bytes that came
     /// with the head), so its first poll needs no round trip through the connection.
-    pub(super) fn prime(&mut self, rbuf: &mut BytesMut) {
+    pub(crate) fn prime(&mut self, rbuf: &mut BytesMut) {
         if !rbuf.is_empty() && self.take_buffered(rbuf) {
             // The client sends without waiting for `100 Continue`: none is due.
             self.expect = None;
@@ -299,7 +299,7 @@ impl Reader {
 
     /// After the answer: takes what is already buffered of a body nobody read, so the
     /// connection may go on when it ends there. Reads nothing more.
-    pub(super) fn drain_buffered(&mut self, rbuf: &mut BytesMut) {
+    pub(crate) fn drain_buffered(&mut self, rbuf: &mut BytesMut) {
         while !self.failed && !self.decoder.is_done() {
             match self.decoder.decode(rbuf) {
                 Ok(Step::Frame(_)) => {}

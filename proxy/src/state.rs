@@ -1,0 +1,66 @@
+//! What the handle, the listeners and every request share. In: built by [`crate::Proxy`]
+//! from its options and each route table. Out: [`Shared`] (the live [`Snapshot`] behind one
+//! pointer, the limits, metrics, upstream pools, policy runtime) read by every module on a
+//! request's way.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use arc_swap::ArcSwapOption;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto;
+use tokio::sync::Notify;
+
+use crate::FastMap;
+use crate::access_log::AccessLog;
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use crate::policy::{Enforcer, PolicyRuntime};
+use crate::router::Router;
+use crate::tls::PortTls;
+use crate::upstream::{Balancer, Upstream};
+
+/// Per-port runtime state of a snapshot.
+#[derive(Debug, Clone)]
+pub(crate) enum PortState {
+    /// Plain HTTP.
+    Http,
+    /// HTTPS: TLS config and client-certificate rule.
+    Https(Arc<PortTls>),
+    /// TLS streams routed on SNI (TLSRoutes).
+    Tls(Arc<crate::tls::TlsPort>),
+}
+
+/// Everything a request needs, immutable once built.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// Table version.
+    pub version: u64,
+    /// The routes.
+    pub router: Router,
+    /// Balancers by backend key.
+    pub backends: FastMap<String, Arc<Balancer>>,
+    /// Ports by table port number.
+    pub ports: FastMap<u16, PortState>,
+    /// Compiled policies by the table's policy key.
+    pub policies: FastMap<String, Arc<Enforcer>>,
+}
+
+/// State shared by the handle, the listeners and every request.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub snapshot: ArcSwapOption<Snapshot>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub upstream: Upstream,
+    pub access_log: AccessLog,
+    pub server: auto::Builder<TokioExecutor>,
+    /// Open client connections (for draining on shutdown).
+    pub connections: AtomicUsize,
+    /// Notified when `connections` drops to zero.
+    pub idle: Notify,
+    /// Auth caches and rate-limit counters, shared by every snapshot.
+    pub policy: PolicyRuntime,
+    /// One permit per mirror copy in flight ([`crate::ProxyOptions::max_mirrors_in_flight`]).
+    pub mirror_slots: Arc<tokio::sync::Semaphore>,
+}
