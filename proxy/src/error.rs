@@ -1,11 +1,11 @@
 //! The proxy's one error type. In: failures while building a snapshot (router, TLS, addresses)
 //! or binding sockets. Out: [`ProxyError`], returned by [`crate::Proxy::apply`]; the live
 //! snapshot is untouched whenever one is returned. Per-request failures never become a
-//! `ProxyError`: they are answered with a status code in [`crate::service`].
+//! `ProxyError`: they are answered with a status code in [`crate::lifecycle::service`].
 
 use std::net::SocketAddr;
 
-use crate::router::RouterError;
+use crate::lifecycle::router::RouterError;
 
 /// Why a route table could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -15,7 +15,7 @@ pub enum ProxyError {
     Router(#[from] RouterError),
     /// A policy of the table does not compile.
     #[error(transparent)]
-    Policy(#[from] crate::policy::PolicyError),
+    Policy(#[from] crate::lifecycle::policy::PolicyError),
     /// A port's `address` is not an IP address.
     #[error("port {port}: invalid bind address {address:?}")]
     Address {

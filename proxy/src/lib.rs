@@ -2,14 +2,14 @@
 //! [`Proxy::apply`]. Out: HTTP traffic forwarded to upstream endpoints, metrics (served by
 //! [`serve_admin`]) and access logs.
 //!
-//! Modules, in request order: `listener` (sockets, TLS, hyper's HTTP/2 server; `inflight`,
-//! its connections' requests in flight), `h1serve` (our own server for all client HTTP/1,
-//! plain and TLS; `upgrade`, the connections it hands over after a 101), `intake` and [`normalize`] (one authority and one path per
-//! request), `service` (the request lifecycle), `call` (the upstream exchange), [`router`],
-//! [`filters`], `upstream` (balancing, clients), `pool` (HTTP/1.1 connections per endpoint),
-//! `forward` (header hygiene), `grpc` (the gateway's own answers to gRPC clients), `mirror`,
-//! `body` (and `pace`, how slowly a client may send one), then
-//! [`metrics`] and `access_log`; [`subscribe`] feeds tables from the controller.
+//! Modules, in the order a request meets them (each folder's own doc says more):
+//! `downstream` (listeners, TLS, our HTTP/1 server and hyper's HTTP/2 one, the client's
+//! body and how slowly it may come), `lifecycle` (the request's phases: one authority and
+//! path, routing, policies, filters, the upstream call, the gateway's own answers), then
+//! `upstream` (balancing, connection pools, our HTTP/1 client); beside them the shared
+//! state (`state`, `limits`), `upgrade` (101 and CONNECT hand-overs between the two sides),
+//! [`metrics`], `access_log`, and [`subscribe`], which feeds tables from the controller.
+//! The HTTP/1 codec is the crate `tollgate-h1`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,40 +36,21 @@
 
 mod access_log;
 mod admin;
-mod answer;
-mod body;
-mod call;
-mod client_body;
-mod conn;
+mod downstream;
 mod error;
-pub mod filters;
-mod forward;
-mod grpc;
-mod h1;
-mod h1_body;
-mod h1serve;
-mod inflight;
-mod intake;
+mod lifecycle;
 mod limit_args;
 mod limits;
-mod listener;
 pub mod metrics;
-mod mirror;
-pub mod normalize;
-mod pace;
-pub mod policy;
-mod pool;
 mod proxy;
-pub mod router;
-mod service;
 mod signal;
-pub mod sni;
 mod state;
-mod stream;
 pub mod subscribe;
-pub mod tls;
 mod upgrade;
 mod upstream;
+
+pub use downstream::{sni, tls};
+pub use lifecycle::{filters, normalize, policy, router};
 
 /// A hash map for lookups on the request path: foldhash (seeded per map) instead of SipHash.
 /// Keys are built from the route table; requests only look them up.

@@ -16,8 +16,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::FastMap;
-use crate::policy::auth::AuthMetrics;
-use crate::policy::ratelimit::RateLimitMetrics;
+use crate::lifecycle::policy::auth::AuthMetrics;
+use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
 /// Labels of `tollgate_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

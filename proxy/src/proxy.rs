@@ -21,14 +21,14 @@ use tollgate_api::{Protocol, RouteTable};
 
 use crate::FastMap;
 use crate::access_log::AccessLog;
+use crate::downstream::listener::{self, ListenerHandle};
 use crate::error::{ProxyError, Result};
+use crate::lifecycle::policy::PolicyRuntime;
+use crate::lifecycle::policy::auth::AuthState;
+use crate::lifecycle::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
+use crate::lifecycle::router::Router;
 use crate::limits::Limits;
-use crate::listener::{self, ListenerHandle};
 use crate::metrics::Metrics;
-use crate::policy::PolicyRuntime;
-use crate::policy::auth::AuthState;
-use crate::policy::ratelimit::{RateLimitError, RateLimiter, Storage, SystemClock};
-use crate::router::Router;
 use crate::state::{PortState, Shared, Snapshot};
 use crate::upstream::{Upstream, build_balancers};
 
@@ -220,10 +220,13 @@ impl Proxy {
         let prev = shared.snapshot.load_full();
         let router =
             Router::build_reusing(&table, prev.as_deref().map(|s| &s.router), &shared.metrics)?;
-        let policies =
-            crate::policy::enforce::build_all(&table.policies, &table.closed, &shared.policy)?
-                .into_iter()
-                .collect();
+        let policies = crate::lifecycle::policy::enforce::build_all(
+            &table.policies,
+            &table.closed,
+            &shared.policy,
+        )?
+        .into_iter()
+        .collect();
         let mut ports = FastMap::with_capacity_and_hasher(table.ports.len(), Default::default());
         let mut wanted = Vec::with_capacity(table.ports.len());
         for p in &table.ports {
@@ -233,8 +236,10 @@ impl Proxy {
             })?;
             let state = match p.protocol {
                 Protocol::Http => PortState::Http,
-                Protocol::Https => PortState::Https(Arc::new(crate::tls::port_tls(p)?)),
-                Protocol::Tls => PortState::Tls(Arc::new(crate::tls::TlsPort::build(p)?)),
+                Protocol::Https => PortState::Https(Arc::new(crate::downstream::tls::port_tls(p)?)),
+                Protocol::Tls => {
+                    PortState::Tls(Arc::new(crate::downstream::tls::TlsPort::build(p)?))
+                }
             };
             ports.insert(p.port, state);
             wanted.push((ip, p.port));

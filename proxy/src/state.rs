@@ -13,11 +13,11 @@ use tokio::sync::Notify;
 
 use crate::FastMap;
 use crate::access_log::AccessLog;
+use crate::downstream::tls::PortTls;
+use crate::lifecycle::policy::{Enforcer, PolicyRuntime};
+use crate::lifecycle::router::Router;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
-use crate::policy::{Enforcer, PolicyRuntime};
-use crate::router::Router;
-use crate::tls::PortTls;
 use crate::upstream::{Balancer, Upstream};
 
 /// Per-port runtime state of a snapshot.
@@ -28,7 +28,7 @@ pub(crate) enum PortState {
     /// HTTPS: TLS config and client-certificate rule.
     Https(Arc<PortTls>),
     /// TLS streams routed on SNI (TLSRoutes).
-    Tls(Arc<crate::tls::TlsPort>),
+    Tls(Arc<crate::downstream::tls::TlsPort>),
 }
 
 /// Everything a request needs, immutable once built.

@@ -284,7 +284,7 @@ pub fn client_config(tls_dir: &Path) -> Result<Arc<ClientConfig>, SubscribeError
     for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
         roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
     }
-    let mut config = ClientConfig::builder_with_provider(crate::tls::provider())
+    let mut config = ClientConfig::builder_with_provider(crate::downstream::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| tls(&e))?
         .with_root_certificates(roots)

@@ -1,0 +1,56 @@
+//! A request body as the client sends it. In: hyper's HTTP/2 stream body, or our HTTP/1
+//! server's (module `h1serve`, streamed off the client's connection). Out: one [`Body`] the
+//! lifecycle bounds (`body::LimitedBody`) and forwards.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use crate::error::BoxError;
+
+/// A request body as the client sends it: hyper's (HTTP/2), our HTTP/1 server's (module
+/// `h1serve`, streamed off the client's connection), or none.
+#[derive(Debug)]
+pub(crate) enum ClientBody {
+    Hyper(Incoming),
+    H1(crate::downstream::h1_body::RequestBody),
+    Empty,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Hyper(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(Into::into))),
+            Self::H1(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(Into::into))),
+            Self::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Hyper(b) => b.is_end_stream(),
+            Self::H1(b) => b.is_end_stream(),
+            Self::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Hyper(b) => b.size_hint(),
+            Self::H1(b) => b.size_hint(),
+            Self::Empty => SizeHint::with_exact(0),
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Phases 5 and 6 of the request lifecycle: the upstream exchange. In: the request parts
+//! after routing and filters, the picked endpoint, and the route's timeouts. Out: the
+//! upstream's response with response filters applied, or the status a failure maps to
+//! (timeout → 504, connect/reset → 502, body over the limit → 413, body too slow → 408, a
+//! request body that broke its framing → 400). Upgrades (WebSocket)
+//! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HOST;
+use http::request::Parts;
+use http::{HeaderValue, Response, StatusCode, Version};
+use http_body_util::BodyExt;
+use hyper::body::Body;
+use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
+
+use crate::downstream::client_body::ClientBody;
+use crate::downstream::conn::ConnCtx;
+use crate::downstream::pace::BodyPace;
+use crate::lifecycle::answer::{close_after, status};
+use crate::lifecycle::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
+use crate::lifecycle::filters;
+use crate::lifecycle::forward::{self, Added};
+use crate::lifecycle::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::metrics::UpstreamErrorKind;
+use crate::state::{Shared, Snapshot};
+use crate::upgrade::OnUpgrade;
+use crate::upstream::pool::{PooledBody, UpstreamError};
+use crate::upstream::{EndpointGuard, EndpointState, request_uri};
+
+/// Phase 5, head: what the upstream request looks like.
+pub(crate) struct UpstreamHead<'a> {
+    pub conn: &'a ConnCtx,
+    /// Host as the client sent it (Host, else `:authority`; empty when neither).
+    pub original_host: &'a HeaderValue,
+    pub request_id: &'a HeaderValue,
+    /// Host set by a URLRewrite.
+    pub host: Option<&'a str>,
+    pub path_and_query: &'a str,
+    pub endpoint: &'a EndpointGuard,
+    pub protocol: BackendProtocol,
+    pub upgrade: bool,
+}
+
+impl<'a> UpstreamHead<'a> {
+    /// Header hygiene, Host, URI and version; the forwarding fields and request id are
+    /// returned, for the exchange to send after the request's own fields.
+    pub fn apply(&self, parts: &mut Parts) -> Result<Added<'a>, StatusCode> {
+        let headers = &mut parts.headers;
+        let mut present = forward::Present::scan(headers);
+        forward::strip_present(headers, &mut present, self.upgrade);
+        let conn: &'a ConnCtx = self.conn;
+        let added = forward::forwarded(
+            headers,
+            &present,
+            &conn.peer_value,
+            conn.scheme,
+            self.original_host,
+            self.request_id,
+        );
+        let endpoint = self.endpoint.endpoint();
+        if let Some(h) = self.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(HOST, h);
+        } else if !present.host {
+            // HTTP/2 clients send :authority only; upstreams get it as Host. With neither
+            // (HTTP/1.0), the endpoint's address, as a client library would send.
+            let h = if self.original_host.is_empty() {
+                HeaderValue::from_str(endpoint.authority.as_str()).ok()
+            } else {
+                Some(self.original_host.clone())
+            };
+            if let Some(h) = h {
+                headers.insert(HOST, h);
+            }
+        }
+        parts.uri = request_uri(
+            self.protocol,
+            &endpoint.authority,
+            self.path_and_query,
+            &parts.uri,
+        )
+        .map_err(|_| StatusCode::BAD_REQUEST)?;
+        parts.version = match self.protocol {
+            // Tcp backends are only on passthrough ports; never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
+            BackendProtocol::H2c => Version::HTTP_2,
+        };
+        Ok(added)
+    }
+}
+
+/// Phase 5, call: body, mirrors and one upstream exchange.
+pub(crate) struct Call<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub snapshot: &'a Snapshot,
+    pub protocol: BackendProtocol,
+    pub endpoint: &'a EndpointState,
+    pub path_and_query: &'a str,
+    pub mirrors: &'a [&'a str],
+    /// Set by the request body past the limit or when too slow; `None` for a bodiless
+    /// request.
+    pub fault: Option<&'a Arc<BodyFault>>,
+    /// How long and how slowly the client may send the request body.
+    pub body_pace: BodyPace,
+    pub backend_timeout: Option<Duration>,
+}
+
+impl Call<'_> {
+    /// Sends the request with the fields `added` (see [`UpstreamHead::apply`]). The parts
+    /// are borrowed, not moved, down to the exchange: each move of them (224 bytes) into a
+    /// future was a `memcpy` (see [`crate::upstream::pool::EndpointPool::send_parts`]).
+    pub async fn send(
+        &self,
+        parts: &mut Parts,
+        body: ClientBody,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, Failure> {
+        let none = Added::default();
+        let added = if self.mirrors.is_empty() {
+            added
+        } else {
+            // Mirrors copy the request's map: the fields go into it.
+            added.insert_into(&mut parts.headers);
+            &none
+        };
+        let body = self.prepare_body(body, parts).await?;
+        let call =
+            self.shared
+                .upstream
+                .send_parts(self.protocol, self.endpoint, parts, body, added);
+        let resp = match self.backend_timeout {
+            Some(d) => tokio::time::timeout(d, call)
+                .await
+                .map_err(|_| Failure::Timeout)?
+                .map_err(Failure::Upstream),
+            None => call.await.map_err(Failure::Upstream),
+        };
+        // An HTTP/2 body's total deadline ends with the answer's start (module `pace`).
+        if resp.is_ok()
+            && let Some(fault) = self.fault
+        {
+            fault.answered();
+        }
+        resp
+    }
+
+    /// Builds the upstream body and starts any mirrors (which need a buffered copy).
+    async fn prepare_body(&self, body: ClientBody, parts: &Parts) -> Result<ProxyBody, Failure> {
+        let limits = self.shared.limits;
+        let fault = || self.fault.cloned().unwrap_or_default();
+        let limited = |body| {
+            let metrics = self.shared.metrics.clone();
+            LimitedBody::new(
+                body,
+                limits.max_body_bytes,
+                self.body_pace,
+                fault(),
+                metrics,
+            )
+            .boxed()
+        };
+        if self.mirrors.is_empty() {
+            return Ok(if body.is_end_stream() {
+                empty()
+            } else {
+                limited(body)
+            });
+        }
+        let bytes = if body.is_end_stream() {
+            Bytes::new()
+        } else if body
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= MAX_MIRROR_BODY)
+        {
+            limited(body)
+                .collect()
+                .await
+                .map_err(|_| Failure::BodyRead)?
+                .to_bytes()
+        } else {
+            tracing::debug!("request body streams; not mirrored");
+            return Ok(limited(body));
+        };
+        mirror::spawn(
+            self.shared,
+            self.snapshot,
+            self.mirrors,
+            &MirrorRequest {
+                method: &parts.method,
+                path_and_query: self.path_and_query,
+                headers: &parts.headers,
+                body: bytes.clone(),
+            },
+        );
+        Ok(full(bytes))
+    }
+}
+
+/// Phase 6: hop-by-hop removal, response header edits, CORS decoration, upgrade splice.
+pub(crate) fn response_filters(
+    mut resp: Response<PooledBody>,
+    response_mods: &[&HeaderModifier],
+    cors: &[&Cors],
+    origin: Option<&HeaderValue>,
+    client_upgrade: Option<OnUpgrade>,
+) -> Response<ProxyBody> {
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let upgraded = switching && client_upgrade.is_some();
+    // The upstream side's connection rides in the answer (module `h1`); without it (an
+    // answer of another client) nothing is spliced and the client's side just closes.
+    if switching
+        && let Some(client_side) = client_upgrade
+        && let Some(upstream_side) = resp.extensions_mut().remove::<OnUpgrade>()
+    {
+        splice(client_side, upstream_side);
+    }
+    let (mut rp, body) = resp.into_parts();
+    if upgraded || !body.clean_head() {
+        forward::strip_hop_by_hop(&mut rp.headers, upgraded);
+    }
+    rp.version = Version::HTTP_11;
+    for m in response_mods {
+        filters::modify_headers(m, &mut rp.headers);
+    }
+    for c in cors {
+        filters::cors_decorate(c, origin, &mut rp.headers);
+    }
+    Response::from_parts(rp, body.boxed())
+}
+
+/// Why an upstream exchange produced no response.
+pub(crate) enum Failure {
+    Timeout,
+    BodyRead,
+    Upstream(UpstreamError),
+}
+
+pub(crate) fn failure_response(
+    shared: &Shared,
+    f: Failure,
+    fault: Option<&BodyFault>,
+) -> Response<ProxyBody> {
+    if fault.is_some_and(BodyFault::too_large) {
+        return status(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    // Too slow (idle, below the rate, past the deadline): as nginx answers a body that
+    // stops, 408. The upstream request was reset when the body failed.
+    if fault.is_some_and(|f| f.cut().is_some()) {
+        return status(StatusCode::REQUEST_TIMEOUT);
+    }
+    if fault.is_some_and(BodyFault::client) {
+        return close_after(status(StatusCode::BAD_REQUEST));
+    }
+    let (kind, code) = match f {
+        Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
+        Failure::BodyRead => return status(StatusCode::BAD_REQUEST),
+        Failure::Upstream(e) if e.is_connect() => {
+            (UpstreamErrorKind::Connect, StatusCode::BAD_GATEWAY)
+        }
+        Failure::Upstream(e) => {
+            tracing::debug!(error = %e, "upstream request failed");
+            (UpstreamErrorKind::Reset, StatusCode::BAD_GATEWAY)
+        }
+    };
+    shared.metrics.upstream_error(kind);
+    status(code)
+}
+
+/// Joins the client's (module `h1serve`) and the upstream's (module `h1`) upgraded
+/// connections in a detached task.
+fn splice(client: OnUpgrade, upstream: OnUpgrade) {
+    tokio::spawn(async move {
+        let (mut client, mut upstream) = match tokio::try_join!(client, upstream) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+        };
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+}

@@ -1,0 +1,21 @@
+//! One request's way through the gateway, in named phases (module `service` lists them).
+//! In: a request from `downstream`. Out: its answer, from the upstream (through `call` and
+//! the `upstream` clients) or the gateway's own (`answer`, `grpc`).
+//!
+//! `intake` and `normalize` give the request one authority and one path; `router` picks the
+//! route; `policy` authenticates, authorizes and rate-limits; `filters` and `forward` edit
+//! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
+//! the request body and counts the answer's.
+
+pub(crate) mod answer;
+pub(crate) mod body;
+pub(crate) mod call;
+pub mod filters;
+pub(crate) mod forward;
+pub(crate) mod grpc;
+pub(crate) mod intake;
+pub(crate) mod mirror;
+pub mod normalize;
+pub mod policy;
+pub mod router;
+pub(crate) mod service;
