@@ -42,10 +42,6 @@ mod error;
 pub mod filters;
 mod forward;
 mod framing;
-/// Thin wrappers over the private HTTP/1 codec for the fuzz targets and the differential
-/// test; not a stable API.
-#[doc(hidden)]
-pub mod fuzzing;
 mod gate;
 mod grpc;
 mod h1;
