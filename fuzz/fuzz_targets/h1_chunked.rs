@@ -1,4 +1,4 @@
-//! The chunked-body decoder of the upstream exchange (`h1`), on arbitrary body bytes, whole
+//! The chunked-body decoder (`tollgate_h1::body::Decoder`), on arbitrary body bytes, whole
 //! and in pieces. Checks, besides not panicking: reading the same bytes in pieces of any
 //! size gives the same data, trailers and outcome as reading them at once (the decoder keeps
 //! its state right across reads), except for the line and trailer size limits, which are
@@ -7,7 +7,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use tollgate_proxy::fuzzing::{ChunkDecoder, ChunkPiece};
+use tollgate_h1::body::{Decoder, Framing, Step};
 
 #[derive(Debug, PartialEq)]
 enum Outcome {
@@ -22,23 +22,25 @@ enum Outcome {
 
 /// Decodes `body` fed `piece` bytes at a time: the data and how it ended.
 fn decode(body: &[u8], piece: usize) -> (Vec<u8>, Outcome) {
-    let mut decoder = ChunkDecoder::default();
+    let mut decoder = Decoder::new(Framing::Chunked);
     let mut pieces = body.chunks(piece);
     let mut buf = BytesMut::new();
     let mut data = Vec::new();
     loop {
-        match decoder.step(&mut buf) {
-            Ok(Some(ChunkPiece::Data(d))) => {
-                assert!(!d.is_empty(), "an empty data frame");
-                data.extend_from_slice(&d);
-            }
-            Ok(Some(ChunkPiece::Trailers(_))) => return (data, Outcome::Ended { trailers: true }),
-            Ok(Some(ChunkPiece::End)) => return (data, Outcome::Ended { trailers: false }),
-            Ok(None) => match pieces.next() {
+        match decoder.decode(&mut buf) {
+            Ok(Step::Frame(f)) => match f.into_data() {
+                Ok(d) => {
+                    assert!(!d.is_empty(), "an empty data frame");
+                    data.extend_from_slice(&d);
+                }
+                Err(_) => return (data, Outcome::Ended { trailers: true }),
+            },
+            Ok(Step::End) => return (data, Outcome::Ended { trailers: false }),
+            Ok(Step::More) => match pieces.next() {
                 Some(p) => buf.extend_from_slice(p),
                 None => return (data, Outcome::Incomplete),
             },
-            Err(e) => return (data, Outcome::Refused(e)),
+            Err(e) => return (data, Outcome::Refused(e.to_string())),
         }
     }
 }
