@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HOST;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode, Version};
 use http_body_util::BodyExt;
@@ -17,7 +16,6 @@ use hyper::body::Body;
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
 use crate::downstream::client_body::ClientBody;
-use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::BodyPace;
 use crate::lifecycle::answer::{close_after, status};
 use crate::lifecycle::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
@@ -27,69 +25,8 @@ use crate::lifecycle::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
 use crate::upgrade::OnUpgrade;
+use crate::upstream::EndpointState;
 use crate::upstream::pool::{PooledBody, UpstreamError};
-use crate::upstream::{EndpointGuard, EndpointState, request_uri};
-
-/// Phase 5, head: what the upstream request looks like.
-pub(crate) struct UpstreamHead<'a> {
-    pub conn: &'a ConnCtx,
-    /// Host as the client sent it (Host, else `:authority`; empty when neither).
-    pub original_host: &'a HeaderValue,
-    pub request_id: &'a HeaderValue,
-    /// Host set by a URLRewrite.
-    pub host: Option<&'a str>,
-    pub path_and_query: &'a str,
-    pub endpoint: &'a EndpointGuard,
-    pub protocol: BackendProtocol,
-    pub upgrade: bool,
-}
-
-impl<'a> UpstreamHead<'a> {
-    /// Header hygiene, Host, URI and version; the forwarding fields and request id are
-    /// returned, for the exchange to send after the request's own fields.
-    pub fn apply(&self, parts: &mut Parts) -> Result<Added<'a>, StatusCode> {
-        let headers = &mut parts.headers;
-        let mut present = forward::Present::scan(headers);
-        forward::strip_present(headers, &mut present, self.upgrade);
-        let conn: &'a ConnCtx = self.conn;
-        let added = forward::forwarded(
-            headers,
-            &present,
-            &conn.peer_value,
-            conn.scheme,
-            self.original_host,
-            self.request_id,
-        );
-        let endpoint = self.endpoint.endpoint();
-        if let Some(h) = self.host.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(HOST, h);
-        } else if !present.host {
-            // HTTP/2 clients send :authority only; upstreams get it as Host. With neither
-            // (HTTP/1.0), the endpoint's address, as a client library would send.
-            let h = if self.original_host.is_empty() {
-                HeaderValue::from_str(endpoint.authority.as_str()).ok()
-            } else {
-                Some(self.original_host.clone())
-            };
-            if let Some(h) = h {
-                headers.insert(HOST, h);
-            }
-        }
-        parts.uri = request_uri(
-            self.protocol,
-            &endpoint.authority,
-            self.path_and_query,
-            &parts.uri,
-        )
-        .map_err(|_| StatusCode::BAD_REQUEST)?;
-        parts.version = match self.protocol {
-            // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
-            BackendProtocol::H2c => Version::HTTP_2,
-        };
-        Ok(added)
-    }
-}
 
 /// Phase 5, call: body, mirrors and one upstream exchange.
 pub(crate) struct Call<'a> {
@@ -108,7 +45,7 @@ pub(crate) struct Call<'a> {
 }
 
 impl Call<'_> {
-    /// Sends the request with the fields `added` (see [`UpstreamHead::apply`]). The parts
+    /// Sends the request with the fields `added` (see [`crate::lifecycle::ctx::RequestCtx::upstream_head`]). The parts
     /// are borrowed, not moved, down to the exchange: each move of them (224 bytes) into a
     /// future was a `memcpy` (see [`crate::upstream::pool::EndpointPool::send_parts`]).
     pub async fn send(

@@ -2,6 +2,7 @@
 //! In: a request from `downstream`. Out: its answer, from the upstream (through `call` and
 //! the `upstream` clients) or the gateway's own (`answer`, `grpc`).
 //!
+//! Each request has one context (`ctx::RequestCtx`) that every phase reads and fills.
 //! `intake` and `normalize` give the request one authority and one path; `router` picks the
 //! route; `policy` authenticates, authorizes and rate-limits; `filters` and `forward` edit
 //! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
@@ -10,6 +11,7 @@
 pub(crate) mod answer;
 pub(crate) mod body;
 pub(crate) mod call;
+pub(crate) mod ctx;
 pub mod filters;
 pub(crate) mod forward;
 pub(crate) mod grpc;

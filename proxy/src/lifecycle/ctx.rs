@@ -1,0 +1,336 @@
+//! One request's context. In: a request as its connection delivered it ([`ConnCtx`]). Out:
+//! [`RequestCtx`], the one value the phases of module `service` read and fill, from the
+//! arrival of the head to the last byte of the answer:
+//!
+//! - arrival (phases 0 and 1, [`RequestCtx::arrive`]): the normalized authority, the verdict
+//!   of the front door and the limits, the request id, `Origin`, whether the client speaks
+//!   gRPC or asks to upgrade;
+//! - routing and filters (phases 2 to 4): the [`Plan`], what the route's filters leave for the
+//!   way out (response edits, CORS, mirrors) and the rewrites for the upstream request, and
+//!   the rate-limit decision whose headers the answer carries;
+//! - upstream (phase 5): [`RequestCtx::upstream_head`] edits the head the upstream receives
+//!   and returns the forwarding fields it adds; phase 6: [`RequestCtx::answer`];
+//! - the end ([`RequestCtx::finish`]): [`Completion`], the part of the context that outlives
+//!   the handler, rides in the answer's body and counts and logs the request when that body
+//!   ends.
+//!
+//! `'s` is the request's snapshot: the plan keeps the table's own filters, not copies. The
+//! one-pass scan of the client's fields ([`forward::Seen`]) is read by `arrive` and not kept.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use http::header::HOST;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
+
+use crate::access_log::{AccessRecord, rfc3339};
+use crate::downstream::client_body::ClientBody;
+use crate::downstream::conn::ConnCtx;
+use crate::downstream::pace::Cut;
+use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
+use crate::lifecycle::call::response_filters;
+use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
+use crate::lifecycle::grpc;
+use crate::lifecycle::intake;
+use crate::lifecycle::normalize::PathOptions;
+use crate::lifecycle::policy::ratelimit::Decision;
+use crate::metrics::RouteMetrics;
+use crate::state::Shared;
+use crate::upgrade::OnUpgrade;
+use crate::upstream::pool::PooledBody;
+use crate::upstream::{EndpointGuard, request_uri};
+
+/// The response type of the service.
+pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
+
+/// One request's state, read and filled by the lifecycle's phases in order.
+pub(crate) struct RequestCtx<'s> {
+    pub shared: &'s Arc<Shared>,
+    pub conn: &'s ConnCtx,
+    /// The normalized authority, `host[:port]` (module `intake`); empty when the client named
+    /// no host (HTTP/1.0).
+    pub host: HeaderValue,
+    /// Phases 0 and 1: `Err` answers the request before routing.
+    pub verdict: Result<(), StatusCode>,
+    /// `Origin`, for CORS decoration of the answer.
+    pub origin: Option<HeaderValue>,
+    /// A gRPC call: the gateway's own error answers go out as gRPC statuses.
+    pub grpc: bool,
+    /// The client's side of an HTTP/1 upgrade, put there by our HTTP/1 server.
+    pub client_upgrade: Option<OnUpgrade>,
+    /// What the route's filters decided (phases 3 and 4).
+    pub plan: Plan<'s>,
+    /// The rate limit that counted the request: its headers go on the answer.
+    pub rate_limit: Option<Decision>,
+    /// Reported when the answer's body ends.
+    pub done: Completion,
+}
+
+/// Filters collected on the way in that act on the way out, and rewrites to apply.
+#[derive(Debug, Default)]
+pub(crate) struct Plan<'s> {
+    pub response_mods: Vec<&'s HeaderModifier>,
+    pub cors: Vec<&'s Cors>,
+    pub mirrors: Vec<&'s str>,
+    /// Host set by a URLRewrite.
+    pub host: Option<String>,
+    /// Path and query set by a URLRewrite.
+    pub path_and_query: Option<String>,
+}
+
+/// The part of a request's context that outlives the handler: reported when the response
+/// body ends.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    shared: Arc<Shared>,
+    pub start: Instant,
+    status: u16,
+    pub route: Option<Arc<str>>,
+    pub metrics: Arc<RouteMetrics>,
+    pub request_id: HeaderValue,
+    pub guard: Option<EndpointGuard>,
+    /// The answer is the upstream's (every other one is the gateway's own).
+    pub upstream_answered: bool,
+    /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
+    log: Option<Box<LogFields>>,
+}
+
+/// The request as the access log reports it.
+#[derive(Debug)]
+struct LogFields {
+    started_at: SystemTime,
+    method: Method,
+    uri: Uri,
+    host: String,
+    peer: SocketAddr,
+    /// A gRPC call: its status is read from the answer's head or trailers.
+    grpc: bool,
+    grpc_status: Option<u32>,
+    /// The request body's fault, read when the answer ends: why a slow body was cut.
+    fault: Option<Arc<BodyFault>>,
+}
+
+impl<'s> RequestCtx<'s> {
+    /// Phases 0 and 1: one authority and one path in `req` (or a 400 verdict), the client's
+    /// hop-by-hop fields and field names with `_` gone before anything the gateway sets, and
+    /// the header and declared body sizes checked (431, 413).
+    pub fn arrive(
+        shared: &'s Arc<Shared>,
+        conn: &'s ConnCtx,
+        req: &mut Request<ClientBody>,
+    ) -> Self {
+        let start = Instant::now();
+        let seen = forward::Seen::scan(req.headers());
+        let request_id = seen.request_id();
+        // A gRPC call is a POST (a CONNECT must keep its non-2xx answer: a 2xx opens a tunnel).
+        let grpc = req.method() == Method::POST && seen.content_type.is_some_and(grpc::is_grpc);
+        let front = intake::front_door(&seen, req.uri(), req.version(), PathOptions::default());
+        let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
+        let strip = seen.needs_strip();
+        let mut verdict = check_limits(shared, &seen);
+        let origin = seen.origin.cloned();
+        let host = match front {
+            Ok(front) => {
+                let host = front.authority.clone();
+                front.apply(req);
+                host
+            }
+            Err(code) => {
+                verdict = verdict.and(Err(code));
+                HeaderValue::from_static("")
+            }
+        };
+        if strip {
+            forward::strip_client(req.headers_mut(), upgrade);
+        }
+        let log = shared.access_log.enabled().then(|| {
+            Box::new(LogFields {
+                started_at: SystemTime::now(),
+                method: req.method().clone(),
+                uri: req.uri().clone(),
+                host: host.to_str().unwrap_or("").to_owned(),
+                peer: conn.peer,
+                grpc,
+                grpc_status: None,
+                fault: None,
+            })
+        });
+        let client_upgrade = upgrade
+            .then(|| req.extensions_mut().remove::<OnUpgrade>())
+            .flatten();
+        Self {
+            shared,
+            conn,
+            host,
+            verdict,
+            origin,
+            grpc,
+            client_upgrade,
+            plan: Plan::default(),
+            rate_limit: None,
+            done: Completion {
+                shared: shared.clone(),
+                start,
+                status: 0,
+                route: None,
+                metrics: shared.metrics.no_route().clone(),
+                request_id,
+                guard: None,
+                upstream_answered: false,
+                log,
+            },
+        }
+    }
+
+    /// The request body's fault, for the access log to say why a slow body was cut.
+    pub fn note_body_fault(&mut self, fault: Option<&Arc<BodyFault>>) {
+        if let Some(log) = self.done.log.as_mut() {
+            log.fault = fault.cloned();
+        }
+    }
+
+    /// Phase 5, head: header hygiene, Host, URI and version of the upstream request; the
+    /// forwarding fields and request id are returned, for the exchange to send after the
+    /// request's own fields.
+    pub fn upstream_head(
+        &self,
+        parts: &mut Parts,
+        endpoint: &EndpointGuard,
+        protocol: BackendProtocol,
+        path_and_query: &str,
+    ) -> Result<Added<'_>, StatusCode> {
+        let upgrade = self.client_upgrade.is_some();
+        let headers = &mut parts.headers;
+        let mut present = forward::Present::scan(headers);
+        forward::strip_present(headers, &mut present, upgrade);
+        let added = forward::forwarded(
+            headers,
+            &present,
+            &self.conn.peer_value,
+            self.conn.scheme,
+            &self.host,
+            &self.done.request_id,
+        );
+        let endpoint = endpoint.endpoint();
+        if let Some(h) = self
+            .plan
+            .host
+            .as_deref()
+            .and_then(|h| HeaderValue::from_str(h).ok())
+        {
+            headers.insert(HOST, h);
+        } else if !present.host {
+            // HTTP/2 clients send :authority only; upstreams get it as Host. With neither
+            // (HTTP/1.0), the endpoint's address, as a client library would send.
+            let h = if self.host.is_empty() {
+                HeaderValue::from_str(endpoint.authority.as_str()).ok()
+            } else {
+                Some(self.host.clone())
+            };
+            if let Some(h) = h {
+                headers.insert(HOST, h);
+            }
+        }
+        parts.uri = request_uri(protocol, &endpoint.authority, path_and_query, &parts.uri)
+            .map_err(|_| StatusCode::BAD_REQUEST)?;
+        parts.version = match protocol {
+            // Tcp backends are only on passthrough ports; never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
+            BackendProtocol::H2c => Version::HTTP_2,
+        };
+        Ok(added)
+    }
+
+    /// Phase 6 on the upstream's answer: hop-by-hop removal, the plan's response edits and
+    /// CORS, the upgrade spliced.
+    pub fn answer(&mut self, resp: Response<PooledBody>) -> Response<ProxyBody> {
+        response_filters(
+            resp,
+            &self.plan.response_mods,
+            &self.plan.cors,
+            self.origin.as_ref(),
+            self.client_upgrade.take(),
+        )
+    }
+
+    /// The answer as it leaves: counted by what it means, in gRPC form for a gRPC client
+    /// when it is the gateway's own, with `X-Request-Id`, and its body reporting the request
+    /// when it ends.
+    pub fn finish(self, mut resp: Response<ProxyBody>) -> ProxyResponse {
+        let mut done = self.done;
+        // Metrics and the access log count the answer by what it means (a gRPC client's 404
+        // is a 404, though it goes out as 200 with `grpc-status: 12`).
+        done.status = resp.status().as_u16();
+        if self.grpc && !done.upstream_answered {
+            resp = grpc::trailers_only(resp);
+        }
+        if self.grpc
+            && let Some(log) = done.log.as_mut()
+        {
+            // Trailers-Only (the gateway's own answer, or an upstream's); else the trailers say.
+            log.grpc_status = grpc::status_of(resp.headers());
+        }
+        resp.headers_mut()
+            .insert(X_REQUEST_ID.clone(), done.request_id.clone());
+        let (parts, body) = resp.into_parts();
+        Response::from_parts(parts, TrackedBody::new(body, done))
+    }
+}
+
+/// Phase 1.
+fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusCode> {
+    if seen.bytes > shared.limits.max_header_bytes {
+        return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    }
+    if let Some(cl) = seen.content_length {
+        let len: u64 = cl
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or(StatusCode::BAD_REQUEST)?;
+        if len > shared.limits.max_body_bytes {
+            return Err(StatusCode::PAYLOAD_TOO_LARGE);
+        }
+    }
+    Ok(())
+}
+
+impl OnComplete for Completion {
+    fn complete(self, bytes: u64) {
+        let elapsed = self.start.elapsed();
+        self.metrics.observe(self.status, elapsed.as_secs_f64());
+        if let Some(log) = self.log {
+            self.shared.access_log.log(AccessRecord {
+                time: rfc3339(log.started_at),
+                method: log.method.to_string(),
+                host: log.host,
+                path: log.uri.path().to_owned(),
+                status: self.status,
+                duration_ms: elapsed.as_secs_f64() * 1000.0,
+                route: self.route.map(|r| r.to_string()),
+                upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
+                bytes,
+                request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
+                peer: log.peer.to_string(),
+                grpc_status: log.grpc_status,
+                client_timeout: log
+                    .fault
+                    .as_deref()
+                    .and_then(BodyFault::cut)
+                    .map(Cut::as_str),
+            });
+        }
+    }
+
+    fn trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(log) = self.log.as_mut()
+            && log.grpc
+            && log.grpc_status.is_none()
+        {
+            log.grpc_status = grpc::status_of(trailers);
+        }
+    }
+}
