@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "desync/h2.rs"]
+mod h2;
 #[path = "desync/requests.rs"]
 mod requests;
 #[path = "desync/responses.rs"]
