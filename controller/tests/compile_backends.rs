@@ -198,3 +198,37 @@ spec:
     let r = first_route(table(&out, "infra", "gw"), "odd.test");
     assert!(r.backends.iter().all(|b| b.backend.is_none()));
 }
+
+/// The HTTPRoute annotation `tollgate.dev/request-trailers: forward` marks every entry of
+/// the route as forwarding request trailers; without it, or with another value, they are
+/// dropped (the default).
+#[test]
+fn request_trailers_annotation_opts_a_route_in() {
+    let route = |name: &str, host: &str, annotation: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata: {{name: {name}, namespace: apps{annotation}}}\n\
+             spec:\n  parentRefs: [{{name: gw, namespace: infra}}]\n  hostnames: [{host}]\n  \
+             rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+        )
+    };
+    let extra = [
+        route(
+            "fwd",
+            "fwd.test",
+            ", annotations: {tollgate.dev/request-trailers: forward}",
+        ),
+        route(
+            "other",
+            "other.test",
+            ", annotations: {tollgate.dev/request-trailers: yes}",
+        ),
+        route("plain", "plain.test", ""),
+    ]
+    .join("---\n");
+    let out = run(&["backends"], &extra);
+    let t = table(&out, "infra", "gw");
+    assert!(first_route(t, "fwd.test").request_trailers);
+    assert!(!first_route(t, "other.test").request_trailers);
+    assert!(!first_route(t, "plain.test").request_trailers);
+}

@@ -58,6 +58,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         }],
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     };
     RouteTable {
         version: 1,

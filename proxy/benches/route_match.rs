@@ -37,6 +37,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         backends: vec![],
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     }
 }
 

@@ -127,6 +127,7 @@ fn route(name: &str, backend: &str) -> Route {
         }],
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     }
 }
 

@@ -130,6 +130,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
         }],
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     };
     RouteTable {
         version: 0,

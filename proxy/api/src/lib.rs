@@ -224,6 +224,14 @@ pub struct Route {
     /// Key into [`RouteTable::policies`]; `None` = no policy applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// Request trailers go upstream (filtered); by default they are dropped. The HTTPRoute
+    /// or GRPCRoute annotation `tollgate.dev/request-trailers: forward` sets it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub request_trailers: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Request predicates of one match; all must hold.
@@ -582,10 +590,20 @@ mod tests {
             backends: vec![],
             timeouts: Timeouts::default(),
             policy: None,
+            request_trailers: false,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
+        // The default is left out, so older proxies read newer tables and the other way.
+        assert!(!json.contains("requestTrailers"), "{json}");
+        let forwarding = Route {
+            request_trailers: true,
+            ..r.clone()
+        };
+        let json = serde_json::to_string(&forwarding).unwrap();
+        assert!(json.contains(r#""requestTrailers":true"#), "{json}");
+        assert_eq!(serde_json::from_str::<Route>(&json).unwrap(), forwarding);
         assert!(
             json.contains(r#""path":{"type":"PathPrefix","value":"/api"}"#),
             "{json}"

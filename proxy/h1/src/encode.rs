@@ -42,6 +42,18 @@ pub fn chunk_size(len: usize, out: &mut Vec<u8>) {
 /// The end of a chunked body (no trailers).
 pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
+/// The end of a chunked body with trailer fields: the last chunk, the fields, the empty line.
+pub fn last_chunk_with_trailers(trailers: &http::HeaderMap, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Writes the request line (`target` in origin form) and `fields`, then the body's framing
 /// field when `fields` has none. A POST, PUT or PATCH
 /// without a length gets `content-length: 0` (RFC 9110 §8.6: a client should send it;
@@ -246,6 +258,34 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailers_written_are_read_back_by_the_decoder() {
+        let mut fields = http::HeaderMap::new();
+        fields.insert("grpc-status", HeaderValue::from_static("0"));
+        fields.append("x-sum", HeaderValue::from_static("a1"));
+        fields.append("x-sum", HeaderValue::from_static("b2"));
+        let mut out = Vec::new();
+        chunk_size(3, &mut out);
+        out.extend_from_slice(b"abc\r\n");
+        last_chunk_with_trailers(&fields, &mut out);
+        assert!(out.ends_with(b"\r\nx-sum: b2\r\n\r\n"), "{out:?}");
+        let mut buf = bytes::BytesMut::from(&out[..]);
+        let mut d = crate::body::Decoder::new(Framing::Chunked);
+        let mut got = None;
+        loop {
+            match d.decode(&mut buf).unwrap() {
+                crate::body::Step::Frame(f) if f.is_trailers() => got = f.into_trailers().ok(),
+                crate::body::Step::Frame(_) => {}
+                crate::body::Step::End | crate::body::Step::More => break,
+            }
+            if d.is_done() {
+                break;
+            }
+        }
+        assert_eq!(got, Some(fields));
+        assert!(buf.is_empty());
+    }
 
     #[test]
     fn dates_are_imf_fixdates() {

@@ -10,7 +10,8 @@
 //!
 //! `Expect: 100-continue`: the interim answer goes out when the body is first waited on
 //! and the final answer has not begun (after it, no 100; the body is still read if it
-//! comes). Request trailers are read and dropped (`body::LimitedBody` drops them too).
+//! comes). Request trailers are handed on as a trailers frame; `body::LimitedBody` drops
+//! them unless the route forwards them.
 //! Only requests with a body pay for any of this: a bodiless one gets `ClientBody::Empty`.
 
 use std::pin::Pin;
@@ -42,7 +43,7 @@ pub(crate) enum BodyError {
 #[derive(Debug, Default)]
 struct State {
     /// A frame read and not yet taken.
-    frame: Option<Result<Bytes, BodyError>>,
+    frame: Option<Result<Frame<Bytes>, BodyError>>,
     /// Nothing comes after `frame`.
     end: bool,
     /// The body waits for a frame.
@@ -102,10 +103,13 @@ impl Body for RequestBody {
             }
             drop(st);
             self.ended = end;
-            if let (Ok(data), Some(n)) = (&frame, self.remaining.as_mut()) {
+            if let (Some(data), Some(n)) = (
+                frame.as_ref().ok().and_then(Frame::data_ref),
+                self.remaining.as_mut(),
+            ) {
                 *n = n.saturating_sub(data.len() as u64);
             }
-            return Poll::Ready(Some(frame.map(Frame::data)));
+            return Poll::Ready(Some(frame));
         }
         if st.end {
             drop(st);
@@ -271,19 +275,20 @@ impl Reader {
     fn take_buffered(&mut self, rbuf: &mut BytesMut) -> bool {
         loop {
             match self.decoder.decode(rbuf) {
-                Ok(Step::Frame(frame)) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => {
+                Ok(Step::Frame(frame)) => {
+                    let wanted =
+                        frame.is_trailers() || frame.data_ref().is_some_and(|d| !d.is_empty());
+                    if wanted {
                         let end = self.decoder.is_done();
-                        self.deliver(Some(Ok(data)), end);
+                        self.deliver(Some(Ok(frame)), end);
                         return true;
                     }
-                    // Empty data, or trailers (dropped): on to what follows.
-                    _ if self.decoder.is_done() => {
+                    // Empty data: on to what follows.
+                    if self.decoder.is_done() {
                         self.deliver(None, true);
                         return true;
                     }
-                    _ => {}
-                },
+                }
                 Ok(Step::End) => {
                     self.deliver(None, true);
                     return true;
@@ -309,7 +314,7 @@ impl Reader {
         }
     }
 
-    fn deliver(&mut self, frame: Option<Result<Bytes, BodyError>>, end: bool) {
+    fn deliver(&mut self, frame: Option<Result<Frame<Bytes>, BodyError>>, end: bool) {
         let mut st = self.pipe.lock();
         st.frame = frame;
         st.end = end;

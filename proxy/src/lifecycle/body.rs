@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::downstream::pace::{BodyPace, Cut, Pacer};
+use crate::lifecycle::forward::TrailerFilter;
 use crate::metrics::Metrics;
 
 pub use crate::error::BoxError;
@@ -112,6 +113,8 @@ pub(crate) struct LimitedBody<B> {
     metrics: Arc<Metrics>,
     /// Armed the first time the client keeps us waiting, at the pacer's deadline.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The route forwards request trailers: which fields may go; `None` drops them all.
+    trailers: Option<Box<TrailerFilter>>,
 }
 
 impl<B> LimitedBody<B> {
@@ -130,7 +133,14 @@ impl<B> LimitedBody<B> {
             pacer: Pacer::new(pace, tokio::time::Instant::now()),
             metrics,
             timer: None,
+            trailers: None,
         }
+    }
+
+    /// Sends the trailer fields `filter` allows on (by default none go).
+    pub fn with_trailers(mut self, filter: TrailerFilter) -> Self {
+        self.trailers = Some(Box::new(filter));
+        self
     }
 
     /// Waiting on the client: arms the timer at the pacer's deadline; the error once it is
@@ -170,9 +180,16 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            // Request trailers are dropped: a field the client adds after the body
-            // (`X-User: root` in a chunked trailer) would escape every check made on the head.
-            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => Poll::Ready(None),
+            // Request trailers are dropped unless the route forwards them, and then only
+            // fields the filter allows: a field the client adds after the body (`X-User: root`
+            // in a chunked trailer) would escape every check made on the head.
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                let kept = match (this.trailers.as_deref(), frame.into_trailers()) {
+                    (Some(filter), Ok(fields)) => filter.apply(fields),
+                    _ => None,
+                };
+                Poll::Ready(kept.map(|t| Ok(Frame::trailers(t))))
+            }
             Poll::Ready(Some(Ok(frame))) => {
                 let len = frame.data_ref().map_or(0, |d| d.len() as u64);
                 if len > this.remaining {

@@ -20,7 +20,7 @@ use crate::downstream::pace::BodyPace;
 use crate::lifecycle::answer::{close_after, status};
 use crate::lifecycle::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
 use crate::lifecycle::filters;
-use crate::lifecycle::forward::{self, Added};
+use crate::lifecycle::forward::{self, Added, TrailerFilter};
 use crate::lifecycle::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
@@ -42,6 +42,8 @@ pub(crate) struct Call<'a> {
     /// How long and how slowly the client may send the request body.
     pub body_pace: BodyPace,
     pub backend_timeout: Option<Duration>,
+    /// The route forwards request trailers (filtered).
+    pub request_trailers: bool,
 }
 
 impl Call<'_> {
@@ -89,14 +91,19 @@ impl Call<'_> {
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {
             let metrics = self.shared.metrics.clone();
-            LimitedBody::new(
+            let body = LimitedBody::new(
                 body,
                 limits.max_body_bytes,
                 self.body_pace,
                 fault(),
                 metrics,
-            )
-            .boxed()
+            );
+            if self.request_trailers {
+                body.with_trailers(TrailerFilter::new(&parts.headers))
+                    .boxed()
+            } else {
+                body.boxed()
+            }
         };
         if self.mirrors.is_empty() {
             return Ok(if body.is_end_stream() {

@@ -367,9 +367,110 @@ pub(crate) fn generate_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
+/// Which request trailer fields a route that forwards trailers sends upstream. None the head
+/// carries (so no trailer adds to or overrides a field the client sent or the gateway or a
+/// policy set, such as an identity header), none whose name has an `_`, no hop-by-hop or
+/// forwarding field, and none RFC 9110 §6.5.1 keeps out of trailers (framing, routing,
+/// request modifiers, authentication, how to process the content).
+#[derive(Debug)]
+pub(crate) struct TrailerFilter {
+    head: Vec<HeaderName>,
+}
+
+/// Fields never sent as trailers, besides `content-*`, `if-*` and `x-forwarded-*`.
+const NOT_TRAILERS: &[&str] = &[
+    "authorization",
+    "cache-control",
+    "connection",
+    "cookie",
+    "expect",
+    "forwarded",
+    "host",
+    "keep-alive",
+    "max-forwards",
+    "pragma",
+    "proxy-authorization",
+    "proxy-connection",
+    "range",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "x-real-ip",
+    "x-request-id",
+];
+
+impl TrailerFilter {
+    /// For a request whose head, as it goes upstream, is `head`.
+    pub fn new(head: &HeaderMap) -> Self {
+        Self {
+            head: head.keys().cloned().collect(),
+        }
+    }
+
+    /// The fields of `trailers` that may go on; `None` when none may.
+    pub fn apply(&self, trailers: HeaderMap) -> Option<HeaderMap> {
+        let mut out = HeaderMap::new();
+        let mut name: Option<HeaderName> = None;
+        for (n, value) in trailers {
+            // `into_iter` names a field once, before all its values.
+            if n.is_some() {
+                name = n;
+            }
+            if let Some(n) = name.as_ref().filter(|n| self.allows(n)) {
+                out.append(n.clone(), value);
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    fn allows(&self, name: &HeaderName) -> bool {
+        let s = name.as_str();
+        !s.contains('_')
+            && !s.starts_with("content-")
+            && !s.starts_with("if-")
+            && !s.starts_with("x-forwarded-")
+            && !NOT_TRAILERS.contains(&s)
+            && !self.head.contains(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailer_filter_keeps_only_fields_the_head_and_the_gateway_do_not_own() {
+        let mut head = HeaderMap::new();
+        head.insert("x-user", HeaderValue::from_static("alice"));
+        head.insert(HOST, HeaderValue::from_static("a"));
+        let filter = TrailerFilter::new(&head);
+        let mut t = HeaderMap::new();
+        for (n, v) in [
+            ("x-checksum", "1"),
+            ("grpc-status", "0"),
+            ("x-user", "root"),
+            ("x_user", "root"),
+            ("authorization", "Bearer x"),
+            ("content-length", "9"),
+            ("transfer-encoding", "chunked"),
+            ("host", "evil"),
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-request-id", "forged"),
+            ("if-match", "*"),
+            ("connection", "close"),
+        ] {
+            t.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        t.append("x-checksum", HeaderValue::from_static("2"));
+        let kept = filter.apply(t).unwrap();
+        let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-checksum", "grpc-status"]);
+        assert_eq!(kept.get_all("x-checksum").iter().count(), 2);
+        let mut only_owned = HeaderMap::new();
+        only_owned.insert("x-user", HeaderValue::from_static("root"));
+        assert_eq!(filter.apply(only_owned), None);
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

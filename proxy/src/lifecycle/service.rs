@@ -261,6 +261,7 @@ async fn proxy<'s>(
             fault: fault.as_ref(),
             body_pace,
             backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
+            request_trailers: route.request_trailers,
         };
         match deadline {
             Some(d) => tokio::time::timeout_at(d, call.send(&mut parts, body, &added))

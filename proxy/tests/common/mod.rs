@@ -227,6 +227,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         backends,
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     }
 }
 

@@ -293,6 +293,86 @@ async fn request_trailers_are_not_forwarded() {
     );
 }
 
+/// A route with `request_trailers` (HTTPRoute annotation `tollgate.dev/request-trailers:
+/// forward`) sends request trailers on after the last chunk, without the fields the head
+/// carries (`X-User`, which the route's filter set), names with `_`, and fields the gateway
+/// owns or RFC 9110 keeps out of trailers.
+#[tokio::test]
+async fn request_trailers_go_on_filtered_where_a_route_forwards_them() {
+    use tollgate_api::{Filter, HeaderModifier};
+    let (addr, seen) = recording_backend().await;
+    let mut r = with_filters(
+        route("site", "/", vec![wb("raw", 1)]),
+        vec![Filter::RequestHeaderModifier(HeaderModifier {
+            set: vec![("x-user".into(), "alice".into())],
+            ..HeaderModifier::default()
+        })],
+    );
+    r.request_trailers = true;
+    let (_p, url) = proxy_with(vec![r], vec![("raw", backend_at(addr))]).await;
+    let answer = raw(
+        &url,
+        b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          3\r\nabc\r\n0\r\nX-Checksum: 7\r\nX-User: root\r\nX_Role: admin\r\nHost: evil\r\n\
+          X-Forwarded-For: 10.0.0.1\r\nContent-Length: 99\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let seen = String::from_utf8_lossy(&seen.await.unwrap()).to_ascii_lowercase();
+    assert!(
+        seen.ends_with("\r\n\r\n3\r\nabc\r\n0\r\nx-checksum: 7\r\n\r\n"),
+        "the backend got: {seen:?}"
+    );
+    assert!(seen.contains("\r\nx-user: alice\r\n"), "{seen:?}");
+    for forged in ["root", "admin", "evil", "10.0.0.1", "99"] {
+        assert!(
+            !seen.contains(forged),
+            "{forged} reached the backend: {seen:?}"
+        );
+    }
+}
+
+/// The same over HTTP/2 from the client: its trailers frame goes upstream as HTTP/1.1
+/// trailers after the last chunk, filtered the same way.
+#[tokio::test]
+async fn http2_request_trailers_go_on_filtered_where_a_route_forwards_them() {
+    use bytes::Bytes;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    let (addr, seen) = recording_backend().await;
+    let mut r = route("site", "/", vec![wb("raw", 1)]);
+    r.request_trailers = true;
+    let (_p, url) = proxy_with(vec![r], vec![("raw", backend_at(addr))]).await;
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("7"));
+    trailers.insert("x-request-id", http::HeaderValue::from_static("forged"));
+    let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+        Ok(Frame::data(Bytes::from_static(b"abc"))),
+        Ok(Frame::trailers(trailers)),
+    ];
+    let req = http::Request::post(format!("{url}/x"))
+        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let seen = String::from_utf8_lossy(&seen.await.unwrap()).to_ascii_lowercase();
+    assert!(
+        seen.ends_with("\r\n\r\n3\r\nabc\r\n0\r\nx-checksum: 7\r\n\r\n"),
+        "the backend got: {seen:?}"
+    );
+    assert!(!seen.contains("forged"), "{seen:?}");
+}
+
 #[tokio::test]
 async fn url_rewrite_works_on_the_normalized_path() {
     use tollgate_api::{Filter, PathModifier, UrlRewrite};

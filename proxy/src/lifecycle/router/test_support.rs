@@ -22,6 +22,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         backends: vec![],
         timeouts: Timeouts::default(),
         policy: None,
+        request_trailers: false,
     }
 }
 

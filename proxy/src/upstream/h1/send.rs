@@ -6,8 +6,8 @@
 //! [`OnUpgrade`].
 //!
 //! The body is framed by the request's own `Content-Length` when it has one, else by its
-//! exact size when known, else in chunks; request trailers never reach here (the client
-//! side drops them). Its first frame, when already there, goes out in one write with the
+//! exact size when known, else in chunks; request trailers reach here only from a route that
+//! forwards them, and go out after the last chunk. Its first frame, when already there, goes out in one write with the
 //! head; the rest is streamed while the answer is read, in the same task: each poll writes
 //! what the body has ready (one frame at a time, so memory stays at one frame however large
 //! the body: the socket's backpressure reaches the client) and reads what the upstream sent.
@@ -30,7 +30,7 @@ use http::{HeaderValue, Method, Response, StatusCode};
 use hyper::body::{Body as _, Frame};
 use tokio::io::{AsyncWrite as _, AsyncWriteExt as _};
 use tollgate_h1::body::Framing;
-use tollgate_h1::encode::{LAST_CHUNK, chunk_size};
+use tollgate_h1::encode::{LAST_CHUNK, chunk_size, last_chunk_with_trailers};
 use tollgate_h1::response::{ResponseHead, parse_response};
 
 use super::{Conn, H1Error, MAX_HEAD, MAX_INTERIM, RawBody, Reuse, poll_fill};
@@ -314,9 +314,23 @@ impl Outgoing {
             Some(Err(e)) => return Err(H1Error::Body(e)),
             Some(Ok(frame)) => frame,
         };
-        // Trailers: the client side drops them before here; none are sent.
-        let Ok(data) = frame.into_data() else {
-            return Ok(());
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            // Trailers (only on a route that forwards them, filtered: `body::LimitedBody`):
+            // the body's end, with the last chunk. A body framed by its length has no room
+            // for them: dropped. Nothing is queued here (a frame is taken once the last
+            // one went out), so the last chunk starts the queue.
+            Err(frame) => {
+                if let (None, Ok(trailers)) = (self.remaining, frame.into_trailers()) {
+                    self.ended = true;
+                    self.line.clear();
+                    self.line_at = 0;
+                    last_chunk_with_trailers(&trailers, &mut self.line);
+                    self.data = Bytes::new();
+                    self.tail = &[];
+                }
+                return Ok(());
+            }
         };
         if data.is_empty() {
             return Ok(());
