@@ -321,16 +321,7 @@ async fn a_stalled_request_body_gets_408_and_a_slow_one_is_served() {
 async fn an_http2_request_body_may_pause() {
     use std::time::Duration;
     let (_b, _p, url) = proxy_with_a_1s_body_idle_timeout().await;
-    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_connection(&url).await;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
     let frames = futures_util::stream::unfold(rx, |mut rx| async move {
         let data = rx.recv().await?;

@@ -366,6 +366,27 @@ pub fn h2c_client() -> TestClient {
         .build_http()
 }
 
+/// One HTTP/2 (prior knowledge) connection to the proxy at `url`, for requests whose body
+/// the test drives frame by frame; the connection runs in a task of its own.
+pub async fn h2_connection<B>(url: &str) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
 /// A response read to the end.
 #[derive(Debug)]
 pub struct Answer {

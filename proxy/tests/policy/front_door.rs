@@ -343,16 +343,7 @@ async fn http2_request_trailers_go_on_filtered_where_a_route_forwards_them() {
     let mut r = route("site", "/", vec![wb("raw", 1)]);
     r.request_trailers = true;
     let (_p, url) = proxy_with(vec![r], vec![("raw", backend_at(addr))]).await;
-    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_connection(&url).await;
     let mut trailers = http::HeaderMap::new();
     trailers.insert("x-checksum", http::HeaderValue::from_static("7"));
     trailers.insert("x-request-id", http::HeaderValue::from_static("forged"));

@@ -33,16 +33,16 @@ mod tests;
 mod write;
 
 use std::future::Future as _;
-use std::io;
+
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf as _, Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{Method, StatusCode, Version};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tollgate_h1::body::Framing;
 use tollgate_h1::encode::{self, RequestShape};
@@ -102,10 +102,8 @@ pub(crate) async fn serve<I: Io>(
             let parsed =
                 if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
                     if rbuf.len() >= H2_PREFACE.len() {
-                        let io = TokioIo::new(Prefixed {
-                            prefix: rbuf.freeze(),
-                            io,
-                        });
+                        // The preface, read already, is read again first.
+                        let io = TokioIo::new(Upgraded::new(io, rbuf.freeze()));
                         return listener::serve(shared, io, conn, wait.into_stop()).await;
                     }
                     Parsed::Partial
@@ -407,56 +405,4 @@ async fn in_flight<I: Io>(
         Poll::Pending
     })
     .await
-}
-
-/// A connection whose first bytes were already read: they are read again first.
-struct Prefixed<I> {
-    prefix: Bytes,
-    io: I,
-}
-
-impl<I: Io> AsyncRead for Prefixed<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<I: Io> AsyncWrite for Prefixed<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
 }
