@@ -374,7 +374,8 @@ pub(crate) fn generate_request_id() -> HeaderValue {
 /// request modifiers, authentication, how to process the content).
 #[derive(Debug)]
 pub(crate) struct TrailerFilter {
-    head: Vec<HeaderName>,
+    /// The head's field names, hashed: a client may send thousands of trailer fields.
+    head: HeaderMap<()>,
 }
 
 /// Fields never sent as trailers, besides `content-*`, `if-*` and `x-forwarded-*`.
@@ -403,9 +404,11 @@ const NOT_TRAILERS: &[&str] = &[
 impl TrailerFilter {
     /// For a request whose head, as it goes upstream, is `head`.
     pub fn new(head: &HeaderMap) -> Self {
-        Self {
-            head: head.keys().cloned().collect(),
+        let mut names = HeaderMap::with_capacity(head.keys_len());
+        for name in head.keys() {
+            names.insert(name.clone(), ());
         }
+        Self { head: names }
     }
 
     /// The fields of `trailers` that may go on; `None` when none may.
@@ -431,7 +434,7 @@ impl TrailerFilter {
             && !s.starts_with("if-")
             && !s.starts_with("x-forwarded-")
             && !NOT_TRAILERS.contains(&s)
-            && !self.head.contains(name)
+            && !self.head.contains_key(name)
     }
 }
 
