@@ -47,26 +47,69 @@ pub enum BadAuthority {
 
 /// Parses and normalizes an authority (see [`Authority`]).
 pub fn parse_authority(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
-    let (host, port_text) = split_port(raw)?;
-    let port = match port_text {
-        None | Some(b"") => None,
-        Some(p) => Some(parse_port(p)?),
+    if raw.first() == Some(&b'[') {
+        return parse_ipv6(raw);
+    }
+    // A registered name or IPv4 address, read in one pass (this runs on every request): the
+    // port's colon, and what the name holds. Errors keep their order: a second colon, then
+    // the port, then the name's characters, then its labels.
+    let scan = scan_name(raw);
+    let (host, port_text) = match scan.colon {
+        Some(i) => (&raw[..i], Some(&raw[i + 1..])),
+        None => (raw, None),
     };
-    let (host, dot) = if host.first() == Some(&b'[') {
-        check_ipv6(host)?;
-        (host, false)
-    } else {
-        check_name(host)?
+    if port_text.is_some_and(|p| p.contains(&b':')) {
+        // A second colon: a bare IPv6 literal or garbage, never a host and a port.
+        return Err(BadAuthority::Character);
+    }
+    let port = parse_port_text(port_text)?;
+    if host.is_empty() {
+        return Ok(Authority {
+            host: Cow::Borrowed(""),
+            port,
+            unchanged: canonical_port(port_text),
+        });
+    }
+    if scan.bad {
+        return Err(BadAuthority::Character);
+    }
+    if scan.empty_label {
+        return Err(BadAuthority::EmptyLabel);
+    }
+    let (name, dot) = match host.strip_suffix(b".") {
+        Some(n) => (n, true),
+        None => (host, false),
     };
-    // Checked above: every byte is ASCII.
+    normal(name, scan.upper, dot, port, port_text)
+}
+
+/// A bracketed IPv6 literal and its port.
+fn parse_ipv6(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
+    let end = raw
+        .iter()
+        .position(|&c| c == b']')
+        .ok_or(BadAuthority::Bracket)?;
+    let (host, port_text) = match &raw[end + 1..] {
+        [] => (raw, None),
+        [b':', port @ ..] => (&raw[..=end], Some(port)),
+        _ => return Err(BadAuthority::Bracket),
+    };
+    let port = parse_port_text(port_text)?;
+    check_ipv6(host)?;
+    let upper = host.iter().any(u8::is_ascii_uppercase);
+    normal(host, upper, false, port, port_text)
+}
+
+/// The authority of a checked host: lower-cased when it has upper case.
+fn normal<'a>(
+    host: &'a [u8],
+    upper: bool,
+    dot: bool,
+    port: Option<u16>,
+    port_text: Option<&[u8]>,
+) -> Result<Authority<'a>, BadAuthority> {
+    // Checked by the caller: every byte is ASCII.
     let text = std::str::from_utf8(host).map_err(|_| BadAuthority::Character)?;
-    let upper = host.iter().fold(false, |u, c| u | c.is_ascii_uppercase());
-    // A port is written back without leading zeros (`:080` → `:80`).
-    let port_canonical = match port_text {
-        None => true,
-        Some(p) => !p.is_empty() && (p.len() == 1 || p[0] != b'0'),
-    };
-    let unchanged = !upper && !dot && port_canonical;
     let host = if upper {
         Cow::Owned(text.to_ascii_lowercase())
     } else {
@@ -75,28 +118,61 @@ pub fn parse_authority(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
     Ok(Authority {
         host,
         port,
-        unchanged,
+        unchanged: !upper && !dot && canonical_port(port_text),
     })
 }
 
-/// `host` and the text after its port colon, if any.
-fn split_port(raw: &[u8]) -> Result<(&[u8], Option<&[u8]>), BadAuthority> {
-    if raw.first() == Some(&b'[') {
-        let end = raw
-            .iter()
-            .position(|&c| c == b']')
-            .ok_or(BadAuthority::Bracket)?;
-        return match &raw[end + 1..] {
-            [] => Ok((raw, None)),
-            [b':', port @ ..] => Ok((&raw[..=end], Some(port))),
-            _ => Err(BadAuthority::Bracket),
-        };
+/// What one pass over a registered name (and what follows it) found.
+struct NameScan {
+    /// Where the first `:` is.
+    colon: Option<usize>,
+    /// A byte before it that no name may hold.
+    bad: bool,
+    /// An upper-case letter before it.
+    upper: bool,
+    /// An empty label before it (`.a`, `a..b`, `.`), a single trailing dot aside.
+    empty_label: bool,
+}
+
+// The classes of [`CLASS`], and the flag a dot after a dot sets.
+const BAD: u8 = 1;
+const UPPER: u8 = 2;
+const DOT: u8 = 4;
+const EMPTY: u8 = DOT << 3;
+
+fn scan_name(raw: &[u8]) -> NameScan {
+    let colon = raw.iter().position(|&c| c == b':');
+    let name = colon.map_or(raw, |i| &raw[..i]);
+    // One table load a byte, its classes gathered in `seen`. A leading dot ends an empty
+    // label, as a dot after a dot does.
+    let (mut seen, mut prev) = (0u8, DOT);
+    for &c in name {
+        let class = CLASS[usize::from(c)];
+        seen |= class | ((class & prev) << 3);
+        prev = class;
     }
-    match raw.iter().position(|&c| c == b':') {
-        // A second colon: a bare IPv6 literal or garbage, never a host and a port.
-        Some(i) if raw[i + 1..].contains(&b':') => Err(BadAuthority::Character),
-        Some(i) => Ok((&raw[..i], Some(&raw[i + 1..]))),
-        None => Ok((raw, None)),
+    NameScan {
+        colon,
+        bad: seen & BAD != 0,
+        upper: seen & UPPER != 0,
+        empty_label: seen & EMPTY != 0,
+    }
+}
+
+/// The port after the colon: none when there is no colon or nothing after it.
+fn parse_port_text(text: Option<&[u8]>) -> Result<Option<u16>, BadAuthority> {
+    match text {
+        None | Some(b"") => Ok(None),
+        Some(p) => parse_port(p).map(Some),
+    }
+}
+
+/// A port is written back without leading zeros (`:080` becomes `:80`) and `host:` without
+/// its colon.
+fn canonical_port(text: Option<&[u8]>) -> bool {
+    match text {
+        None => true,
+        Some(p) => !p.is_empty() && (p.len() == 1 || p[0] != b'0'),
     }
 }
 
@@ -110,28 +186,29 @@ fn parse_port(p: &[u8]) -> Result<u16, BadAuthority> {
         .ok_or(BadAuthority::Port)
 }
 
-/// A registered name or IPv4 address (RFC 3986 reg-name without percent-encoding): returns
-/// the name without one trailing dot, and whether a dot was removed.
-fn check_name(host: &[u8]) -> Result<(&[u8], bool), BadAuthority> {
-    if host.is_empty() {
-        return Ok((host, false));
+/// Each byte's classes: [`BAD`] when [`is_name_byte`] refuses it, [`UPPER`], [`DOT`].
+static CLASS: [u8; 256] = {
+    let mut t = [0; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = if !is_name_byte(c) {
+            BAD
+        } else if c.is_ascii_uppercase() {
+            UPPER
+        } else if c == b'.' {
+            DOT
+        } else {
+            0
+        };
+        i += 1;
     }
-    let (name, dot) = match host.strip_suffix(b".") {
-        Some(n) => (n, true),
-        None => (host, false),
-    };
-    if !name.iter().all(|&c| is_name_byte(c)) {
-        return Err(BadAuthority::Character);
-    }
-    if name.is_empty() || name.split(|&c| c == b'.').any(<[u8]>::is_empty) {
-        return Err(BadAuthority::EmptyLabel);
-    }
-    Ok((name, dot))
-}
+    t
+};
 
 /// RFC 3986 unreserved and sub-delims, less `.`'s special role: the bytes a reg-name may hold
 /// unescaped.
-fn is_name_byte(c: u8) -> bool {
+const fn is_name_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric()
         || matches!(
             c,
