@@ -200,8 +200,9 @@ spec:
 }
 
 /// The HTTPRoute annotation `tollgate.dev/request-trailers: forward` marks every entry of
-/// the route as forwarding request trailers; without it, or with another value, they are
-/// dropped (the default).
+/// the route as forwarding request trailers; without it, or with `drop`, they are dropped
+/// (the default); any other value rejects the route, naming the annotation, and the route
+/// is not served.
 #[test]
 fn request_trailers_annotation_opts_a_route_in() {
     let route = |name: &str, host: &str, annotation: &str| {
@@ -219,9 +220,14 @@ fn request_trailers_annotation_opts_a_route_in() {
             ", annotations: {tollgate.dev/request-trailers: forward}",
         ),
         route(
-            "other",
-            "other.test",
-            ", annotations: {tollgate.dev/request-trailers: yes}",
+            "drop",
+            "drop.test",
+            ", annotations: {tollgate.dev/request-trailers: drop}",
+        ),
+        route(
+            "typo",
+            "typo.test",
+            ", annotations: {tollgate.dev/request-trailers: forwrd}",
         ),
         route("plain", "plain.test", ""),
     ]
@@ -229,6 +235,21 @@ fn request_trailers_annotation_opts_a_route_in() {
     let out = run(&["backends"], &extra);
     let t = table(&out, "infra", "gw");
     assert!(first_route(t, "fwd.test").request_trailers);
-    assert!(!first_route(t, "other.test").request_trailers);
+    assert!(!first_route(t, "drop.test").request_trailers);
     assert!(!first_route(t, "plain.test").request_trailers);
+    for name in ["fwd", "drop", "plain"] {
+        assert_route_ok(&out, "apps", name);
+    }
+    let c = parent_conds(&out, "apps", "typo", 0);
+    assert_cond(c, "Accepted", "False", "UnsupportedValue");
+    let msg = &cond(c, "Accepted").message;
+    assert!(
+        msg.contains("metadata.annotations[tollgate.dev/request-trailers]")
+            && msg.contains("\"forwrd\""),
+        "{msg}"
+    );
+    assert!(
+        !hosts(table_listener(t, "http")).contains(&"typo.test"),
+        "a rejected route is not served"
+    );
 }

@@ -228,6 +228,26 @@ fn invalid_service_name_is_unsupported_value() {
     );
 }
 
+/// A GRPCRoute reads `tollgate.dev/request-trailers` as an HTTPRoute does: a value other
+/// than `forward` or `drop` rejects it.
+#[test]
+fn request_trailers_annotation_is_checked() {
+    let extra = "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\n\
+                 metadata: {name: trailers, namespace: apps, \
+                 annotations: {tollgate.dev/request-trailers: 'yes'}}\n\
+                 spec:\n  parentRefs: [{name: grpc, namespace: infra, sectionName: http}]\n  \
+                 hostnames: [trailers.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n";
+    let out = run(&["grpc"], extra);
+    let c = grpc_parent_conds(&out, "apps", "trailers", 0);
+    assert_cond(c, "Accepted", "False", "UnsupportedValue");
+    assert!(
+        cond(c, "Accepted")
+            .message
+            .contains("tollgate.dev/request-trailers")
+    );
+    assert!(!hosts(table_listener(gw(&out), "http")).contains(&"trailers.test"));
+}
+
 #[test]
 fn invalid_regex_is_unsupported_value() {
     let out = out();

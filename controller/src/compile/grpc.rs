@@ -39,7 +39,7 @@ use super::kinds::RouteKind;
 use super::precedence::Specificity;
 use super::rules::{
     CompiledRoute, CompiledRule, RuleInput, check_regex, collect_rules, compile_actions,
-    header_matches, unsupported,
+    header_matches, read_request_trailers, unsupported,
 };
 
 /// What an absent service or method matches in a regular expression: one path segment.
@@ -51,11 +51,13 @@ pub fn compile_grpc_route(route: &GrpcRoute, resolver: &mut Resolver<'_, '_>) ->
     // As for HTTPRoutes: no rules means one rule matching every call, without backends.
     let default_rules = [GrpcRouteRules::default()];
     let rules_spec = route.spec.rules.as_deref().unwrap_or(&default_rules);
-    collect_rules(
+    let mut compiled = collect_rules(
         route.spec.hostnames.as_deref().unwrap_or_default(),
         rules_spec,
         |i, rule, unresolved| compile_rule(i, rule, ns, resolver, unresolved),
-    )
+    );
+    read_request_trailers(&route.metadata, &mut compiled);
+    compiled
 }
 
 fn compile_rule(

@@ -21,6 +21,7 @@ use gateway_api::httproutes::{
     HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesTimeouts,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::{HeaderMatch, PathMatch, RouteMatch, StringMatch, Timeouts, WeightedBackend};
 
 use super::backends::{RefSpec, Resolver};
@@ -56,6 +57,34 @@ pub struct CompiledRoute {
     pub rules: Result<Vec<CompiledRule>, Problem>,
     /// Backends that did not resolve (ResolvedRefs=False).
     pub unresolved: Vec<Problem>,
+    /// The route's request trailers go upstream ([`REQUEST_TRAILERS_ANNOTATION`]).
+    pub request_trailers: bool,
+}
+
+/// HTTPRoute and GRPCRoute annotation: `forward` sends request trailers upstream (filtered:
+/// module `forward` of the proxy); `drop`, or no annotation, drops them; any other value
+/// rejects the route (`UnsupportedValue`), as any other value the route cannot have does.
+pub const REQUEST_TRAILERS_ANNOTATION: &str = "tollgate.dev/request-trailers";
+
+/// Reads [`REQUEST_TRAILERS_ANNOTATION`] into `compiled`; a value it cannot have rejects the
+/// route, unless a problem in its spec rejected it already.
+pub fn read_request_trailers(meta: &ObjectMeta, compiled: &mut CompiledRoute) {
+    let value = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REQUEST_TRAILERS_ANNOTATION));
+    match value.map(String::as_str) {
+        None | Some("drop") => {}
+        Some("forward") => compiled.request_trailers = true,
+        Some(other) => {
+            if compiled.rules.is_ok() {
+                compiled.rules = Err(unsupported(
+                    &format!("metadata.annotations[{REQUEST_TRAILERS_ANNOTATION}]"),
+                    format!("{other:?} is neither \"forward\" nor \"drop\""),
+                ));
+            }
+        }
+    }
 }
 
 /// An `UnsupportedValue` problem naming `field`.
@@ -70,11 +99,13 @@ pub fn compile_route(route: &HttpRoute, resolver: &mut Resolver<'_, '_>) -> Comp
     // files read by `tollgate run` never went through that defaulting, so apply it here.
     let default_rules = [HttpRouteRules::default()];
     let rules_spec = route.spec.rules.as_deref().unwrap_or(&default_rules);
-    collect_rules(
+    let mut compiled = collect_rules(
         route.spec.hostnames.as_deref().unwrap_or_default(),
         rules_spec,
         |i, rule, unresolved| compile_rule(i, rule, ns, resolver, unresolved),
-    )
+    );
+    read_request_trailers(&route.metadata, &mut compiled);
+    compiled
 }
 
 /// Checks a route's hostnames and compiles each rule with `each` (index, rule, where to record
@@ -101,6 +132,7 @@ pub fn collect_rules<R>(
             None => Ok(rules),
         },
         unresolved,
+        request_trailers: false,
     }
 }
 

@@ -27,10 +27,6 @@ use super::policies::Policies;
 use super::precedence::Precedence;
 use super::routes::Routes;
 
-/// HTTPRoute and GRPCRoute annotation: `forward` sends request trailers upstream (filtered:
-/// module `body` of the proxy); any other value, or none, drops them.
-pub const REQUEST_TRAILERS_ANNOTATION: &str = "tollgate.dev/request-trailers";
-
 /// Builds the tables of every accepted Gateway; with a `cache` and no policy in force, the
 /// route list of a virtual host whose routes compiled to what they did last time is the
 /// cached one.
@@ -230,12 +226,7 @@ fn host_routes(
             continue;
         };
         let created = r.meta.creation_timestamp.as_ref().map(|t| t.0);
-        let request_trailers = r
-            .meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REQUEST_TRAILERS_ANNOTATION))
-            .is_some_and(|v| v == "forward");
+        let request_trailers = r.compiled.request_trailers;
         let policies = rule_policies.get(&ri);
         for (k, rule) in rules.iter().enumerate() {
             let policy = policies.and_then(|p| p.get(k).cloned().flatten());
