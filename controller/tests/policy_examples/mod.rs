@@ -204,6 +204,25 @@ pub fn api_key() {
         call("/admin/stats", &[("X-API-Key", "alice-demo-key")]).status,
         200
     );
+    // The policy reads the normalized path, the one the backend gets: no spelling of
+    // `/admin` passes as another path.
+    for path in [
+        "/orders/../admin/stats",
+        "/x/%2e%2e/admin/stats",
+        "/./admin/stats",
+        "//admin/stats",
+        "/%61dmin/stats",
+    ] {
+        let r = call(path, &[("X-API-Key", "bob-demo-key")]);
+        assert_eq!(r.status, 403, "{path}: {r:?}");
+        let r = call(path, &[("X-API-Key", "alice-demo-key")]);
+        assert_eq!(r.status, 200, "{path}: {r:?}");
+        assert_eq!(r.json()["path"], "/admin/stats", "{path}");
+    }
+    assert_eq!(
+        call("/../admin", &[("X-API-Key", "alice-demo-key")]).status,
+        400
+    );
 }
 
 /// A `NAME=value` line of examples/jwt/README.md (the test tokens).
