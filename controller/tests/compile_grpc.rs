@@ -212,19 +212,25 @@ fn h2c_backends_have_their_own_key() {
     );
 }
 
+/// The GRPCRoute `name` (hostname `name.test`) is `Accepted=False UnsupportedValue` with a
+/// message holding `why`, and is not served.
+fn assert_unsupported(out: &Output, name: &str, why: &str) {
+    let c = grpc_parent_conds(out, "apps", name, 0);
+    assert_cond(c, "Accepted", "False", "UnsupportedValue");
+    let message = &cond(c, "Accepted").message;
+    assert!(message.contains(why), "{name}: {message}");
+    assert!(
+        !hosts(table_listener(gw(out), "http")).contains(&format!("{name}.test").as_str()),
+        "{name}: a rejected route is not served"
+    );
+}
+
 #[test]
 fn invalid_service_name_is_unsupported_value() {
-    let out = out();
-    let c = grpc_parent_conds(&out, "apps", "bad-service", 0);
-    assert_cond(c, "Accepted", "False", "UnsupportedValue");
-    assert!(
-        cond(c, "Accepted")
-            .message
-            .contains("spec.rules[0].matches[0].method.service")
-    );
-    assert!(
-        !hosts(table_listener(gw(&out), "http")).contains(&"bad-service.test"),
-        "a rejected route is not served"
+    assert_unsupported(
+        &out(),
+        "bad-service",
+        "spec.rules[0].matches[0].method.service",
     );
 }
 
@@ -237,27 +243,16 @@ fn request_trailers_annotation_is_checked() {
                  annotations: {tollgate.dev/request-trailers: 'yes'}}\n\
                  spec:\n  parentRefs: [{name: grpc, namespace: infra, sectionName: http}]\n  \
                  hostnames: [trailers.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n";
-    let out = run(&["grpc"], extra);
-    let c = grpc_parent_conds(&out, "apps", "trailers", 0);
-    assert_cond(c, "Accepted", "False", "UnsupportedValue");
-    assert!(
-        cond(c, "Accepted")
-            .message
-            .contains("tollgate.dev/request-trailers")
+    assert_unsupported(
+        &run(&["grpc"], extra),
+        "trailers",
+        "tollgate.dev/request-trailers",
     );
-    assert!(!hosts(table_listener(gw(&out), "http")).contains(&"trailers.test"));
 }
 
 #[test]
 fn invalid_regex_is_unsupported_value() {
-    let out = out();
-    let c = grpc_parent_conds(&out, "apps", "bad-regex", 0);
-    assert_cond(c, "Accepted", "False", "UnsupportedValue");
-    assert!(
-        cond(c, "Accepted")
-            .message
-            .contains("invalid regular expression")
-    );
+    assert_unsupported(&out(), "bad-regex", "invalid regular expression");
 }
 
 #[test]
