@@ -10,68 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::raw_h1::*;
 use common::*;
 use http::Version;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// One answer off `s`: its head, and its body (by `content-length` or chunks; none for 1xx).
-async fn read_answer<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            let start = end + 4;
-            if field(&head, "transfer-encoding").as_deref() == Some("chunked") {
-                if let Some((body, used)) = dechunk(&buf[start..]) {
-                    buf.drain(..start + used);
-                    return (head, body);
-                }
-            } else {
-                let len = field(&head, "content-length").map_or(0, |v| v.parse().unwrap());
-                if buf.len() >= start + len {
-                    let body = buf[start..start + len].to_vec();
-                    buf.drain(..start + len);
-                    return (head, body);
-                }
-            }
-        }
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .expect("an answer within 5 s")
-            .unwrap();
-        assert!(n > 0, "closed mid-answer: {}", String::from_utf8_lossy(buf));
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// A field of an answer's head.
-fn field(head: &str, name: &str) -> Option<String> {
-    head.lines().skip(1).find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-    })
-}
-
-/// A chunked body's data and the bytes it took; `None` until the last chunk is in.
-fn dechunk(b: &[u8]) -> Option<(Vec<u8>, usize)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    loop {
-        let line_end = at + b[at..].windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&b[at..line_end]).unwrap(), 16)
-            .expect("a chunk size");
-        at = line_end + 2;
-        if size == 0 {
-            return (b.len() >= at + 2).then_some((out, at + 2));
-        }
-        if b.len() < at + size + 2 {
-            return None;
-        }
-        out.extend_from_slice(&b[at..at + size]);
-        at += size + 2;
-    }
-}
 
 /// Reads until the proxy closes the connection (within 5 s): what came after `buf`.
 async fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
@@ -81,23 +24,6 @@ async fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
         .expect("closed within 5 s")
         .unwrap();
     rest
-}
-
-async fn echo_proxy() -> (EchoBackend, tollgate_proxy::Proxy, TcpStream) {
-    let b = echo_backend("b").await;
-    let (proxy, url) = proxy_with(
-        vec![route("api", "/api", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
-    let s = TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    (b, proxy, s)
-}
-
-fn json(body: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(body).unwrap()
 }
 
 /// A body by length, then one in chunks with a trailer, then a bodiless request: each body

@@ -8,94 +8,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw_h1::*;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// Writes `request` and reads the answer to it.
-async fn ask(s: &mut TcpStream, buf: &mut Vec<u8>, request: &[u8]) -> (String, Vec<u8>) {
-    s.write_all(request).await.unwrap();
-    read_answer(s, buf).await
-}
-
-/// One answer off `s`: its head, and its body (by `content-length` or chunks).
-async fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            let field = |name: &str| {
-                head.lines().find_map(|l| {
-                    let (n, v) = l.split_once(':')?;
-                    n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-                })
-            };
-            let start = end + 4;
-            if field("transfer-encoding").as_deref() == Some("chunked") {
-                if let Some(body) = dechunk(&buf[start..]) {
-                    let (body, used) = body;
-                    buf.drain(..start + used);
-                    return (head, body);
-                }
-            } else {
-                let head_only = head.starts_with("HTTP/1.1 204") || head.contains("x-head: 1");
-                let len = if head_only {
-                    0
-                } else {
-                    field("content-length").map_or(0, |v| v.parse().unwrap())
-                };
-                if buf.len() >= start + len {
-                    let body = buf[start..start + len].to_vec();
-                    buf.drain(..start + len);
-                    return (head, body);
-                }
-            }
-        }
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .expect("an answer within 5 s")
-            .unwrap();
-        assert!(n > 0, "closed mid-answer: {}", String::from_utf8_lossy(buf));
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// A chunked body's data and the bytes it took; `None` until the last chunk is in.
-fn dechunk(b: &[u8]) -> Option<(Vec<u8>, usize)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    loop {
-        let line_end = at + b[at..].windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&b[at..line_end]).unwrap(), 16)
-            .expect("a chunk size");
-        at = line_end + 2;
-        if size == 0 {
-            return (b.len() >= at + 2).then_some((out, at + 2));
-        }
-        if b.len() < at + size + 2 {
-            return None;
-        }
-        out.extend_from_slice(&b[at..at + size]);
-        at += size + 2;
-    }
-}
-
-async fn echo_proxy() -> (EchoBackend, tollgate_proxy::Proxy, TcpStream) {
-    let b = echo_backend("b").await;
-    let (proxy, url) = proxy_with(
-        vec![route("api", "/api", vec![wb("b", 1)])],
-        vec![("b", backend_of(&[&b]))],
-    )
-    .await;
-    let s = TcpStream::connect(url.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    (b, proxy, s)
-}
-
-fn json(body: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(body).unwrap()
-}
 
 /// Three requests in one write come back in order, each with a `date` field.
 #[tokio::test]

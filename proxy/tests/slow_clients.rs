@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::raw_h2::*;
 use common::*;
 use http::{Request, StatusCode};
 use hyper::body::Frame;
@@ -388,31 +389,6 @@ async fn an_idle_http2_connection_is_closed() {
     assert!(counted(&metrics, "connection_idle"), "{}", metrics.encode());
 }
 
-/// Builds an HTTP/2 frame.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// Reads one HTTP/2 frame: (type, flags, stream, payload).
-async fn read_h2_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    s.read_exact(&mut head).await.ok()?;
-    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload).await.ok()?;
-    Some((head[3], head[4], stream, payload))
-}
-
-const SETTINGS: u8 = 0x4;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const REFUSED_STREAM: u32 = 0x7;
-
 /// With a cap of 2 streams, the server says so in its SETTINGS, and a client opening a third
 /// while two are open (bodies pending) gets it refused (RST_STREAM REFUSED_STREAM). Before,
 /// the cap was hyper's 200.
@@ -428,10 +404,10 @@ async fn streams_past_the_cap_are_refused() {
     s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .await
         .unwrap();
-    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
     // The server's SETTINGS, acknowledged so that they apply.
     let settings = loop {
-        let (kind, flags, _, payload) = read_h2_frame(&mut s).await.expect("no SETTINGS");
+        let (kind, flags, _, payload) = read_frame(&mut s).await.expect("no SETTINGS");
         if kind == SETTINGS && flags & 1 == 0 {
             break payload;
         }
@@ -441,16 +417,16 @@ async fn streams_past_the_cap_are_refused() {
         .find(|c| c[..2] == [0, 3])
         .map(|c| u32::from_be_bytes([c[2], c[3], c[4], c[5]]));
     assert_eq!(max_streams, Some(2), "SETTINGS_MAX_CONCURRENT_STREAMS");
-    s.write_all(&h2_frame(SETTINGS, 1, 0, &[])).await.unwrap();
+    s.write_all(&frame(SETTINGS, 1, 0, &[])).await.unwrap();
     // POST / with :authority x (HPACK static table, literal authority), body to follow.
     let block = [0x83, 0x86, 0x84, 0x01, 0x01, b'x'];
     for stream in [1, 3, 5] {
-        s.write_all(&h2_frame(HEADERS, 0x4, stream, &block))
+        s.write_all(&frame(HEADERS, 0x4, stream, &block))
             .await
             .unwrap();
     }
     let refused = tokio::time::timeout(Duration::from_secs(3), async {
-        while let Some((kind, _, stream, payload)) = read_h2_frame(&mut s).await {
+        while let Some((kind, _, stream, payload)) = read_frame(&mut s).await {
             if kind == RST_STREAM {
                 let code = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
                 return Some((stream, code));

@@ -2,6 +2,9 @@
 //! builders and small clients. Everything listens on 127.0.0.1.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod raw_h1;
+pub mod raw_h2;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -4,25 +4,8 @@
 //! or the path, upper-case names). Raw frames, so that nothing between the test and the
 //! proxy fixes the request first.
 
+use super::common::raw_h2::*;
 use super::*;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const ACK: u8 = 0x1;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
 
 /// An HPACK header block of literal fields without indexing, names and values as given
 /// (no Huffman coding; each under 127 bytes).
@@ -81,25 +64,14 @@ async fn h2_ask(addr: &str, fields: &[(&str, &str)], data: &[&[u8]]) -> Outcome 
     }
     s.write_all(&out).await.unwrap();
     let read = async {
-        loop {
-            let mut head = [0u8; 9];
-            if s.read_exact(&mut head).await.is_err() {
-                return Outcome::Nothing;
-            }
-            let len =
-                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-            let mut payload = vec![0u8; len];
-            if s.read_exact(&mut payload).await.is_err() {
-                return Outcome::Nothing;
-            }
+        while let Some((kind, flags, stream, payload)) = read_frame(&mut s).await {
             let code = |at: usize| {
                 payload
                     .get(at..at + 4)
                     .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
             };
-            match head[3] {
-                SETTINGS if head[4] & ACK == 0 => {
+            match kind {
+                SETTINGS if flags & ACK == 0 => {
                     let _ = s.write_all(&frame(SETTINGS, ACK, 0, &[])).await;
                 }
                 HEADERS if stream == 1 => return Outcome::Answered(indexed_status(&payload)),
@@ -108,13 +80,12 @@ async fn h2_ask(addr: &str, fields: &[(&str, &str)], data: &[&[u8]]) -> Outcome 
                 _ => {}
             }
         }
+        Outcome::Nothing
     };
     tokio::time::timeout(Duration::from_secs(5), read)
         .await
         .unwrap_or(Outcome::Nothing)
 }
-
-const PROTOCOL_ERROR: u32 = 0x1;
 
 /// Each vector: its fields, DATA frames, how the stream must end (a field hyper's HTTP/2
 /// server cannot decode into a header map ends the whole connection), and the whole requests the
