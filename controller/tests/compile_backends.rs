@@ -230,6 +230,14 @@ fn request_trailers_annotation_opts_a_route_in() {
             ", annotations: {tollgate.dev/request-trailers: forwrd}",
         ),
         route("plain", "plain.test", ""),
+        route(
+            "long",
+            "long.test",
+            &format!(
+                ", annotations: {{tollgate.dev/request-trailers: {}}}",
+                "y".repeat(100_000)
+            ),
+        ),
     ]
     .join("---\n");
     let out = run(&["backends"], &extra);
@@ -251,5 +259,13 @@ fn request_trailers_annotation_opts_a_route_in() {
     assert!(
         !hosts(table_listener(t, "http")).contains(&"typo.test"),
         "a rejected route is not served"
+    );
+    // A long value is quoted by its start only: a condition message holds at most 32 KiB.
+    let c = parent_conds(&out, "apps", "long", 0);
+    assert_cond(c, "Accepted", "False", "UnsupportedValue");
+    let msg = &cond(c, "Accepted").message;
+    assert!(
+        msg.len() < 200 && msg.contains(&format!("\"{}\"...", "y".repeat(64))),
+        "{msg}"
     );
 }

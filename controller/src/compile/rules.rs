@@ -66,6 +66,9 @@ pub struct CompiledRoute {
 /// rejects the route (`UnsupportedValue`), as any other value the route cannot have does.
 pub const REQUEST_TRAILERS_ANNOTATION: &str = "tollgate.dev/request-trailers";
 
+/// How much of a refused annotation value a message quotes.
+const SHOWN_CHARS: usize = 64;
+
 /// Reads [`REQUEST_TRAILERS_ANNOTATION`] into `compiled`; a value it cannot have rejects the
 /// route, unless a problem in its spec rejected it already.
 pub fn read_request_trailers(meta: &ObjectMeta, compiled: &mut CompiledRoute) {
@@ -78,9 +81,13 @@ pub fn read_request_trailers(meta: &ObjectMeta, compiled: &mut CompiledRoute) {
         Some("forward") => compiled.request_trailers = true,
         Some(other) => {
             if compiled.rules.is_ok() {
+                // An annotation value may be up to 256 KiB and a condition message at most
+                // 32 KiB: the message quotes the value's start only.
+                let shown: String = other.chars().take(SHOWN_CHARS).collect();
+                let cut = if shown.len() < other.len() { "..." } else { "" };
                 compiled.rules = Err(unsupported(
                     &format!("metadata.annotations[{REQUEST_TRAILERS_ANNOTATION}]"),
-                    format!("{other:?} is neither \"forward\" nor \"drop\""),
+                    format!("{shown:?}{cut} is neither \"forward\" nor \"drop\""),
                 ));
             }
         }
