@@ -374,8 +374,8 @@ pub(crate) fn generate_request_id() -> HeaderValue {
 /// request modifiers, authentication, how to process the content).
 #[derive(Debug)]
 pub(crate) struct TrailerFilter {
-    /// The head's field names, hashed: a client may send thousands of trailer fields.
-    head: HeaderMap<()>,
+    /// The head's field names (hashed in [`TrailerFilter::apply`], when trailers came).
+    head: Vec<HeaderName>,
 }
 
 /// Fields never sent as trailers, besides `content-*`, `if-*` and `x-forwarded-*`.
@@ -404,15 +404,22 @@ const NOT_TRAILERS: &[&str] = &[
 impl TrailerFilter {
     /// For a request whose head, as it goes upstream, is `head`.
     pub fn new(head: &HeaderMap) -> Self {
-        let mut names = HeaderMap::with_capacity(head.keys_len());
-        for name in head.keys() {
-            names.insert(name.clone(), ());
+        Self {
+            head: head.keys().cloned().collect(),
         }
-        Self { head: names }
     }
 
-    /// The fields of `trailers` that may go on; `None` when none may.
+    /// The fields of `trailers` that may go on; `None` when none may. The head's names are
+    /// hashed only now (most requests end without trailers): a client may send thousands of
+    /// trailer fields.
     pub fn apply(&self, trailers: HeaderMap) -> Option<HeaderMap> {
+        if trailers.is_empty() {
+            return None;
+        }
+        let mut head = HeaderMap::with_capacity(self.head.len());
+        for name in &self.head {
+            head.insert(name.clone(), ());
+        }
         let mut out = HeaderMap::new();
         let mut name: Option<HeaderName> = None;
         for (n, value) in trailers {
@@ -420,22 +427,23 @@ impl TrailerFilter {
             if n.is_some() {
                 name = n;
             }
-            if let Some(n) = name.as_ref().filter(|n| self.allows(n)) {
+            if let Some(n) = name.as_ref().filter(|n| allows(n, &head)) {
                 out.append(n.clone(), value);
             }
         }
         (!out.is_empty()).then_some(out)
     }
+}
 
-    fn allows(&self, name: &HeaderName) -> bool {
-        let s = name.as_str();
-        !s.contains('_')
-            && !s.starts_with("content-")
-            && !s.starts_with("if-")
-            && !s.starts_with("x-forwarded-")
-            && !NOT_TRAILERS.contains(&s)
-            && !self.head.contains_key(name)
-    }
+/// A trailer field `name` may go on after a head with the field names `head`.
+fn allows(name: &HeaderName, head: &HeaderMap<()>) -> bool {
+    let s = name.as_str();
+    !s.contains('_')
+        && !s.starts_with("content-")
+        && !s.starts_with("if-")
+        && !s.starts_with("x-forwarded-")
+        && !NOT_TRAILERS.contains(&s)
+        && !head.contains_key(name)
 }
 
 #[cfg(test)]

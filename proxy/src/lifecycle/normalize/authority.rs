@@ -63,13 +63,7 @@ pub fn parse_authority(raw: &[u8]) -> Result<Authority<'_>, BadAuthority> {
         return Err(BadAuthority::Character);
     }
     let port = parse_port_text(port_text)?;
-    if host.is_empty() {
-        return Ok(Authority {
-            host: Cow::Borrowed(""),
-            port,
-            unchanged: canonical_port(port_text),
-        });
-    }
+    // An empty host (allowed) scans as neither bad nor with an empty label.
     if scan.bad {
         return Err(BadAuthority::Character);
     }
