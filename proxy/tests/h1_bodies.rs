@@ -267,14 +267,8 @@ async fn upgrading_backend() -> std::net::SocketAddr {
 
 /// Reads from `s` until `buf` holds `want`.
 async fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, want: &[u8]) {
-    let mut chunk = [0u8; 4096];
     while !buf.windows(want.len()).any(|w| w == want) {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .expect("bytes within 5 s")
-            .unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(buf));
-        buf.extend_from_slice(&chunk[..n]);
+        read_some(s, buf).await;
     }
 }
 

@@ -34,7 +34,6 @@ async fn read_head<S: AsyncRead + Unpin>(
     buf: &mut Vec<u8>,
     head_request: bool,
 ) -> (String, Vec<u8>) {
-    let mut chunk = [0u8; 8192];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
@@ -60,13 +59,19 @@ async fn read_head<S: AsyncRead + Unpin>(
                 }
             }
         }
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .expect("an answer within 5 s")
-            .unwrap();
-        assert!(n > 0, "closed mid-answer: {}", String::from_utf8_lossy(buf));
-        buf.extend_from_slice(&chunk[..n]);
+        read_some(s, buf).await;
     }
+}
+
+/// Appends to `buf` what `s` has within 5 s; fails when it closes or sends nothing.
+pub async fn read_some<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) {
+    let mut chunk = [0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+        .await
+        .expect("bytes within 5 s")
+        .unwrap();
+    assert!(n > 0, "closed: {}", String::from_utf8_lossy(buf));
+    buf.extend_from_slice(&chunk[..n]);
 }
 
 /// A field of an answer's head.
