@@ -91,6 +91,7 @@ macro_rules! each_object_list {
         $m!(config_maps);
         $m!(rate_limit_policies);
         $m!(auth_policies);
+        $m!(client_policies);
     };
 }
 
@@ -119,6 +120,7 @@ struct Counts {
     config_maps: usize,
     rate_limit_policies: usize,
     auth_policies: usize,
+    client_policies: usize,
     warnings: usize,
 }
 
@@ -140,6 +142,7 @@ impl Counts {
             config_maps: _,
             rate_limit_policies: _,
             auth_policies: _,
+            client_policies: _,
             last_valid: _,
             now: _,
             warnings: _,

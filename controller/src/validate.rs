@@ -103,6 +103,7 @@ pub fn render(out: &Output) -> String {
     for (kind, statuses) in [
         ("RateLimitPolicy", &out.rate_limit_policies),
         ("AuthPolicy", &out.auth_policies),
+        ("ClientPolicy", &out.client_policies),
     ] {
         for (key, st) in statuses {
             let _ = writeln!(text, "{kind} {key}");

@@ -10,6 +10,7 @@ fn crds_dir_and_chart_copy_match_the_rust_types() {
         files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
         [
             "authpolicies.tollgate.dev.yaml",
+            "clientpolicies.tollgate.dev.yaml",
             "ratelimitpolicies.tollgate.dev.yaml"
         ]
     );

@@ -80,6 +80,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
                 }],
             }],
             client_validation: None,
+            client: Default::default(),
         }],
         backends: BTreeMap::from([(
             "b".to_owned(),

@@ -88,6 +88,7 @@ fn table(vhosts: Vec<VirtualHost>) -> RouteTable {
                 virtual_hosts: vhosts,
             }],
             client_validation: None,
+            client: Default::default(),
         }],
         backends: Default::default(),
     }

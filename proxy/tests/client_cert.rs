@@ -143,6 +143,7 @@ impl Fixture {
                 }],
             }],
             client_validation: validation,
+            client: Default::default(),
         };
         let mut t = table(version, vec![port], vec![("app", backend_of(&[&self.app]))]);
         if x509 {

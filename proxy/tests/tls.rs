@@ -153,6 +153,7 @@ async fn fixture() -> Fixture {
             listener("any", None, &default),
         ],
         client_validation: None,
+        client: Default::default(),
     };
     let proxy = Proxy::new(ProxyOptions::default());
     proxy
@@ -293,6 +294,7 @@ async fn bad_certificate_rejects_the_table_and_keeps_the_old_one() {
         protocol: Protocol::Https,
         listeners: vec![listener("x", None, &broken)],
         client_validation: None,
+        client: Default::default(),
     };
     let err = f
         ._proxy

@@ -207,6 +207,7 @@ async fn fixture_with(stream_idle_timeout: Duration) -> Fixture {
             },
         ],
         client_validation: None,
+        client: Default::default(),
     };
     let table = RouteTable {
         version: 1,

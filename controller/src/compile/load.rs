@@ -140,6 +140,7 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("gateway.networking.k8s.io", "ReferenceGrant") => push!(reference_grants),
         ("tollgate.dev", "RateLimitPolicy") => push!(rate_limit_policies),
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),
+        ("tollgate.dev", "ClientPolicy") => push!(client_policies),
         ("", "Service") => push!(services),
         ("", "Secret") => push!(secrets),
         ("", "ConfigMap") => push!(config_maps),

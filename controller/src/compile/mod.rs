@@ -52,7 +52,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
-use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{AuthPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
 
 pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;
@@ -92,6 +92,8 @@ pub struct Inputs {
     pub rate_limit_policies: Vec<RateLimitPolicy>,
     /// AuthPolicies.
     pub auth_policies: Vec<AuthPolicy>,
+    /// ClientPolicies.
+    pub client_policies: Vec<ClientPolicy>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -128,6 +130,7 @@ impl Inputs {
             config_maps: Vec::new(),
             rate_limit_policies: Vec::new(),
             auth_policies: Vec::new(),
+            client_policies: Vec::new(),
             last_valid: LastValid::default(),
             now,
             warnings: Vec::new(),
@@ -150,6 +153,7 @@ impl Inputs {
         self.config_maps.extend(other.config_maps);
         self.rate_limit_policies.extend(other.rate_limit_policies);
         self.auth_policies.extend(other.auth_policies);
+        self.client_policies.extend(other.client_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -193,6 +197,12 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub auth_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every ClientPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub client_policies: BTreeMap<ObjectKey, PolicyStatus>,
     /// The policies valid now, or kept at their last valid version: the next compile's
     /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
     #[serde(skip)]
@@ -244,7 +254,31 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     } else {
         policies::Policies::default()
     };
-    let tables = table::build_tables(&gateways, &routes, &policies, cache.as_deref_mut());
+    let mut tables = table::build_tables(&gateways, &routes, &policies, cache.as_deref_mut());
+    let mut client = policies::client::compile_client_policies(
+        &inputs.client_policies,
+        &inputs.last_valid.client_policies,
+        &client_gateways(&gateways),
+        &existing_targets(inputs),
+        now,
+    );
+    for ((gw, port), settings) in std::mem::take(&mut client.ports) {
+        if let Some(p) = tables
+            .get_mut(&gw)
+            .and_then(|t| t.ports.iter_mut().find(|p| p.port == port))
+        {
+            p.client = settings;
+        }
+    }
+    let mut policies = policies;
+    policies.last_valid.client_policies = std::mem::take(&mut client.last_valid);
+    for (gw, by) in std::mem::take(&mut client.affecting_gateways) {
+        policies
+            .affecting_gateways
+            .entry(gw)
+            .or_default()
+            .extend(by);
+    }
     if let Some(c) = cache {
         c.finish();
     }
@@ -318,6 +352,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         tls_routes: tls_routes.into_iter().collect(),
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
+        client_policies: client.status,
         last_valid: policies.last_valid,
     }
 }
@@ -352,6 +387,24 @@ fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::Ga
                 .iter()
                 .filter(|l| l.protocol != Some(tollgate_api::Protocol::Tls))
                 .map(|l| l.spec.name.clone())
+                .collect(),
+        })
+        .collect()
+}
+
+/// ClientPolicy attachment view of the accepted Gateways: every listener with a port.
+fn client_gateways(
+    gateways: &[listeners::GatewayModel<'_>],
+) -> Vec<policies::client::ClientGateway> {
+    gateways
+        .iter()
+        .filter(|g| g.accepted)
+        .map(|g| policies::client::ClientGateway {
+            key: g.key.clone(),
+            listeners: g
+                .listeners
+                .iter()
+                .filter_map(|l| Some((l.spec.name.clone(), l.port?)))
                 .collect(),
         })
         .collect()
@@ -400,7 +453,7 @@ fn affected(
     now: &Time,
 ) {
     let conds = conditions::Conds::new(generation, now);
-    for kind in ["AuthPolicy", "RateLimitPolicy"] {
+    for kind in ["AuthPolicy", "ClientPolicy", "RateLimitPolicy"] {
         let names: Vec<String> = by
             .iter()
             .filter(|(k, _)| *k == kind)

@@ -20,7 +20,8 @@ use super::kinds::{RouteKind, RouteParent};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rejection {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy` or `AuthPolicy`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy`, `AuthPolicy` or
+    /// `ClientPolicy`.
     pub kind: &'static str,
     /// The object (`namespace` empty for GatewayClass).
     pub key: ObjectKey,
@@ -116,6 +117,7 @@ impl Output {
         for (kind, statuses) in [
             ("RateLimitPolicy", &self.rate_limit_policies),
             ("AuthPolicy", &self.auth_policies),
+            ("ClientPolicy", &self.client_policies),
         ] {
             for (key, s) in statuses {
                 push(&mut out, kind, key, None, &s.conditions);

@@ -100,6 +100,7 @@ pub fn build_tables(
                     protocol,
                     listeners: Vec::new(),
                     client_validation: l.client_validation.clone(),
+                    client: Default::default(),
                 })
                 .listeners
                 .push(ListenerConfig {

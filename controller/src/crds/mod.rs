@@ -1,4 +1,4 @@
-//! Tollgate's own CRDs: RateLimitPolicy and AuthPolicy (group `tollgate.dev`, `v1alpha1`).
+//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy and ClientPolicy (group `tollgate.dev`, `v1alpha1`).
 //!
 //! In: nothing. Out: the Rust types (serde + JSON schema) the controller watches and the
 //! compiler reads, and [`crd_yaml`], the CRD manifests `tollgate crdgen` writes to crds/.
@@ -6,10 +6,12 @@
 //! Gateway, HTTPRoute or GRPCRoute in the policy's namespace, `sectionName` = listener or rule).
 
 pub mod auth;
+pub mod client;
 pub mod common;
 pub mod ratelimit;
 
 pub use auth::{AuthPolicy, AuthPolicySpec};
+pub use client::{ClientPolicy, ClientPolicySpec};
 pub use common::{PolicyStatus, Predicate, Strategy, TargetRef};
 pub use ratelimit::{RateLimitPolicy, RateLimitPolicySpec};
 
@@ -20,7 +22,11 @@ pub const GROUP: &str = "tollgate.dev";
 
 /// The CRD manifests, one `(file name, YAML)` per kind, sorted by file name.
 pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
-    let mut crds = [AuthPolicy::crd(), RateLimitPolicy::crd()];
+    let mut crds = [
+        AuthPolicy::crd(),
+        ClientPolicy::crd(),
+        RateLimitPolicy::crd(),
+    ];
     for crd in &mut crds {
         status_defaults_to_unobserved(crd);
     }

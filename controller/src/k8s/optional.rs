@@ -227,6 +227,10 @@ mod tests {
             "authpolicies.tollgate.dev"
         );
         assert_eq!(
+            crd_name::<crate::crds::ClientPolicy>(),
+            "clientpolicies.tollgate.dev"
+        );
+        assert_eq!(
             crd_name::<crate::crds::RateLimitPolicy>(),
             "ratelimitpolicies.tollgate.dev"
         );

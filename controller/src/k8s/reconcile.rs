@@ -412,6 +412,7 @@ impl Reconciler {
                 .rate_limit_policies
                 .values_mut()
                 .chain(out.auth_policies.values_mut())
+                .chain(out.client_policies.values_mut())
             {
                 enforced(st, &programmed);
             }
@@ -450,6 +451,11 @@ impl Reconciler {
             "AuthPolicy" => self
                 .stores
                 .auth_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
+            "ClientPolicy" => self
+                .stores
+                .client_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
             _ => self
@@ -595,6 +601,9 @@ impl Reconciler {
                         .rate_limit_policies
                         .get(&r)
                         .and_then(|o| o.uid())
+                } else if *kind == "ClientPolicy" {
+                    let r = ObjectRef::new(name).within(ns);
+                    self.stores.client_policies.get(&r).and_then(|o| o.uid())
                 } else {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.auth_policies.get(&r).and_then(|o| o.uid())

@@ -37,7 +37,7 @@ use super::route_status::{apply_route, plan_routes, route_rejections};
 use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
-use crate::crds::{AuthPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{AuthPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
 
 /// Field manager of status writes of the default controller; every controller writes status
 /// as its own controller name (see [`apply`]), so two Tollgate controllers with different
@@ -99,9 +99,9 @@ pub enum StatusWrite {
         /// Namespace (empty for a GatewayClass) and name.
         key: ObjectKey,
     },
-    /// A RateLimitPolicy or AuthPolicy status (ours alone: only Tollgate reads our CRDs).
+    /// A RateLimitPolicy, AuthPolicy or ClientPolicy status (ours alone: only Tollgate reads our CRDs).
     Policy {
-        /// `RateLimitPolicy` or `AuthPolicy`.
+        /// `RateLimitPolicy`, `AuthPolicy` or `ClientPolicy`.
         kind: &'static str,
         /// Namespace and name.
         key: ObjectKey,
@@ -197,6 +197,11 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             "AuthPolicy",
             &out.auth_policies,
             policy_statuses(&stores.auth_policies),
+        ),
+        (
+            "ClientPolicy",
+            &out.client_policies,
+            policy_statuses(&stores.client_policies),
         ),
     ] {
         for (key, desired) in desired_all {
@@ -315,16 +320,19 @@ fn store_meta(
     key: &ObjectKey,
 ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
     let (name, ns) = (key.name.as_str(), key.namespace.as_str());
-    let meta = if kind == "RateLimitPolicy" {
-        stores
+    let meta = match kind {
+        "RateLimitPolicy" => stores
             .rate_limit_policies
             .get(&ObjectRef::new(name).within(ns))
-            .map(|o| o.meta().clone())
-    } else {
-        stores
+            .map(|o| o.meta().clone()),
+        "ClientPolicy" => stores
+            .client_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone()),
+        _ => stores
             .auth_policies
             .get(&ObjectRef::new(name).within(ns))
-            .map(|o| o.meta().clone())
+            .map(|o| o.meta().clone()),
     };
     meta.unwrap_or_default()
 }
@@ -355,6 +363,12 @@ pub trait HasPolicyStatus {
 }
 
 impl HasPolicyStatus for RateLimitPolicy {
+    fn policy_status(&self) -> Option<&PolicyStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl HasPolicyStatus for ClientPolicy {
     fn policy_status(&self) -> Option<&PolicyStatus> {
         self.status.as_ref()
     }
@@ -504,6 +518,7 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::Policy { kind, key, status } => {
             let old = match *kind {
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
+                "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
                 _ => policy_statuses(&stores.auth_policies).remove(key),
             }
             .unwrap_or_default();
@@ -580,6 +595,10 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             let patch = Patch::Apply(body);
             if *kind == "RateLimitPolicy" {
                 Api::<RateLimitPolicy>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            } else if *kind == "ClientPolicy" {
+                Api::<ClientPolicy>::namespaced(client.clone(), &key.namespace)
                     .patch_status(&key.name, &pp, &patch)
                     .await?;
             } else {

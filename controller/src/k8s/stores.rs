@@ -60,7 +60,7 @@ use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
-use crate::crds::{AuthPolicy, RateLimitPolicy};
+use crate::crds::{AuthPolicy, ClientPolicy, RateLimitPolicy};
 
 /// The kinds the controller watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -89,6 +89,8 @@ pub enum Kind {
     RateLimitPolicy,
     /// tollgate.dev AuthPolicy.
     AuthPolicy,
+    /// tollgate.dev ClientPolicy.
+    ClientPolicy,
     /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
     CredentialSecret,
     /// core ConfigMap (payload only while a Gateway references it).
@@ -111,6 +113,7 @@ impl Kind {
             Self::Namespace => "Namespace",
             Self::RateLimitPolicy => "RateLimitPolicy",
             Self::AuthPolicy => "AuthPolicy",
+            Self::ClientPolicy => "ClientPolicy",
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
         }
@@ -184,6 +187,8 @@ pub struct Stores {
     pub rate_limit_policies: Store<Lenient<RateLimitPolicy>>,
     /// AuthPolicies.
     pub auth_policies: Store<Lenient<AuthPolicy>>,
+    /// ClientPolicies.
+    pub client_policies: Store<Lenient<ClientPolicy>>,
     /// Secrets labelled [`CREDENTIAL_LABEL`].
     pub credential_secrets: Store<Lenient<Secret>>,
     /// ConfigMaps (payload only while referenced).
@@ -258,6 +263,13 @@ impl Stores {
             OPTIONAL_RETRY,
         );
         tasks.push(t);
+        let (client_policies, t) = w(Kind::ClientPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::FailClosed,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
         tasks.push(t);
@@ -274,6 +286,7 @@ impl Stores {
             namespaces,
             rate_limit_policies,
             auth_policies,
+            client_policies,
             credential_secrets,
             config_maps,
             referenced,
@@ -295,6 +308,7 @@ impl Stores {
         self.namespaces.wait_until_ready().await?;
         self.rate_limit_policies.wait_until_ready().await?;
         self.auth_policies.wait_until_ready().await?;
+        self.client_policies.wait_until_ready().await?;
         self.credential_secrets.wait_until_ready().await?;
         self.config_maps.wait_until_ready().await
     }
@@ -328,6 +342,7 @@ impl Stores {
         inputs.config_maps = well_formed(&self.config_maps);
         inputs.rate_limit_policies = well_formed(&self.rate_limit_policies);
         inputs.auth_policies = well_formed(&self.auth_policies);
+        inputs.client_policies = well_formed(&self.client_policies);
         inputs
     }
 }
@@ -588,6 +603,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy
             | Kind::AuthPolicy
+            | Kind::ClientPolicy
     );
     match old {
         Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {

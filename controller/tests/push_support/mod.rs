@@ -152,6 +152,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
                 }],
             }],
             client_validation: None,
+            client: Default::default(),
         }],
         backends: BTreeMap::from([(
             "b".to_owned(),

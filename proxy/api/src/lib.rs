@@ -15,8 +15,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod client;
 pub mod policy;
 
+pub use client::ClientSettings;
 pub use policy::PolicySet;
 
 /// Version of this contract. Bumped on any incompatible change.
@@ -107,6 +109,10 @@ pub struct PortConfig {
     /// `spec.tls.frontend`, which is per port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_validation: Option<ClientValidation>,
+    /// What the port does for its clients (ClientPolicy): client address, path options,
+    /// limits.
+    #[serde(default, skip_serializing_if = "ClientSettings::is_default")]
+    pub client: ClientSettings,
 }
 
 /// Client-certificate validation of an HTTPS port.

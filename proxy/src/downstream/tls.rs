@@ -404,6 +404,7 @@ mod tests {
                 virtual_hosts: vec![],
             }],
             client_validation,
+            client: Default::default(),
         }
     }
 

@@ -256,6 +256,7 @@ pub fn http_port(port: u16, routes: Vec<Route>) -> PortConfig {
             }],
         }],
         client_validation: None,
+        client: Default::default(),
     }
 }
 

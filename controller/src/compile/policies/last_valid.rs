@@ -25,7 +25,7 @@ use tollgate_api::ObjectKey;
 
 use super::{Contribution, Problem};
 use crate::crds::common::TargetRef;
-use crate::crds::{AuthPolicy, RateLimitPolicy};
+use crate::crds::{AuthPolicy, ClientPolicy, RateLimitPolicy};
 
 /// The policies an earlier compile found valid, by key: what a policy that becomes invalid
 /// keeps enforcing. Empty on a first compile and in `tollgate validate`.
@@ -35,6 +35,8 @@ pub struct LastValid {
     pub rate_limit_policies: BTreeMap<ObjectKey, RateLimitPolicy>,
     /// AuthPolicies, as they were when last valid.
     pub auth_policies: BTreeMap<ObjectKey, AuthPolicy>,
+    /// ClientPolicies, as they were when last valid.
+    pub client_policies: BTreeMap<ObjectKey, ClientPolicy>,
 }
 
 impl PartialEq for LastValid {
@@ -53,16 +55,29 @@ impl PartialEq for LastValid {
         same(&self.rate_limit_policies, &other.rate_limit_policies, |p| {
             &p.spec
         }) && same(&self.auth_policies, &other.auth_policies, |p| &p.spec)
+            && same(&self.client_policies, &other.client_policies, |p| &p.spec)
     }
 }
 
 /// A policy object: what this module reads of both kinds.
 pub(super) trait PolicyObject: Clone {
+    /// What a closing policy of the kind closes, for its message (`routes`, `listeners`).
+    const CLOSES: &'static str = "routes";
     fn meta(&self) -> &ObjectMeta;
     fn target_refs(&self) -> &[TargetRef];
 }
 
 impl PolicyObject for AuthPolicy {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn target_refs(&self) -> &[TargetRef] {
+        &self.spec.target_refs
+    }
+}
+
+impl PolicyObject for ClientPolicy {
+    const CLOSES: &'static str = "listeners";
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -138,7 +153,10 @@ pub(super) fn resolve<P: PolicyObject, T>(
         if closes {
             State::Closed(Problem::new(
                 problem.reason,
-                format!("{message}, so the routes it targets answer 500 until it is fixed"),
+                format!(
+                    "{message}, so the {} it targets answer 500 until it is fixed",
+                    P::CLOSES
+                ),
             ))
         } else {
             State::Rejected(Problem::new(

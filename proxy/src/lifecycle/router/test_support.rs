@@ -89,6 +89,7 @@ pub(crate) fn mk_port(port: u16, listeners: Vec<ListenerConfig>) -> PortConfig {
         protocol: Protocol::Http,
         listeners,
         client_validation: None,
+        client: Default::default(),
     }
 }
 

@@ -1,0 +1,409 @@
+//! ClientPolicy: per-port client settings (client address, path options) of each Gateway.
+//!
+//! In: the ClientPolicies, their last valid versions, our accepted Gateways' listeners with
+//! their ports, and `now`. Out: [`ClientPolicies`]: the [`ClientSettings`] of every (Gateway,
+//! port) a policy reaches, each policy's status, and which policies affect each Gateway.
+//!
+//! Attachment: a Gateway, or one of its listeners by `sectionName`. Two policies on the same
+//! target: the older holds it (creation time, then namespace/name), the newer is
+//! `Conflicted` there. A listener's settings are its listener policy's fields over its
+//! Gateway policy's. Settings act per port (one socket), so every listener of a port must
+//! end up with the same ones: a listener policy that would split a port loses that target
+//! (`Conflicted`, naming the port and its other listeners) and the port keeps the Gateway's.
+//!
+//! Fail closed: the client address feeds authorization (`source.address`), so a policy that
+//! becomes invalid keeps its last valid version, and one never valid closes the ports of its
+//! targets (every request answers 500) instead of serving them with the balancer's address.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use tollgate_api::ObjectKey;
+use tollgate_api::client::{
+    Cidr, ClientSettings, EscapedSlashes, ForwardedFor, PathOptions, ProxyProtocol,
+};
+
+use super::last_valid::{self, State};
+use super::{Contribution, ENFORCED, PolicyRef, STALLED, invalid, reason};
+use crate::compile::CONTROLLER_NAME;
+use crate::compile::conditions::{ACCEPTED, Conds, Problem};
+use crate::compile::grants::GATEWAY_GROUP;
+use crate::compile::index::key_of;
+use crate::crds::ClientPolicy;
+use crate::crds::client::{ClientPolicySpec, EscapedSlashesSpec};
+use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus, TargetRef};
+
+/// Kind name.
+const KIND: &str = "ClientPolicy";
+
+/// A Gateway a ClientPolicy may target: its served listeners as (name, port).
+#[derive(Debug, Clone)]
+pub struct ClientGateway {
+    /// The Gateway.
+    pub key: ObjectKey,
+    /// Listeners with a port: (name, port).
+    pub listeners: Vec<(String, u16)>,
+}
+
+/// What one policy sets; `None` leaves the field to the policy below (or the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fields {
+    proxy_protocol: Option<ProxyProtocol>,
+    forwarded_for: Option<ForwardedFor>,
+    merge_slashes: Option<bool>,
+    escaped_slashes: Option<EscapedSlashes>,
+}
+
+impl Fields {
+    /// `self`'s fields, each it lacks taken from `below`.
+    fn over(&self, below: &Self) -> Self {
+        Self {
+            proxy_protocol: self.proxy_protocol.or(below.proxy_protocol),
+            forwarded_for: self
+                .forwarded_for
+                .clone()
+                .or_else(|| below.forwarded_for.clone()),
+            merge_slashes: self.merge_slashes.or(below.merge_slashes),
+            escaped_slashes: self.escaped_slashes.or(below.escaped_slashes),
+        }
+    }
+
+    fn settings(&self) -> ClientSettings {
+        let defaults = PathOptions::default();
+        ClientSettings {
+            proxy_protocol: self.proxy_protocol,
+            forwarded_for: self.forwarded_for.clone(),
+            path: PathOptions {
+                merge_slashes: self.merge_slashes.unwrap_or(defaults.merge_slashes),
+                escaped_slashes: self.escaped_slashes.unwrap_or(defaults.escaped_slashes),
+            },
+            ..ClientSettings::default()
+        }
+    }
+}
+
+/// The compiled ClientPolicies.
+#[derive(Debug, Default)]
+pub struct ClientPolicies {
+    /// Settings per (Gateway, port), for ports some policy reaches.
+    pub ports: BTreeMap<(ObjectKey, u16), ClientSettings>,
+    /// Status of every ClientPolicy.
+    pub status: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Policies affecting each Gateway.
+    pub affecting_gateways: BTreeMap<ObjectKey, BTreeSet<PolicyRef>>,
+    /// Versions valid now or kept: the next compile's last valid ClientPolicies.
+    pub last_valid: BTreeMap<ObjectKey, ClientPolicy>,
+}
+
+/// Compiles one version of a policy's spec.
+fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
+    for t in &spec.target_refs {
+        if t.group != GATEWAY_GROUP || t.kind != "Gateway" {
+            return Err(invalid(format!(
+                "targetRef {} {}: a ClientPolicy targets Gateways (group {GATEWAY_GROUP}), \
+                 or one listener of one by sectionName",
+                t.kind, t.name
+            )));
+        }
+    }
+    let mut f = Fields::default();
+    if let Some(ip) = &spec.client_ip {
+        if let Some(pp) = &ip.proxy_protocol {
+            f.proxy_protocol = Some(ProxyProtocol {
+                required: pp.required.unwrap_or(true),
+            });
+        }
+        if let Some(x) = &ip.x_forwarded_for {
+            f.forwarded_for = Some(match (x.num_trusted_hops, &x.trusted_cidrs) {
+                (Some(n), None) if (1..=64).contains(&n) => ForwardedFor::NumTrustedHops(n),
+                (Some(n), None) => {
+                    return Err(invalid(format!(
+                        "clientIP.xForwardedFor.numTrustedHops must be 1 to 64, not {n}"
+                    )));
+                }
+                (None, Some(cidrs)) if !cidrs.is_empty() && cidrs.len() <= 64 => {
+                    for c in cidrs {
+                        c.parse::<Cidr>().map_err(|e| {
+                            invalid(format!("clientIP.xForwardedFor.trustedCIDRs: {e}"))
+                        })?;
+                    }
+                    ForwardedFor::TrustedCidrs(cidrs.clone())
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        "clientIP.xForwardedFor.trustedCIDRs must list 1 to 64 networks",
+                    ));
+                }
+                _ => {
+                    return Err(invalid(
+                        "clientIP.xForwardedFor needs exactly one of numTrustedHops and \
+                         trustedCIDRs",
+                    ));
+                }
+            });
+        }
+    }
+    if let Some(p) = &spec.path {
+        f.merge_slashes = p.merge_slashes;
+        f.escaped_slashes = p.escaped_slashes.map(|e| match e {
+            EscapedSlashesSpec::Keep => EscapedSlashes::Keep,
+            EscapedSlashesSpec::Reject => EscapedSlashes::Reject,
+            EscapedSlashesSpec::Unescape => EscapedSlashes::Unescape,
+        });
+    }
+    Ok(f)
+}
+
+/// One policy after resolution.
+struct Item {
+    key: ObjectKey,
+    meta: ObjectMeta,
+    state: State<Fields>,
+    /// The targetRefs of the version in effect.
+    refs: Vec<TargetRef>,
+    /// Targets held: (Gateway, listener or None).
+    held: Vec<(ObjectKey, Option<String>)>,
+    /// Targets not found, described.
+    missing: Vec<String>,
+    /// Targets that exist but are not ours.
+    foreign: usize,
+    /// Targets lost, described with why.
+    lost: Vec<String>,
+    /// Gateways where its fields reach a port; Gateways it targets.
+    enforced_on: BTreeSet<ObjectKey>,
+    reached: BTreeSet<ObjectKey>,
+}
+
+/// Compiles every ClientPolicy. `existing`: every Gateway in the inputs, ours or not.
+pub fn compile_client_policies(
+    policies: &[ClientPolicy],
+    last: &BTreeMap<ObjectKey, ClientPolicy>,
+    gateways: &[ClientGateway],
+    existing: &BTreeSet<(&str, ObjectKey)>,
+    now: &Time,
+) -> ClientPolicies {
+    let mut out = ClientPolicies::default();
+    let mut items: Vec<Item> = policies
+        .iter()
+        .map(|p| {
+            let key = key_of(&p.metadata);
+            let (state, refs, keep) = last_valid::resolve(p, last.get(&key), true, |v| {
+                fields(&v.spec).map(|entries| Contribution {
+                    overrides: false,
+                    strategy: Default::default(),
+                    entries,
+                })
+            });
+            if let Some(keep) = keep {
+                out.last_valid.insert(key.clone(), keep);
+            }
+            Item {
+                key,
+                meta: p.metadata.clone(),
+                state,
+                refs,
+                held: Vec::new(),
+                missing: Vec::new(),
+                foreign: 0,
+                lost: Vec::new(),
+                enforced_on: BTreeSet::new(),
+                reached: BTreeSet::new(),
+            }
+        })
+        .collect();
+    // Oldest first: the holder of a contested target is the oldest policy.
+    items.sort_by(|a, b| {
+        (a.meta.creation_timestamp.as_ref().map(|t| t.0), &a.key)
+            .cmp(&(b.meta.creation_timestamp.as_ref().map(|t| t.0), &b.key))
+    });
+    let mut holder: BTreeMap<(ObjectKey, Option<String>), usize> = BTreeMap::new();
+    for (i, item) in items.iter_mut().enumerate() {
+        for t in &item.refs {
+            let target = (
+                ObjectKey::new(item.key.namespace.as_str(), t.name.as_str()),
+                t.section_name.clone(),
+            );
+            let d = describe(t);
+            if t.group != GATEWAY_GROUP || t.kind != "Gateway" {
+                item.missing.push(d);
+                continue;
+            }
+            let gw = gateways.iter().find(|g| g.key == target.0);
+            let found = gw.is_some_and(|g| {
+                target
+                    .1
+                    .as_ref()
+                    .is_none_or(|s| g.listeners.iter().any(|(n, _)| n == s))
+            });
+            if !found {
+                if gw.is_none() && existing.contains(&("Gateway", target.0.clone())) {
+                    item.foreign += 1;
+                } else {
+                    item.missing.push(d);
+                }
+                continue;
+            }
+            match holder.get(&target) {
+                Some(&h) if h != i => item.lost.push(format!("{d} already has {KIND} (older)")),
+                Some(_) => {}
+                None => {
+                    holder.insert(target.clone(), i);
+                    item.reached.insert(target.0.clone());
+                    item.held.push(target);
+                }
+            }
+        }
+    }
+    for gw in gateways {
+        let gw_holder = holder.get(&(gw.key.clone(), None)).copied();
+        let gw_fields = gw_holder
+            .and_then(|i| items[i].state.contribution())
+            .map(|c| c.entries.clone())
+            .unwrap_or_default();
+        let mut by_port: BTreeMap<u16, Vec<(&str, Option<usize>)>> = BTreeMap::new();
+        for (name, port) in &gw.listeners {
+            let h = holder.get(&(gw.key.clone(), Some(name.clone()))).copied();
+            by_port.entry(*port).or_default().push((name.as_str(), h));
+        }
+        for (port, listeners) in by_port {
+            let effective = |h: Option<usize>| -> Fields {
+                match h.and_then(|i| items[i].state.contribution()) {
+                    Some(c) => c.entries.over(&gw_fields),
+                    None => gw_fields.clone(),
+                }
+            };
+            let first = effective(listeners[0].1);
+            let split = listeners.iter().any(|(_, h)| effective(*h) != first);
+            let mut sources: BTreeSet<usize> = gw_holder.into_iter().collect();
+            let mut chosen = first;
+            if split {
+                // The port keeps the Gateway's settings; each listener policy here loses.
+                chosen = gw_fields.clone();
+                let names: Vec<&str> = listeners.iter().map(|(n, _)| *n).collect();
+                for (name, h) in &listeners {
+                    if let Some(i) = h {
+                        items[*i].held.retain(|t| t.1.as_deref() != Some(*name));
+                        items[*i].lost.push(format!(
+                            "Gateway {} (section {name}): port {port} is shared by \
+                             listeners {} whose settings would differ; a port has one \
+                             socket, so target the Gateway or give every listener on the \
+                             port the same settings",
+                            gw.key.name,
+                            names.join(", ")
+                        ));
+                    }
+                }
+            } else {
+                sources.extend(listeners.iter().filter_map(|(_, h)| *h));
+            }
+            let closed_by: Vec<ObjectKey> = sources
+                .iter()
+                .filter(|&&i| matches!(items[i].state, State::Closed(_)))
+                .map(|&i| items[i].key.clone())
+                .collect();
+            if sources.is_empty() {
+                continue;
+            }
+            let mut settings = chosen.settings();
+            settings.closed_by = closed_by;
+            for &i in &sources {
+                if items[i].state.contribution().is_some() {
+                    items[i].enforced_on.insert(gw.key.clone());
+                }
+                out.affecting_gateways
+                    .entry(gw.key.clone())
+                    .or_default()
+                    .insert((KIND, items[i].key.clone()));
+            }
+            out.ports.insert((gw.key.clone(), port), settings);
+        }
+    }
+    for item in &items {
+        if let Some(s) = status(item, now) {
+            out.status.insert(item.key.clone(), s);
+        }
+    }
+    out
+}
+
+fn describe(t: &TargetRef) -> String {
+    match &t.section_name {
+        Some(s) => format!("{} {} (section {s})", t.kind, t.name),
+        None => format!("{} {}", t.kind, t.name),
+    }
+}
+
+/// A policy's status; `None` when every target is another controller's Gateway.
+fn status(item: &Item, now: &Time) -> Option<PolicyStatus> {
+    if item.held.is_empty() && item.lost.is_empty() && item.missing.is_empty() && item.foreign > 0 {
+        return None;
+    }
+    let conds = Conds::new(item.meta.generation, now);
+    let accepted = match &item.state {
+        State::Kept(_, p) | State::Closed(p) | State::Rejected(p) => {
+            conds.no(ACCEPTED, p.reason, p.message.clone())
+        }
+        State::Valid(_) if item.held.is_empty() && !item.lost.is_empty() => {
+            conds.no(ACCEPTED, reason::CONFLICTED, item.lost.join("; "))
+        }
+        State::Valid(_) if item.held.is_empty() => conds.no(
+            ACCEPTED,
+            reason::TARGET_NOT_FOUND,
+            format!(
+                "no target is a Gateway (or listener) served by {CONTROLLER_NAME}: {}",
+                item.missing.join(", ")
+            ),
+        ),
+        State::Valid(_) => {
+            let mut msg = format!("{KIND} is accepted");
+            if !item.missing.is_empty() {
+                msg.push_str(&format!("; targets not found: {}", item.missing.join(", ")));
+            }
+            if !item.lost.is_empty() {
+                msg.push_str(&format!("; targets not held: {}", item.lost.join("; ")));
+            }
+            conds.yes(ACCEPTED, reason::ACCEPTED, msg)
+        }
+    };
+    let is_accepted = accepted.status == "True";
+    let mut conditions = vec![accepted.clone()];
+    if !is_accepted {
+        conditions.push(conds.yes(STALLED, &accepted.reason, accepted.message.clone()));
+    }
+    let mut ancestors = Vec::new();
+    if is_accepted || matches!(item.state, State::Kept(..)) {
+        let enforced = |gw: Option<&ObjectKey>| {
+            let on = match gw {
+                Some(g) => item.enforced_on.contains(g),
+                None => !item.enforced_on.is_empty(),
+            };
+            if on {
+                conds.yes(ENFORCED, reason::ENFORCED, format!("{KIND} is enforced"))
+            } else {
+                conds.no(
+                    ENFORCED,
+                    reason::UNKNOWN,
+                    "no listener under the targets is served with these settings",
+                )
+            }
+        };
+        conditions.push(enforced(None));
+        for gw in &item.reached {
+            ancestors.push(PolicyAncestorStatus {
+                ancestor_ref: AncestorRef {
+                    group: GATEWAY_GROUP.to_owned(),
+                    kind: "Gateway".to_owned(),
+                    namespace: gw.namespace.clone(),
+                    name: gw.name.clone(),
+                },
+                controller_name: CONTROLLER_NAME.to_owned(),
+                conditions: vec![accepted.clone(), enforced(Some(gw))],
+            });
+        }
+    }
+    Some(PolicyStatus {
+        observed_generation: item.meta.generation,
+        conditions,
+        ancestors,
+    })
+}

@@ -1,0 +1,116 @@
+//! ClientPolicy: what a Gateway's listeners do for their clients. Where the client address
+//! comes from behind load balancers (PROXY protocol, trusted `X-Forwarded-For` hops), how
+//! paths are normalized, and request and connection limits.
+//!
+//! Attachment: a Gateway, or one listener (`sectionName`). These act per port (a port's
+//! listeners share one socket), so the listeners of one port must end up with the same
+//! settings; a listener policy that would split a port is `Conflicted`.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{PolicyStatus, TargetRef};
+
+/// Client address, path options and limits for a Gateway or one of its listeners.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tollgate.dev",
+    version = "v1alpha1",
+    kind = "ClientPolicy",
+    plural = "clientpolicies",
+    shortname = "cp",
+    namespaced,
+    status = "PolicyStatus",
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
+    printcolumn = r#"{"name":"Enforced","type":"string","jsonPath":".status.conditions[?(@.type==\"Enforced\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("!has(self.spec.clientIP) || !has(self.spec.clientIP.xForwardedFor) || (has(self.spec.clientIP.xForwardedFor.numTrustedHops) != has(self.spec.clientIP.xForwardedFor.trustedCIDRs))").message("spec.clientIP.xForwardedFor needs exactly one of numTrustedHops and trustedCIDRs")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientPolicySpec {
+    /// What the policy attaches to: Gateways, or listeners of them by `sectionName` (1 to
+    /// 16 targets).
+    #[schemars(length(min = 1, max = 16))]
+    pub target_refs: Vec<TargetRef>,
+    /// Where the client address comes from. Unset: the connection's peer.
+    #[serde(rename = "clientIP", default, skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<ClientIp>,
+    /// Path normalization options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathSpec>,
+}
+
+/// The client address: used by CEL `source.address`, rate-limit counters, the
+/// `X-Forwarded-For` the gateway sends and the access log.
+///
+/// With both, the PROXY header's source is the peer from which `X-Forwarded-For` is read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIp {
+    /// Trust `X-Forwarded-For` entries written by proxies in front of the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_forwarded_for: Option<XForwardedFor>,
+    /// Read a PROXY protocol (v1 or v2) header at the start of each connection, as L4 load
+    /// balancers send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolSpec>,
+}
+
+/// Which `X-Forwarded-For` entry is the client: exactly one of the two fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct XForwardedFor {
+    /// The number of proxies in front of the gateway, each appending its peer: the client
+    /// is the entry this many places from the right (1: the last entry). A request with
+    /// fewer entries did not come through them: its peer is the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub num_trusted_hops: Option<u32>,
+    /// Networks of the proxies in front of the gateway (`10.0.0.0/8`, `2001:db8::/32`, or a
+    /// single address): from the peer leftwards, the first address outside them is the
+    /// client. A peer outside them is the client itself (its `X-Forwarded-For` is not read).
+    #[serde(
+        rename = "trustedCIDRs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 64))]
+    pub trusted_cidrs: Option<Vec<String>>,
+}
+
+/// PROXY protocol on the targeted listeners' ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyProtocolSpec {
+    /// `true` (default): a connection without a valid header is closed. `false`: one
+    /// without it is served with its own address (then any client that can reach the port
+    /// can send a header naming any address: use it only while moving a balancer over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
+}
+
+/// Path normalization options.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PathSpec {
+    /// Merge `//` into `/` before matching (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_slashes: Option<bool>,
+    /// `%2F` and `%5C` in a path: `Keep` (default; matched as opaque characters and
+    /// forwarded as sent), `Reject` (400) or `Unescape` (decoded to `/` and `\` before
+    /// dot-segments are removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escaped_slashes: Option<EscapedSlashesSpec>,
+}
+
+/// What to do with `%2F` and `%5C` in a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum EscapedSlashesSpec {
+    /// Keep them encoded.
+    Keep,
+    /// Refuse the request (400).
+    Reject,
+    /// Decode them.
+    Unescape,
+}
