@@ -13,6 +13,9 @@ pub enum ProxyError {
     /// The router rejected the table (e.g. a regex that does not compile).
     #[error(transparent)]
     Router(#[from] RouterError),
+    /// A port's client settings (ClientPolicy) cannot be served.
+    #[error(transparent)]
+    Client(#[from] crate::lifecycle::client::ClientSettingsError),
     /// A policy of the table does not compile.
     #[error(transparent)]
     Policy(#[from] crate::lifecycle::policy::PolicyError),

@@ -229,7 +229,11 @@ impl Proxy {
         .collect();
         let mut ports = FastMap::with_capacity_and_hasher(table.ports.len(), Default::default());
         let mut wanted = Vec::with_capacity(table.ports.len());
+        let mut clients = FastMap::default();
         for p in &table.ports {
+            if let Some(c) = crate::lifecycle::client::PortClient::build(p.port, &p.client)? {
+                clients.insert(p.port, Arc::new(c));
+            }
             let ip: IpAddr = p.address.parse().map_err(|_| ProxyError::Address {
                 address: p.address.clone(),
                 port: p.port,
@@ -270,6 +274,7 @@ impl Proxy {
             backends,
             ports,
             policies,
+            clients,
         })));
         shared.metrics.set_table_version(version);
 

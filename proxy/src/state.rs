@@ -44,6 +44,18 @@ pub(crate) struct Snapshot {
     pub ports: FastMap<u16, PortState>,
     /// Compiled policies by the table's policy key.
     pub policies: FastMap<String, Arc<Enforcer>>,
+    /// Client settings (ClientPolicy) by table port, for ports that have any.
+    pub clients: FastMap<u16, Arc<crate::lifecycle::client::PortClient>>,
+}
+
+impl Snapshot {
+    /// The client settings of `port`, if it has any (no hashing when no port has).
+    pub fn client(&self, port: u16) -> Option<&crate::lifecycle::client::PortClient> {
+        if self.clients.is_empty() {
+            return None;
+        }
+        self.clients.get(&port).map(|c| &**c)
+    }
 }
 
 /// State shared by the handle, the listeners and every request.

@@ -32,6 +32,7 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::Cut;
 use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
 use crate::lifecycle::call::response_filters;
+use crate::lifecycle::client::{self, PortClient};
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
@@ -50,6 +51,10 @@ pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
 pub(crate) struct RequestCtx<'s> {
     pub shared: &'s Arc<Shared>,
     pub conn: &'s ConnCtx,
+    /// The client's address when trusted `X-Forwarded-For` entries name one other than the
+    /// peer (ClientPolicy), with its text: what policies, rate-limit counters and the access
+    /// log use ([`RequestCtx::source`]).
+    client: Option<(SocketAddr, HeaderValue)>,
     /// The normalized authority, `host[:port]` (module `intake`); empty when the client named
     /// no host (HTTP/1.0).
     pub host: HeaderValue,
@@ -120,6 +125,7 @@ impl<'s> RequestCtx<'s> {
     pub fn arrive(
         shared: &'s Arc<Shared>,
         conn: &'s ConnCtx,
+        port: Option<&PortClient>,
         req: &mut Request<ClientBody>,
     ) -> Self {
         let start = Instant::now();
@@ -127,10 +133,19 @@ impl<'s> RequestCtx<'s> {
         let request_id = seen.request_id();
         // A gRPC call is a POST (a CONNECT must keep its non-2xx answer: a 2xx opens a tunnel).
         let grpc = req.method() == Method::POST && seen.content_type.is_some_and(grpc::is_grpc);
-        let front = intake::front_door(&seen, req.uri(), req.version(), PathOptions::default());
+        let paths = port.map_or_else(PathOptions::default, |p| p.paths);
+        let front = intake::front_door(&seen, req.uri(), req.version(), paths);
+        // Read before `strip_client`, which leaves the forwarding fields to phase 5.
+        let client = port
+            .and_then(|p| p.client_address(conn.peer, req.headers()))
+            .map(|a| (a, client::address_value(a)));
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
         let mut verdict = check_limits(shared, &seen);
+        if let Some(p) = port.filter(|p| !p.closed_by.is_empty()) {
+            tracing::debug!(port = conn.table_port, closed_by = ?p.closed_by, "port closed by an invalid ClientPolicy");
+            verdict = verdict.and(Err(StatusCode::INTERNAL_SERVER_ERROR));
+        }
         let origin = seen.origin.cloned();
         let host = match front {
             Ok(front) => {
@@ -152,7 +167,7 @@ impl<'s> RequestCtx<'s> {
                 method: req.method().clone(),
                 uri: req.uri().clone(),
                 host: host.to_str().unwrap_or("").to_owned(),
-                peer: conn.peer,
+                peer: client.as_ref().map_or(conn.peer, |c| c.0),
                 grpc,
                 grpc_status: None,
                 fault: None,
@@ -164,6 +179,7 @@ impl<'s> RequestCtx<'s> {
         Self {
             shared,
             conn,
+            client,
             host,
             verdict,
             origin,
@@ -182,6 +198,16 @@ impl<'s> RequestCtx<'s> {
                 upstream_answered: false,
                 log,
             },
+        }
+    }
+
+    /// The client's address and its text (`source.address`): from trusted
+    /// `X-Forwarded-For` entries when the port's ClientPolicy says so, else the peer (the
+    /// PROXY protocol's source when the port reads one).
+    pub fn source(&self) -> (SocketAddr, &HeaderValue) {
+        match &self.client {
+            Some((a, v)) => (*a, v),
+            None => (self.conn.peer, &self.conn.peer_value),
         }
     }
 

@@ -20,7 +20,7 @@ pub(crate) use tollgate_h1::{header_tokens, is_known_token};
 
 /// `x-request-id`.
 pub(crate) static X_REQUEST_ID: HeaderName = field_name::X_REQUEST_ID;
-static X_FORWARDED_FOR: HeaderName = field_name::X_FORWARDED_FOR;
+pub(crate) static X_FORWARDED_FOR: HeaderName = field_name::X_FORWARDED_FOR;
 static X_FORWARDED_PROTO: HeaderName = field_name::X_FORWARDED_PROTO;
 static X_FORWARDED_HOST: HeaderName = field_name::X_FORWARDED_HOST;
 static KEEP_ALIVE: HeaderName = field_name::KEEP_ALIVE;

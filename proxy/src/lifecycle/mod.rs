@@ -11,6 +11,7 @@
 pub(crate) mod answer;
 pub(crate) mod body;
 pub(crate) mod call;
+pub(crate) mod client;
 pub(crate) mod ctx;
 pub mod filters;
 pub(crate) mod forward;

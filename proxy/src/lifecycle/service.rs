@@ -55,7 +55,8 @@ pub(crate) async fn handle(
     mut req: Request<ClientBody>,
 ) -> Result<ProxyResponse, std::convert::Infallible> {
     let snapshot = shared.snapshot.load_full();
-    let mut ctx = RequestCtx::arrive(&shared, &conn, &mut req);
+    let port = snapshot.as_deref().and_then(|s| s.client(conn.table_port));
+    let mut ctx = RequestCtx::arrive(&shared, &conn, port, &mut req);
     let resp = match snapshot.as_deref() {
         Some(snapshot) => proxy(snapshot, &mut ctx, req).await,
         None => status(StatusCode::NOT_FOUND),
@@ -167,12 +168,13 @@ async fn proxy<'s>(
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
         // Normalized (module `intake`): the host routing matched, in one spelling.
+        let (peer, peer_value) = ctx.source();
         let info = RequestInfo {
             host: bare_host,
             target,
             scheme: conn.scheme,
-            peer: conn.peer,
-            peer_address: conn.peer_value.to_str().ok().filter(|a| !a.is_empty()),
+            peer,
+            peer_address: peer_value.to_str().ok().filter(|a| !a.is_empty()),
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {

@@ -6,21 +6,28 @@
 //! characters of a segment, never separators. A raw `\` becomes `%5C`, so a backend that
 //! reads it as a separator sees what the router matched. Dot-segments are then removed
 //! (§5.2.4); one that would climb above `/` is refused, as are a fragment and an invalid
-//! escape. With [`PathOptions::merge_slashes`] (the default) runs of `/` become one.
+//! escape. With [`PathOptions::merge_slashes`] (the default) runs of `/` become one. A
+//! ClientPolicy may refuse `%2F` and `%5C` instead, or decode `%2F` to a separator before
+//! dot-segments are removed ([`PathOptions::escaped_slashes`]).
 
 use std::borrow::Cow;
+
+pub use tollgate_api::client::EscapedSlashes;
 
 /// How paths are normalized (ClientPolicy may change these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathOptions {
     /// `//` → `/` (Envoy's edge-proxy guidance: where routing or RBAC depends on the path).
     pub merge_slashes: bool,
+    /// `%2F` and `%5C`: kept encoded (opaque), refused, or `%2F` decoded to a separator.
+    pub escaped_slashes: EscapedSlashes,
 }
 
 impl Default for PathOptions {
     fn default() -> Self {
         Self {
             merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Keep,
         }
     }
 }
@@ -37,6 +44,9 @@ pub enum BadPath {
     /// `..` climbing above `/`.
     #[error("the path climbs above /")]
     AboveRoot,
+    /// `%2F` or `%5C` where the port refuses them.
+    #[error("an encoded slash or backslash")]
+    EscapedSlash,
 }
 
 /// Normalizes `path`; borrows it when it is already normal. A path that does not start with
@@ -46,7 +56,7 @@ pub fn normalize_path(path: &str, opts: PathOptions) -> Result<Cow<'_, str>, Bad
     if b.first() != Some(&b'/') || !needs_work(b, opts) {
         return Ok(Cow::Borrowed(path));
     }
-    let decoded = decode(b)?;
+    let decoded = decode(b, opts.escaped_slashes)?;
     let out = remove_dot_segments(&decoded, opts)?;
     Ok(if out == path {
         Cow::Borrowed(path)
@@ -79,8 +89,9 @@ fn hex(c: u8) -> Option<u8> {
     }
 }
 
-/// Unreserved escapes decoded, others upper-cased, `\` encoded, `#` refused.
-fn decode(b: &[u8]) -> Result<String, BadPath> {
+/// Unreserved escapes decoded, others upper-cased, `\` encoded, `#` refused; `%2F` and
+/// `%5C` as `slashes` says (`Unescape` decodes `%2F` only: a `\` is never a separator).
+fn decode(b: &[u8], slashes: EscapedSlashes) -> Result<String, BadPath> {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = Vec::with_capacity(b.len() + 4);
     let mut i = 0;
@@ -94,6 +105,17 @@ fn decode(b: &[u8]) -> Result<String, BadPath> {
                     return Err(BadPath::Escape);
                 };
                 let v = hi << 4 | lo;
+                if v == b'/' || v == b'\\' {
+                    match slashes {
+                        EscapedSlashes::Reject => return Err(BadPath::EscapedSlash),
+                        EscapedSlashes::Unescape if v == b'/' => {
+                            out.push(v);
+                            i += 3;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
                 if is_unreserved(v) {
                     out.push(v);
                 } else {
@@ -230,10 +252,45 @@ mod tests {
     fn slashes_kept_when_merging_is_off() {
         let keep = PathOptions {
             merge_slashes: false,
+            ..PathOptions::default()
         };
         let n = |p| normalize_path(p, keep).map(Cow::into_owned);
         assert_eq!(n("//admin").as_deref(), Ok("//admin"));
         assert_eq!(n("/a//../b").as_deref(), Ok("/a/b"));
         assert_eq!(n("/a/./b").as_deref(), Ok("/a/b"));
+    }
+
+    #[test]
+    fn escaped_slashes_refused_when_the_port_says_so() {
+        let reject = PathOptions {
+            escaped_slashes: EscapedSlashes::Reject,
+            ..PathOptions::default()
+        };
+        let n = |p| normalize_path(p, reject).map(Cow::into_owned);
+        for p in ["/a%2Fb", "/a%2fb", "/a%5Cb", "/a%5c..%5cb", "/%2F"] {
+            assert_eq!(n(p), Err(BadPath::EscapedSlash), "{p}");
+        }
+        // A raw backslash is not an escape the client sent: it is encoded as usual.
+        assert_eq!(n("/a\\b").as_deref(), Ok("/a%5Cb"));
+        assert_eq!(n("/a/%2e%2e/b").as_deref(), Ok("/b"));
+    }
+
+    #[test]
+    fn unescaped_slashes_are_separators_before_dot_segments_go() {
+        let unescape = PathOptions {
+            escaped_slashes: EscapedSlashes::Unescape,
+            ..PathOptions::default()
+        };
+        let n = |p| normalize_path(p, unescape).map(Cow::into_owned);
+        for (raw, want) in [
+            ("/a%2Fb", "/a/b"),
+            ("/public%2F..%2Fadmin", "/admin"),
+            ("/a%2F%2Fb", "/a/b"),
+            ("/a%5Cb", "/a%5Cb"),
+        ] {
+            assert_eq!(n(raw).as_deref(), Ok(want), "{raw}");
+        }
+        assert_eq!(n("/a/b%2F..%2F..%2F..%2Fadmin"), Err(BadPath::AboveRoot));
+        assert_eq!(n("/..%2F"), Err(BadPath::AboveRoot));
     }
 }

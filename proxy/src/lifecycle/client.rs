@@ -1,0 +1,291 @@
+//! A port's client settings at run time (ClientPolicy). In: the table's
+//! [`ClientSettings`] of a port (at table build) and, per request, the peer address and the
+//! `X-Forwarded-For` fields. Out: [`PortClient`], kept in the snapshot for ports with
+//! settings, and [`PortClient::client_address`], the address CEL `source.address`,
+//! rate-limit counters, the access log and the upstream's `X-Forwarded-For` use.
+//!
+//! `X-Forwarded-For` is read only as far as it is trusted: with `NumTrustedHops(n)`, the
+//! entry `n` places from the right (written by the farthest trusted proxy); with
+//! `TrustedCidrs`, from the peer leftwards while addresses are in the trusted networks. An
+//! entry a client wrote beyond that never becomes its address, so forging entries cannot pick
+//! someone else's rate-limit counter or pass a network rule.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderMap, HeaderValue};
+use tollgate_api::ObjectKey;
+use tollgate_api::client::{Cidr, ClientSettings, ForwardedFor, ProxyProtocol};
+
+use crate::lifecycle::forward::X_FORWARDED_FOR;
+use crate::lifecycle::normalize::PathOptions;
+
+/// Which `X-Forwarded-For` entry is the client, networks parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Trust {
+    /// The entry this many places from the right.
+    Hops(usize),
+    /// The first address outside these networks, from the peer leftwards.
+    Cidrs(Vec<Cidr>),
+}
+
+/// A port's client settings, ready for requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PortClient {
+    /// PROXY protocol on the port's connections.
+    pub proxy_protocol: Option<ProxyProtocol>,
+    /// Trusted `X-Forwarded-For` hops.
+    pub trust: Option<Trust>,
+    /// Path normalization.
+    pub paths: PathOptions,
+    /// Invalid ClientPolicies never valid: every request answers 500.
+    pub closed_by: Vec<ObjectKey>,
+}
+
+/// Why a port's settings cannot be served.
+#[derive(Debug, thiserror::Error)]
+#[error("port {port}: trusted network {cidr:?}: {source}")]
+pub struct ClientSettingsError {
+    port: u16,
+    cidr: String,
+    source: tollgate_api::client::CidrError,
+}
+
+impl PortClient {
+    /// The runtime form of a port's settings; `None` for the defaults (nothing to do).
+    pub(crate) fn build(
+        port: u16,
+        s: &ClientSettings,
+    ) -> Result<Option<Self>, ClientSettingsError> {
+        if s.is_default() {
+            return Ok(None);
+        }
+        let trust = match &s.forwarded_for {
+            None => None,
+            Some(ForwardedFor::NumTrustedHops(n)) => {
+                Some(Trust::Hops(usize::try_from(*n).unwrap_or(usize::MAX)))
+            }
+            Some(ForwardedFor::TrustedCidrs(list)) => Some(Trust::Cidrs(
+                list.iter()
+                    .map(|c| {
+                        c.parse().map_err(|source| ClientSettingsError {
+                            port,
+                            cidr: c.clone(),
+                            source,
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+            )),
+        };
+        Ok(Some(Self {
+            proxy_protocol: s.proxy_protocol,
+            trust,
+            paths: PathOptions {
+                merge_slashes: s.path.merge_slashes,
+                escaped_slashes: s.path.escaped_slashes,
+            },
+            closed_by: s.closed_by.clone(),
+        }))
+    }
+
+    /// The client's address for a request from `peer` with `headers`, when trusted
+    /// `X-Forwarded-For` entries name another one than the peer.
+    pub(crate) fn client_address(
+        &self,
+        peer: SocketAddr,
+        headers: &HeaderMap,
+    ) -> Option<SocketAddr> {
+        let trust = self.trust.as_ref()?;
+        let fields = headers.get_all(&X_FORWARDED_FOR);
+        let mut entries = fields
+            .iter()
+            .rev()
+            .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
+        let found = match trust {
+            Trust::Hops(n) => entries.nth(n.checked_sub(1)?).and_then(parse_entry),
+            Trust::Cidrs(nets) => {
+                let trusted = |ip: IpAddr| nets.iter().any(|c| c.contains(ip));
+                if !trusted(peer.ip()) {
+                    return None;
+                }
+                // The last trusted hop: an unreadable entry left of it ends the walk there.
+                let mut last: Option<SocketAddr> = None;
+                for e in entries {
+                    match parse_entry(e) {
+                        Some(a) if trusted(a.ip()) => last = Some(a),
+                        Some(a) => return Some(a),
+                        None => break,
+                    }
+                }
+                last
+            }
+        };
+        found.filter(|a| *a != peer)
+    }
+}
+
+/// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, optionally with a port (`a.b.c.d:p`,
+/// `[v6]`, `[v6]:p`), surrounded by optional spaces. The port is 0 when absent.
+fn parse_entry(e: &[u8]) -> Option<SocketAddr> {
+    let s = std::str::from_utf8(e).ok()?.trim_matches([' ', '\t']);
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip.to_canonical(), 0));
+    }
+    if let Some(rest) = s.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']')?;
+        let ip: std::net::Ipv6Addr = ip.parse().ok()?;
+        let port = match after {
+            "" => 0,
+            p => p.strip_prefix(':')?.parse().ok()?,
+        };
+        return Some(SocketAddr::new(IpAddr::V6(ip).to_canonical(), port));
+    }
+    let a: std::net::SocketAddrV4 = s.parse().ok()?;
+    Some(SocketAddr::V4(a))
+}
+
+/// The address as `X-Forwarded-For` and `source.address` carry it.
+pub(crate) fn address_value(a: SocketAddr) -> HeaderValue {
+    crate::lifecycle::forward::peer_value(a.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(fwd: ForwardedFor) -> PortClient {
+        let s = ClientSettings {
+            forwarded_for: Some(fwd),
+            ..ClientSettings::default()
+        };
+        PortClient::build(80, &s).unwrap().unwrap()
+    }
+
+    fn headers(lines: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for l in lines {
+            h.append(&X_FORWARDED_FOR, HeaderValue::from_str(l).unwrap());
+        }
+        h
+    }
+
+    fn client(p: &PortClient, peer: &str, lines: &[&str]) -> Option<String> {
+        p.client_address(peer.parse().unwrap(), &headers(lines))
+            .map(|a| a.to_string())
+    }
+
+    const LB: &str = "10.0.0.9:40000";
+
+    #[test]
+    fn one_trusted_hop_is_the_last_entry() {
+        let p = port(ForwardedFor::NumTrustedHops(1));
+        assert_eq!(
+            client(&p, LB, &["203.0.113.7"]).as_deref(),
+            Some("203.0.113.7:0")
+        );
+        // A client forging entries: the balancer appended the real address last.
+        assert_eq!(
+            client(&p, LB, &["1.1.1.1, 2.2.2.2", "203.0.113.7"]).as_deref(),
+            Some("203.0.113.7:0")
+        );
+        assert_eq!(
+            client(&p, LB, &["1.1.1.1,203.0.113.7"]).as_deref(),
+            Some("203.0.113.7:0")
+        );
+    }
+
+    #[test]
+    fn two_trusted_hops_is_the_second_entry_from_the_right() {
+        let p = port(ForwardedFor::NumTrustedHops(2));
+        assert_eq!(
+            client(&p, LB, &["9.9.9.9, 203.0.113.7, 10.1.1.1"]).as_deref(),
+            Some("203.0.113.7:0")
+        );
+        assert_eq!(
+            client(&p, LB, &["9.9.9.9, 203.0.113.7", "10.1.1.1"]).as_deref(),
+            Some("203.0.113.7:0"),
+            "entries across field lines"
+        );
+    }
+
+    #[test]
+    fn too_few_entries_or_an_unreadable_one_leaves_the_peer() {
+        let p = port(ForwardedFor::NumTrustedHops(2));
+        assert_eq!(client(&p, LB, &["203.0.113.7"]), None);
+        assert_eq!(client(&p, LB, &[]), None);
+        let one = port(ForwardedFor::NumTrustedHops(1));
+        for bad in [
+            "unknown",
+            "203.0.113.7 x",
+            "",
+            "300.1.1.1",
+            "[::1",
+            "1.2.3.4:99999",
+        ] {
+            assert_eq!(client(&one, LB, &[bad]), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn entries_may_carry_ports_and_brackets() {
+        let p = port(ForwardedFor::NumTrustedHops(1));
+        assert_eq!(
+            client(&p, LB, &["203.0.113.7:5555"]).as_deref(),
+            Some("203.0.113.7:5555")
+        );
+        assert_eq!(
+            client(&p, LB, &["[2001:db8::7]"]).as_deref(),
+            Some("[2001:db8::7]:0")
+        );
+        assert_eq!(
+            client(&p, LB, &["[2001:db8::7]:443"]).as_deref(),
+            Some("[2001:db8::7]:443")
+        );
+        assert_eq!(
+            client(&p, LB, &[" 2001:db8::7 "]).as_deref(),
+            Some("[2001:db8::7]:0")
+        );
+        assert_eq!(
+            client(&p, LB, &["::ffff:203.0.113.7"]).as_deref(),
+            Some("203.0.113.7:0"),
+            "IPv4 written as IPv6 is the IPv4 address"
+        );
+    }
+
+    #[test]
+    fn trusted_networks_walk_from_the_peer_to_the_first_untrusted_address() {
+        let p = port(ForwardedFor::TrustedCidrs(vec![
+            "10.0.0.0/8".into(),
+            "192.168.1.1".into(),
+        ]));
+        assert_eq!(
+            client(&p, LB, &["6.6.6.6, 203.0.113.7, 192.168.1.1, 10.2.2.2"]).as_deref(),
+            Some("203.0.113.7:0")
+        );
+        // A peer outside the networks is the client: its header is not read.
+        assert_eq!(client(&p, "198.51.100.1:1", &["203.0.113.7"]), None);
+        // Every entry trusted: the leftmost.
+        assert_eq!(
+            client(&p, LB, &["10.3.3.3, 10.2.2.2"]).as_deref(),
+            Some("10.3.3.3:0")
+        );
+        // An unreadable entry stops the walk at the last trusted hop.
+        assert_eq!(
+            client(&p, LB, &["203.0.113.7, junk, 10.2.2.2"]).as_deref(),
+            Some("10.2.2.2:0")
+        );
+        assert_eq!(client(&p, LB, &["junk"]), None);
+    }
+
+    #[test]
+    fn defaults_build_nothing_and_a_bad_network_is_an_error() {
+        assert_eq!(
+            PortClient::build(80, &ClientSettings::default()).unwrap(),
+            None
+        );
+        let s = ClientSettings {
+            forwarded_for: Some(ForwardedFor::TrustedCidrs(vec!["10.0.0.0/40".into()])),
+            ..ClientSettings::default()
+        };
+        assert!(PortClient::build(80, &s).is_err());
+    }
+}
