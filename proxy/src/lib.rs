@@ -49,7 +49,7 @@ pub mod subscribe;
 mod upgrade;
 mod upstream;
 
-pub use downstream::{sni, tls};
+pub use downstream::{proxy_protocol, sni, tls};
 pub use lifecycle::{filters, normalize, policy, router};
 
 /// A hash map for lookups on the request path: foldhash (seeded per map) instead of SipHash.
