@@ -97,6 +97,7 @@ pub struct Metrics {
     upstream_errors: Family<KindLabels, Counter>,
     tls_connections: Family<OutcomeLabels, Counter>,
     client_timeouts: Family<KindLabels, Counter>,
+    proxy_protocol_refused: Family<ReasonLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
@@ -172,6 +173,12 @@ impl Default for Metrics {
     }
 }
 
+/// Labels of `tollgate_proxy_protocol_refused_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
 /// Why the proxy cut a slow or idle client off: the `kind` label of
 /// `tollgate_client_timeouts_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +248,7 @@ impl Metrics {
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
+        let proxy_protocol_refused = Family::<ReasonLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
         registry.register(
@@ -267,6 +275,11 @@ impl Metrics {
             "client_timeouts",
             "Slow or idle clients cut off, by kind (body_idle, body_rate, body_deadline, connection_idle)",
             client_timeouts.clone(),
+        );
+        registry.register(
+            "proxy_protocol_refused",
+            "Connections closed for a missing, malformed or slow PROXY protocol header, by reason",
+            proxy_protocol_refused.clone(),
         );
         registry.register(
             "active_connections",
@@ -298,6 +311,7 @@ impl Metrics {
             durations,
             upstream_errors,
             tls_connections,
+            proxy_protocol_refused,
             client_timeouts,
             active_connections,
             table_version,
@@ -365,6 +379,14 @@ impl Metrics {
             .get_or_create(&KindLabels {
                 kind: kind.as_str(),
             })
+            .inc();
+    }
+
+    /// Counts a connection closed for its PROXY protocol header (`reason`: a fixed label of
+    /// `ProxyProtocolError::reason`).
+    pub(crate) fn proxy_protocol_refused(&self, reason: &'static str) {
+        self.proxy_protocol_refused
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

@@ -6,6 +6,10 @@
 //! Each connection's [`ConnCtx`] carries its client certificate (leaf DER) only when the
 //! port validates client certificates and this one verified ([`crate::downstream::tls::PortTls`]).
 //!
+//! A port whose ClientPolicy asks for the PROXY protocol reads the header first (module
+//! `proxy_protocol`): its source becomes the connection's peer, and a connection without a
+//! valid one, where it is required, is closed unanswered (`tollgate_proxy_protocol_refused_total`).
+//!
 //! The TLS config is looked up per connection, so a certificate change applies to new
 //! connections without rebinding. Stopping a listener closes its socket and asks its open
 //! connections to finish gracefully (in-flight requests complete).
@@ -34,6 +38,7 @@ use tokio::task::JoinHandle;
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::inflight::{HeldBody, InFlight};
+use crate::downstream::proxy_protocol::{self, Header};
 use crate::lifecycle::service;
 use crate::limits::Limits;
 use crate::metrics::ClientTimeoutKind;
@@ -41,6 +46,8 @@ use crate::state::{PortState, Shared};
 
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a PROXY protocol header may take to arrive, whole.
+const PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running accept loop.
 #[derive(Debug)]
@@ -125,27 +132,68 @@ async fn accept_loop(
 
 async fn serve_connection(
     shared: Arc<Shared>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     mut conn: ConnCtx,
     stop: watch::Receiver<bool>,
 ) {
     let _open = shared.metrics.connection_opened();
     shared.connections.fetch_add(1, Ordering::AcqRel);
-    let port = shared
-        .snapshot
-        .load()
-        .as_ref()
-        .and_then(|s| s.ports.get(&conn.table_port).cloned());
-    match port {
+    let (port, proxy_protocol) = {
+        let snapshot = shared.snapshot.load();
+        let s = snapshot.as_deref();
+        (
+            s.and_then(|s| s.ports.get(&conn.table_port).cloned()),
+            s.and_then(|s| s.client(conn.table_port))
+                .and_then(|c| c.proxy_protocol),
+        )
+    };
+    match (port, proxy_protocol) {
         // The port left the table between accept and now.
-        None => {}
-        Some(PortState::Http) => {
-            crate::downstream::h1serve::serve(&shared, stream, Arc::new(conn), stop, true).await
+        (None, _) => {}
+        (Some(port), None) => dispatch(&shared, stream, conn, port, stop).await,
+        (Some(port), Some(pp)) => {
+            match proxy_protocol::read_header(&mut stream, pp.required, PROXY_HEADER_TIMEOUT).await
+            {
+                Ok((header, rest)) => {
+                    if let Some(Header::Proxied { source, .. }) = header {
+                        // An IPv4 client written as IPv6 is the IPv4 client.
+                        conn.peer = SocketAddr::new(source.ip().to_canonical(), source.port());
+                        conn.peer_value = crate::lifecycle::forward::peer_value(conn.peer.ip());
+                    }
+                    if rest.is_empty() {
+                        dispatch(&shared, stream, conn, port, stop).await;
+                    } else {
+                        // The bytes read past the header are read again first.
+                        let io = crate::upgrade::Upgraded::new(stream, rest);
+                        dispatch(&shared, io, conn, port, stop).await;
+                    }
+                }
+                Err(e) => {
+                    shared.metrics.proxy_protocol_refused(e.reason());
+                    tracing::debug!(error = %e, peer = %conn.peer, port = conn.table_port, "PROXY protocol header refused");
+                }
+            }
         }
-        Some(PortState::Tls(_)) => {
-            crate::downstream::stream::serve(&shared, stream, conn, stop).await
+    }
+    if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
+        shared.idle.notify_waiters();
+    }
+}
+
+/// Serves a connection by its port's protocol.
+async fn dispatch<I: crate::upgrade::Io>(
+    shared: &Arc<Shared>,
+    stream: I,
+    mut conn: ConnCtx,
+    port: PortState,
+    stop: watch::Receiver<bool>,
+) {
+    match port {
+        PortState::Http => {
+            crate::downstream::h1serve::serve(shared, stream, Arc::new(conn), stop, true).await
         }
-        Some(PortState::Https(tls)) => {
+        PortState::Tls(_) => crate::downstream::stream::serve(shared, stream, conn, stop).await,
+        PortState::Https(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {
@@ -154,10 +202,10 @@ async fn serve_connection(
                     conn.peer_cert = tls.verified_peer_cert(tls_stream.get_ref().1);
                     let conn = Arc::new(conn);
                     if tls_stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                        serve(&shared, TokioIo::new(tls_stream), conn, stop).await;
+                        serve(shared, TokioIo::new(tls_stream), conn, stop).await;
                     } else {
                         // ALPN `http/1.1`, or none: HTTP/1 (no h2c preface over TLS).
-                        crate::downstream::h1serve::serve(&shared, tls_stream, conn, stop, false)
+                        crate::downstream::h1serve::serve(shared, tls_stream, conn, stop, false)
                             .await;
                     }
                 }
@@ -167,9 +215,6 @@ async fn serve_connection(
                 Err(_) => tracing::debug!(peer = %conn.peer, "TLS handshake timed out"),
             }
         }
-    }
-    if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
-        shared.idle.notify_waiters();
     }
 }
 

@@ -50,9 +50,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one connection of a TLS port until either side closes or `stop` fires.
-pub(crate) async fn serve(
+pub(crate) async fn serve<C: crate::upgrade::Io>(
     shared: &Arc<Shared>,
-    mut client: TcpStream,
+    mut client: C,
     conn: ConnCtx,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -82,9 +82,9 @@ impl Outcome {
     }
 }
 
-async fn serve_inner(
+async fn serve_inner<C: crate::upgrade::Io>(
     shared: &Arc<Shared>,
-    client: &mut TcpStream,
+    client: &mut C,
     conn: &ConnCtx,
     idle: Duration,
 ) -> Outcome {
@@ -292,8 +292,8 @@ impl<S: AsyncWrite + Unpin + ?Sized> AsyncWrite for Tracked<'_, S> {
 }
 
 /// Reads until `buf` holds a whole ClientHello; returns its SNI (`None` without one).
-async fn read_hello(
-    client: &mut TcpStream,
+async fn read_hello<C: crate::upgrade::Io>(
+    client: &mut C,
     buf: &mut Vec<u8>,
 ) -> std::result::Result<Option<String>, String> {
     let mut chunk = [0u8; 4096];
