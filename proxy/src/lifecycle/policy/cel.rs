@@ -4,18 +4,20 @@
 //! boolean (predicates) or a string (counter keys, header values). The variables are the ones
 //! the policy API documents: `request` (`method`, `host`, `path` with query, `url_path`,
 //! `scheme`, `headers` with lower-case names, several values of one name joined with `,`),
-//! `source` (`address`, `port`) and `auth` (`identity`). [`check`] is what the compiler calls
-//! so that a policy with an expression the proxy could not run is rejected before it reaches
-//! a proxy.
+//! `source` (`address`, `port`) and `auth` (`identity`). Besides the standard functions, the
+//! Kubernetes IP and CIDR libraries (`ip`, `cidr` and their methods; `cel/net.rs`) let a
+//! predicate match networks: `cidr('10.0.0.0/8').containsIP(source.address)`. [`check`] is
+//! what the compiler calls so that a policy with an expression the proxy could not run is
+//! rejected before it reaches a proxy.
 //!
 //! The policy phase runs on every request, so evaluation is built not to cost a CEL context:
 //!
 //! - [`Expr::compile`] also compiles the common shapes (attribute paths, comparisons with
-//!   literals, `startsWith`/`endsWith`/`contains`, `has`, `in`, `&&`, `||`, `!`; see
-//!   `cel/fast.rs`) into a tree evaluated on the request data directly. Everything else, and
-//!   the few cases of those shapes whose CEL semantics the fast path does not model, runs
-//!   through the CEL interpreter, with the same results (`cel/tests.rs` checks a corpus both
-//!   ways).
+//!   literals, `startsWith`/`endsWith`/`contains`, `has`, `in`, `cidr('literal').containsIP`,
+//!   `&&`, `||`, `!`; see `cel/fast.rs`) into a tree evaluated on the request data directly.
+//!   Everything else, and the few cases of those shapes whose CEL semantics the fast path
+//!   does not model, runs through the CEL interpreter, with the same results (`cel/tests.rs`
+//!   checks a corpus both ways).
 //! - An [`Activation`] is a snapshot of the request, taken before authentication may change
 //!   the request's headers: the method, host, path and scheme, and the headers. Built with
 //!   [`Activation::with_needs`] it copies only what the expressions of a policy set read
@@ -26,14 +28,16 @@
 
 mod activation;
 mod fast;
+mod net;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, LazyLock};
 
-use cel::{Env, Program, Value};
+use cel::common::ast::{EntryExpr, Expr as Ast, MapExpr, StructExpr};
+use cel::{Context, Env, IdedExpr, Program, Value};
 use http::HeaderName;
 
 pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
@@ -48,9 +52,17 @@ const SOURCE: u8 = 2;
 const AUTH: u8 = 4;
 const ALL_VARS: u8 = REQUEST | SOURCE | AUTH;
 
-/// The standard environment, built once (building it per request would cost more than the
-/// evaluation).
-static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+/// The environment: the standard library and the Kubernetes IP and CIDR libraries
+/// (`cel/net.rs`). Built once (building it per request would cost more than the evaluation).
+static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
+    let mut env = Env::stdlib();
+    if let Err(e) = env.add_extension(net::register) {
+        // Only a bug can get here (an overload declared twice; a test registers them): the
+        // functions left undeclared fail where they are called.
+        tracing::error!(error = %e, "the CEL IP and CIDR functions could not be declared");
+    }
+    Arc::new(env)
+});
 
 /// Why an expression was refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,14 +131,15 @@ impl Expr {
             message: e.to_string(),
         })?;
         let mut vars = 0;
-        let references = program.references();
+        let mut names = Names::new();
+        names.walk(program.expression());
         let mut unknown: Option<&str> = None;
-        for v in references.variables() {
-            match VARIABLES.iter().position(|known| *known == v) {
+        for v in &names.variables {
+            match VARIABLES.iter().position(|known| known == v) {
                 Some(i) => vars |= 1 << i,
-                // The names come from a hash set, in no fixed order: the least one is
-                // reported, so an expression always gets the same message (statuses are
-                // part of the compiler's deterministic output; found by fuzzing).
+                // The least one is reported, so an expression always gets the same message
+                // (statuses are part of the compiler's deterministic output; found by
+                // fuzzing).
                 None => unknown = Some(unknown.map_or(v, |u| u.min(v))),
             }
         }
@@ -233,6 +246,101 @@ impl Expr {
             Value::Bool(b) => Some(b.to_string()),
             _ => None,
         }
+    }
+}
+
+/// The names an expression uses, found in its syntax tree. The crate's `references` would
+/// count `ip` in `ip.isCanonical(s)` as a variable: the parser does not know the environment,
+/// which says that `ip` is a function's namespace there.
+struct Names<'e> {
+    /// Identifiers read as variables (comprehension variables included, as `references`
+    /// counts them), not the namespaces of the qualified functions called.
+    variables: BTreeSet<&'e str>,
+    /// A context of [`ENV`], only asked which functions it declares.
+    probe: Context<'static, 'static>,
+}
+
+impl<'e> Names<'e> {
+    fn new() -> Self {
+        Self {
+            variables: BTreeSet::new(),
+            probe: Context::with_env(ENV.clone()),
+        }
+    }
+
+    /// Whether [`ENV`] declares a function (global or member) called `name`. The crate
+    /// answers that only this way: a context refuses a function of a declared overload's
+    /// name (and takes one of any other name, in this throwaway context).
+    fn declared(&mut self, name: &str) -> bool {
+        self.probe.add_function(name, |x: i64| x).is_err()
+    }
+
+    fn walk(&mut self, e: &'e IdedExpr) {
+        match &e.expr {
+            Ast::Ident(name) => {
+                // `@`-names are the macros' own (`@result`).
+                if !name.starts_with('@') {
+                    self.variables.insert(name);
+                }
+            }
+            Ast::Call(call) => {
+                if let Some(target) = &call.target {
+                    // `a.b.f(x)` calls the function `a.b.f` when one is declared, as the
+                    // interpreter resolves it; `a.b` is then no value.
+                    let qualified =
+                        qualified_name(&target.expr).map(|ns| format!("{ns}.{}", call.func_name));
+                    if !qualified.is_some_and(|q| self.declared(&q)) {
+                        self.walk(target);
+                    }
+                }
+                for arg in &call.args {
+                    self.walk(arg);
+                }
+            }
+            Ast::Select(select) => self.walk(&select.operand),
+            Ast::Comprehension(c) => {
+                for part in [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ] {
+                    self.walk(part);
+                }
+            }
+            Ast::List(list) => {
+                for element in &list.elements {
+                    self.walk(element);
+                }
+            }
+            Ast::Map(MapExpr { entries }) | Ast::Struct(StructExpr { entries, .. }) => {
+                for entry in entries {
+                    match &entry.expr {
+                        EntryExpr::StructField(field) => self.walk(&field.value),
+                        EntryExpr::MapEntry(entry) => {
+                            self.walk(&entry.key);
+                            self.walk(&entry.value);
+                        }
+                    }
+                }
+            }
+            Ast::Literal(_) | Ast::Unspecified => {}
+        }
+    }
+}
+
+/// The qualified name `e` spells (`a.b.c`), if it is an identifier or fields selected on one.
+fn qualified_name(e: &Ast) -> Option<String> {
+    match e {
+        Ast::Ident(name) => Some(name.clone()),
+        Ast::Select(select) if !select.test => {
+            let mut name = qualified_name(&select.operand.expr)?;
+            name.push('.');
+            name.push_str(&select.field);
+            Some(name)
+        }
+        _ => None,
     }
 }
 

@@ -297,6 +297,12 @@ impl<'a> Activation<'a> {
         }
     }
 
+    /// The source IP: `source.address` before it is printed.
+    pub(super) fn source_ip(&self) -> IpAddr {
+        debug_assert!(self.vars & SOURCE != 0, "source was not captured");
+        self.source.ip()
+    }
+
     /// Hands the value of header `name` (as CEL sees it) to `f`.
     pub(super) fn read_header<R>(&self, name: &HeaderName, f: impl FnOnce(Option<&str>) -> R) -> R {
         match &self.headers {

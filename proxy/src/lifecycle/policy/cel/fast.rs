@@ -7,8 +7,10 @@
 //! Predicates ([`Pred`]): `<value> == <literal>` and `!=` (string, int or bool literal, either
 //! side), `<value>.startsWith|endsWith|contains('literal')`, `has(request.headers.name)`,
 //! `has(auth.identity….key)`, `'literal' in request.headers`, `'literal' in auth.identity…`,
-//! a value used as a boolean, and `&&`, `||`, `!` of predicates. Anything else is not compiled
-//! here and runs through the CEL interpreter.
+//! `cidr('literal').containsIP(<value>)` and `….containsIP(ip(<value>))` (the network parsed
+//! here, once; a literal `cidr` refuses is left to the interpreter, so that the error is its
+//! own), a value used as a boolean, and `&&`, `||`, `!` of predicates. Anything else is not
+//! compiled here and runs through the CEL interpreter.
 //!
 //! Results are exactly the interpreter's. Evaluation is three-valued like CEL's (true, false,
 //! error, with CEL's rules for `&&`, `||` and `!`: false wins in `&&`, true wins in `||`), and
@@ -25,6 +27,7 @@ use cel::common::ast::{CallExpr, Expr as Ast, LiteralValue};
 use http::HeaderName;
 
 use super::Activation;
+use super::net::{self, Cidr};
 
 /// A value of the request an expression reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +97,11 @@ pub(super) enum Pred {
     /// `'lit' in <identity path>`.
     In {
         lit: Box<str>,
+        path: Path,
+    },
+    /// `cidr('net').containsIP(path)`, `cidr('net').containsIP(ip(path))`.
+    InNet {
+        net: Cidr,
         path: Path,
     },
     And(Box<Pred>, Box<Pred>),
@@ -201,7 +209,8 @@ pub(super) fn headers(f: &Fast, out: &mut Vec<HeaderName>) {
             | Pred::Cmp { path, .. }
             | Pred::Str { path, .. }
             | Pred::HasKey { path, .. }
-            | Pred::In { path, .. } => of_path(path, out),
+            | Pred::In { path, .. }
+            | Pred::InNet { path, .. } => of_path(path, out),
             Pred::HasHeader(Some(h)) => of_path(&Path::Header(Some(h.clone())), out),
             Pred::HasHeader(None) => {}
             Pred::And(a, b) | Pred::Or(a, b) => {
@@ -264,6 +273,22 @@ pub(super) fn eval(p: &Pred, act: &Activation<'_>) -> Tri {
                 }
                 found.into()
             }
+            Val::Missing => Tri::Error,
+            _ => Tri::Unknown,
+        }),
+        // The peer's address as it is, rather than printed then parsed again.
+        Pred::InNet {
+            net,
+            path: Path::Address,
+        } => match net::accept(act.source_ip()) {
+            Some(ip) => net.contains(ip).into(),
+            None => Tri::Error,
+        },
+        Pred::InNet { net, path } => with(path, &mut |v| match v {
+            Val::Str(s) => match net::parse_ip(s) {
+                Ok(ip) => net.contains(ip).into(),
+                Err(_) => Tri::Error,
+            },
             Val::Missing => Tri::Error,
             _ => Tri::Unknown,
         }),
@@ -421,6 +446,10 @@ fn call(c: &CallExpr) -> Option<Pred> {
             },
             arg: str_lit(&arg.expr)?,
         }),
+        ("containsIP", Some(target), [arg]) => Some(Pred::InNet {
+            net: cidr_lit(&target.expr)?,
+            path: ip_arg(&arg.expr)?,
+        }),
         (LOGICAL_AND, None, [a, b]) => Some(Pred::And(operand(&a.expr)?, operand(&b.expr)?)),
         (LOGICAL_OR, None, [a, b]) => Some(Pred::Or(operand(&a.expr)?, operand(&b.expr)?)),
         (LOGICAL_NOT, None, [a]) => Some(Pred::Not(operand(&a.expr)?)),
@@ -440,5 +469,36 @@ fn call(c: &CallExpr) -> Option<Pred> {
             }
         }
         _ => None,
+    }
+}
+
+/// `cidr('literal')` with a literal `cidr` accepts, parsed.
+fn cidr_lit(e: &Ast) -> Option<Cidr> {
+    match e {
+        Ast::Call(CallExpr {
+            func_name,
+            target: None,
+            args,
+        }) if func_name == "cidr" => match args.as_slice() {
+            [arg] => net::parse_cidr(&str_lit(&arg.expr)?).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The value `containsIP` is given: `<path>` or `ip(<path>)`, which mean the same to it (a
+/// string that is no address is an error either way).
+fn ip_arg(e: &Ast) -> Option<Path> {
+    match e {
+        Ast::Call(CallExpr {
+            func_name,
+            target: None,
+            args,
+        }) if func_name == "ip" => match args.as_slice() {
+            [arg] => path(&arg.expr),
+            _ => None,
+        },
+        _ => path(e),
     }
 }
