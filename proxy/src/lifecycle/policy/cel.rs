@@ -36,7 +36,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, LazyLock};
 
-use cel::common::ast::{EntryExpr, Expr as Ast, MapExpr, StructExpr};
+use cel::common::ast::{EntryExpr, Expr as Ast, MapExpr, StructExpr, operators as ops};
 use cel::{Context, Env, IdedExpr, Program, Value};
 use http::HeaderName;
 
@@ -57,8 +57,8 @@ const ALL_VARS: u8 = REQUEST | SOURCE | AUTH;
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     if let Err(e) = env.add_extension(net::register) {
-        // Only a bug can get here (an overload declared twice; a test registers them): the
-        // functions left undeclared fail where they are called.
+        // Only a bug can get here (an overload declared twice; a test registers them): `check`
+        // then refuses the functions left undeclared.
         tracing::error!(error = %e, "the CEL IP and CIDR functions could not be declared");
     }
     Arc::new(env)
@@ -85,6 +85,14 @@ pub enum CelError {
         /// The variable.
         variable: String,
     },
+    /// It calls a function the environment does not declare: it could never run.
+    #[error("CEL expression `{expr}` calls unknown function `{function}`")]
+    UnknownFunction {
+        /// The expression.
+        expr: String,
+        /// The function, as the call names it (`f` of `x.f()`).
+        function: String,
+    },
     /// It failed at run time (missing key, type mismatch).
     #[error("CEL expression `{expr}` failed: {message}")]
     Eval {
@@ -95,7 +103,7 @@ pub enum CelError {
     },
 }
 
-/// Checks that `source` compiles and names only known variables.
+/// Checks that `source` compiles and names only known variables and functions.
 pub fn check(source: &str) -> Result<(), CelError> {
     Expr::compile(source).map(|_| ())
 }
@@ -147,6 +155,12 @@ impl Expr {
             return Err(CelError::UnknownVariable {
                 expr: source.to_owned(),
                 variable: v.to_owned(),
+            });
+        }
+        if let Some(f) = names.unknown_functions.first() {
+            return Err(CelError::UnknownFunction {
+                expr: source.to_owned(),
+                function: (*f).to_owned(),
             });
         }
         let fast = fast::compile(program.expression());
@@ -251,11 +265,15 @@ impl Expr {
 
 /// The names an expression uses, found in its syntax tree. The crate's `references` would
 /// count `ip` in `ip.isCanonical(s)` as a variable: the parser does not know the environment,
-/// which says that `ip` is a function's namespace there.
+/// which says that `ip` is a function's namespace there. Nor does the parser refuse a call
+/// to a function no one declared (`sise(x)`), which fails on every evaluation: a predicate
+/// with a typo would be false for every request, and a `when` with one would never apply.
 struct Names<'e> {
     /// Identifiers read as variables (comprehension variables included, as `references`
     /// counts them), not the namespaces of the qualified functions called.
     variables: BTreeSet<&'e str>,
+    /// Functions called that [`ENV`] does not declare.
+    unknown_functions: BTreeSet<&'e str>,
     /// A context of [`ENV`], only asked which functions it declares.
     probe: Context<'static, 'static>,
 }
@@ -264,6 +282,7 @@ impl<'e> Names<'e> {
     fn new() -> Self {
         Self {
             variables: BTreeSet::new(),
+            unknown_functions: BTreeSet::new(),
             probe: Context::with_env(ENV.clone()),
         }
     }
@@ -284,14 +303,23 @@ impl<'e> Names<'e> {
                 }
             }
             Ast::Call(call) => {
+                let mut namespaced = false;
                 if let Some(target) = &call.target {
                     // `a.b.f(x)` calls the function `a.b.f` when one is declared, as the
                     // interpreter resolves it; `a.b` is then no value.
                     let qualified =
                         qualified_name(&target.expr).map(|ns| format!("{ns}.{}", call.func_name));
-                    if !qualified.is_some_and(|q| self.declared(&q)) {
+                    namespaced = qualified.is_some_and(|q| self.declared(&q));
+                    if !namespaced {
                         self.walk(target);
                     }
+                }
+                // Operators are the interpreter's own, not declared functions.
+                if !namespaced
+                    && !OPERATORS.contains(&call.func_name.as_str())
+                    && !self.declared(&call.func_name)
+                {
+                    self.unknown_functions.insert(&call.func_name);
                 }
                 for arg in &call.args {
                     self.walk(arg);
@@ -329,6 +357,32 @@ impl<'e> Names<'e> {
         }
     }
 }
+
+/// The calls the parser writes for operators (`a == b` calls `_==_`), which the
+/// interpreter evaluates itself.
+const OPERATORS: [&str; 21] = [
+    ops::ADD,
+    ops::CONDITIONAL,
+    ops::DIVIDE,
+    ops::EQUALS,
+    ops::GREATER,
+    ops::GREATER_EQUALS,
+    ops::IN,
+    ops::INDEX,
+    ops::LESS,
+    ops::LESS_EQUALS,
+    ops::LOGICAL_AND,
+    ops::LOGICAL_NOT,
+    ops::LOGICAL_OR,
+    ops::MODULO,
+    ops::MULTIPLY,
+    ops::NEGATE,
+    ops::NOT_EQUALS,
+    ops::NOT_STRICTLY_FALSE,
+    ops::OPT_INDEX,
+    ops::OPT_SELECT,
+    ops::SUBSTRACT,
+];
 
 /// The qualified name `e` spells (`a.b.c`), if it is an identifier or fields selected on one.
 fn qualified_name(e: &Ast) -> Option<String> {

@@ -503,7 +503,7 @@ fn an_invalid_network_literal_is_left_to_the_interpreter() {
 }
 
 #[test]
-fn check_accepts_the_network_functions() {
+fn check_accepts_the_network_functions_and_refuses_unknown_ones() {
     for src in [
         "cidr('10.0.0.0/8').containsIP(source.address)",
         "!cidr('10.0.0.0/8').containsIP(ip(source.address))",
@@ -514,8 +514,29 @@ fn check_accepts_the_network_functions() {
         "string(cidr('10.0.0.1/8').masked()) == '10.0.0.0/8'",
         "cidr('10.0.0.0/8').ip().isUnspecified() || cidr('10.0.0.0/8').prefixLength() == 8",
         "ip('::1') == ip('0:0::1')",
+        // The standard functions, operators and optional syntax are declared.
+        "size(request.headers) > 0 && request.url_path.matches('^/a') && int(source.port) > 0",
+        "type(auth.identity) == type(null) || dyn(auth.identity.n) == 3u + uint(1)",
+        "optional.of(request.method).hasValue() && request.headers.?x.orValue('') == ''",
+        "-source.port < 0 || source.port % 2 == 0 ? [1, 2][0] == {'a': 1}['a'] : 1.0 / 2.0 > 0.1",
     ] {
         assert_eq!(check(src), Ok(()), "{src}");
+    }
+    for (src, function) in [
+        ("sise(request.headers) > 0", "sise"),
+        ("request.url_path.startswith('/a')", "startswith"),
+        (
+            "cidr('10.0.0.0/8').containsIp(source.address)",
+            "containsIp",
+        ),
+        ("cidr('10.0.0.0/8').prefixLen() == 8", "prefixLen"),
+        ("source.address.isCanonical()", "isCanonical"),
+        ("timestamp('2024-01-01T00:00:00Z') > now()", "now"),
+    ] {
+        match check(src) {
+            Err(CelError::UnknownFunction { function: f, .. }) => assert_eq!(f, function, "{src}"),
+            other => panic!("{src}: {other:?}"),
+        }
     }
     // `ip` names a namespace only where a function of it is called.
     for (src, variable) in [
