@@ -17,4 +17,4 @@ pub mod authority;
 pub mod path;
 
 pub use authority::{Authority, BadAuthority, parse_authority};
-pub use path::{BadPath, PathOptions, normalize_path};
+pub use path::{BadPath, EscapedSlashes, PathOptions, normalize_path};
