@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls gitops)
+EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -185,6 +185,16 @@ out=$(curl -s --max-time 5 --cacert "$ROOT/examples/mtls/demo-ca.pem" --resolve 
   -o /dev/null -w '%{http_code}' https://api.example.test:8444/whoami 2>/dev/null || true)
 [[ $out == 000 ]] || die "mtls: a client without a certificate got an HTTP answer ($out)"
 log "ok: mtls: no certificate, no answer"
+
+# --- client-ip -------------------------------------------------------------------------
+# The test plays the balancer the ClientPolicy trusts (one X-Forwarded-For hop). The 403
+# waits for the AuthPolicy; then, until the ClientPolicy is served, the office address is
+# not the client, so the 200 waits for it.
+a=$(addr client-ip client-ip)
+expect "client-ip: an address outside the office networks is refused on /admin" '403' code -H 'X-Forwarded-For: 203.0.113.7' "http://$a:8088/admin"
+expect "client-ip: an office address behind the balancer reaches /admin" '200' code -H 'X-Forwarded-For: 10.1.2.3' "http://$a:8088/admin"
+expect "client-ip: an office address claimed left of the balancer's entry is refused" '403' code \
+  -H 'X-Forwarded-For: 10.1.2.3, 203.0.113.7' "http://$a:8088/admin"
 
 # --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
 a=$(addr gitops shop)

@@ -346,6 +346,7 @@ fn the_readmes_point_at_the_files() {
     for key in [
         "resource.customizations.health.tollgate.dev_RateLimitPolicy",
         "resource.customizations.health.tollgate.dev_AuthPolicy",
+        "resource.customizations.health.tollgate.dev_ClientPolicy",
     ] {
         assert!(argocd.contains(key), "{key}");
     }

@@ -1,5 +1,5 @@
 //! The policy examples (examples/rate-limit, examples/api-key, examples/jwt,
-//! examples/introspection, examples/mtls) served by `tollgate run`, checked against what
+//! examples/introspection, examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
 //! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
@@ -386,4 +386,58 @@ pub fn mtls() {
             Ok(r) => panic!("{what}: served without a valid client certificate: {r:?}"),
         }
     }
+}
+
+/// examples/client-ip, as its README says: the last `X-Forwarded-For` entry is the client;
+/// `/admin` only from the office networks; 5 requests a minute per client.
+pub fn client_ip() {
+    let tg = run_example("client-ip");
+    let from = |xff: &str, path: &str| {
+        get_with(8088, "127.0.0.1:8088", path, &[("X-Forwarded-For", xff)]).unwrap()
+    };
+    // Probe with an address of its own, so the README's clients start with full counters.
+    eventually(WAIT, || {
+        get_with(
+            8088,
+            "127.0.0.1:8088",
+            "/",
+            &[("X-Forwarded-For", "192.0.2.200")],
+        )
+        .filter(|r| r.status == 200)
+    })
+    .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+
+    for (xff, want) in [
+        ("10.1.2.3", 200),
+        ("2001:db8::5", 200),
+        ("203.0.113.7", 403),
+        ("10.1.2.3, 203.0.113.7", 403),
+    ] {
+        let r = from(xff, "/admin");
+        assert_eq!(r.status, want, "X-Forwarded-For: {xff}: {r:?}");
+    }
+
+    for remaining in ["4", "3", "2", "1", "0"] {
+        let r = from("198.51.100.1", "/");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(rate_headers(&r), (Some("5"), Some(remaining)));
+    }
+    assert_eq!(from("198.51.100.1", "/").status, 429);
+    let other = from("198.51.100.2", "/");
+    assert_eq!(other.status, 200);
+    assert_eq!(
+        other.json()["headers"]["x-forwarded-for"],
+        "198.51.100.2, 127.0.0.1",
+        "the chain goes upstream with the gateway's peer appended"
+    );
+    assert_eq!(
+        from("192.0.2.50, 198.51.100.1", "/").status,
+        429,
+        "a fresh address claimed to the left does not reset a counter"
+    );
+    assert!(
+        tg.log().contains(r#""peer":"198.51.100.2""#),
+        "the access log names the client; log:\n{}",
+        tg.log()
+    );
 }

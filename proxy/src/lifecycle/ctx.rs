@@ -340,7 +340,12 @@ impl OnComplete for Completion {
                 upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
                 bytes,
                 request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
-                peer: log.peer.to_string(),
+                // Port 0: an address from X-Forwarded-For, which names no port.
+                peer: if log.peer.port() == 0 {
+                    log.peer.ip().to_string()
+                } else {
+                    log.peer.to_string()
+                },
                 grpc_status: log.grpc_status,
                 client_timeout: log
                     .fault
