@@ -310,3 +310,70 @@ fn without_a_policy_ports_carry_no_client_settings() {
     assert!(settings(&out, 80).is_default());
     assert!(out.client_policies.is_empty());
 }
+
+#[test]
+fn limits_merge_field_by_field_listener_over_gateway() {
+    let out = compiled(&[
+        policy(
+            "gw",
+            "2026-01-01T00:00:00Z",
+            GW,
+            "  limits: {maxRequestHeadersBytes: 8192, idleTimeout: 20s, maxConnectionsPerClient: 50}",
+        ),
+        policy(
+            "secure",
+            "2026-01-02T00:00:00Z",
+            &listener_ref("secure"),
+            "  limits: {maxRequestHeaders: 40, idleTimeout: 1m, requestHeaderTimeout: 5s, requestBodyTimeout: 90s, maxRequestBodyBytes: 1024}",
+        ),
+    ]);
+    assert_cond(conds(&out, "secure"), "Accepted", "True", "Accepted");
+    let l = settings(&out, 8443).limits;
+    assert_eq!(l.max_request_headers_bytes, Some(8192), "from the Gateway");
+    assert_eq!(l.max_connections_per_client, Some(50), "from the Gateway");
+    assert_eq!(l.max_request_headers, Some(40));
+    assert_eq!(l.idle_timeout_ms, Some(60_000), "the listener's wins");
+    assert_eq!(l.request_header_timeout_ms, Some(5_000));
+    assert_eq!(l.request_body_timeout_ms, Some(90_000));
+    assert_eq!(l.max_request_body_bytes, Some(1024));
+    let web = settings(&out, 80).limits;
+    assert_eq!(web.idle_timeout_ms, Some(20_000));
+    assert_eq!(web.max_request_headers, None);
+}
+
+#[test]
+fn limits_out_of_range_or_unparsable_are_invalid() {
+    for (name, body, says) in [
+        (
+            "small-head",
+            "  limits: {maxRequestHeadersBytes: 100}",
+            "maxRequestHeadersBytes must be 1024 to 1048576",
+        ),
+        (
+            "many-fields",
+            "  limits: {maxRequestHeaders: 101}",
+            "maxRequestHeaders must be 1 to 100",
+        ),
+        (
+            "no-conns",
+            "  limits: {maxConnectionsPerClient: 0}",
+            "maxConnectionsPerClient must be 1",
+        ),
+        (
+            "zero-idle",
+            "  limits: {idleTimeout: 0s}",
+            "idleTimeout must be more than 0s",
+        ),
+        (
+            "bad-duration",
+            "  limits: {requestHeaderTimeout: soon}",
+            "requestHeaderTimeout: \"soon\"",
+        ),
+    ] {
+        let out = compiled(&[policy(name, "2026-01-01T00:00:00Z", GW, body)]);
+        let c = conds(&out, name);
+        assert_cond(c, "Accepted", "False", "Invalid");
+        let m = &cond(c, "Accepted").message;
+        assert!(m.contains(says), "{name}: {m}");
+    }
+}

@@ -98,6 +98,7 @@ pub struct Metrics {
     tls_connections: Family<OutcomeLabels, Counter>,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
+    connections_refused: Family<ReasonLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
@@ -249,6 +250,7 @@ impl Metrics {
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
         let proxy_protocol_refused = Family::<ReasonLabels, Counter>::default();
+        let connections_refused = Family::<ReasonLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
         registry.register(
@@ -282,6 +284,11 @@ impl Metrics {
             proxy_protocol_refused.clone(),
         );
         registry.register(
+            "connections_refused",
+            "Client connections closed unanswered at accept, by reason (per_client_limit)",
+            connections_refused.clone(),
+        );
+        registry.register(
             "active_connections",
             "Client connections currently open",
             active_connections.clone(),
@@ -312,6 +319,7 @@ impl Metrics {
             upstream_errors,
             tls_connections,
             proxy_protocol_refused,
+            connections_refused,
             client_timeouts,
             active_connections,
             table_version,
@@ -386,6 +394,13 @@ impl Metrics {
     /// `ProxyProtocolError::reason`).
     pub(crate) fn proxy_protocol_refused(&self, reason: &'static str) {
         self.proxy_protocol_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a connection closed unanswered at accept (`reason`: a fixed label).
+    pub(crate) fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

@@ -156,7 +156,11 @@ impl Proxy {
     pub fn new(opts: ProxyOptions) -> Self {
         let limits = Limits {
             max_header_bytes: opts.max_header_bytes,
+            max_header_count: tollgate_h1::MAX_HEADERS,
             max_body_bytes: opts.max_body_bytes,
+            header_read_timeout: crate::limits::HEADER_READ_TIMEOUT,
+            idle_timeout: crate::limits::HEADER_READ_TIMEOUT,
+            max_connections_per_client: None,
             stream_idle_timeout: opts.stream_idle_timeout,
             request_body_idle_timeout: opts.request_body_idle_timeout,
             request_body_timeout: opts.request_body_timeout,
@@ -185,6 +189,7 @@ impl Proxy {
             server: listener::server_builder(&limits),
             connections: AtomicUsize::new(0),
             idle: Notify::new(),
+            per_client: Arc::default(),
             mirror_slots: Arc::new(tokio::sync::Semaphore::new(opts.max_mirrors_in_flight)),
         };
         Self {

@@ -73,6 +73,8 @@ pub(crate) struct Shared {
     pub idle: Notify,
     /// Auth caches and rate-limit counters, shared by every snapshot.
     pub policy: PolicyRuntime,
+    /// Open connections per client address, for ports that limit them.
+    pub per_client: Arc<crate::downstream::per_client::PerClient>,
     /// One permit per mirror copy in flight ([`crate::ProxyOptions::max_mirrors_in_flight`]).
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }

@@ -39,6 +39,42 @@ pub struct ClientPolicySpec {
     /// Path normalization options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathSpec>,
+    /// Request and connection limits; unset ones keep the proxy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsSpec>,
+}
+
+/// Request and connection limits of the targeted listeners' ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSpec {
+    /// Most bytes of a request head, 1 KiB to 1 MiB (default 64 KiB): 431 beyond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 1_048_576))]
+    pub max_request_headers_bytes: Option<u32>,
+    /// Most header fields of a request, 1 to 100 (default 100): 431 beyond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_request_headers: Option<u32>,
+    /// Most bytes of a request body (default 10 MiB): 413 beyond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body_bytes: Option<u64>,
+    /// Most open connections from one client address on a port (after any PROXY header);
+    /// more are closed unanswered. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_connections_per_client: Option<u32>,
+    /// How long a request head may take from its first byte (default 30s): the connection
+    /// is closed beyond (and a PROXY header must come within it too, at most 10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_header_timeout: Option<String>,
+    /// How long a connection may wait for a request (HTTP/1: its first byte, default 30s;
+    /// HTTP/2: no stream in flight, default 75s) before it is closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    /// How long a request body may take from its start (default 300s): 408 beyond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_timeout: Option<String>,
 }
 
 /// The client address: used by CEL `source.address`, rate-limit counters, the

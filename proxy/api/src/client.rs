@@ -120,22 +120,17 @@ pub struct ClientLimits {
     /// Most open connections from one client address; more are closed at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections_per_client: Option<u32>,
-    /// Milliseconds a request head may take to arrive (408 and close beyond).
+    /// Milliseconds a request head may take from its first byte (the connection is closed
+    /// beyond).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_header_timeout_ms: Option<u64>,
-    /// Milliseconds a connection may stay without a request before it is closed.
+    /// Milliseconds a connection may wait for a request (HTTP/1: its first byte; HTTP/2: a
+    /// stream) before it is closed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_ms: Option<u64>,
     /// Milliseconds a request body may take from its start (408 beyond).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_body_timeout_ms: Option<u64>,
-    /// Milliseconds a whole request may take, head to the answer's last byte (504 before
-    /// the answer starts, the stream cut after).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_timeout_ms: Option<u64>,
-    /// Most open streams of an HTTP/2 connection.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http2_max_concurrent_streams: Option<u32>,
 }
 
 impl ClientLimits {
@@ -162,10 +157,6 @@ impl ClientLimits {
             request_body_timeout_ms: self
                 .request_body_timeout_ms
                 .or(below.request_body_timeout_ms),
-            request_timeout_ms: self.request_timeout_ms.or(below.request_timeout_ms),
-            http2_max_concurrent_streams: self
-                .http2_max_concurrent_streams
-                .or(below.http2_max_concurrent_streams),
         }
     }
 }

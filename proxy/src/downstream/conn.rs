@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
+use crate::limits::Limits;
+
 /// What a connection knows about itself.
 #[derive(Debug)]
 pub(crate) struct ConnCtx {
@@ -22,6 +24,8 @@ pub(crate) struct ConnCtx {
     pub peer_value: HeaderValue,
     /// The TLS server name the client sent (HTTPS only).
     pub sni: Option<Arc<str>>,
+    /// This connection's limits: the proxy's, with its port's ClientPolicy overrides.
+    pub limits: Limits,
     /// Leaf DER of the client certificate, only when the port's CAs verified it (for X.509
     /// authentication).
     pub peer_cert: Option<Arc<[u8]>>,

@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::inflight::{HeldBody, InFlight};
+use crate::downstream::per_client;
 use crate::downstream::proxy_protocol::{self, Header};
 use crate::lifecycle::service;
 use crate::limits::Limits;
@@ -117,6 +118,7 @@ async fn accept_loop(
                     scheme: "http",
                     peer_value: crate::lifecycle::forward::peer_value(peer.ip()),
                     sni: None,
+                    limits: shared.limits,
                     peer_cert: None,
                 };
                 tokio::spawn(serve_connection(shared.clone(), stream, conn, stop.clone()));
@@ -141,25 +143,35 @@ async fn serve_connection(
     let (port, proxy_protocol) = {
         let snapshot = shared.snapshot.load();
         let s = snapshot.as_deref();
+        let client = s.and_then(|s| s.client(conn.table_port));
+        if let Some(c) = client {
+            conn.limits = shared.limits.with(&c.limits);
+        }
         (
             s.and_then(|s| s.ports.get(&conn.table_port).cloned()),
-            s.and_then(|s| s.client(conn.table_port))
-                .and_then(|c| c.proxy_protocol),
+            client.and_then(|c| c.proxy_protocol),
         )
     };
     match (port, proxy_protocol) {
         // The port left the table between accept and now.
         (None, _) => {}
-        (Some(port), None) => dispatch(&shared, stream, conn, port, stop).await,
+        (Some(port), None) => {
+            if let Some(_slot) = admit(&shared, &conn) {
+                dispatch(&shared, stream, conn, port, stop).await;
+            }
+        }
         (Some(port), Some(pp)) => {
-            match proxy_protocol::read_header(&mut stream, pp.required, PROXY_HEADER_TIMEOUT).await
-            {
+            let timeout = conn.limits.header_read_timeout.min(PROXY_HEADER_TIMEOUT);
+            match proxy_protocol::read_header(&mut stream, pp.required, timeout).await {
                 Ok((header, rest)) => {
                     if let Some(Header::Proxied { source, .. }) = header {
                         // An IPv4 client written as IPv6 is the IPv4 client.
                         conn.peer = SocketAddr::new(source.ip().to_canonical(), source.port());
                         conn.peer_value = crate::lifecycle::forward::peer_value(conn.peer.ip());
                     }
+                    let Some(_slot) = admit(&shared, &conn) else {
+                        return done(&shared);
+                    };
                     if rest.is_empty() {
                         dispatch(&shared, stream, conn, port, stop).await;
                     } else {
@@ -175,8 +187,32 @@ async fn serve_connection(
             }
         }
     }
+    done(&shared);
+}
+
+/// A connection ends.
+fn done(shared: &Shared) {
     if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
         shared.idle.notify_waiters();
+    }
+}
+
+/// Counts the connection against its client's share of the port, when the port limits it;
+/// `None` refuses it (the caller closes it unanswered).
+fn admit(shared: &Arc<Shared>, conn: &ConnCtx) -> Option<Option<per_client::Slot>> {
+    let Some(max) = conn.limits.max_connections_per_client else {
+        return Some(None);
+    };
+    match shared
+        .per_client
+        .enter(conn.table_port, conn.peer.ip(), max)
+    {
+        Some(slot) => Some(Some(slot)),
+        None => {
+            shared.metrics.connection_refused("per_client_limit");
+            tracing::debug!(peer = %conn.peer, port = conn.table_port, max, "too many connections from one client");
+            None
+        }
     }
 }
 
@@ -229,7 +265,8 @@ pub(crate) async fn serve<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let svc_shared = shared.clone();
-    let inflight = InFlight::new(shared.limits.max_upstream_requests_per_connection);
+    let inflight = InFlight::new(conn.limits.max_upstream_requests_per_connection);
+    let idle_timeout = conn.limits.http2_idle_timeout;
     let svc_inflight = inflight.clone();
     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let (shared, conn, inflight) = (svc_shared.clone(), conn.clone(), svc_inflight.clone());
@@ -249,7 +286,6 @@ pub(crate) async fn serve<I>(
     // check and the timer's state tell whether they fired.
     let probe = stop.clone();
     let mut stopped = std::pin::pin!(stop.changed());
-    let idle_timeout = shared.limits.http2_idle_timeout;
     let mut idle = std::pin::pin!(tokio::time::sleep(idle_timeout));
     let mut registered: Option<Waker> = None;
     let ended = std::future::poll_fn(|cx| {

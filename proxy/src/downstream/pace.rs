@@ -247,7 +247,11 @@ mod tests {
     fn an_http2_body_keeps_no_rate_and_its_deadline_ends_with_the_answer() {
         let limits = Limits {
             max_header_bytes: 0,
+            max_header_count: 0,
             max_body_bytes: 0,
+            header_read_timeout: S,
+            idle_timeout: S,
+            max_connections_per_client: None,
             stream_idle_timeout: S,
             request_body_idle_timeout: 60 * S,
             request_body_timeout: 300 * S,

@@ -41,6 +41,8 @@ pub(crate) struct Call<'a> {
     pub fault: Option<&'a Arc<BodyFault>>,
     /// How long and how slowly the client may send the request body.
     pub body_pace: BodyPace,
+    /// Most bytes of the request body (413 beyond): the connection's limit.
+    pub max_body_bytes: u64,
     pub backend_timeout: Option<Duration>,
     /// The route forwards request trailers (filtered).
     pub request_trailers: bool,
@@ -87,17 +89,11 @@ impl Call<'_> {
 
     /// Builds the upstream body and starts any mirrors (which need a buffered copy).
     async fn prepare_body(&self, body: ClientBody, parts: &Parts) -> Result<ProxyBody, Failure> {
-        let limits = self.shared.limits;
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {
             let metrics = self.shared.metrics.clone();
-            let body = LimitedBody::new(
-                body,
-                limits.max_body_bytes,
-                self.body_pace,
-                fault(),
-                metrics,
-            );
+            let body =
+                LimitedBody::new(body, self.max_body_bytes, self.body_pace, fault(), metrics);
             if self.request_trailers {
                 body.with_trailers(TrailerFilter::new(&parts.headers))
                     .boxed()

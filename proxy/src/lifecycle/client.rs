@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderValue};
 use tollgate_api::ObjectKey;
-use tollgate_api::client::{Cidr, ClientSettings, ForwardedFor, ProxyProtocol};
+use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor, ProxyProtocol};
 
 use crate::lifecycle::forward::X_FORWARDED_FOR;
 use crate::lifecycle::normalize::PathOptions;
@@ -39,6 +39,8 @@ pub(crate) struct PortClient {
     pub paths: PathOptions,
     /// Invalid ClientPolicies never valid: every request answers 500.
     pub closed_by: Vec<ObjectKey>,
+    /// Limits over the proxy's own.
+    pub limits: ClientLimits,
 }
 
 /// Why a port's settings cannot be served.
@@ -84,6 +86,7 @@ impl PortClient {
                 escaped_slashes: s.path.escaped_slashes,
             },
             closed_by: s.closed_by.clone(),
+            limits: s.limits,
         }))
     }
 

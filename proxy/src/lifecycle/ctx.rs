@@ -38,6 +38,7 @@ use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
 use crate::lifecycle::normalize::PathOptions;
 use crate::lifecycle::policy::ratelimit::Decision;
+use crate::limits::Limits;
 use crate::metrics::RouteMetrics;
 use crate::state::Shared;
 use crate::upgrade::OnUpgrade;
@@ -141,7 +142,7 @@ impl<'s> RequestCtx<'s> {
             .map(|a| (a, client::address_value(a)));
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
-        let mut verdict = check_limits(shared, &seen);
+        let mut verdict = check_limits(&conn.limits, req.headers().len(), &seen);
         if let Some(p) = port.filter(|p| !p.closed_by.is_empty()) {
             tracing::debug!(port = conn.table_port, closed_by = ?p.closed_by, "port closed by an invalid ClientPolicy");
             verdict = verdict.and(Err(StatusCode::INTERNAL_SERVER_ERROR));
@@ -307,8 +308,12 @@ impl<'s> RequestCtx<'s> {
 }
 
 /// Phase 1.
-fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusCode> {
-    if seen.bytes > shared.limits.max_header_bytes {
+fn check_limits(
+    limits: &Limits,
+    fields: usize,
+    seen: &forward::Seen<'_>,
+) -> Result<(), StatusCode> {
+    if seen.bytes > limits.max_header_bytes || fields > limits.max_header_count {
         return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
     if let Some(cl) = seen.content_length {
@@ -317,7 +322,7 @@ fn check_limits(shared: &Shared, seen: &forward::Seen<'_>) -> Result<(), StatusC
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .ok_or(StatusCode::BAD_REQUEST)?;
-        if len > shared.limits.max_body_bytes {
+        if len > limits.max_body_bytes {
             return Err(StatusCode::PAYLOAD_TOO_LARGE);
         }
     }

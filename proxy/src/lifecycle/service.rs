@@ -240,7 +240,7 @@ async fn proxy<'s>(
     let fault = (!body.is_end_stream()).then(|| Arc::new(BodyFault::default()));
     ctx.note_body_fault(fault.as_ref());
     // Read before the head sets the upstream's version: the bounds are the client's.
-    let body_pace = BodyPace::for_request(&shared.limits, parts.version);
+    let body_pace = BodyPace::for_request(&conn.limits, parts.version);
     // The request timeout runs from arrival, not from here.
     let deadline = route
         .timeouts
@@ -262,6 +262,7 @@ async fn proxy<'s>(
             mirrors: &ctx.plan.mirrors,
             fault: fault.as_ref(),
             body_pace,
+            max_body_bytes: conn.limits.max_body_bytes,
             backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
             request_trailers: route.request_trailers,
         };

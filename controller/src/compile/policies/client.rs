@@ -1,4 +1,5 @@
-//! ClientPolicy: per-port client settings (client address, path options) of each Gateway.
+//! ClientPolicy: per-port client settings (client address, path options, limits) of each
+//! Gateway.
 //!
 //! In: the ClientPolicies, their last valid versions, our accepted Gateways' listeners with
 //! their ports, and `now`. Out: [`ClientPolicies`]: the [`ClientSettings`] of every (Gateway,
@@ -20,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use tollgate_api::ObjectKey;
 use tollgate_api::client::{
-    Cidr, ClientSettings, EscapedSlashes, ForwardedFor, PathOptions, ProxyProtocol,
+    Cidr, ClientLimits, ClientSettings, EscapedSlashes, ForwardedFor, PathOptions, ProxyProtocol,
 };
 
 use super::last_valid::{self, State};
@@ -29,8 +30,9 @@ use crate::compile::CONTROLLER_NAME;
 use crate::compile::conditions::{ACCEPTED, Conds, Problem};
 use crate::compile::grants::GATEWAY_GROUP;
 use crate::compile::index::key_of;
+use crate::compile::rules::parse_duration_ms;
 use crate::crds::ClientPolicy;
-use crate::crds::client::{ClientPolicySpec, EscapedSlashesSpec};
+use crate::crds::client::{ClientPolicySpec, EscapedSlashesSpec, LimitsSpec};
 use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus, TargetRef};
 
 /// Kind name.
@@ -52,6 +54,7 @@ pub struct Fields {
     forwarded_for: Option<ForwardedFor>,
     merge_slashes: Option<bool>,
     escaped_slashes: Option<EscapedSlashes>,
+    limits: ClientLimits,
 }
 
 impl Fields {
@@ -65,6 +68,7 @@ impl Fields {
                 .or_else(|| below.forwarded_for.clone()),
             merge_slashes: self.merge_slashes.or(below.merge_slashes),
             escaped_slashes: self.escaped_slashes.or(below.escaped_slashes),
+            limits: self.limits.or(below.limits),
         }
     }
 
@@ -77,6 +81,7 @@ impl Fields {
                 merge_slashes: self.merge_slashes.unwrap_or(defaults.merge_slashes),
                 escaped_slashes: self.escaped_slashes.unwrap_or(defaults.escaped_slashes),
             },
+            limits: self.limits,
             ..ClientSettings::default()
         }
     }
@@ -143,6 +148,9 @@ fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
             });
         }
     }
+    if let Some(l) = &spec.limits {
+        f.limits = limits(l)?;
+    }
     if let Some(p) = &spec.path {
         f.merge_slashes = p.merge_slashes;
         f.escaped_slashes = p.escaped_slashes.map(|e| match e {
@@ -152,6 +160,43 @@ fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
         });
     }
     Ok(f)
+}
+
+/// Compiles `limits`, checking what the schema says (`tollgate run` reads no schema).
+fn limits(l: &LimitsSpec) -> Result<ClientLimits, Problem> {
+    let range = |field: &str, v: Option<u32>, min: u32, max: u32| match v {
+        Some(n) if !(min..=max).contains(&n) => Err(invalid(format!(
+            "limits.{field} must be {min} to {max}, not {n}"
+        ))),
+        _ => Ok(v),
+    };
+    let duration = |field: &str, v: &Option<String>| -> Result<Option<u64>, Problem> {
+        let Some(s) = v else { return Ok(None) };
+        match parse_duration_ms(s) {
+            Ok(Some(ms)) => Ok(Some(ms)),
+            Ok(None) => Err(invalid(format!("limits.{field} must be more than 0s"))),
+            Err(e) => Err(invalid(format!("limits.{field}: {s:?}: {e}"))),
+        }
+    };
+    Ok(ClientLimits {
+        max_request_headers_bytes: range(
+            "maxRequestHeadersBytes",
+            l.max_request_headers_bytes,
+            1024,
+            1_048_576,
+        )?,
+        max_request_headers: range("maxRequestHeaders", l.max_request_headers, 1, 100)?,
+        max_request_body_bytes: l.max_request_body_bytes,
+        max_connections_per_client: range(
+            "maxConnectionsPerClient",
+            l.max_connections_per_client,
+            1,
+            u32::MAX,
+        )?,
+        request_header_timeout_ms: duration("requestHeaderTimeout", &l.request_header_timeout)?,
+        idle_timeout_ms: duration("idleTimeout", &l.idle_timeout)?,
+        request_body_timeout_ms: duration("requestBodyTimeout", &l.request_body_timeout)?,
+    })
 }
 
 /// One policy after resolution.

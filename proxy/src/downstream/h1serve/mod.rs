@@ -58,8 +58,6 @@ use crate::lifecycle::service::{self, ProxyResponse};
 use crate::state::Shared;
 use crate::upgrade::{self, Pending, Upgraded};
 
-/// How long a client may take to send a request head.
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Least room for a head, whatever `max_header_bytes` says (hyper's least buffer).
 const MIN_HEAD_BUFFER: usize = 8192;
 /// Room for fields beyond the request's own: a Host the proxy may add upstream, and the
@@ -89,15 +87,15 @@ pub(crate) async fn serve<I: Io>(
     stop: watch::Receiver<bool>,
     h2c: bool,
 ) {
-    let max_head = shared.limits.max_header_bytes.max(MIN_HEAD_BUFFER);
+    let max_head = conn.limits.max_header_bytes.max(MIN_HEAD_BUFFER);
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut wbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut wait = Wait::new(stop);
+    let mut wait = Wait::new(stop, &conn.limits);
     // The preface is looked for only before the connection's first head.
     let mut first = h2c;
     loop {
         // A head: parsed from what is buffered (pipelined requests), else read.
-        wait.start_head();
+        wait.start_head(rbuf.is_empty());
         let head = loop {
             let parsed =
                 if first && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(H2_PREFACE.len())]) {
@@ -284,10 +282,14 @@ struct Wait {
     registered: bool,
     deadline: tokio::time::Instant,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Waiting for a head's first byte (the idle timeout runs), not for the rest of it.
+    idle: bool,
+    idle_timeout: Duration,
+    header_timeout: Duration,
 }
 
 impl Wait {
-    fn new(stop: watch::Receiver<bool>) -> Self {
+    fn new(stop: watch::Receiver<bool>, limits: &crate::limits::Limits) -> Self {
         let mut changed = stop.clone();
         Self {
             stop,
@@ -297,6 +299,9 @@ impl Wait {
             registered: false,
             deadline: tokio::time::Instant::now(),
             sleep: None,
+            idle: false,
+            idle_timeout: limits.idle_timeout,
+            header_timeout: limits.header_read_timeout,
         }
     }
 
@@ -309,9 +314,16 @@ impl Wait {
         self.stop
     }
 
-    /// A new head begins: its header read timeout runs from now.
-    fn start_head(&mut self) {
-        self.deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    /// A new head is awaited: the idle timeout runs from now while none of it is here
+    /// (`idle`), else the header read timeout.
+    fn start_head(&mut self, idle: bool) {
+        self.idle = idle;
+        let timeout = if idle {
+            self.idle_timeout
+        } else {
+            self.header_timeout
+        };
+        self.deadline = tokio::time::Instant::now() + timeout;
     }
 
     /// Reads more of a head into `buf`; false when the connection is done (closed by the
@@ -323,7 +335,13 @@ impl Wait {
             }
             make_room(buf);
             match pin!(io.read_buf(buf)).poll(cx) {
-                Poll::Ready(Ok(n)) => return Poll::Ready(n > 0),
+                Poll::Ready(Ok(n)) => {
+                    if n > 0 && self.idle {
+                        // The head's first bytes: it has the header read timeout from now.
+                        self.start_head(false);
+                    }
+                    return Poll::Ready(n > 0);
+                }
                 Poll::Ready(Err(e)) => {
                     tracing::debug!(error = %e, "reading a request head failed");
                     return Poll::Ready(false);
