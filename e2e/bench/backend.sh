@@ -1,15 +1,17 @@
 # e2e/bench/backend.sh — sourced by the benchmark scripts: the backend every proxy under test
 # forwards to, one nginx worker answering "ok" on loopback.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2016 # single-quoted $names are nginx's variables
 
 # backend_conf DIR [PORT...]: writes DIR/backend.conf (pid in DIR) for an nginx that answers
 # 200 "ok\n" on each 127.0.0.1:PORT (default 19080), with an X-Port header when there are
-# several (so a test can tell which endpoint answered).
+# several (so a test can tell which endpoint answered). With BACKEND_XFF_ECHO=1 it also answers
+# /xff with the X-Forwarded-For it received (what a proxy under test sent as the client).
 backend_conf() {
-  local dir=$1 port listens="" header=""
+  local dir=$1 port listens="" header="" echo=""
   shift
   for port in "${@:-19080}"; do listens+="    listen 127.0.0.1:$port;"$'\n'; done
   [[ $# -gt 1 ]] && header='add_header X-Port $server_port; '
+  [[ ${BACKEND_XFF_ECHO:-0} = 1 ]] && echo='location = /xff { return 200 "$http_x_forwarded_for\n"; }'$'\n    '
 
   cat >"$dir/backend.conf" <<CONF
 worker_processes 1;
@@ -22,7 +24,7 @@ http {
   client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
   uwsgi_temp_path /tmp; scgi_temp_path /tmp;
   server {
-${listens}    location / { ${header}return 200 "ok\n"; }
+${listens}    ${echo}location / { ${header}return 200 "ok\n"; }
   }
 }
 CONF

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Writes the manifests of the policy benchmark: one Gateway and route per variant, each on its
 own port, so every variant runs in its own tollgate-proxy (policies.sh measures each beside the
-bare route).
+bare route); with `client`, those of the client-address benchmark (client.sh).
 
-Usage: gen-policies.py DIR
+Usage: gen-policies.py DIR [policies | client [PROXY_VERSION]]
 
-Variants (port):
+Variants of `policies` (port):
   bare      18090  the route alone
   rl        18091  a local RateLimitPolicy, one counter per client address, never exceeded
   apikey    18092  an AuthPolicy with an API key (custom header) plus the same local limit
@@ -19,7 +19,23 @@ DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the heade
 generator sends, tab-separated). Every variant gets the same request, API key and token
 included, so the bare route parses and forwards the same bytes and the ratios measure the
 policies alone. The backend is 127.0.0.1:19080. The token is signed here with the standard
-library.
+library. Prints the variants.
+
+`client` writes four proxies, DIR/proxies/<proxy>/manifests/bench.yaml (port):
+  bare            18290  the route alone, no ClientPolicy
+  xff             18291  a ClientPolicy on the Gateway: xForwardedFor {numTrustedHops: 1}
+  proxy-protocol  18292  a ClientPolicy on the Gateway: proxyProtocol {required: true}
+  twin            18293  the bare route again (the control)
+DIR/proxies.tsv (proxy, port), DIR/haproxy.cfg, an L4 relay (HAProxy, mode tcp) on 18390,
+18392 and 18393 in front of bare, proxy-protocol and twin, sending a PROXY header (v1,
+`send-proxy`; PROXY_VERSION 2: v2, `send-proxy-v2`) to proxy-protocol only, and
+DIR/targets.tsv, what the load generator loads: target, proxy, port, the target loaded beside
+it (- for none), then the headers, tab-separated. Every target sends X-Forwarded-For:
+203.0.113.7, 198.51.100.9 (so the bare route parses the same bytes as xff, whose client is
+198.51.100.9); the -close ones also Connection: close (a new connection per request). Prints
+the variants measured beside the bare route: xff (beside bare), proxy-protocol and
+proxy-protocol-close (beside the bare route through the same relay, bare-relay and
+bare-relay-close), and the controls twin and twin-relay.
 """
 import base64
 import hashlib
@@ -29,7 +45,6 @@ import os
 import sys
 import time
 
-out = sys.argv[1]
 SECRET = b"tollgate-bench-hs256-secret-0123456789"
 API_KEY = "bench-api-key-0123456789"
 PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094,
@@ -134,20 +149,97 @@ spec:
           jwks: '{jwks}'
 """
 
-variants = {
-    "bare": "",
-    "rl": RL,
-    "apikey": RL + APIKEY,
-    "jwt": RL + JWT,
-    "cached": RL,
-    "twin": "",
+def policies(out):
+    variants = {
+        "bare": "",
+        "rl": RL,
+        "apikey": RL + APIKEY,
+        "jwt": RL + JWT,
+        "cached": RL,
+        "twin": "",
+    }
+    headers = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
+    for name, extra in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(base(name, PORTS[name]) + extra)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(PORTS[name])] + headers) + "\n")
+    print(" ".join(variants))
+
+
+def client_policy(client_ip):
+    return f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{name: bench-client, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: bench}}]
+  clientIP: {client_ip}
+"""
+
+
+CLIENT_PROXIES = {  # proxy: (port, relay port or None, ClientPolicy)
+    "bare": (18290, 18390, ""),
+    "xff": (18291, None, client_policy("{xForwardedFor: {numTrustedHops: 1}}")),
+    "proxy-protocol": (18292, 18392, client_policy("{proxyProtocol: {required: true}}")),
+    "twin": (18293, 18393, ""),
 }
-HEADERS = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
-for name, extra in variants.items():
-    d = os.path.join(out, name)
-    os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
-    with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
-        f.write(base(name, PORTS[name]) + extra)
-    with open(os.path.join(d, "request"), "w") as f:
-        f.write("\t".join([str(PORTS[name])] + HEADERS) + "\n")
-print(" ".join(variants))
+XFF = "X-Forwarded-For: 203.0.113.7, 198.51.100.9"
+CLOSE = "Connection: close"
+
+
+def client(out, pp_version):
+    relay = [
+        "global",
+        "  nbthread 1",
+        "  maxconn 4000",
+        "defaults",
+        "  mode tcp",
+        "  maxconn 4000",
+        "  timeout connect 5s",
+        "  timeout client 60s",
+        "  timeout server 60s",
+    ]
+    send = {"1": " send-proxy", "2": " send-proxy-v2"}[pp_version]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "proxies.tsv"), "w") as f:
+        for name, (port, relay_port, extra) in CLIENT_PROXIES.items():
+            d = os.path.join(out, "proxies", name, "manifests")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "bench.yaml"), "w") as m:
+                m.write(base(name, port) + extra)
+            f.write(f"{name}\t{port}\n")
+            if relay_port:
+                relay += [f"frontend {name}", f"  bind 127.0.0.1:{relay_port}",
+                          f"  default_backend {name}", f"backend {name}",
+                          f"  server {name} 127.0.0.1:{port}"
+                          + (send if name == "proxy-protocol" else "")]
+    with open(os.path.join(out, "haproxy.cfg"), "w") as f:
+        f.write("\n".join(relay) + "\n")
+    relayed = {name: r for name, (_, r, _) in CLIENT_PROXIES.items()}
+    direct = {name: p for name, (p, _, _) in CLIENT_PROXIES.items()}
+    targets = [  # target, proxy, port, partner, headers
+        ("bare", "bare", direct["bare"], "-", [XFF]),
+        ("xff", "xff", direct["xff"], "bare", [XFF]),
+        ("twin", "twin", direct["twin"], "bare", [XFF]),
+        ("bare-relay", "bare", relayed["bare"], "-", [XFF]),
+        ("proxy-protocol", "proxy-protocol", relayed["proxy-protocol"], "bare-relay", [XFF]),
+        ("twin-relay", "twin", relayed["twin"], "bare-relay", [XFF]),
+        ("bare-relay-close", "bare", relayed["bare"], "-", [XFF, CLOSE]),
+        ("proxy-protocol-close", "proxy-protocol", relayed["proxy-protocol"], "bare-relay-close",
+         [XFF, CLOSE]),
+    ]
+    with open(os.path.join(out, "targets.tsv"), "w") as f:
+        for t, proxy, port, partner, headers in targets:
+            f.write("\t".join([t, proxy, str(port), partner] + headers) + "\n")
+    print("xff proxy-protocol proxy-protocol-close twin twin-relay")
+
+
+if __name__ == "__main__":
+    which = sys.argv[2] if len(sys.argv) > 2 else "policies"
+    if which == "client":
+        client(sys.argv[1], sys.argv[3] if len(sys.argv) > 3 else "1")
+    else:
+        policies(sys.argv[1])
