@@ -240,7 +240,7 @@ fn a_policy_never_valid_closes_the_ports_it_targets() {
 }
 
 #[test]
-fn an_httproute_target_is_invalid() {
+fn on_an_httproute_only_the_body_limit_applies() {
     let out = compiled(&[policy(
         "route",
         "2026-01-01T00:00:00Z",
@@ -249,7 +249,125 @@ fn an_httproute_target_is_invalid() {
     )]);
     let c = conds(&out, "route");
     assert_cond(c, "Accepted", "False", "Invalid");
-    assert!(cond(c, "Accepted").message.contains("targets Gateways"));
+    assert!(
+        cond(c, "Accepted")
+            .message
+            .contains("on an HTTPRoute only limits.maxRequestBodyBytes applies"),
+        "{}",
+        cond(c, "Accepted").message
+    );
+    let other = compiled(&[policy(
+        "grpc",
+        "2026-01-01T00:00:00Z",
+        "{group: gateway.networking.k8s.io, kind: GRPCRoute, name: r}",
+        "  limits: {maxRequestBodyBytes: 5}",
+    )]);
+    assert_cond(conds(&other, "grpc"), "Accepted", "False", "Invalid");
+}
+
+/// An HTTPRoute `r` on `edge` with a rule `upload` (/upload) and an unnamed one (/).
+const ROUTE: &str = r#"
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: infra}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: infra}
+spec:
+  parentRefs: [{name: edge}]
+  rules:
+  - name: upload
+    matches: [{path: {type: PathPrefix, value: /upload}}]
+    backendRefs: [{name: echo, port: 80}]
+  - backendRefs: [{name: echo, port: 80}]
+"#;
+
+fn body_limits(out: &Output) -> Vec<(String, Option<u64>)> {
+    let mut v: Vec<(String, Option<u64>)> = table(out, "infra", "edge")
+        .ports
+        .iter()
+        .flat_map(|p| &p.listeners)
+        .flat_map(|l| &l.virtual_hosts)
+        .flat_map(|h| h.routes.iter())
+        .map(|r| {
+            (
+                format!("{}#{}", r.route.name, r.rule_index),
+                r.max_request_body_bytes,
+            )
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn a_body_limit_on_an_httproute_or_one_rule_reaches_its_routes() {
+    let route = "{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}";
+    let rule = "{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r, sectionName: upload}";
+    let out = run(
+        &[],
+        &format!(
+            "{GATEWAY}{ROUTE}{}{}",
+            policy(
+                "whole",
+                "2026-01-01T00:00:00Z",
+                route,
+                "  limits: {maxRequestBodyBytes: 1000}"
+            ),
+            policy(
+                "uploads",
+                "2026-01-02T00:00:00Z",
+                rule,
+                "  limits: {maxRequestBodyBytes: 50000000}"
+            ),
+        ),
+    );
+    assert_cond(conds(&out, "whole"), "Accepted", "True", "Accepted");
+    assert_cond(conds(&out, "whole"), "Enforced", "True", "Enforced");
+    assert_cond(conds(&out, "uploads"), "Accepted", "True", "Accepted");
+    assert_eq!(
+        body_limits(&out),
+        vec![("r#0".into(), Some(50_000_000)), ("r#1".into(), Some(1000))],
+        "the rule's limit wins over the route's"
+    );
+    let st = &out.client_policies[&ObjectKey::new("infra", "uploads")];
+    assert_eq!(st.ancestors[0].ancestor_ref.name, "edge");
+    assert!(settings(&out, 80).is_default(), "ports are untouched");
+    assert_cond(
+        &out.http_routes[&ObjectKey::new("infra", "r")].parents[0].conditions,
+        "tollgate.dev/ClientPolicyAffected",
+        "True",
+        "Accepted",
+    );
+}
+
+#[test]
+fn a_route_policy_never_valid_sets_nothing_and_closes_nothing() {
+    let route = "{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}";
+    let out = run(
+        &[],
+        &format!(
+            "{GATEWAY}{ROUTE}{}",
+            policy(
+                "broken",
+                "2026-01-01T00:00:00Z",
+                route,
+                "  limits: {maxRequestBodyBytes: 1000, idleTimeout: 5s}"
+            ),
+        ),
+    );
+    let c = conds(&out, "broken");
+    assert_cond(c, "Accepted", "False", "Invalid");
+    assert!(cond(c, "Accepted").message.contains("enforces nothing"));
+    assert_eq!(
+        body_limits(&out),
+        vec![("r#0".into(), None), ("r#1".into(), None)]
+    );
+    assert!(settings(&out, 80).closed_by.is_empty());
 }
 
 #[test]

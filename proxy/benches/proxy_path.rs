@@ -59,6 +59,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         timeouts: Timeouts::default(),
         policy: None,
         request_trailers: false,
+        max_request_body_bytes: None,
     };
     RouteTable {
         version: 1,

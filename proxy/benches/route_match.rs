@@ -38,6 +38,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         timeouts: Timeouts::default(),
         policy: None,
         request_trailers: false,
+        max_request_body_bytes: None,
     }
 }
 

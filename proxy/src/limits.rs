@@ -24,6 +24,8 @@ pub(crate) struct Limits {
     pub idle_timeout: Duration,
     /// Most open connections from one client address on a port; `None`: no limit.
     pub max_connections_per_client: Option<u32>,
+    /// From a request's arrival to its answer's head (504 beyond); `None`: only routes'.
+    pub request_timeout: Option<Duration>,
     pub stream_idle_timeout: Duration,
     pub request_body_idle_timeout: Duration,
     pub request_body_timeout: Duration,
@@ -62,6 +64,12 @@ impl Limits {
         }
         if let Some(v) = c.request_body_timeout_ms {
             self.request_body_timeout = ms(v);
+        }
+        if let Some(v) = c.request_timeout_ms {
+            self.request_timeout = Some(ms(v));
+        }
+        if let Some(v) = c.http2_max_concurrent_streams {
+            self.http2_max_concurrent_streams = v;
         }
         self
     }

@@ -161,6 +161,7 @@ impl Proxy {
             header_read_timeout: crate::limits::HEADER_READ_TIMEOUT,
             idle_timeout: crate::limits::HEADER_READ_TIMEOUT,
             max_connections_per_client: None,
+            request_timeout: None,
             stream_idle_timeout: opts.stream_idle_timeout,
             request_body_idle_timeout: opts.request_body_idle_timeout,
             request_body_timeout: opts.request_body_timeout,

@@ -1,7 +1,8 @@
 //! ClientPolicy limits on the wire (`ports[].client.limits` of the table): head size and
-//! field count (431), body size (413, declared or streamed), connections per client address
-//! (closed unanswered beyond, counted), and the header, idle and body deadlines of a port,
-//! set short here. Limits of a port leave other ports at the proxy's own.
+//! field count (431), body size (413, declared or streamed; a route's own limit replacing
+//! the port's), connections per client address (closed unanswered beyond, counted), the
+//! header, idle, body and request deadlines of a port (set short here), and the HTTP/2
+//! stream cap it announces. Limits of a port leave other ports at the proxy's own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::raw_h1::{ask, read_answer};
+use common::raw_h2::{PREFACE, SETTINGS, frame, read_frame};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -237,4 +239,97 @@ async fn a_body_slower_than_the_ports_body_timeout_is_408() {
         .unwrap();
     let answer = String::from_utf8_lossy(&closed(&mut s).await).into_owned();
     assert_eq!(status(&answer), "408", "{answer}");
+}
+
+#[tokio::test]
+async fn a_routes_body_limit_replaces_the_ports() {
+    let b = echo_backend("b").await;
+    let proxy = Proxy::new(ProxyOptions::default());
+    let mut upload = route("upload", "/upload", vec![wb("b", 1)]);
+    upload.max_request_body_bytes = Some(100);
+    let mut tight = route("tight", "/tight", vec![wb("b", 1)]);
+    tight.max_request_body_bytes = Some(4);
+    let mut port = http_port(0, vec![upload, tight, route("api", "/", vec![wb("b", 1)])]);
+    port.client = ClientSettings {
+        limits: ClientLimits {
+            max_request_body_bytes: Some(10),
+            ..ClientLimits::default()
+        },
+        ..ClientSettings::default()
+    };
+    proxy
+        .apply(table(1, vec![port], vec![("b", backend_of(&[&b]))]))
+        .await
+        .unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    let body = "x".repeat(50);
+    let post =
+        |path: &str| format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 50\r\n\r\n{body}");
+    assert_eq!(
+        status(&ask_on(addr, post("/upload").as_bytes()).await),
+        "200"
+    );
+    assert_eq!(status(&ask_on(addr, post("/").as_bytes()).await), "413");
+    let five = "POST /tight HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n12345";
+    assert_eq!(status(&ask_on(addr, five.as_bytes()).await), "413");
+    // Streamed (chunked): the route's limit holds too.
+    let chunked = format!(
+        "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n32\r\n{body}\r\n32\r\n{body}\r\n32\r\n{body}\r\n0\r\n\r\n"
+    );
+    assert_eq!(status(&ask_on(addr, chunked.as_bytes()).await), "413");
+}
+
+#[tokio::test]
+async fn a_request_slower_than_the_ports_request_timeout_is_504() {
+    let slow = slow_backend("slow", 3_000).await;
+    let proxy = Proxy::new(ProxyOptions::default());
+    let mut port = http_port(0, vec![route("api", "/", vec![wb("b", 1)])]);
+    port.client = ClientSettings {
+        limits: ClientLimits {
+            request_timeout_ms: Some(200),
+            ..ClientLimits::default()
+        },
+        ..ClientSettings::default()
+    };
+    proxy
+        .apply(table(1, vec![port], vec![("b", backend_of(&[&slow]))]))
+        .await
+        .unwrap();
+    let addr = proxy.local_addr(0).unwrap();
+    assert_eq!(
+        status(&ask_on(addr, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await),
+        "504"
+    );
+}
+
+/// The HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS a port announces.
+async fn announced_streams(addr: SocketAddr) -> Option<u32> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    let settings = loop {
+        let (kind, flags, _, payload) = read_frame(&mut s).await.expect("no SETTINGS");
+        if kind == SETTINGS && flags & 1 == 0 {
+            break payload;
+        }
+    };
+    settings
+        .chunks(6)
+        .find(|c| c[..2] == [0, 3])
+        .map(|c| u32::from_be_bytes([c[2], c[3], c[4], c[5]]))
+}
+
+#[tokio::test]
+async fn a_port_announces_its_own_http2_stream_cap() {
+    let (_b, _p, limited, plain, _) = proxy(ClientLimits {
+        http2_max_concurrent_streams: Some(7),
+        ..ClientLimits::default()
+    })
+    .await;
+    assert_eq!(announced_streams(limited).await, Some(7));
+    assert_eq!(
+        announced_streams(plain).await,
+        Some(100),
+        "the proxy's default"
+    );
 }

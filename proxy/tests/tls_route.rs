@@ -128,6 +128,7 @@ fn route(name: &str, backend: &str) -> Route {
         timeouts: Timeouts::default(),
         policy: None,
         request_trailers: false,
+        max_request_body_bytes: None,
     }
 }
 

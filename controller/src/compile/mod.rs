@@ -254,13 +254,20 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     } else {
         policies::Policies::default()
     };
-    let mut tables = table::build_tables(&gateways, &routes, &policies, cache.as_deref_mut());
     let mut client = policies::client::compile_client_policies(
         &inputs.client_policies,
         &inputs.last_valid.client_policies,
         &client_gateways(&gateways),
+        &client_routes(&gateways, &routes),
         &existing_targets(inputs),
         now,
+    );
+    let mut tables = table::build_tables(
+        &gateways,
+        &routes,
+        &policies,
+        &client.routes,
+        cache.as_deref_mut(),
     );
     for ((gw, port), settings) in std::mem::take(&mut client.ports) {
         if let Some(p) = tables
@@ -276,6 +283,13 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         policies
             .affecting_gateways
             .entry(gw)
+            .or_default()
+            .extend(by);
+    }
+    for ((route, gw), by) in std::mem::take(&mut client.affecting_routes) {
+        policies
+            .affecting_routes
+            .entry((RouteKind::Http.as_str(), route, gw))
             .or_default()
             .extend(by);
     }
@@ -406,6 +420,36 @@ fn client_gateways(
                 .iter()
                 .filter_map(|l| Some((l.spec.name.clone(), l.port?)))
                 .collect(),
+        })
+        .collect()
+}
+
+/// ClientPolicy attachment view of the served HTTPRoutes.
+fn client_routes(
+    gateways: &[listeners::GatewayModel<'_>],
+    routes: &routes::Routes<'_>,
+) -> Vec<policies::client::ClientRoute> {
+    routes
+        .routes
+        .iter()
+        .filter(|r| r.kind == RouteKind::Http)
+        .filter_map(|r| {
+            let rules = r.compiled.rules.as_ref().ok()?;
+            let mut gws: Vec<ObjectKey> = r
+                .attachments
+                .iter()
+                .map(|a| gateways[a.gateway].key.clone())
+                .collect();
+            gws.sort();
+            gws.dedup();
+            Some(policies::client::ClientRoute {
+                key: r.key.clone(),
+                rules: rules
+                    .iter()
+                    .map(|rule| (rule.index, rule.name.clone()))
+                    .collect(),
+                gateways: gws,
+            })
         })
         .collect()
 }

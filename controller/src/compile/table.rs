@@ -34,9 +34,11 @@ pub fn build_tables(
     gateways: &[GatewayModel<'_>],
     routes: &Routes<'_>,
     policies: &Policies,
+    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
     cache: Option<&mut CompileCache>,
 ) -> BTreeMap<ObjectKey, RouteTable> {
-    let no_policy = policies.effective.is_empty() && policies.closed.is_empty();
+    let no_policy =
+        policies.effective.is_empty() && policies.closed.is_empty() && body_limits.is_empty();
     let mut cache = cache.filter(|_| no_policy);
     // (gateway, listener) -> [(route index, attachment index)]
     let mut by_listener: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
@@ -91,7 +93,14 @@ pub fn build_tables(
             let memo = cache
                 .as_deref_mut()
                 .map(|c| (c, &gw.key, l.spec.name.as_str()));
-            let virtual_hosts = virtual_hosts(routes, attached, &mut used, &mut policy_for, memo);
+            let virtual_hosts = virtual_hosts(
+                routes,
+                attached,
+                &mut used,
+                &mut policy_for,
+                body_limits,
+                memo,
+            );
             ports
                 .entry(port)
                 .or_insert_with(|| PortConfig {
@@ -157,6 +166,7 @@ fn virtual_hosts<'r>(
     attached: &[(usize, usize)],
     used: &mut LookupSet<&'r str>,
     policy_for: &mut dyn FnMut(RouteKind, &ObjectKey, u32) -> Option<String>,
+    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
     mut memo: Option<(&mut CompileCache, &ObjectKey, &str)>,
 ) -> Vec<VirtualHost> {
     // Per route: the policy key of each rule (the same through every attachment); per host,
@@ -195,7 +205,7 @@ fn virtual_hosts<'r>(
     let mut out: Vec<VirtualHost> = hosts
         .into_iter()
         .map(|(hostname, attached)| {
-            let build = || host_routes(routes, &attached, &rule_policies);
+            let build = || host_routes(routes, &attached, &rule_policies, body_limits);
             let routes = match memo.as_mut() {
                 Some((cache, gateway, listener)) => {
                     let stamps = attached.iter().map(|&ri| routes.routes[ri].stamp).collect();
@@ -219,6 +229,7 @@ fn host_routes(
     routes: &Routes<'_>,
     attached: &[usize],
     rule_policies: &BTreeMap<usize, Vec<Option<String>>>,
+    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
 ) -> Vec<Route> {
     let mut entries: Vec<(Precedence, Route)> = Vec::new();
     for &ri in attached {
@@ -231,6 +242,10 @@ fn host_routes(
         let policies = rule_policies.get(&ri);
         for (k, rule) in rules.iter().enumerate() {
             let policy = policies.and_then(|p| p.get(k).cloned().flatten());
+            // Only HTTPRoutes take a ClientPolicy's body limit (and only when there is one).
+            let max_request_body_bytes = (!body_limits.is_empty() && r.kind == RouteKind::Http)
+                .then(|| body_limits.get(&(r.key.clone(), rule.index)).copied())
+                .flatten();
             let matches = rule.matches.iter().zip(&rule.specificity);
             for (mi, (m, specificity)) in matches.enumerate() {
                 let (ns, name) = (&r.key.namespace, &r.key.name);
@@ -245,6 +260,7 @@ fn host_routes(
                     timeouts: rule.timeouts.clone(),
                     policy: policy.clone(),
                     request_trailers,
+                    max_request_body_bytes,
                 };
                 entries.push((key, entry));
             }

@@ -4,7 +4,8 @@
 //!
 //! Attachment: a Gateway, or one listener (`sectionName`). These act per port (a port's
 //! listeners share one socket), so the listeners of one port must end up with the same
-//! settings; a listener policy that would split a port is `Conflicted`.
+//! settings; a listener policy that would split a port is `Conflicted`. An HTTPRoute (or one
+//! rule) may be targeted for `limits.maxRequestBodyBytes` alone.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -29,8 +30,9 @@ use super::common::{PolicyStatus, TargetRef};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClientPolicySpec {
-    /// What the policy attaches to: Gateways, or listeners of them by `sectionName` (1 to
-    /// 16 targets).
+    /// What the policy attaches to: Gateways, or listeners of them by `sectionName`; or
+    /// HTTPRoutes, or rules of them by `sectionName`, for `limits.maxRequestBodyBytes` only
+    /// (1 to 16 targets).
     #[schemars(length(min = 1, max = 16))]
     pub target_refs: Vec<TargetRef>,
     /// Where the client address comes from. Unset: the connection's peer.
@@ -75,6 +77,15 @@ pub struct LimitsSpec {
     /// How long a request body may take from its start (default 300s): 408 beyond.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_body_timeout: Option<String>,
+    /// How long from a request's arrival to its answer's head (no default): 504 beyond. A
+    /// route's own `timeouts.request` applies too, the shorter first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<String>,
+    /// Most open streams of an HTTP/2 connection, 1 to 10000 (default 100); more are
+    /// refused (REFUSED_STREAM, which clients retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub http2_max_concurrent_streams: Option<u32>,
 }
 
 /// The client address: used by CEL `source.address`, rate-limit counters, the

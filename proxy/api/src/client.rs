@@ -131,6 +131,13 @@ pub struct ClientLimits {
     /// Milliseconds a request body may take from its start (408 beyond).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_body_timeout_ms: Option<u64>,
+    /// Milliseconds from a request's arrival to its answer's head (504 beyond); a route's
+    /// own `timeouts.request` applies too, the shorter first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout_ms: Option<u64>,
+    /// Most open streams of an HTTP/2 connection (more are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http2_max_concurrent_streams: Option<u32>,
 }
 
 impl ClientLimits {
@@ -157,6 +164,10 @@ impl ClientLimits {
             request_body_timeout_ms: self
                 .request_body_timeout_ms
                 .or(below.request_body_timeout_ms),
+            request_timeout_ms: self.request_timeout_ms.or(below.request_timeout_ms),
+            http2_max_concurrent_streams: self
+                .http2_max_concurrent_streams
+                .or(below.http2_max_concurrent_streams),
         }
     }
 }

@@ -234,6 +234,10 @@ pub struct Route {
     /// or GRPCRoute annotation `tollgate.dev/request-trailers: forward` sets it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub request_trailers: bool,
+    /// Most bytes of a request body on this rule (413 beyond), from a ClientPolicy on its
+    /// HTTPRoute; `None`: the port's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body_bytes: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -597,6 +601,7 @@ mod tests {
             timeouts: Timeouts::default(),
             policy: None,
             request_trailers: false,
+            max_request_body_bytes: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();
@@ -605,6 +610,7 @@ mod tests {
         assert!(!json.contains("requestTrailers"), "{json}");
         let forwarding = Route {
             request_trailers: true,
+            max_request_body_bytes: None,
             ..r.clone()
         };
         let json = serde_json::to_string(&forwarding).unwrap();

@@ -265,8 +265,9 @@ pub(crate) async fn serve<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let svc_shared = shared.clone();
-    let inflight = InFlight::new(conn.limits.max_upstream_requests_per_connection);
-    let idle_timeout = conn.limits.http2_idle_timeout;
+    let conn_limits = conn.limits;
+    let inflight = InFlight::new(conn_limits.max_upstream_requests_per_connection);
+    let idle_timeout = conn_limits.http2_idle_timeout;
     let svc_inflight = inflight.clone();
     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let (shared, conn, inflight) = (svc_shared.clone(), conn.clone(), svc_inflight.clone());
@@ -277,7 +278,18 @@ pub(crate) async fn serve<I>(
             Ok::<_, Infallible>(resp.map(|body| HeldBody::new(body, held)))
         }
     });
-    let c = shared.server.serve_connection(io, svc);
+    // A port whose ClientPolicy changes the HTTP/2 settings gets a server of its own.
+    let own;
+    let server = if conn_limits.http2_max_concurrent_streams
+        == shared.limits.http2_max_concurrent_streams
+        && conn_limits.max_header_bytes == shared.limits.max_header_bytes
+    {
+        &shared.server
+    } else {
+        own = server_builder(&conn_limits);
+        &own
+    };
+    let c = server.serve_connection(io, svc);
     tokio::pin!(c);
     // The connection until it ends, the listener stops or it stays idle. Not `select!`: that
     // polled the stop signal's waiter (a lock in `Notify`) on every wake-up of the

@@ -252,6 +252,7 @@ mod tests {
             header_read_timeout: S,
             idle_timeout: S,
             max_connections_per_client: None,
+            request_timeout: None,
             stream_idle_timeout: S,
             request_body_idle_timeout: 60 * S,
             request_body_timeout: 300 * S,

@@ -61,6 +61,9 @@ pub(crate) struct RequestCtx<'s> {
     pub host: HeaderValue,
     /// Phases 0 and 1: `Err` answers the request before routing.
     pub verdict: Result<(), StatusCode>,
+    /// The body length the client declared (`Content-Length`), checked against the route's
+    /// or the port's limit once the route is known.
+    pub declared_len: Option<u64>,
     /// `Origin`, for CORS decoration of the answer.
     pub origin: Option<HeaderValue>,
     /// A gRPC call: the gateway's own error answers go out as gRPC statuses.
@@ -142,7 +145,11 @@ impl<'s> RequestCtx<'s> {
             .map(|a| (a, client::address_value(a)));
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
-        let mut verdict = check_limits(&conn.limits, req.headers().len(), &seen);
+        let (mut verdict, declared_len) =
+            match check_limits(&conn.limits, req.headers().len(), &seen) {
+                Ok(len) => (Ok(()), len),
+                Err(code) => (Err(code), None),
+            };
         if let Some(p) = port.filter(|p| !p.closed_by.is_empty()) {
             tracing::debug!(port = conn.table_port, closed_by = ?p.closed_by, "port closed by an invalid ClientPolicy");
             verdict = verdict.and(Err(StatusCode::INTERNAL_SERVER_ERROR));
@@ -183,6 +190,7 @@ impl<'s> RequestCtx<'s> {
             client,
             host,
             verdict,
+            declared_len,
             origin,
             grpc,
             client_upgrade,
@@ -312,21 +320,18 @@ fn check_limits(
     limits: &Limits,
     fields: usize,
     seen: &forward::Seen<'_>,
-) -> Result<(), StatusCode> {
+) -> Result<Option<u64>, StatusCode> {
     if seen.bytes > limits.max_header_bytes || fields > limits.max_header_count {
         return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
-    if let Some(cl) = seen.content_length {
-        let len: u64 = cl
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or(StatusCode::BAD_REQUEST)?;
-        if len > limits.max_body_bytes {
-            return Err(StatusCode::PAYLOAD_TOO_LARGE);
-        }
-    }
-    Ok(())
+    seen.content_length
+        .map(|cl| {
+            cl.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or(StatusCode::BAD_REQUEST)
+        })
+        .transpose()
 }
 
 impl OnComplete for Completion {

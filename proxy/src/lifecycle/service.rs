@@ -5,8 +5,9 @@
 //! 0. `intake::front_door` (in `RequestCtx::arrive`): one normalized authority and path (module `normalize`), or 400
 //!    for an ambiguous request (several Hosts, HTTP/1.1 without Host, a bad port or path);
 //!    the client's hop-by-hop fields and field names with `_` removed (`forward::strip_client`).
-//! 1. `check_limits` (in `RequestCtx::arrive`): header block over `max_header_bytes` → 431, declared body over
-//!    `max_body_bytes` → 413.
+//! 1. `check_limits` (in `RequestCtx::arrive`): header block over `max_header_bytes` or
+//!    fields over `max_header_count` → 431; once the route is known, a declared body over
+//!    its limit (a ClientPolicy on its HTTPRoute) or the port's `max_body_bytes` → 413.
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
 //!    the route's policies (module `policy::enforce`): authentication (X.509 with the
 //!    connection's verified client certificate) → 401, authorization → 403, rate limit →
@@ -157,6 +158,14 @@ async fn proxy<'s>(
     let route = &hit.route.api;
     ctx.done.route = Some(hit.route.label.clone());
     ctx.done.metrics = hit.route.metrics.clone();
+    // A declared body over the route's limit (a ClientPolicy on its HTTPRoute) or else the
+    // port's is refused before anything else reads it.
+    let max_body_bytes = route
+        .max_request_body_bytes
+        .unwrap_or(conn.limits.max_body_bytes);
+    if ctx.declared_len.is_some_and(|n| n > max_body_bytes) {
+        return close_after(status(StatusCode::PAYLOAD_TOO_LARGE));
+    }
 
     // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
     // preflight the route answers itself (browsers send those without credentials).
@@ -241,11 +250,16 @@ async fn proxy<'s>(
     ctx.note_body_fault(fault.as_ref());
     // Read before the head sets the upstream's version: the bounds are the client's.
     let body_pace = BodyPace::for_request(&conn.limits, parts.version);
-    // The request timeout runs from arrival, not from here.
-    let deadline = route
-        .timeouts
-        .request_ms
-        .map(|ms| tokio::time::Instant::from_std(ctx.done.start) + Duration::from_millis(ms));
+    // The request timeout runs from arrival, not from here: the route's or the port's,
+    // the shorter.
+    let timeout = match (
+        route.timeouts.request_ms.map(Duration::from_millis),
+        conn.limits.request_timeout,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
     let result = {
         let ctx = &*ctx;
         let pq = ctx.plan.path_and_query.as_deref().unwrap_or(target);
@@ -262,7 +276,7 @@ async fn proxy<'s>(
             mirrors: &ctx.plan.mirrors,
             fault: fault.as_ref(),
             body_pace,
-            max_body_bytes: conn.limits.max_body_bytes,
+            max_body_bytes,
             backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
             request_trailers: route.request_trailers,
         };

@@ -231,6 +231,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         timeouts: Timeouts::default(),
         policy: None,
         request_trailers: false,
+        max_request_body_bytes: None,
     }
 }
 

@@ -12,6 +12,10 @@
 //! end up with the same ones: a listener policy that would split a port loses that target
 //! (`Conflicted`, naming the port and its other listeners) and the port keeps the Gateway's.
 //!
+//! An HTTPRoute (or one named rule) may be targeted with `limits.maxRequestBodyBytes` alone:
+//! its rules get that limit in the table (the rule's policy over the route's), replacing
+//! the port's.
+//!
 //! Fail closed: the client address feeds authorization (`source.address`), so a policy that
 //! becomes invalid keeps its last valid version, and one never valid closes the ports of its
 //! targets (every request answers 500) instead of serving them with the balancer's address.
@@ -37,6 +41,12 @@ use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus, Targe
 
 /// Kind name.
 const KIND: &str = "ClientPolicy";
+/// Target kinds.
+const GATEWAY: &str = "Gateway";
+const HTTPROUTE: &str = "HTTPRoute";
+
+/// A target: kind, object, listener or rule name.
+type Target = (&'static str, ObjectKey, Option<String>);
 
 /// A Gateway a ClientPolicy may target: its served listeners as (name, port).
 #[derive(Debug, Clone)]
@@ -45,6 +55,17 @@ pub struct ClientGateway {
     pub key: ObjectKey,
     /// Listeners with a port: (name, port).
     pub listeners: Vec<(String, u16)>,
+}
+
+/// An HTTPRoute a ClientPolicy may target (for `limits.maxRequestBodyBytes`), as served.
+#[derive(Debug, Clone)]
+pub struct ClientRoute {
+    /// The HTTPRoute.
+    pub key: ObjectKey,
+    /// Its rules: index and optional name.
+    pub rules: Vec<(u32, Option<String>)>,
+    /// The Gateways it is served by.
+    pub gateways: Vec<ObjectKey>,
 }
 
 /// What one policy sets; `None` leaves the field to the policy below (or the default).
@@ -92,6 +113,10 @@ impl Fields {
 pub struct ClientPolicies {
     /// Settings per (Gateway, port), for ports some policy reaches.
     pub ports: BTreeMap<(ObjectKey, u16), ClientSettings>,
+    /// Request body limits per (HTTPRoute, rule index), from policies on HTTPRoutes.
+    pub routes: BTreeMap<(ObjectKey, u32), u64>,
+    /// Policies affecting each HTTPRoute on each Gateway.
+    pub affecting_routes: BTreeMap<(ObjectKey, ObjectKey), BTreeSet<PolicyRef>>,
     /// Status of every ClientPolicy.
     pub status: BTreeMap<ObjectKey, PolicyStatus>,
     /// Policies affecting each Gateway.
@@ -103,13 +128,28 @@ pub struct ClientPolicies {
 /// Compiles one version of a policy's spec.
 fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
     for t in &spec.target_refs {
-        if t.group != GATEWAY_GROUP || t.kind != "Gateway" {
+        if t.group != GATEWAY_GROUP || !matches!(t.kind.as_str(), "Gateway" | "HTTPRoute") {
             return Err(invalid(format!(
-                "targetRef {} {}: a ClientPolicy targets Gateways (group {GATEWAY_GROUP}), \
-                 or one listener of one by sectionName",
+                "targetRef {} {}: a ClientPolicy targets Gateways (group {GATEWAY_GROUP}) or \
+                 one listener of one by sectionName, or HTTPRoutes (or one rule) for \
+                 limits.maxRequestBodyBytes",
                 t.kind, t.name
             )));
         }
+    }
+    let body_only = spec.client_ip.is_none()
+        && spec.path.is_none()
+        && spec.limits.as_ref().is_none_or(|l| {
+            *l == LimitsSpec {
+                max_request_body_bytes: l.max_request_body_bytes,
+                ..LimitsSpec::default()
+            }
+        });
+    if !body_only && spec.target_refs.iter().any(|t| t.kind == "HTTPRoute") {
+        return Err(invalid(
+            "on an HTTPRoute only limits.maxRequestBodyBytes applies: put the other settings \
+             in a ClientPolicy on the Gateway",
+        ));
     }
     let mut f = Fields::default();
     if let Some(ip) = &spec.client_ip {
@@ -196,6 +236,13 @@ fn limits(l: &LimitsSpec) -> Result<ClientLimits, Problem> {
         request_header_timeout_ms: duration("requestHeaderTimeout", &l.request_header_timeout)?,
         idle_timeout_ms: duration("idleTimeout", &l.idle_timeout)?,
         request_body_timeout_ms: duration("requestBodyTimeout", &l.request_body_timeout)?,
+        request_timeout_ms: duration("requestTimeout", &l.request_timeout)?,
+        http2_max_concurrent_streams: range(
+            "http2MaxConcurrentStreams",
+            l.http2_max_concurrent_streams,
+            1,
+            10_000,
+        )?,
     })
 }
 
@@ -206,8 +253,8 @@ struct Item {
     state: State<Fields>,
     /// The targetRefs of the version in effect.
     refs: Vec<TargetRef>,
-    /// Targets held: (Gateway, listener or None).
-    held: Vec<(ObjectKey, Option<String>)>,
+    /// Targets held: (kind, Gateway or HTTPRoute, listener or rule name).
+    held: Vec<Target>,
     /// Targets not found, described.
     missing: Vec<String>,
     /// Targets that exist but are not ours.
@@ -224,6 +271,7 @@ pub fn compile_client_policies(
     policies: &[ClientPolicy],
     last: &BTreeMap<ObjectKey, ClientPolicy>,
     gateways: &[ClientGateway],
+    routes: &[ClientRoute],
     existing: &BTreeSet<(&str, ObjectKey)>,
     now: &Time,
 ) -> ClientPolicies {
@@ -232,7 +280,10 @@ pub fn compile_client_policies(
         .iter()
         .map(|p| {
             let key = key_of(&p.metadata);
-            let (state, refs, keep) = last_valid::resolve(p, last.get(&key), true, |v| {
+            // What a policy never valid closes: the ports of its Gateway targets. One only on
+            // HTTPRoutes sets a body limit, and enforces nothing (as a rate limit).
+            let closes = p.spec.target_refs.iter().any(|t| t.kind == "Gateway");
+            let (state, refs, keep) = last_valid::resolve(p, last.get(&key), closes, |v| {
                 fields(&v.spec).map(|entries| Contribution {
                     overrides: false,
                     strategy: Default::default(),
@@ -261,53 +312,109 @@ pub fn compile_client_policies(
         (a.meta.creation_timestamp.as_ref().map(|t| t.0), &a.key)
             .cmp(&(b.meta.creation_timestamp.as_ref().map(|t| t.0), &b.key))
     });
-    let mut holder: BTreeMap<(ObjectKey, Option<String>), usize> = BTreeMap::new();
+    let mut holder: BTreeMap<Target, usize> = BTreeMap::new();
     for (i, item) in items.iter_mut().enumerate() {
+        // A policy that enforces nothing holds no target (a valid one may have it).
+        if !item.state.holds_targets() {
+            continue;
+        }
         for t in &item.refs {
-            let target = (
-                ObjectKey::new(item.key.namespace.as_str(), t.name.as_str()),
-                t.section_name.clone(),
-            );
+            let key = ObjectKey::new(item.key.namespace.as_str(), t.name.as_str());
             let d = describe(t);
-            if t.group != GATEWAY_GROUP || t.kind != "Gateway" {
-                item.missing.push(d);
-                continue;
-            }
-            let gw = gateways.iter().find(|g| g.key == target.0);
-            let found = gw.is_some_and(|g| {
-                target
-                    .1
-                    .as_ref()
-                    .is_none_or(|s| g.listeners.iter().any(|(n, _)| n == s))
-            });
+            let (kind, found, served_by) = match (t.group == GATEWAY_GROUP, t.kind.as_str()) {
+                (true, "Gateway") => {
+                    let gw = gateways.iter().find(|g| g.key == key);
+                    let found = gw.is_some_and(|g| {
+                        t.section_name
+                            .as_ref()
+                            .is_none_or(|s| g.listeners.iter().any(|(n, _)| n == s))
+                    });
+                    (GATEWAY, found, vec![key.clone()])
+                }
+                (true, "HTTPRoute") => {
+                    let r = routes.iter().find(|r| r.key == key);
+                    let found = r.is_some_and(|r| {
+                        t.section_name.as_ref().is_none_or(|s| {
+                            r.rules
+                                .iter()
+                                .any(|(_, n)| n.as_deref() == Some(s.as_str()))
+                        })
+                    });
+                    (
+                        HTTPROUTE,
+                        found,
+                        r.map(|r| r.gateways.clone()).unwrap_or_default(),
+                    )
+                }
+                _ => {
+                    item.missing.push(d);
+                    continue;
+                }
+            };
             if !found {
-                if gw.is_none() && existing.contains(&("Gateway", target.0.clone())) {
+                let ours = if kind == GATEWAY {
+                    gateways.iter().any(|g| g.key == key)
+                } else {
+                    routes.iter().any(|r| r.key == key)
+                };
+                if !ours && existing.contains(&(kind, key.clone())) {
                     item.foreign += 1;
                 } else {
                     item.missing.push(d);
                 }
                 continue;
             }
+            let target = (kind, key, t.section_name.clone());
             match holder.get(&target) {
                 Some(&h) if h != i => item.lost.push(format!("{d} already has {KIND} (older)")),
                 Some(_) => {}
                 None => {
                     holder.insert(target.clone(), i);
-                    item.reached.insert(target.0.clone());
+                    item.reached.extend(served_by);
                     item.held.push(target);
                 }
             }
         }
     }
+    for r in routes {
+        let route_holder = holder.get(&(HTTPROUTE, r.key.clone(), None)).copied();
+        for (index, name) in &r.rules {
+            let rule_holder = name
+                .as_ref()
+                .and_then(|n| holder.get(&(HTTPROUTE, r.key.clone(), Some(n.clone()))))
+                .copied();
+            let limit = |h: Option<usize>| {
+                h.and_then(|i| items[i].state.contribution())
+                    .and_then(|c| c.entries.limits.max_request_body_bytes)
+            };
+            let (source, value) = match (limit(rule_holder), limit(route_holder)) {
+                (Some(v), _) => (rule_holder, v),
+                (None, Some(v)) => (route_holder, v),
+                (None, None) => continue,
+            };
+            out.routes.insert((r.key.clone(), *index), value);
+            if let Some(i) = source {
+                for gw in &r.gateways {
+                    items[i].enforced_on.insert(gw.clone());
+                    out.affecting_routes
+                        .entry((r.key.clone(), gw.clone()))
+                        .or_default()
+                        .insert((KIND, items[i].key.clone()));
+                }
+            }
+        }
+    }
     for gw in gateways {
-        let gw_holder = holder.get(&(gw.key.clone(), None)).copied();
+        let gw_holder = holder.get(&(GATEWAY, gw.key.clone(), None)).copied();
         let gw_fields = gw_holder
             .and_then(|i| items[i].state.contribution())
             .map(|c| c.entries.clone())
             .unwrap_or_default();
         let mut by_port: BTreeMap<u16, Vec<(&str, Option<usize>)>> = BTreeMap::new();
         for (name, port) in &gw.listeners {
-            let h = holder.get(&(gw.key.clone(), Some(name.clone()))).copied();
+            let h = holder
+                .get(&(GATEWAY, gw.key.clone(), Some(name.clone())))
+                .copied();
             by_port.entry(*port).or_default().push((name.as_str(), h));
         }
         for (port, listeners) in by_port {
@@ -327,7 +434,9 @@ pub fn compile_client_policies(
                 let names: Vec<&str> = listeners.iter().map(|(n, _)| *n).collect();
                 for (name, h) in &listeners {
                     if let Some(i) = h {
-                        items[*i].held.retain(|t| t.1.as_deref() != Some(*name));
+                        items[*i].held.retain(|t| {
+                            !(t.0 == GATEWAY && t.1 == gw.key && t.2.as_deref() == Some(*name))
+                        });
                         items[*i].lost.push(format!(
                             "Gateway {} (section {name}): port {port} is shared by \
                              listeners {} whose settings would differ; a port has one \
@@ -395,7 +504,7 @@ fn status(item: &Item, now: &Time) -> Option<PolicyStatus> {
             ACCEPTED,
             reason::TARGET_NOT_FOUND,
             format!(
-                "no target is a Gateway (or listener) served by {CONTROLLER_NAME}: {}",
+                "no target is a Gateway, listener or HTTPRoute served by {CONTROLLER_NAME}: {}",
                 item.missing.join(", ")
             ),
         ),

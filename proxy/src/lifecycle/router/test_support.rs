@@ -23,6 +23,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         timeouts: Timeouts::default(),
         policy: None,
         request_trailers: false,
+        max_request_body_bytes: None,
     }
 }
 
