@@ -12,7 +12,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use tollgate_api::ObjectKey;
 use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor, ProxyProtocol};
 
@@ -146,14 +146,10 @@ fn parse_entry(e: &[u8]) -> Option<SocketAddr> {
     Some(SocketAddr::V4(a))
 }
 
-/// The address as `X-Forwarded-For` and `source.address` carry it.
-pub(crate) fn address_value(a: SocketAddr) -> HeaderValue {
-    crate::lifecycle::forward::peer_value(a.ip())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn port(fwd: ForwardedFor) -> PortClient {
         let s = ClientSettings {

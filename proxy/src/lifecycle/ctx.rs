@@ -32,7 +32,7 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::Cut;
 use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
 use crate::lifecycle::call::response_filters;
-use crate::lifecycle::client::{self, PortClient};
+use crate::lifecycle::client::PortClient;
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
@@ -53,9 +53,9 @@ pub(crate) struct RequestCtx<'s> {
     pub shared: &'s Arc<Shared>,
     pub conn: &'s ConnCtx,
     /// The client's address when trusted `X-Forwarded-For` entries name one other than the
-    /// peer (ClientPolicy), with its text: what policies, rate-limit counters and the access
-    /// log use ([`RequestCtx::source`]).
-    client: Option<(SocketAddr, HeaderValue)>,
+    /// peer (ClientPolicy): what policies, rate-limit counters and the access log use
+    /// ([`RequestCtx::source`]).
+    client: Option<SocketAddr>,
     /// The normalized authority, `host[:port]` (module `intake`); empty when the client named
     /// no host (HTTP/1.0).
     pub host: HeaderValue,
@@ -140,9 +140,7 @@ impl<'s> RequestCtx<'s> {
         let paths = port.map_or_else(PathOptions::default, |p| p.paths);
         let front = intake::front_door(&seen, req.uri(), req.version(), paths);
         // Read before `strip_client`, which leaves the forwarding fields to phase 5.
-        let client = port
-            .and_then(|p| p.client_address(conn.peer, req.headers()))
-            .map(|a| (a, client::address_value(a)));
+        let client = port.and_then(|p| p.client_address(conn.peer, req.headers()));
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
         let (mut verdict, declared_len) =
@@ -175,7 +173,7 @@ impl<'s> RequestCtx<'s> {
                 method: req.method().clone(),
                 uri: req.uri().clone(),
                 host: host.to_str().unwrap_or("").to_owned(),
-                peer: client.as_ref().map_or(conn.peer, |c| c.0),
+                peer: client.unwrap_or(conn.peer),
                 grpc,
                 grpc_status: None,
                 fault: None,
@@ -210,13 +208,14 @@ impl<'s> RequestCtx<'s> {
         }
     }
 
-    /// The client's address and its text (`source.address`): from trusted
-    /// `X-Forwarded-For` entries when the port's ClientPolicy says so, else the peer (the
-    /// PROXY protocol's source when the port reads one).
-    pub fn source(&self) -> (SocketAddr, &HeaderValue) {
-        match &self.client {
-            Some((a, v)) => (*a, v),
-            None => (self.conn.peer, &self.conn.peer_value),
+    /// The client's address (`source.address`), with its text when formatted already: from
+    /// trusted `X-Forwarded-For` entries when the port's ClientPolicy says so (the text then
+    /// made only if an expression reads it), else the peer (the PROXY protocol's source when
+    /// the port reads one).
+    pub fn source(&self) -> (SocketAddr, Option<&HeaderValue>) {
+        match self.client {
+            Some(a) => (a, None),
+            None => (self.conn.peer, Some(&self.conn.peer_value)),
         }
     }
 

@@ -183,7 +183,9 @@ async fn proxy<'s>(
             target,
             scheme: conn.scheme,
             peer,
-            peer_address: peer_value.to_str().ok().filter(|a| !a.is_empty()),
+            peer_address: peer_value
+                .and_then(|v| v.to_str().ok())
+                .filter(|a| !a.is_empty()),
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
