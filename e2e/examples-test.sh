@@ -187,7 +187,7 @@ out=$(curl -s --max-time 5 --cacert "$ROOT/examples/mtls/demo-ca.pem" --resolve 
 log "ok: mtls: no certificate, no answer"
 
 # --- client-ip -------------------------------------------------------------------------
-# The test plays the balancer the ClientPolicy trusts (one X-Forwarded-For hop). The 403
+# The test plays the balancer the ClientPolicy trusts (its network, 127.0.0.0/8, in X-Forwarded-For). The 403
 # waits for the AuthPolicy; then, until the ClientPolicy is served, the office address is
 # not the client, so the 200 waits for it.
 a=$(addr client-ip client-ip)

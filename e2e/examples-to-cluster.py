@@ -9,6 +9,10 @@ the README's "Running on Kubernetes" section tells users to, for e2e/examples-te
   the hand-written EndpointSlice) selects the demo backend pod, which is added: a Deployment
   running `tollgate demo-backend` on the port the EndpointSlices named;
 - the demo introspection endpoint http://127.0.0.1:9080 becomes that Service's DNS name;
+- a ClientPolicy's trusted networks (127.0.0.0/8: the loopback `tollgate run` examples are
+  called from) become the loopback cluster's balancer, the node agent, whose connections to
+  pods come from the bridge address (BALANCER below, e2e/full.sh's BRIDGE_IP), as the
+  README tells users to put their balancer's network there;
 - every namespaced object moves to --namespace.
 
 Usage:
@@ -25,6 +29,8 @@ import yaml
 
 DEMO_IMAGE = "ghcr.io/tollgate-dev/tollgate:examples"
 DEMO_LABELS = {"app": "tollgate-demo-backend"}
+# Where the loopback cluster's LoadBalancer (the node agent's forwarder) connects to pods from.
+BALANCER = "10.244.0.1/32"
 KSTATUS_GROUPS = ("gateway.networking.k8s.io/", "tollgate.dev/")
 
 
@@ -89,6 +95,13 @@ def to_cluster(docs: list, ns: str) -> str:
         d.setdefault("metadata", {})["namespace"] = ns
         if kind == "Gateway":
             d["spec"].pop("addresses", None)
+        if kind == "ClientPolicy":
+            for section in ("xForwardedFor", "proxyProtocol"):
+                trusted = d["spec"].get("clientIP", {}).get(section, {})
+                if "trustedCIDRs" in trusted:
+                    trusted["trustedCIDRs"] = [
+                        BALANCER if c == "127.0.0.0/8" else c for c in trusted["trustedCIDRs"]
+                    ]
         if kind == "Service" and not d.get("spec", {}).get("selector"):
             d["spec"]["selector"] = dict(DEMO_LABELS)
             selectorless = True

@@ -105,7 +105,10 @@ fn a_listener_policy_completes_the_gateway_policy_field_by_field() {
     let secure = settings(&out, 8443);
     assert_eq!(
         secure.proxy_protocol,
-        Some(ProxyProtocol { required: true })
+        Some(ProxyProtocol {
+            required: true,
+            trusted_cidrs: vec![]
+        })
     );
     assert_eq!(
         secure.forwarded_for,
@@ -143,7 +146,10 @@ fn the_same_settings_on_every_listener_of_a_port_are_accepted() {
     assert_cond(conds(&out, "b"), "Accepted", "True", "Accepted");
     assert_eq!(
         settings(&out, 80).proxy_protocol,
-        Some(ProxyProtocol { required: false })
+        Some(ProxyProtocol {
+            required: false,
+            trusted_cidrs: vec![]
+        })
     );
     assert!(settings(&out, 8443).is_default());
 }
@@ -494,4 +500,68 @@ fn limits_out_of_range_or_unparsable_are_invalid() {
         let m = &cond(c, "Accepted").message;
         assert!(m.contains(says), "{name}: {m}");
     }
+}
+
+#[test]
+fn a_never_valid_listener_policy_closes_its_port_even_when_another_splits_it() {
+    // `web` and `alt` share port 80: a valid policy on `alt` splits the port (Conflicted)
+    // while one on `web` was never valid. The port must not fall back to serving open.
+    let out = compiled(&[
+        policy(
+            "broken",
+            "2026-01-01T00:00:00Z",
+            &listener_ref("web"),
+            "  clientIP:\n    xForwardedFor: {trustedCIDRs: [10.0.0.0/33]}",
+        ),
+        policy(
+            "alt-only",
+            "2026-01-02T00:00:00Z",
+            &listener_ref("alt"),
+            "  clientIP:\n    xForwardedFor: {numTrustedHops: 1}",
+        ),
+    ]);
+    assert_cond(conds(&out, "alt-only"), "Accepted", "False", "Conflicted");
+    assert_eq!(
+        settings(&out, 80).closed_by,
+        vec![ObjectKey::new("infra", "broken")]
+    );
+}
+
+#[test]
+fn trusting_every_address_is_refused() {
+    for (name, body) in [
+        (
+            "xff-all",
+            "  clientIP:\n    xForwardedFor: {trustedCIDRs: [10.0.0.0/8, 0.0.0.0/0]}",
+        ),
+        (
+            "xff-all6",
+            "  clientIP:\n    xForwardedFor: {trustedCIDRs: [\"::/0\"]}",
+        ),
+        (
+            "pp-all",
+            "  clientIP:\n    proxyProtocol: {trustedCIDRs: [0.0.0.0/0]}",
+        ),
+    ] {
+        let out = compiled(&[policy(name, "2026-01-01T00:00:00Z", GW, body)]);
+        let c = conds(&out, name);
+        assert_cond(c, "Accepted", "False", "Invalid");
+        assert!(
+            cond(c, "Accepted").message.contains("trusts every address"),
+            "{name}"
+        );
+    }
+    let out = compiled(&[policy(
+        "pp",
+        "2026-01-01T00:00:00Z",
+        GW,
+        "  clientIP:\n    proxyProtocol: {trustedCIDRs: [10.0.0.0/8]}",
+    )]);
+    assert_eq!(
+        settings(&out, 80).proxy_protocol,
+        Some(ProxyProtocol {
+            required: true,
+            trusted_cidrs: vec!["10.0.0.0/8".into()]
+        })
+    );
 }

@@ -29,6 +29,9 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 pub(crate) struct Upgraded {
     read: Bytes,
     io: Box<dyn Io>,
+    /// The connection's place in its client's count (ClientPolicy
+    /// `maxConnectionsPerClient`), given back when the socket closes, wherever it went.
+    _slot: Option<crate::downstream::per_client::Slot>,
 }
 
 impl std::fmt::Debug for Upgraded {
@@ -44,6 +47,20 @@ impl Upgraded {
         Self {
             read,
             io: Box::new(io),
+            _slot: None,
+        }
+    }
+
+    /// [`Upgraded::new`], holding `slot` as long as the socket lives.
+    pub(crate) fn holding(
+        io: impl Io,
+        read: Bytes,
+        slot: crate::downstream::per_client::Slot,
+    ) -> Self {
+        Self {
+            read,
+            io: Box::new(io),
+            _slot: Some(slot),
         }
     }
 }

@@ -333,3 +333,54 @@ async fn a_port_announces_its_own_http2_stream_cap() {
         "the proxy's default"
     );
 }
+
+#[tokio::test]
+async fn a_head_begun_after_waiting_still_has_only_the_header_timeout() {
+    // The idle wait arms the connection's timer for the long idle deadline; the head that
+    // then begins must still be cut at the short header deadline.
+    let (_b, _p, limited, _plain, _) = proxy(ClientLimits {
+        request_header_timeout_ms: Some(200),
+        idle_timeout_ms: Some(60_000),
+        ..ClientLimits::default()
+    })
+    .await;
+    let mut s = TcpStream::connect(limited).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(b"G").await.unwrap();
+    assert!(
+        closed(&mut s).await.is_empty(),
+        "closed long before the idle deadline"
+    );
+}
+
+#[tokio::test]
+async fn an_upgraded_connection_keeps_its_place_in_the_count() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    let (_b, _p, limited, _plain, metrics) = proxy(ClientLimits {
+        max_connections_per_client: Some(2),
+        ..ClientLimits::default()
+    })
+    .await;
+    let mut sockets = Vec::new();
+    for _ in 0..2 {
+        let tcp = TcpStream::connect(limited).await.unwrap();
+        let (mut ws, resp) = tokio_tungstenite::client_async(format!("ws://{limited}/chat"), tcp)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("hi"))
+            .await
+            .unwrap();
+        assert!(ws.next().await.is_some());
+        sockets.push(ws);
+    }
+    // Two WebSockets open: a third connection is over the limit.
+    let mut third = TcpStream::connect(limited).await.unwrap();
+    let _ = third.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert!(closed(&mut third).await.is_empty());
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"tollgate_connections_refused_total{reason="per_client_limit"} 1"#)
+    );
+}

@@ -24,6 +24,14 @@ const GET: &[u8] = b"GET /api HTTP/1.1\r\nHost: a\r\n\r\n";
 /// A proxy whose port reads PROXY headers (`required` or not), routing `/api` to an echo
 /// backend under two requests a minute per `source.address`.
 async fn proxy(required: bool) -> (EchoBackend, Proxy, SocketAddr, Arc<Metrics>) {
+    proxy_trusting(required, vec![]).await
+}
+
+/// [`proxy`], taking the header only from peers in `trusted` (empty: any).
+async fn proxy_trusting(
+    required: bool,
+    trusted: Vec<String>,
+) -> (EchoBackend, Proxy, SocketAddr, Arc<Metrics>) {
     let b = echo_backend("b").await;
     let metrics = metrics();
     let proxy = Proxy::new(ProxyOptions {
@@ -34,7 +42,10 @@ async fn proxy(required: bool) -> (EchoBackend, Proxy, SocketAddr, Arc<Metrics>)
     r.policy = Some("p".into());
     let mut port = http_port(0, vec![r]);
     port.client = ClientSettings {
-        proxy_protocol: Some(ProxyProtocol { required }),
+        proxy_protocol: Some(ProxyProtocol {
+            required,
+            trusted_cidrs: trusted,
+        }),
         ..ClientSettings::default()
     };
     let mut t = table(1, vec![port], vec![("b", backend_of(&[&b]))]);
@@ -238,4 +249,37 @@ async fn a_local_header_keeps_the_connections_own_address() {
         assert_eq!(status(&head), "200", "{head}");
         assert_eq!(json(&body)["headers"]["x-forwarded-for"], "127.0.0.1");
     }
+}
+
+#[tokio::test]
+async fn only_trusted_peers_may_send_the_header() {
+    // The test's peer is 127.0.0.1: outside 10.0.0.0/8.
+    let (b, _p, addr, metrics) = proxy_trusting(true, vec!["10.0.0.0/8".into()]).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(&v1("10.1.2.3", 1)).await;
+    let _ = s.write_all(GET).await;
+    assert!(
+        closed_unanswered(s).await,
+        "a required header from an untrusted peer"
+    );
+    assert_eq!(b.hits(), 0);
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"tollgate_proxy_protocol_refused_total{reason="untrusted_peer"} 1"#),
+        "{}",
+        metrics.encode()
+    );
+    // Optional: an untrusted peer is served as it is, its header read as HTTP (400).
+    let (_b, _p2, addr, _) = proxy_trusting(false, vec!["10.0.0.0/8".into()]).await;
+    let (head, body) = ask_after(addr, b"").await;
+    assert_eq!(status(&head), "200", "{head}");
+    assert_eq!(json(&body)["headers"]["x-forwarded-for"], "127.0.0.1");
+    let (head, _) = ask_after(addr, &v1("10.1.2.3", 1)).await;
+    assert_eq!(status(&head), "400", "{head}");
+    // A trusted peer's header is read.
+    let (_b, _p3, addr, _) = proxy_trusting(true, vec!["127.0.0.0/8".into()]).await;
+    let (head, body) = ask_after(addr, &v1("10.1.2.3", 1)).await;
+    assert_eq!(status(&head), "200", "{head}");
+    assert_eq!(json(&body)["headers"]["x-forwarded-for"], "10.1.2.3");
 }

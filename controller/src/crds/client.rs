@@ -64,7 +64,7 @@ pub struct LimitsSpec {
     /// Most open connections from one client address on a port (after any PROXY header);
     /// more are closed unanswered. Unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub max_connections_per_client: Option<u32>,
     /// How long a request head may take from its first byte (default 30s): the connection
     /// is closed beyond (and a PROXY header must come within it too, at most 10s).
@@ -135,6 +135,16 @@ pub struct ProxyProtocolSpec {
     /// can send a header naming any address: use it only while moving a balancer over).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required: Option<bool>,
+    /// The balancers' networks: only a peer in them may send a header; any other peer is
+    /// closed unanswered when the header is required, and served with its own address when
+    /// it is not. Unset: any peer that reaches the port (NodePorts, other pods included).
+    #[serde(
+        rename = "trustedCIDRs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 64))]
+    pub trusted_cidrs: Option<Vec<String>>,
 }
 
 /// Path normalization options.

@@ -388,7 +388,8 @@ pub fn mtls() {
     }
 }
 
-/// examples/client-ip, as its README says: the last `X-Forwarded-For` entry is the client;
+/// examples/client-ip, as its README says: from the balancer's network, the last `X-Forwarded-For`
+/// entry outside it is the client;
 /// `/admin` only from the office networks; 5 requests a minute per client.
 pub fn client_ip() {
     let tg = run_example("client-ip");

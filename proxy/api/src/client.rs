@@ -40,12 +40,16 @@ impl ClientSettings {
 }
 
 /// PROXY protocol on a port.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyProtocol {
     /// A connection without the header is closed; `false` serves it with its own address.
     #[serde(default)]
     pub required: bool,
+    /// Peers that may send the header (networks, as [`Cidr`] parses them); empty: any.
+    /// Another peer is closed when the header is required, served as it is otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_cidrs: Vec<String>,
 }
 
 /// Which `X-Forwarded-For` entry is the client.
@@ -226,6 +230,11 @@ impl std::fmt::Display for Cidr {
 }
 
 impl Cidr {
+    /// The prefix length (0: every address of the family).
+    pub fn prefix_len(&self) -> u8 {
+        self.len
+    }
+
     /// True when `ip` is in the network. An IPv4 address written as IPv6 (`::ffff:a.b.c.d`,
     /// as dual-stack sockets report IPv4 peers) is the IPv4 address.
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {

@@ -40,10 +40,13 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::inflight::{HeldBody, InFlight};
 use crate::downstream::per_client;
 use crate::downstream::proxy_protocol::{self, Header};
+use crate::lifecycle::client::ProxyStep;
 use crate::lifecycle::service;
 use crate::limits::Limits;
 use crate::metrics::ClientTimeoutKind;
 use crate::state::{PortState, Shared};
+use crate::upgrade::Upgraded;
+use bytes::Bytes;
 
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -149,36 +152,31 @@ async fn serve_connection(
         }
         (
             s.and_then(|s| s.ports.get(&conn.table_port).cloned()),
-            client.and_then(|c| c.proxy_protocol),
+            client
+                .and_then(|c| c.proxy_protocol.as_ref())
+                .map(|pp| pp.step(conn.peer.ip())),
         )
     };
     match (port, proxy_protocol) {
         // The port left the table between accept and now.
         (None, _) => {}
-        (Some(port), None) => {
-            if let Some(_slot) = admit(&shared, &conn) {
-                dispatch(&shared, stream, conn, port, stop).await;
-            }
+        (Some(port), None | Some(ProxyStep::Skip)) => {
+            serve_socket(&shared, stream, Bytes::new(), conn, port, stop).await;
         }
-        (Some(port), Some(pp)) => {
+        (Some(_), Some(ProxyStep::Refuse)) => {
+            shared.metrics.proxy_protocol_refused("untrusted_peer");
+            tracing::debug!(peer = %conn.peer, port = conn.table_port, "PROXY protocol header required from a peer not in trustedCIDRs");
+        }
+        (Some(port), Some(ProxyStep::Read { required })) => {
             let timeout = conn.limits.header_read_timeout.min(PROXY_HEADER_TIMEOUT);
-            match proxy_protocol::read_header(&mut stream, pp.required, timeout).await {
+            match proxy_protocol::read_header(&mut stream, required, timeout).await {
                 Ok((header, rest)) => {
                     if let Some(Header::Proxied { source, .. }) = header {
                         // An IPv4 client written as IPv6 is the IPv4 client.
                         conn.peer = SocketAddr::new(source.ip().to_canonical(), source.port());
                         conn.peer_value = crate::lifecycle::forward::peer_value(conn.peer.ip());
                     }
-                    let Some(_slot) = admit(&shared, &conn) else {
-                        return done(&shared);
-                    };
-                    if rest.is_empty() {
-                        dispatch(&shared, stream, conn, port, stop).await;
-                    } else {
-                        // The bytes read past the header are read again first.
-                        let io = crate::upgrade::Upgraded::new(stream, rest);
-                        dispatch(&shared, io, conn, port, stop).await;
-                    }
+                    serve_socket(&shared, stream, rest, conn, port, stop).await;
                 }
                 Err(e) => {
                     shared.metrics.proxy_protocol_refused(e.reason());
@@ -188,6 +186,30 @@ async fn serve_connection(
         }
     }
     done(&shared);
+}
+
+/// Serves the socket once the client's address is known: counted against its share of the
+/// port when the port limits that (the count travels with the socket, into an upgrade too),
+/// with `rest`, bytes read already (past a PROXY header), read again first.
+async fn serve_socket(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    rest: Bytes,
+    conn: ConnCtx,
+    port: PortState,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(slot) = admit(shared, &conn) else {
+        return;
+    };
+    match slot {
+        Some(slot) => {
+            let io = Upgraded::holding(stream, rest, slot);
+            dispatch(shared, io, conn, port, stop).await;
+        }
+        None if rest.is_empty() => dispatch(shared, stream, conn, port, stop).await,
+        None => dispatch(shared, Upgraded::new(stream, rest), conn, port, stop).await,
+    }
 }
 
 /// A connection ends.

@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderMap;
 use tollgate_api::ObjectKey;
-use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor, ProxyProtocol};
+use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor};
 
 use crate::lifecycle::forward::X_FORWARDED_FOR;
 use crate::lifecycle::normalize::PathOptions;
@@ -32,7 +32,7 @@ pub(crate) enum Trust {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PortClient {
     /// PROXY protocol on the port's connections.
-    pub proxy_protocol: Option<ProxyProtocol>,
+    pub proxy_protocol: Option<ProxyTrust>,
     /// Trusted `X-Forwarded-For` hops.
     pub trust: Option<Trust>,
     /// Path normalization.
@@ -66,20 +66,17 @@ impl PortClient {
             Some(ForwardedFor::NumTrustedHops(n)) => {
                 Some(Trust::Hops(usize::try_from(*n).unwrap_or(usize::MAX)))
             }
-            Some(ForwardedFor::TrustedCidrs(list)) => Some(Trust::Cidrs(
-                list.iter()
-                    .map(|c| {
-                        c.parse().map_err(|source| ClientSettingsError {
-                            port,
-                            cidr: c.clone(),
-                            source,
-                        })
-                    })
-                    .collect::<Result<_, _>>()?,
-            )),
+            Some(ForwardedFor::TrustedCidrs(list)) => Some(Trust::Cidrs(cidrs(port, list)?)),
+        };
+        let proxy_protocol = match &s.proxy_protocol {
+            None => None,
+            Some(pp) => Some(ProxyTrust {
+                required: pp.required,
+                peers: cidrs(port, &pp.trusted_cidrs)?,
+            }),
         };
         Ok(Some(Self {
-            proxy_protocol: s.proxy_protocol,
+            proxy_protocol,
             trust,
             paths: PathOptions {
                 merge_slashes: s.path.merge_slashes,
@@ -124,6 +121,52 @@ impl PortClient {
         };
         found.filter(|a| *a != peer)
     }
+}
+
+/// PROXY protocol on a port: whether the header is required, and from which peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProxyTrust {
+    pub required: bool,
+    /// Peers that may send the header; empty: any.
+    pub peers: Vec<Cidr>,
+}
+
+/// What a connection from `peer` does about the PROXY header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProxyStep {
+    /// Read it (`required`: a connection without one is refused).
+    Read { required: bool },
+    /// A peer that may not send one, where one is required: refused.
+    Refuse,
+    /// A peer that may not send one, where it is optional: served as it is.
+    Skip,
+}
+
+impl ProxyTrust {
+    /// What a connection from `peer` does.
+    pub(crate) fn step(&self, peer: IpAddr) -> ProxyStep {
+        if self.peers.is_empty() || self.peers.iter().any(|c| c.contains(peer)) {
+            ProxyStep::Read {
+                required: self.required,
+            }
+        } else if self.required {
+            ProxyStep::Refuse
+        } else {
+            ProxyStep::Skip
+        }
+    }
+}
+
+fn cidrs(port: u16, list: &[String]) -> Result<Vec<Cidr>, ClientSettingsError> {
+    list.iter()
+        .map(|c| {
+            c.parse().map_err(|source| ClientSettingsError {
+                port,
+                cidr: c.clone(),
+                source,
+            })
+        })
+        .collect()
 }
 
 /// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, optionally with a port (`a.b.c.d:p`,

@@ -82,7 +82,10 @@ impl Fields {
     /// `self`'s fields, each it lacks taken from `below`.
     fn over(&self, below: &Self) -> Self {
         Self {
-            proxy_protocol: self.proxy_protocol.or(below.proxy_protocol),
+            proxy_protocol: self
+                .proxy_protocol
+                .clone()
+                .or_else(|| below.proxy_protocol.clone()),
             forwarded_for: self
                 .forwarded_for
                 .clone()
@@ -96,7 +99,7 @@ impl Fields {
     fn settings(&self) -> ClientSettings {
         let defaults = PathOptions::default();
         ClientSettings {
-            proxy_protocol: self.proxy_protocol,
+            proxy_protocol: self.proxy_protocol.clone(),
             forwarded_for: self.forwarded_for.clone(),
             path: PathOptions {
                 merge_slashes: self.merge_slashes.unwrap_or(defaults.merge_slashes),
@@ -154,8 +157,16 @@ fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
     let mut f = Fields::default();
     if let Some(ip) = &spec.client_ip {
         if let Some(pp) = &ip.proxy_protocol {
+            let trusted = pp.trusted_cidrs.clone().unwrap_or_default();
+            if pp.trusted_cidrs.is_some() && !(1..=64).contains(&trusted.len()) {
+                return Err(invalid(
+                    "clientIP.proxyProtocol.trustedCIDRs must list 1 to 64 networks",
+                ));
+            }
+            networks("clientIP.proxyProtocol.trustedCIDRs", &trusted)?;
             f.proxy_protocol = Some(ProxyProtocol {
                 required: pp.required.unwrap_or(true),
+                trusted_cidrs: trusted,
             });
         }
         if let Some(x) = &ip.x_forwarded_for {
@@ -167,11 +178,7 @@ fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
                     )));
                 }
                 (None, Some(cidrs)) if !cidrs.is_empty() && cidrs.len() <= 64 => {
-                    for c in cidrs {
-                        c.parse::<Cidr>().map_err(|e| {
-                            invalid(format!("clientIP.xForwardedFor.trustedCIDRs: {e}"))
-                        })?;
-                    }
+                    networks("clientIP.xForwardedFor.trustedCIDRs", cidrs)?;
                     ForwardedFor::TrustedCidrs(cidrs.clone())
                 }
                 (None, Some(_)) => {
@@ -200,6 +207,21 @@ fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
         });
     }
     Ok(f)
+}
+
+/// Checks a list of trusted networks: each parses, and none is every address (`/0` would
+/// let any client name its own address).
+fn networks(field: &str, cidrs: &[String]) -> Result<(), Problem> {
+    for c in cidrs {
+        let n: Cidr = c.parse().map_err(|e| invalid(format!("{field}: {e}")))?;
+        if n.prefix_len() == 0 {
+            return Err(invalid(format!(
+                "{field}: {c:?} trusts every address, so any client could name its own; \
+                 list the proxies' networks"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Compiles `limits`, checking what the schema says (`tollgate run` reads no schema).
@@ -450,11 +472,15 @@ pub fn compile_client_policies(
             } else {
                 sources.extend(listeners.iter().filter_map(|(_, h)| *h));
             }
-            let closed_by: Vec<ObjectKey> = sources
-                .iter()
-                .filter(|&&i| matches!(items[i].state, State::Closed(_)))
-                .map(|&i| items[i].key.clone())
+            // Every never-valid policy holding the Gateway or a listener of this port closes
+            // it, split or not: what it would set is unknown.
+            let closers: BTreeSet<usize> = gw_holder
+                .into_iter()
+                .chain(listeners.iter().filter_map(|(_, h)| *h))
+                .filter(|&i| matches!(items[i].state, State::Closed(_)))
                 .collect();
+            let closed_by: Vec<ObjectKey> = closers.iter().map(|&i| items[i].key.clone()).collect();
+            sources.extend(closers);
             if sources.is_empty() {
                 continue;
             }

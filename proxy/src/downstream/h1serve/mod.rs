@@ -275,7 +275,8 @@ async fn refuse<I: Io>(io: &mut I, code: StatusCode) {
 }
 
 /// The connection's waits for request heads: the header read timeout on one tokio sleep per
-/// connection (re-armed only when it fires before the current deadline), and the listener's stop signal, polled once per waker.
+/// connection (re-armed when it fires before the current deadline, or when the deadline moves
+/// earlier than it is armed for), and the listener's stop signal, polled once per waker.
 struct Wait {
     stop: watch::Receiver<bool>,
     stopped: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -371,6 +372,11 @@ impl Wait {
         let sleep = self
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() > deadline {
+            // Armed for a later deadline (the idle one, and now a head has begun with a
+            // shorter header timeout): it must fire at this one.
+            sleep.as_mut().reset(deadline);
+        }
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
                 return false;
