@@ -240,3 +240,37 @@ async fn escaped_slashes_rejected_or_unescaped_as_the_port_says() {
         StatusCode::NOT_FOUND
     );
 }
+
+#[tokio::test]
+async fn slashes_kept_apart_when_the_port_does_not_merge_them() {
+    let app = echo_backend("app").await;
+    let routes = || {
+        vec![
+            guarded("admin", "/admin", "p"),
+            route("site", "/", vec![wb("app", 1)]),
+        ]
+    };
+    let locked = || vec![("p", only_auth(api_key_auth()))];
+    let (_m, merging) =
+        proxy_with_client(&app, ClientSettings::default(), routes(), locked()).await;
+    assert_eq!(
+        get(&h1_client(), &format!("{merging}//admin")).await.status,
+        StatusCode::UNAUTHORIZED,
+        "merged by default: `//admin` is the guarded `/admin`"
+    );
+    let keep = ClientSettings {
+        path: PathOptions {
+            merge_slashes: false,
+            escaped_slashes: EscapedSlashes::Keep,
+        },
+        ..ClientSettings::default()
+    };
+    let (_k, kept) = proxy_with_client(&app, keep, routes(), locked()).await;
+    let a = get(&h1_client(), &format!("{kept}//admin")).await;
+    assert_eq!(
+        a.status,
+        StatusCode::OK,
+        "`//admin` is not `/admin` on this port"
+    );
+    assert_eq!(a.json()["path"], "//admin", "and is forwarded as matched");
+}
