@@ -1,8 +1,9 @@
 //! A port's client settings at run time (ClientPolicy). In: the table's
 //! [`ClientSettings`] of a port (at table build) and, per request, the peer address and the
 //! `X-Forwarded-For` fields. Out: [`PortClient`], kept in the snapshot for ports with
-//! settings, and [`PortClient::client_address`], the address CEL `source.address`,
-//! rate-limit counters, the access log and the upstream's `X-Forwarded-For` use.
+//! settings, and [`PortClient::resolve`]: the address CEL `source.address`, rate-limit
+//! counters and the access log use, and the trusted chain the upstream's `X-Forwarded-For`
+//! carries (client first, what a client wrote left of its own entry dropped).
 //!
 //! `X-Forwarded-For` is read only as far as it is trusted: with `NumTrustedHops(n)`, the
 //! entry `n` places from the right (written by the farthest trusted proxy); with
@@ -87,40 +88,72 @@ impl PortClient {
         }))
     }
 
-    /// The client's address for a request from `peer` with `headers`, when trusted
-    /// `X-Forwarded-For` entries name another one than the peer.
-    pub(crate) fn client_address(
-        &self,
-        peer: SocketAddr,
-        headers: &HeaderMap,
-    ) -> Option<SocketAddr> {
+    /// What trusted `X-Forwarded-For` entries say of a request from `peer` with `headers`;
+    /// `None` when the port trusts none.
+    pub(crate) fn resolve(&self, peer: SocketAddr, headers: &HeaderMap) -> Option<Forwarded> {
         let trust = self.trust.as_ref()?;
         let fields = headers.get_all(&X_FORWARDED_FOR);
         let mut entries = fields
             .iter()
             .rev()
             .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
-        let found = match trust {
-            Trust::Hops(n) => entries.nth(n.checked_sub(1)?).and_then(parse_entry),
+        let mut out = Forwarded::default();
+        match trust {
+            Trust::Hops(n) => {
+                // Right to left: the n - 1 hops the trusted proxies wrote, then the client.
+                let mut hops = Vec::new();
+                for _ in 1..*n {
+                    match entries.next().map(parse_entry) {
+                        Some(Some(a)) => hops.push(a.ip()),
+                        // Too few entries, or one no trusted proxy would write: the peer.
+                        _ => return Some(out),
+                    }
+                }
+                if let Some(client) = entries.next().and_then(parse_entry) {
+                    hops.reverse();
+                    out.client = Some(client);
+                    out.chain = hops;
+                }
+            }
             Trust::Cidrs(nets) => {
                 let trusted = |ip: IpAddr| nets.iter().any(|c| c.contains(ip));
                 if !trusted(peer.ip()) {
-                    return None;
+                    return Some(out);
                 }
-                // The last trusted hop: an unreadable entry left of it ends the walk there.
-                let mut last: Option<SocketAddr> = None;
+                // Trusted hops, right to left; the first address outside the networks is the
+                // client, else the last trusted hop (an unreadable entry ends the walk).
+                let mut hops: Vec<SocketAddr> = Vec::new();
+                let mut client = None;
                 for e in entries {
                     match parse_entry(e) {
-                        Some(a) if trusted(a.ip()) => last = Some(a),
-                        Some(a) => return Some(a),
+                        Some(a) if trusted(a.ip()) => hops.push(a),
+                        Some(a) => {
+                            client = Some(a);
+                            break;
+                        }
                         None => break,
                     }
                 }
-                last
+                out.client = client.or_else(|| hops.pop());
+                out.chain = hops.iter().rev().map(SocketAddr::ip).collect();
             }
-        };
-        found.filter(|a| *a != peer)
+        }
+        if out.client == Some(peer) {
+            out.client = None;
+        }
+        Some(out)
     }
+}
+
+/// What a port's trusted `X-Forwarded-For` entries say of one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Forwarded {
+    /// The client, when the entries name one other than the peer.
+    pub client: Option<SocketAddr>,
+    /// The trusted proxies between the client and the peer, left to right: with the client
+    /// and the peer, what the upstream's `X-Forwarded-For` says. What a client wrote to the
+    /// left of its own entry is dropped, so a backend reading the first entry reads it.
+    pub chain: Vec<IpAddr>,
 }
 
 /// PROXY protocol on a port: whether the header is required, and from which peers.
@@ -211,8 +244,38 @@ mod tests {
     }
 
     fn client(p: &PortClient, peer: &str, lines: &[&str]) -> Option<String> {
-        p.client_address(peer.parse().unwrap(), &headers(lines))
+        p.resolve(peer.parse().unwrap(), &headers(lines))
+            .unwrap()
+            .client
             .map(|a| a.to_string())
+    }
+
+    fn chain(p: &PortClient, peer: &str, lines: &[&str]) -> Vec<String> {
+        let f = p.resolve(peer.parse().unwrap(), &headers(lines)).unwrap();
+        f.chain.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn the_chain_keeps_the_trusted_hops_right_of_the_client() {
+        let two = port(ForwardedFor::NumTrustedHops(2));
+        assert_eq!(
+            chain(&two, LB, &["6.6.6.6, 203.0.113.7, 10.1.1.1"]),
+            ["10.1.1.1"]
+        );
+        assert!(chain(&two, LB, &["203.0.113.7"]).is_empty());
+        let one = port(ForwardedFor::NumTrustedHops(1));
+        assert!(chain(&one, LB, &["6.6.6.6, 203.0.113.7"]).is_empty());
+        let nets = port(ForwardedFor::TrustedCidrs(vec!["10.0.0.0/8".into()]));
+        assert_eq!(
+            chain(&nets, LB, &["6.6.6.6, 203.0.113.7, 10.3.3.3, 10.2.2.2"]),
+            ["10.3.3.3", "10.2.2.2"]
+        );
+        assert_eq!(
+            client(&nets, LB, &["10.3.3.3, 10.2.2.2"]).as_deref(),
+            Some("10.3.3.3:0")
+        );
+        assert_eq!(chain(&nets, LB, &["10.3.3.3, 10.2.2.2"]), ["10.2.2.2"]);
+        assert!(chain(&nets, "198.51.100.1:1", &["10.2.2.2"]).is_empty());
     }
 
     const LB: &str = "10.0.0.9:40000";

@@ -32,7 +32,7 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::Cut;
 use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
 use crate::lifecycle::call::response_filters;
-use crate::lifecycle::client::PortClient;
+use crate::lifecycle::client::{Forwarded, PortClient};
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
@@ -52,10 +52,11 @@ pub(crate) type ProxyResponse = Response<TrackedBody<Completion>>;
 pub(crate) struct RequestCtx<'s> {
     pub shared: &'s Arc<Shared>,
     pub conn: &'s ConnCtx,
-    /// The client's address when trusted `X-Forwarded-For` entries name one other than the
-    /// peer (ClientPolicy): what policies, rate-limit counters and the access log use
-    /// ([`RequestCtx::source`]).
-    client: Option<SocketAddr>,
+    /// What trusted `X-Forwarded-For` entries say (ClientPolicy): the client when they name
+    /// one other than the peer (what policies, rate-limit counters and the access log use,
+    /// [`RequestCtx::source`]), and the chain the upstream's `X-Forwarded-For` carries.
+    /// `None` where the port trusts no entry.
+    forwarded: Option<Forwarded>,
     /// The normalized authority, `host[:port]` (module `intake`); empty when the client named
     /// no host (HTTP/1.0).
     pub host: HeaderValue,
@@ -140,7 +141,8 @@ impl<'s> RequestCtx<'s> {
         let paths = port.map_or_else(PathOptions::default, |p| p.paths);
         let front = intake::front_door(&seen, req.uri(), req.version(), paths);
         // Read before `strip_client`, which leaves the forwarding fields to phase 5.
-        let client = port.and_then(|p| p.client_address(conn.peer, req.headers()));
+        let forwarded = port.and_then(|p| p.resolve(conn.peer, req.headers()));
+        let client = forwarded.as_ref().and_then(|f| f.client);
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
         let (mut verdict, declared_len) =
@@ -185,7 +187,7 @@ impl<'s> RequestCtx<'s> {
         Self {
             shared,
             conn,
-            client,
+            forwarded,
             host,
             verdict,
             declared_len,
@@ -213,7 +215,7 @@ impl<'s> RequestCtx<'s> {
     /// made only if an expression reads it), else the peer (the PROXY protocol's source when
     /// the port reads one).
     pub fn source(&self) -> (SocketAddr, Option<&HeaderValue>) {
-        match self.client {
+        match self.forwarded.as_ref().and_then(|f| f.client) {
             Some(a) => (a, None),
             None => (self.conn.peer, Some(&self.conn.peer_value)),
         }
@@ -244,6 +246,7 @@ impl<'s> RequestCtx<'s> {
             headers,
             &present,
             &self.conn.peer_value,
+            self.forwarded.as_ref(),
             self.conn.scheme,
             &self.host,
             &self.done.request_id,

@@ -289,16 +289,34 @@ impl Added<'_> {
 /// The forwarding fields of an upstream request: the peer appended to `X-Forwarded-For`,
 /// `X-Forwarded-Proto`, `X-Forwarded-Host` and `X-Request-Id`. `p` is the scan of `headers`
 /// taken before any edit; the client's own fields of these names leave `headers` (their
-/// values are replaced, `X-Forwarded-For`'s carried into the new one).
+/// values are replaced, `X-Forwarded-For`'s carried into the new one). Where the port
+/// trusts `X-Forwarded-For` entries (`trusted`), only the trusted part goes on: the client,
+/// the proxies after it, the peer.
 pub(crate) fn forwarded<'a>(
     headers: &mut HeaderMap,
     p: &Present,
     peer: &'a HeaderValue,
+    trusted: Option<&crate::lifecycle::client::Forwarded>,
     proto: &'static str,
     original_host: &'a HeaderValue,
     request_id: &'a HeaderValue,
 ) -> Added<'a> {
-    let xff = if p.xff {
+    let xff = if let Some(t) = trusted {
+        if p.xff {
+            headers.remove(&X_FORWARDED_FOR);
+        }
+        match t.client {
+            None if t.chain.is_empty() => Some(Cow::Borrowed(peer)),
+            client => {
+                let mut xff = String::new();
+                for ip in client.map(|c| c.ip()).iter().chain(&t.chain) {
+                    let _ = std::fmt::Write::write_fmt(&mut xff, format_args!("{ip}, "));
+                }
+                xff.push_str(peer.to_str().unwrap_or(""));
+                HeaderValue::from_str(&xff).ok().map(Cow::Owned)
+            }
+        }
+    } else if p.xff {
         // Every prior hop, across repeated header lines, then the peer.
         let mut xff = String::new();
         for prev in headers
@@ -608,7 +626,7 @@ mod tests {
             HeaderValue::from_static("b"),
             HeaderValue::from_static("id"),
         );
-        let added = forwarded(&mut h, &p, &peer, "http", &host, &id);
+        let added = forwarded(&mut h, &p, &peer, None, "http", &host, &id);
         assert!(h.is_empty(), "the client's own field stays: {h:?}");
         added.insert_into(&mut h);
         assert_eq!(h["x-forwarded-for"], "::1");
@@ -661,7 +679,7 @@ mod tests {
             HeaderValue::from_static("a.example"),
             HeaderValue::from_static("ours"),
         );
-        let added = forwarded(&mut h, &p, &peer, "https", &host, &id);
+        let added = forwarded(&mut h, &p, &peer, None, "https", &host, &id);
         assert_eq!(h.len(), 1, "only the client's own fields stay: {h:?}");
         let fields: Vec<(&str, &str)> = added
             .fields()

@@ -109,6 +109,20 @@ async fn forged_entries_cannot_pick_a_counter() {
     // Claiming to be alice spends bob's counter, not alice's.
     let a = via_balancer(&url, &format!("{ALICE}, {BOB}")).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    // Nor does the claim reach the backend: the chain it gets starts with bob.
+    let app2 = echo_backend("app").await;
+    let (_p2, url2) = proxy_with_client(
+        &app2,
+        trusting(ForwardedFor::NumTrustedHops(1)),
+        vec![route("site", "/", vec![wb("app", 1)])],
+        vec![],
+    )
+    .await;
+    let a = via_balancer(&url2, &format!("{ALICE}, 192.0.2.10, {BOB}")).await;
+    assert_eq!(
+        a.upstream_header("x-forwarded-for").as_deref(),
+        Some("198.51.100.2, 127.0.0.1")
+    );
     let alice = via_balancer(&url, ALICE).await;
     assert_eq!(alice.status, StatusCode::OK);
     assert_eq!(limit_headers(&alice), (Some("2"), Some("1")));
@@ -149,6 +163,11 @@ async fn trusted_networks_are_walked_and_an_untrusted_peer_is_the_client() {
     for _ in 0..2 {
         let a = via_balancer(&url, &format!("192.0.2.1, {ALICE}, 10.9.9.9")).await;
         assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(
+            a.upstream_header("x-forwarded-for").as_deref(),
+            Some("203.0.113.1, 10.9.9.9, 127.0.0.1"),
+            "the client, the trusted proxies, the peer"
+        );
     }
     let a = via_balancer(&url, &format!("{ALICE}, 10.9.9.9")).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
