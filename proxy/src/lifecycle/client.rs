@@ -13,7 +13,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use tollgate_api::ObjectKey;
 use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor};
 
@@ -89,53 +89,31 @@ impl PortClient {
     }
 
     /// What trusted `X-Forwarded-For` entries say of a request from `peer` with `headers`;
-    /// `None` when the port trusts none.
-    pub(crate) fn resolve(&self, peer: SocketAddr, headers: &HeaderMap) -> Option<Forwarded> {
+    /// `None` when the port trusts none. `last` is the request's last `X-Forwarded-For`
+    /// field and `lines` how many it has (from the one scan of its fields): with one, no
+    /// lookup in the map is made.
+    pub(crate) fn resolve(
+        &self,
+        peer: SocketAddr,
+        headers: &HeaderMap,
+        last: Option<&HeaderValue>,
+        lines: u8,
+    ) -> Option<Forwarded> {
         let trust = self.trust.as_ref()?;
-        let fields = headers.get_all(&X_FORWARDED_FOR);
-        let mut entries = fields
-            .iter()
-            .rev()
-            .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
         let mut out = Forwarded::default();
-        match trust {
-            Trust::Hops(n) => {
-                // Right to left: the n - 1 hops the trusted proxies wrote, then the client.
-                let mut hops = Vec::new();
-                for _ in 1..*n {
-                    match entries.next().map(parse_entry) {
-                        Some(Some(a)) => hops.push(a.ip()),
-                        // Too few entries, or one no trusted proxy would write: the peer.
-                        _ => return Some(out),
-                    }
-                }
-                if let Some(client) = entries.next().and_then(parse_entry) {
-                    hops.reverse();
-                    out.client = Some(client);
-                    out.chain = hops;
-                }
+        match lines {
+            0 => {}
+            1 => {
+                let one = last.map(HeaderValue::as_bytes).unwrap_or_default();
+                out = trust.walk(peer, one.rsplit(|&b| b == b','));
             }
-            Trust::Cidrs(nets) => {
-                let trusted = |ip: IpAddr| nets.iter().any(|c| c.contains(ip));
-                if !trusted(peer.ip()) {
-                    return Some(out);
-                }
-                // Trusted hops, right to left; the first address outside the networks is the
-                // client, else the last trusted hop (an unreadable entry ends the walk).
-                let mut hops: Vec<SocketAddr> = Vec::new();
-                let mut client = None;
-                for e in entries {
-                    match parse_entry(e) {
-                        Some(a) if trusted(a.ip()) => hops.push(a),
-                        Some(a) => {
-                            client = Some(a);
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                out.client = client.or_else(|| hops.pop());
-                out.chain = hops.iter().rev().map(SocketAddr::ip).collect();
+            _ => {
+                let fields = headers.get_all(&X_FORWARDED_FOR);
+                let entries = fields
+                    .iter()
+                    .rev()
+                    .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
+                out = trust.walk(peer, entries);
             }
         }
         if out.client == Some(peer) {
@@ -145,15 +123,73 @@ impl PortClient {
     }
 }
 
+impl Trust {
+    /// The client among `entries` (right to left) of a request from `peer`, and the text
+    /// sent on.
+    fn walk<'e>(&self, peer: SocketAddr, mut entries: impl Iterator<Item = &'e [u8]>) -> Forwarded {
+        let mut out = Forwarded::default();
+        // Trusted hops, right to left, as (address, its text).
+        let mut hops: Vec<(SocketAddr, &[u8])> = Vec::new();
+        let client = match self {
+            Trust::Hops(n) => {
+                // The n - 1 hops the trusted proxies wrote, then the client.
+                for _ in 1..*n {
+                    match entries.next().and_then(|e| parse_entry(e).map(|a| (a, e))) {
+                        Some(hop) => hops.push(hop),
+                        // Too few entries, or one no trusted proxy would write: the peer.
+                        None => return out,
+                    }
+                }
+                entries.next().and_then(|e| parse_entry(e).map(|a| (a, e)))
+            }
+            Trust::Cidrs(nets) => {
+                let trusted = |ip: IpAddr| nets.iter().any(|c| c.contains(ip));
+                if !trusted(peer.ip()) {
+                    return out;
+                }
+                // The first address outside the networks is the client, else the last
+                // trusted hop (an unreadable entry ends the walk).
+                let mut client = None;
+                for e in entries {
+                    match parse_entry(e) {
+                        Some(a) if trusted(a.ip()) => hops.push((a, e)),
+                        Some(a) => {
+                            client = Some((a, e));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                client.or_else(|| hops.pop())
+            }
+        };
+        let Some((client, text)) = client else {
+            return out;
+        };
+        out.client = Some(client);
+        for e in std::iter::once(text).chain(hops.iter().rev().map(|h| h.1)) {
+            // Entries that parse are ASCII: their own text goes on.
+            out.sent.push_str(
+                std::str::from_utf8(e)
+                    .unwrap_or("")
+                    .trim_matches([' ', '\t']),
+            );
+            out.sent.push_str(", ");
+        }
+        out
+    }
+}
+
 /// What a port's trusted `X-Forwarded-For` entries say of one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Forwarded {
     /// The client, when the entries name one other than the peer.
     pub client: Option<SocketAddr>,
-    /// The trusted proxies between the client and the peer, left to right: with the client
-    /// and the peer, what the upstream's `X-Forwarded-For` says. What a client wrote to the
-    /// left of its own entry is dropped, so a backend reading the first entry reads it.
-    pub chain: Vec<IpAddr>,
+    /// The start of the upstream's `X-Forwarded-For`, each entry followed by `, `: the
+    /// client's entry and the trusted proxies' after it, as they were written (the peer goes
+    /// last). What a client wrote to the left of its own entry is dropped, so a backend
+    /// reading the first entry reads the client. Empty without a client.
+    pub sent: String,
 }
 
 /// PROXY protocol on a port: whether the header is required, and from which peers.
@@ -225,7 +261,6 @@ fn parse_entry(e: &[u8]) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     fn port(fwd: ForwardedFor) -> PortClient {
         let s = ClientSettings {
@@ -243,16 +278,30 @@ mod tests {
         h
     }
 
-    fn client(p: &PortClient, peer: &str, lines: &[&str]) -> Option<String> {
-        p.resolve(peer.parse().unwrap(), &headers(lines))
-            .unwrap()
-            .client
-            .map(|a| a.to_string())
+    fn resolved(p: &PortClient, peer: &str, lines: &[&str]) -> Forwarded {
+        let h = headers(lines);
+        let last = h.get_all(&X_FORWARDED_FOR).iter().next_back();
+        let n = u8::try_from(lines.len()).unwrap();
+        let one = p.resolve(peer.parse().unwrap(), &h, last, n).unwrap();
+        // The map's lines are read the same way as the scan's last one.
+        if n == 1 {
+            assert_eq!(one, p.resolve(peer.parse().unwrap(), &h, None, 2).unwrap());
+        }
+        one
     }
 
+    fn client(p: &PortClient, peer: &str, lines: &[&str]) -> Option<String> {
+        resolved(p, peer, lines).client.map(|a| a.to_string())
+    }
+
+    /// The entries sent on before the peer.
     fn chain(p: &PortClient, peer: &str, lines: &[&str]) -> Vec<String> {
-        let f = p.resolve(peer.parse().unwrap(), &headers(lines)).unwrap();
-        f.chain.iter().map(ToString::to_string).collect()
+        let sent = resolved(p, peer, lines).sent;
+        sent.split(", ")
+            .filter(|e| !e.is_empty())
+            .skip(1)
+            .map(str::to_owned)
+            .collect()
     }
 
     #[test]

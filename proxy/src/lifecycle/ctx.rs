@@ -141,7 +141,8 @@ impl<'s> RequestCtx<'s> {
         let paths = port.map_or_else(PathOptions::default, |p| p.paths);
         let front = intake::front_door(&seen, req.uri(), req.version(), paths);
         // Read before `strip_client`, which leaves the forwarding fields to phase 5.
-        let forwarded = port.and_then(|p| p.resolve(conn.peer, req.headers()));
+        let forwarded =
+            port.and_then(|p| p.resolve(conn.peer, req.headers(), seen.xff_last, seen.xff_lines));
         let client = forwarded.as_ref().and_then(|f| f.client);
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();

@@ -47,6 +47,10 @@ pub(crate) struct Seen<'h> {
     pub content_type: Option<&'h HeaderValue>,
     /// How many `Host` fields (more than one is refused).
     pub hosts: u8,
+    /// The last `X-Forwarded-For` field, and how many there are (saturating): read where a
+    /// ClientPolicy trusts its entries.
+    pub xff_last: Option<&'h HeaderValue>,
+    pub xff_lines: u8,
     upgrade: bool,
     connection: bool,
     /// Some hop-by-hop field other than `Connection` and `Upgrade` (`Keep-Alive`, `TE`,
@@ -81,6 +85,10 @@ impl<'h> Seen<'h> {
                 12 if *name == CONTENT_TYPE => s.content_type = s.content_type.or(Some(value)),
                 14 if *name == CONTENT_LENGTH => {
                     s.content_length = s.content_length.or(Some(value));
+                }
+                15 if *name == X_FORWARDED_FOR => {
+                    s.xff_last = Some(value);
+                    s.xff_lines = s.xff_lines.saturating_add(1);
                 }
                 16 => s.hop |= *name == PROXY_CONNECTION,
                 17 => s.hop |= *name == TRANSFER_ENCODING,
@@ -305,16 +313,14 @@ pub(crate) fn forwarded<'a>(
         if p.xff {
             headers.remove(&X_FORWARDED_FOR);
         }
-        match t.client {
-            None if t.chain.is_empty() => Some(Cow::Borrowed(peer)),
-            client => {
-                let mut xff = String::new();
-                for ip in client.map(|c| c.ip()).iter().chain(&t.chain) {
-                    let _ = std::fmt::Write::write_fmt(&mut xff, format_args!("{ip}, "));
-                }
-                xff.push_str(peer.to_str().unwrap_or(""));
-                HeaderValue::from_str(&xff).ok().map(Cow::Owned)
-            }
+        if t.sent.is_empty() {
+            Some(Cow::Borrowed(peer))
+        } else {
+            let peer = peer.to_str().unwrap_or("");
+            let mut xff = String::with_capacity(t.sent.len() + peer.len());
+            xff.push_str(&t.sent);
+            xff.push_str(peer);
+            HeaderValue::from_str(&xff).ok().map(Cow::Owned)
         }
     } else if p.xff {
         // Every prior hop, across repeated header lines, then the peer.
