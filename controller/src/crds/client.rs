@@ -155,8 +155,8 @@ pub struct PathSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_slashes: Option<bool>,
     /// `%2F` and `%5C` in a path: `Keep` (default; matched as opaque characters and
-    /// forwarded as sent), `Reject` (400) or `Unescape` (decoded to `/` and `\` before
-    /// dot-segments are removed).
+    /// forwarded as sent), `Reject` (400, for a raw `\` too) or `Unescape` (`%2F` decoded to
+    /// a separator before dot-segments are removed; `%5C` kept, a `\` is never one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escaped_slashes: Option<EscapedSlashesSpec>,
 }

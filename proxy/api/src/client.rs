@@ -70,9 +70,9 @@ pub enum EscapedSlashes {
     /// Kept encoded: matched as an opaque character, forwarded as sent.
     #[default]
     Keep,
-    /// The request is refused (400).
+    /// The request is refused (400), as is one with a raw `\`.
     Reject,
-    /// Decoded to `/` and `\` (a `\` then sent as `%5C`) before dot-segments are removed.
+    /// `%2F` decoded to a separator before dot-segments are removed; `%5C` kept.
     Unescape,
 }
 

@@ -44,8 +44,8 @@ pub enum BadPath {
     /// `..` climbing above `/`.
     #[error("the path climbs above /")]
     AboveRoot,
-    /// `%2F` or `%5C` where the port refuses them.
-    #[error("an encoded slash or backslash")]
+    /// `%2F`, `%5C` or a raw `\` where the port refuses them.
+    #[error("an encoded slash or a backslash")]
     EscapedSlash,
 }
 
@@ -123,6 +123,9 @@ fn decode(b: &[u8], slashes: EscapedSlashes) -> Result<String, BadPath> {
                 }
                 i += 3;
             }
+            // Refusing ports refuse a raw one too: it is what `%5C` stands for, and the
+            // normal form (`%5C`) must be normal again.
+            b'\\' if slashes == EscapedSlashes::Reject => return Err(BadPath::EscapedSlash),
             b'\\' => {
                 out.extend_from_slice(b"%5C");
                 i += 1;
@@ -270,8 +273,10 @@ mod tests {
         for p in ["/a%2Fb", "/a%2fb", "/a%5Cb", "/a%5c..%5cb", "/%2F"] {
             assert_eq!(n(p), Err(BadPath::EscapedSlash), "{p}");
         }
-        // A raw backslash is not an escape the client sent: it is encoded as usual.
-        assert_eq!(n("/a\\b").as_deref(), Ok("/a%5Cb"));
+        // A raw backslash too: its normal form would be `%5C`, refused in turn.
+        assert_eq!(n("/a\\b"), Err(BadPath::EscapedSlash));
+        // Found by the path fuzz target: the normal form of what is accepted is accepted.
+        assert_eq!(n("/DDDDadmi/a\\m`in"), Err(BadPath::EscapedSlash));
         assert_eq!(n("/a/%2e%2e/b").as_deref(), Ok("/b"));
     }
 
