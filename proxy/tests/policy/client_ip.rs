@@ -41,6 +41,18 @@ fn per_source() -> PolicySet {
     }
 }
 
+/// A proxy with `client` settings whose route (`/`) allows two requests a minute per
+/// `source.address`.
+async fn limited_per_source(app: &EchoBackend, client: ClientSettings) -> (Proxy, String) {
+    proxy_with_client(
+        app,
+        client,
+        vec![guarded("api", "/", "p")],
+        vec![("p", per_source())],
+    )
+    .await
+}
+
 fn trusting(f: ForwardedFor) -> ClientSettings {
     ClientSettings {
         forwarded_for: Some(f),
@@ -58,13 +70,7 @@ const BOB: &str = "198.51.100.2";
 #[tokio::test]
 async fn behind_one_trusted_hop_each_client_has_its_own_counter() {
     let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_client(
-        &app,
-        trusting(ForwardedFor::NumTrustedHops(1)),
-        vec![guarded("api", "/", "p")],
-        vec![("p", per_source())],
-    )
-    .await;
+    let (_p, url) = limited_per_source(&app, trusting(ForwardedFor::NumTrustedHops(1))).await;
     for _ in 0..2 {
         assert_eq!(via_balancer(&url, ALICE).await.status, StatusCode::OK);
     }
@@ -86,13 +92,7 @@ async fn behind_one_trusted_hop_each_client_has_its_own_counter() {
 #[tokio::test]
 async fn forged_entries_cannot_pick_a_counter() {
     let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_client(
-        &app,
-        trusting(ForwardedFor::NumTrustedHops(1)),
-        vec![guarded("api", "/", "p")],
-        vec![("p", per_source())],
-    )
-    .await;
+    let (_p, url) = limited_per_source(&app, trusting(ForwardedFor::NumTrustedHops(1))).await;
     // Bob claims to be a fresh address each time; the balancer appends his real one.
     for (i, forged) in ["192.0.2.10", "192.0.2.11", "192.0.2.12"]
         .iter()
@@ -131,13 +131,7 @@ async fn forged_entries_cannot_pick_a_counter() {
 #[tokio::test]
 async fn without_a_client_policy_every_client_behind_a_balancer_is_the_balancer() {
     let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_client(
-        &app,
-        ClientSettings::default(),
-        vec![guarded("api", "/", "p")],
-        vec![("p", per_source())],
-    )
-    .await;
+    let (_p, url) = limited_per_source(&app, ClientSettings::default()).await;
     assert_eq!(via_balancer(&url, ALICE).await.status, StatusCode::OK);
     assert_eq!(via_balancer(&url, BOB).await.status, StatusCode::OK);
     assert_eq!(
@@ -150,14 +144,12 @@ async fn without_a_client_policy_every_client_behind_a_balancer_is_the_balancer(
 async fn trusted_networks_are_walked_and_an_untrusted_peer_is_the_client() {
     let app = echo_backend("app").await;
     // The test's peer is 127.0.0.1: trusted here, along with an inner proxy at 10.9.9.9.
-    let (_p, url) = proxy_with_client(
+    let (_p, url) = limited_per_source(
         &app,
         trusting(ForwardedFor::TrustedCidrs(vec![
             "127.0.0.0/8".into(),
             "10.0.0.0/8".into(),
         ])),
-        vec![guarded("api", "/", "p")],
-        vec![("p", per_source())],
     )
     .await;
     for _ in 0..2 {
@@ -175,11 +167,9 @@ async fn trusted_networks_are_walked_and_an_untrusted_peer_is_the_client() {
 
     // A peer outside the networks: its header is not read, whatever it says.
     let app2 = echo_backend("app").await;
-    let (_p2, url2) = proxy_with_client(
+    let (_p2, url2) = limited_per_source(
         &app2,
         trusting(ForwardedFor::TrustedCidrs(vec!["10.0.0.0/8".into()])),
-        vec![guarded("api", "/", "p")],
-        vec![("p", per_source())],
     )
     .await;
     assert_eq!(via_balancer(&url2, ALICE).await.status, StatusCode::OK);

@@ -29,6 +29,7 @@ use tollgate_api::client::{
 };
 
 use super::last_valid::{self, State};
+use super::status::gateway_ancestor;
 use super::{Contribution, ENFORCED, PolicyRef, STALLED, invalid, reason};
 use crate::compile::CONTROLLER_NAME;
 use crate::compile::conditions::{ACCEPTED, Conds, Problem};
@@ -37,7 +38,7 @@ use crate::compile::index::key_of;
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::ClientPolicy;
 use crate::crds::client::{ClientPolicySpec, EscapedSlashesSpec, LimitsSpec};
-use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus, TargetRef};
+use crate::crds::common::{PolicyStatus, TargetRef};
 
 /// Kind name.
 const KIND: &str = "ClientPolicy";
@@ -569,16 +570,10 @@ fn status(item: &Item, now: &Time) -> Option<PolicyStatus> {
         };
         conditions.push(enforced(None));
         for gw in &item.reached {
-            ancestors.push(PolicyAncestorStatus {
-                ancestor_ref: AncestorRef {
-                    group: GATEWAY_GROUP.to_owned(),
-                    kind: "Gateway".to_owned(),
-                    namespace: gw.namespace.clone(),
-                    name: gw.name.clone(),
-                },
-                controller_name: CONTROLLER_NAME.to_owned(),
-                conditions: vec![accepted.clone(), enforced(Some(gw))],
-            });
+            ancestors.push(gateway_ancestor(
+                gw,
+                vec![accepted.clone(), enforced(Some(gw))],
+            ));
         }
     }
     Some(PolicyStatus {

@@ -18,6 +18,20 @@ use crate::compile::conditions::{ACCEPTED, Conds};
 use crate::compile::grants::GATEWAY_GROUP;
 use crate::crds::common::{AncestorRef, PolicyAncestorStatus, PolicyStatus};
 
+/// A policy's status entry for the Gateway `gw`, with its `conditions`.
+pub(super) fn gateway_ancestor(gw: &ObjectKey, conditions: Vec<Condition>) -> PolicyAncestorStatus {
+    PolicyAncestorStatus {
+        ancestor_ref: AncestorRef {
+            group: GATEWAY_GROUP.to_owned(),
+            kind: "Gateway".to_owned(),
+            namespace: gw.namespace.clone(),
+            name: gw.name.clone(),
+        },
+        controller_name: CONTROLLER_NAME.to_owned(),
+        conditions,
+    }
+}
+
 impl<T> Resolved<T> {
     /// Status of every policy.
     pub(super) fn statuses(&self, now: &Time) -> BTreeMap<ObjectKey, PolicyStatus> {
@@ -94,16 +108,8 @@ impl<T> Resolved<T> {
                     }
                 }
                 for gw in reached {
-                    ancestors.push(PolicyAncestorStatus {
-                        ancestor_ref: AncestorRef {
-                            group: GATEWAY_GROUP.to_owned(),
-                            kind: "Gateway".to_owned(),
-                            namespace: gw.namespace.clone(),
-                            name: gw.name.clone(),
-                        },
-                        controller_name: CONTROLLER_NAME.to_owned(),
-                        conditions: vec![accepted.clone(), self.enforced(i, Some(&gw), &conds)],
-                    });
+                    let enforced = self.enforced(i, Some(&gw), &conds);
+                    ancestors.push(gateway_ancestor(&gw, vec![accepted.clone(), enforced]));
                 }
             }
             out.insert(
