@@ -8,30 +8,10 @@
 use http::StatusCode;
 use tollgate_api::client::{ClientSettings, EscapedSlashes, ForwardedFor, PathOptions};
 use tollgate_api::{ObjectKey, PolicySet};
-use tollgate_proxy::{Proxy, ProxyOptions};
+use tollgate_proxy::Proxy;
 
 use crate::common::*;
 use crate::support::*;
-
-/// A proxy whose port has `client` settings, serving `routes` with `policies`.
-async fn proxy_with_client(
-    app: &EchoBackend,
-    client: ClientSettings,
-    routes: Vec<tollgate_api::Route>,
-    policies: Vec<(&str, PolicySet)>,
-) -> (Proxy, String) {
-    let proxy = Proxy::new(ProxyOptions::default());
-    let mut port = http_port(0, routes);
-    port.client = client;
-    let mut t = table(1, vec![port], vec![("app", backend_of(&[app]))]);
-    t.policies = policies
-        .into_iter()
-        .map(|(k, s)| (k.to_owned(), s))
-        .collect();
-    proxy.apply(t).await.unwrap();
-    let addr = proxy.local_addr(0).unwrap();
-    (proxy, format!("http://{addr}"))
-}
 
 /// Two requests a minute per `source.address`.
 fn per_source() -> PolicySet {

@@ -9,6 +9,7 @@ use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tollgate_api::client::ClientSettings;
 use tollgate_api::policy::{
     ApiKey, ApiKeys, Auth, AuthnMethod, Credentials, DenyResponse, Jwt, Method as Verify, Rate,
     RateLimit,
@@ -38,12 +39,20 @@ pub async fn proxy_with_policies(
     routes: Vec<Route>,
     policies: Vec<(&str, PolicySet)>,
 ) -> (Proxy, String) {
+    proxy_with_client(app, ClientSettings::default(), routes, policies).await
+}
+
+/// [`proxy_with_policies`], its port with `client` settings (ClientPolicy).
+pub async fn proxy_with_client(
+    app: &EchoBackend,
+    client: ClientSettings,
+    routes: Vec<Route>,
+    policies: Vec<(&str, PolicySet)>,
+) -> (Proxy, String) {
     let proxy = Proxy::new(ProxyOptions::default());
-    let mut t = table(
-        1,
-        vec![http_port(0, routes)],
-        vec![("app", backend_of(&[app]))],
-    );
+    let mut port = http_port(0, routes);
+    port.client = client;
+    let mut t = table(1, vec![port], vec![("app", backend_of(&[app]))]);
     t.policies = policies
         .into_iter()
         .map(|(k, s)| (k.to_owned(), s))
