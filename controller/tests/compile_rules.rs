@@ -6,7 +6,7 @@ mod compile_support;
 use compile_support::*;
 use tollgate_api::{
     BackendKey, Cors, Filter, HeaderMatch, HeaderModifier, Mirror, PathMatch, PathModifier,
-    Redirect, RouteMatch, StringMatch, Timeouts, UrlRewrite,
+    Redirect, Retry, RouteMatch, StringMatch, Timeouts, UrlRewrite,
 };
 
 fn out() -> tollgate::compile::Output {
@@ -64,6 +64,50 @@ fn unsupported_value_duplicate_header_in_modifier() {
 #[test]
 fn unsupported_value_backend_timeout_above_request() {
     assert_unsupported(&out(), "bad-timeouts", "backendRequest");
+}
+
+#[test]
+fn unsupported_value_retry_out_of_range() {
+    let out = out();
+    assert_unsupported(&out, "retry-storm", "spec.rules[0].retry.attempts: 11");
+    assert_unsupported(&out, "retry-bad-code", "spec.rules[0].retry.codes[1]: 200");
+    assert_unsupported(&out, "retry-bad-backoff", "spec.rules[0].retry.backoff");
+}
+
+#[test]
+fn retry_compiles_with_defaults_and_sorted_codes() {
+    let out = out();
+    assert_route_ok(&out, "apps", "retries");
+    let v = vhost(
+        table_listener(table(&out, "apps", "gw"), "http"),
+        "retry.test",
+    );
+    let by_path = |p: &str| {
+        v.routes
+            .iter()
+            .find(|r| r.matcher.path == PathMatch::PathPrefix(p.into()))
+            .unwrap()
+            .retry
+            .clone()
+    };
+    assert_eq!(
+        by_path("/given"),
+        Some(Retry {
+            attempts: 3,
+            backoff_ms: 100,
+            codes: vec![500, 503],
+        })
+    );
+    assert_eq!(
+        by_path("/defaults"),
+        Some(Retry {
+            attempts: 1,
+            backoff_ms: 25,
+            codes: vec![],
+        })
+    );
+    assert_eq!(by_path("/off"), None);
+    assert_eq!(by_path("/none"), None);
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::json;

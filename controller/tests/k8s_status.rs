@@ -7,10 +7,10 @@ mod k8s_support;
 
 use std::time::Duration;
 
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::events::v1::Event;

@@ -60,6 +60,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        retry: None,
     };
     RouteTable {
         version: 1,

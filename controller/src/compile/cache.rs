@@ -30,8 +30,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Service;

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use gateway_api::httproutes::{
+use gateway_api::experimental::httproutes::{
     HttpRouteRulesBackendRefsFilters, HttpRouteRulesFilters, HttpRouteRulesFiltersCors,
     HttpRouteRulesFiltersRequestMirror, HttpRouteRulesFiltersRequestRedirect,
     HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,
@@ -119,6 +119,7 @@ fn type_name(t: &HttpRouteRulesFiltersType) -> &'static str {
         T::UrlRewrite => "URLRewrite",
         T::ExtensionRef => "ExtensionRef",
         T::Cors => "CORS",
+        T::ExternalAuth => "ExternalAuth",
     }
 }
 
@@ -191,9 +192,12 @@ fn convert(
             let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
             Ok(Filter::Cors(cors(c, field)?))
         }
-        T::ExtensionRef => Err(unsupported(
+        T::ExtensionRef | T::ExternalAuth => Err(unsupported(
             field,
-            "ExtensionRef filters are not supported by this implementation",
+            format!(
+                "{} filters are not supported by this implementation",
+                type_name(&f.r#type)
+            ),
         )),
     }
 }

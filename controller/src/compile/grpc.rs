@@ -25,11 +25,11 @@
 //! service (or method) name: a leading `^` and a trailing `$` are implied and removed if
 //! written.
 
+use gateway_api::experimental::httproutes::HttpRouteRules;
 use gateway_api::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
     GrpcRouteRulesMatchesMethod, GrpcRouteRulesMatchesMethodType,
 };
-use gateway_api::httproutes::HttpRouteRules;
 use tollgate_api::{PathMatch, RouteMatch};
 
 use super::backends::Resolver;

@@ -9,9 +9,9 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};

@@ -12,10 +12,10 @@
 
 use std::borrow::Cow;
 
-use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
-use gateway_api::httproutes::{
+use gateway_api::experimental::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
+use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use tollgate_api::Protocol;

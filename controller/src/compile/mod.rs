@@ -40,10 +40,10 @@ pub mod tlsroute;
 
 use std::collections::BTreeMap;
 
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};

@@ -18,10 +18,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gateway_api::gateways::GatewayListeners;
-use gateway_api::httproutes::{
+use gateway_api::experimental::httproutes::{
     HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
+use gateway_api::gateways::GatewayListeners;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
 

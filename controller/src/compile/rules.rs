@@ -16,13 +16,15 @@
 use std::collections::BTreeSet;
 
 use gateway_api::Duration;
-use gateway_api::httproutes::{
+use gateway_api::experimental::httproutes::{
     HttpRoute, HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
     HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
-    HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesTimeouts,
+    HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesRetry, HttpRouteRulesTimeouts,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tollgate_api::{HeaderMatch, PathMatch, RouteMatch, StringMatch, Timeouts, WeightedBackend};
+use tollgate_api::{
+    HeaderMatch, PathMatch, Retry, RouteMatch, StringMatch, Timeouts, WeightedBackend,
+};
 
 use super::backends::{RefSpec, Resolver};
 use super::conditions::{Problem, reason};
@@ -48,6 +50,8 @@ pub struct CompiledRule {
     pub backends: Vec<WeightedBackend>,
     /// Timeouts.
     pub timeouts: Timeouts,
+    /// Retries (`rules[].retry`).
+    pub retry: Option<Retry>,
 }
 
 /// One compiled route.
@@ -229,6 +233,7 @@ pub fn compile_actions(
         .iter()
         .all(|m| matches!(m.path, PathMatch::PathPrefix(_)));
     let timeouts = timeouts(rule.timeouts.as_ref(), &format!("{field}.timeouts"))?;
+    let retry = retry(rule.retry.as_ref(), &format!("{field}.retry"))?;
     let mut ctx = FilterCtx {
         resolver,
         route_ns: ns,
@@ -273,6 +278,7 @@ pub fn compile_actions(
         filters,
         backends,
         timeouts,
+        retry,
     })
 }
 
@@ -462,6 +468,56 @@ fn timeouts(t: Option<&HttpRouteRulesTimeouts>, field: &str) -> Result<Timeouts,
         request_ms,
         backend_request_ms,
     })
+}
+
+/// Most retries a rule may ask for: each one is another request a failing backend must
+/// take, so a larger number turns one client's request into a storm.
+pub const MAX_RETRY_ATTEMPTS: i64 = 10;
+/// Retries when `retry` gives no `attempts` (implementation-specific in the spec).
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 1;
+/// Least wait before a retry when `retry` gives no `backoff`.
+pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 25;
+
+/// Compiles `rules[].retry`: `attempts` 0 means no retry.
+fn retry(r: Option<&HttpRouteRulesRetry>, field: &str) -> Result<Option<Retry>, Problem> {
+    let Some(r) = r else {
+        return Ok(None);
+    };
+    let attempts = match r.attempts {
+        None => DEFAULT_RETRY_ATTEMPTS,
+        Some(n @ 0..=MAX_RETRY_ATTEMPTS) => u32::try_from(n).unwrap_or(DEFAULT_RETRY_ATTEMPTS),
+        Some(n) => {
+            return Err(unsupported(
+                &format!("{field}.attempts"),
+                format!("{n}: must be between 0 and {MAX_RETRY_ATTEMPTS}"),
+            ));
+        }
+    };
+    let backoff_ms = match r.backoff.as_deref() {
+        None => DEFAULT_RETRY_BACKOFF_MS,
+        Some(s) => parse_duration_ms(s)
+            .map_err(|e| unsupported(&format!("{field}.backoff"), format!("{s:?}: {e}")))?
+            .unwrap_or(0),
+    };
+    let mut codes = Vec::new();
+    for (i, &c) in r.codes.iter().flatten().enumerate() {
+        match u16::try_from(c) {
+            Ok(c @ 400..=599) => codes.push(c),
+            _ => {
+                return Err(unsupported(
+                    &format!("{field}.codes[{i}]"),
+                    format!("{c}: must be between 400 and 599"),
+                ));
+            }
+        }
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    Ok((attempts > 0).then_some(Retry {
+        attempts,
+        backoff_ms,
+        codes,
+    }))
 }
 
 #[cfg(test)]

@@ -258,6 +258,7 @@ fn host_routes(
                     filters: rule.filters.clone(),
                     backends: rule.backends.clone(),
                     timeouts: rule.timeouts.clone(),
+                    retry: rule.retry.clone(),
                     policy: policy.clone(),
                     request_trailers,
                     max_request_body_bytes,

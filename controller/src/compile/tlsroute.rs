@@ -12,7 +12,7 @@
 //! Service, with the standard ResolvedRefs reasons) under the TLS backend key
 //! ([`tollgate_api::BackendKey::tcp`]): bytes are copied, whatever the port's `appProtocol`.
 
-use gateway_api::httproutes::HttpRouteRules;
+use gateway_api::experimental::httproutes::HttpRouteRules;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteRules};
 use tollgate_api::{PathMatch, RouteMatch};
 

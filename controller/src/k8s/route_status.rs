@@ -9,8 +9,8 @@
 
 use std::fmt::Debug;
 
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

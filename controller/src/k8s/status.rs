@@ -18,10 +18,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};

@@ -35,10 +35,10 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};

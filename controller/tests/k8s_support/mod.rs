@@ -171,7 +171,7 @@ impl TestEnv {
     }
 
     /// Whether `r` carries a status of this test's controller.
-    pub fn has_our_status(&self, r: &gateway_api::httproutes::HttpRoute) -> bool {
+    pub fn has_our_status(&self, r: &gateway_api::experimental::httproutes::HttpRoute) -> bool {
         r.status.as_ref().is_some_and(|s| {
             s.parents
                 .iter()
@@ -213,7 +213,7 @@ impl TestEnv {
     /// An HTTPRoute with the given parentRefs and one rule to `backend:port` (path prefix
     /// `path`).
     pub async fn route(&self, name: &str, parents: Value, backend: &str, port: u16) {
-        self.apply::<gateway_api::httproutes::HttpRoute>(json!({
+        self.apply::<gateway_api::experimental::httproutes::HttpRoute>(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
             "metadata": {"name": name},
             "spec": {"parentRefs": parents,

@@ -238,6 +238,26 @@ pub struct Route {
     /// HTTPRoute; `None`: the port's limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_request_body_bytes: Option<u64>,
+    /// When a failed upstream attempt is made again (HTTPRoute `rules[].retry`); `None`:
+    /// one attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+}
+
+/// When to send a request upstream again (HTTPRoute `rules[].retry`, GEP-1731). A failed
+/// connection is always retried; a reset or a backend timeout only for an idempotent
+/// request; an answer whose status is in `codes` for any request. Only a request whose body
+/// the proxy could hold (none, or a small declared length) is sent more than once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    /// Attempts after the first (at least 1).
+    pub attempts: u32,
+    /// Least wait before a retry; each further retry waits twice as long as the last.
+    pub backoff_ms: u64,
+    /// Answer statuses retried (400-599).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub codes: Vec<u16>,
 }
 
 fn is_false(b: &bool) -> bool {
