@@ -47,6 +47,10 @@ pub(crate) struct AccessRecord {
     /// `body_deadline`, as `tollgate_client_timeouts_total`'s kinds); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_timeout: Option<&'static str>,
+    /// Each upstream attempt made again under the route's retry rule, as `ip:port reason`
+    /// of the attempt that failed (`upstream` is the last attempt's); absent without retries.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retried: Vec<String>,
 }
 
 /// Sender side of the access log.
@@ -208,6 +212,7 @@ mod tests {
             peer: "127.0.0.1:1".into(),
             grpc_status: None,
             client_timeout: None,
+            retried: Vec::new(),
         }
     }
 

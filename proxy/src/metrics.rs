@@ -95,6 +95,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
+    upstream_retries: Family<ReasonLabels, Counter>,
     tls_connections: Family<OutcomeLabels, Counter>,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
@@ -246,6 +247,7 @@ impl Metrics {
             duration_histogram as fn() -> Histogram,
         );
         let upstream_errors = Family::<KindLabels, Counter>::default();
+        let upstream_retries = Family::<ReasonLabels, Counter>::default();
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
@@ -267,6 +269,11 @@ impl Metrics {
             "upstream_errors",
             "Upstream failures, by kind",
             upstream_errors.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Upstream attempts made again under a route's retry rule, by why the last failed (connect, reset, timeout, status)",
+            upstream_retries.clone(),
         );
         registry.register(
             "tls_connections",
@@ -317,6 +324,7 @@ impl Metrics {
             requests,
             durations,
             upstream_errors,
+            upstream_retries,
             tls_connections,
             proxy_protocol_refused,
             connections_refused,
@@ -377,6 +385,15 @@ impl Metrics {
         self.upstream_errors
             .get_or_create(&KindLabels {
                 kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts an upstream attempt made again, by why the one before failed.
+    pub(crate) fn upstream_retry(&self, reason: crate::lifecycle::retry::RetryReason) {
+        self.upstream_retries
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
             })
             .inc();
     }

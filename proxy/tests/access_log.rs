@@ -2,7 +2,8 @@
 //! call's line carries its `grpc_status`, wherever the status came from (the upstream's
 //! trailers, the upstream's Trailers-Only head, or the gateway's own answer); other lines
 //! have none. A request whose body was cut as too slow carries why (`client_timeout`),
-//! which the metrics count too.
+//! which the metrics count too. A request retried under its route's retry rule names each
+//! retried attempt (`retried`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -323,5 +324,72 @@ async fn a_body_cut_as_too_slow_is_logged_and_counted_with_its_reason() {
         text.contains(r#"tollgate_client_timeouts_total{kind="body_deadline"} 1"#),
         "{text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A GET whose first endpoint refuses the connection, retried on the second: the line says
+/// which endpoint failed and how (`retried`), and `upstream` is the one that answered; a
+/// line of a request not retried has no such field.
+#[tokio::test]
+async fn a_retried_request_names_each_failed_attempt() {
+    let live = echo_backend("live").await;
+    let gone: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-retry-log-{}-{port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ep = |a: std::net::SocketAddr| tollgate_api::Endpoint {
+        ip: a.ip().to_string(),
+        port: a.port(),
+    };
+    let backend = Backend {
+        protocol: BackendProtocol::Http1,
+        load_balancer: LoadBalancer::RoundRobin,
+        endpoints: vec![ep(gone), ep(live.addr)],
+    };
+    let mut r = route("r", "/", vec![wb("b", 1)]);
+    r.retry = Some(tollgate_api::Retry {
+        attempts: 2,
+        backoff_ms: 1,
+        codes: vec![],
+    });
+    let plain = route("plain", "/plain", vec![wb("l", 1)]);
+    let t = table(
+        1,
+        vec![http_port(port, vec![plain, r])],
+        vec![("b", backend), ("l", backend_of(&[&live]))],
+    );
+    let (_proxy, lines) = start_binary(&dir.join("table.json"), &t, free_port(), &[]);
+    let c = h1_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut up = false;
+    for _ in 0..300 {
+        let req = Request::get(format!("{base}/first"))
+            .body(Full::default())
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
+            assert_eq!(r.status(), StatusCode::OK);
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the proxy never answered");
+    let l = line_for(&lines, "/first");
+    assert_eq!(
+        l["retried"],
+        serde_json::json!([format!("{gone} connect")]),
+        "{l}"
+    );
+    assert_eq!(l["upstream"], live.addr.to_string(), "{l}");
+    // A route without retries: no field.
+    assert_eq!(
+        get(&c, &format!("{base}/plain")).await.status,
+        StatusCode::OK
+    );
+    let l = line_for(&lines, "/plain");
+    assert!(l.get("retried").is_none(), "{l}");
     let _ = std::fs::remove_dir_all(&dir);
 }

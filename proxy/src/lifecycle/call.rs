@@ -1,10 +1,11 @@
 //! Phases 5 and 6 of the request lifecycle: the upstream exchange. In: the request parts
-//! after routing and filters, the picked endpoint, and the route's timeouts. Out: the
+//! after routing and filters, the picked endpoint, and the route's timeouts and retries. Out: the
 //! upstream's response with response filters applied, or the status a failure maps to
 //! (timeout → 504, connect/reset → 502, body over the limit → 413, body too slow → 408, a
 //! request body that broke its framing → 400). Upgrades (WebSocket)
 //! are forwarded over HTTP/1.1 and the two upgraded connections spliced.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
+use tollgate_api::{BackendProtocol, Cors, HeaderModifier, Retry};
 
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::pace::BodyPace;
@@ -21,19 +22,22 @@ use crate::lifecycle::answer::{close_after, status};
 use crate::lifecycle::body::{BodyFault, LimitedBody, ProxyBody, empty, full};
 use crate::lifecycle::filters;
 use crate::lifecycle::forward::{self, Added, TrailerFilter};
-use crate::lifecycle::mirror::{self, MAX_MIRROR_BODY, MirrorRequest};
+use crate::lifecycle::mirror::{self, MAX_HELD_BODY, MirrorRequest};
+use crate::lifecycle::retry::{Retrier, RetryReason};
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
 use crate::upgrade::OnUpgrade;
-use crate::upstream::EndpointState;
 use crate::upstream::pool::{PooledBody, UpstreamError};
+use crate::upstream::{Balancer, EndpointGuard, EndpointState, request_uri};
 
-/// Phase 5, call: body, mirrors and one upstream exchange.
+/// Phase 5, call: body, mirrors and the upstream exchange, tried again as the rule's
+/// retries allow (module `retry`).
 pub(crate) struct Call<'a> {
     pub shared: &'a Arc<Shared>,
     pub snapshot: &'a Snapshot,
     pub protocol: BackendProtocol,
-    pub endpoint: &'a EndpointState,
+    /// The backend's endpoints: a retry picks its endpoint here.
+    pub balancer: &'a Balancer,
     pub path_and_query: &'a str,
     pub mirrors: &'a [&'a str],
     /// Set by the request body past the limit or when too slow; `None` for a bodiless
@@ -46,17 +50,31 @@ pub(crate) struct Call<'a> {
     pub backend_timeout: Option<Duration>,
     /// The route forwards request trailers (filtered).
     pub request_trailers: bool,
+    /// The rule's retries; `None`: one attempt.
+    pub retry: Option<&'a Retry>,
+}
+
+/// The request body as the attempts send it.
+enum Prepared {
+    /// Held whole (none, or a small declared length): it can be sent more than once.
+    Held(Bytes),
+    /// Streamed from the client: sent once.
+    Streaming(ProxyBody),
 }
 
 impl Call<'_> {
-    /// Sends the request with the fields `added` (see [`crate::lifecycle::ctx::RequestCtx::upstream_head`]). The parts
-    /// are borrowed, not moved, down to the exchange: each move of them (224 bytes) into a
-    /// future was a `memcpy` (see [`crate::upstream::pool::EndpointPool::send_parts`]).
+    /// Sends the request with the fields `added` (see [`crate::lifecycle::ctx::RequestCtx::upstream_head`])
+    /// to `guard`'s endpoint, and again, as the rule's retries allow, to the endpoint a
+    /// retry picks (left in `guard`); each retry goes into `retried`. The parts are borrowed,
+    /// not moved, down to the exchange: each move of them (224 bytes) into a future was a
+    /// `memcpy` (see [`crate::upstream::pool::EndpointPool::send_parts`]).
     pub async fn send(
         &self,
         parts: &mut Parts,
         body: ClientBody,
         added: &Added<'_>,
+        guard: &mut EndpointGuard,
+        retried: &mut Vec<Retried>,
     ) -> Result<Response<PooledBody>, Failure> {
         let none = Added::default();
         let added = if self.mirrors.is_empty() {
@@ -66,11 +84,73 @@ impl Call<'_> {
             added.insert_into(&mut parts.headers);
             &none
         };
-        let body = self.prepare_body(body, parts).await?;
-        let call =
-            self.shared
-                .upstream
-                .send_parts(self.protocol, self.endpoint, parts, body, added);
+        let held = match self.prepare_body(body, parts).await? {
+            Prepared::Streaming(body) => {
+                return self.attempt(guard.endpoint(), parts, body, added).await;
+            }
+            Prepared::Held(held) => held,
+        };
+        let Some(policy) = self.retry else {
+            return self
+                .attempt(guard.endpoint(), parts, held_body(&held), added)
+                .await;
+        };
+        let mut retrier = Retrier::new(policy, &parts.method);
+        loop {
+            let result = if retrier.exhausted() {
+                self.attempt(guard.endpoint(), parts, held_body(&held), added)
+                    .await
+            } else {
+                // The exchange takes the head's fields (and h2c the whole head): a copy goes,
+                // the original stays for the next attempt.
+                let mut copy = copy_parts(parts);
+                self.attempt(guard.endpoint(), &mut copy, held_body(&held), added)
+                    .await
+            };
+            let reason = match &result {
+                Ok(resp) => retrier.after_answer(resp.status()),
+                Err(f) => retrier.after_failure(f),
+            };
+            let Some(reason) = reason else {
+                return result;
+            };
+            // An answer not taken closes its connection; a failed one is already gone.
+            drop(result);
+            self.shared.metrics.upstream_retry(reason);
+            retried.push(Retried {
+                upstream: guard.endpoint().addr,
+                reason,
+            });
+            tokio::time::sleep(retrier.next()).await;
+            let tried: Vec<SocketAddr> = retried.iter().map(|r| r.upstream).collect();
+            if let Some(next) = self.balancer.pick_untried(&tried) {
+                *guard = next;
+            }
+            // h2c picks its connection by the URI's authority. The same path and query
+            // made a URI for the first endpoint, so it makes one for this one.
+            if let Ok(uri) = request_uri(
+                self.protocol,
+                &guard.endpoint().authority,
+                self.path_and_query,
+                &parts.uri,
+            ) {
+                parts.uri = uri;
+            }
+        }
+    }
+
+    /// One upstream exchange, under the rule's backend timeout.
+    async fn attempt(
+        &self,
+        endpoint: &EndpointState,
+        parts: &mut Parts,
+        body: ProxyBody,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, Failure> {
+        let call = self
+            .shared
+            .upstream
+            .send_parts(self.protocol, endpoint, parts, body, added);
         let resp = match self.backend_timeout {
             Some(d) => tokio::time::timeout(d, call)
                 .await
@@ -87,8 +167,9 @@ impl Call<'_> {
         resp
     }
 
-    /// Builds the upstream body and starts any mirrors (which need a buffered copy).
-    async fn prepare_body(&self, body: ClientBody, parts: &Parts) -> Result<ProxyBody, Failure> {
+    /// Holds the body whole where mirrors or retries need it and it is small and declared,
+    /// and starts any mirrors; otherwise streams it.
+    async fn prepare_body(&self, body: ClientBody, parts: &Parts) -> Result<Prepared, Failure> {
         let fault = || self.fault.cloned().unwrap_or_default();
         let limited = |body| {
             let metrics = self.shared.metrics.clone();
@@ -101,29 +182,33 @@ impl Call<'_> {
                 body.boxed()
             }
         };
-        if self.mirrors.is_empty() {
-            return Ok(if body.is_end_stream() {
-                empty()
-            } else {
-                limited(body)
-            });
+        if body.is_end_stream() {
+            self.mirror(parts, Bytes::new());
+            return Ok(Prepared::Held(Bytes::new()));
         }
-        let bytes = if body.is_end_stream() {
-            Bytes::new()
-        } else if body
-            .size_hint()
-            .exact()
-            .is_some_and(|n| n <= MAX_MIRROR_BODY)
-        {
-            limited(body)
-                .collect()
-                .await
-                .map_err(|_| Failure::BodyRead)?
-                .to_bytes()
-        } else {
-            tracing::debug!("request body streams; not mirrored");
-            return Ok(limited(body));
-        };
+        // Held for retries only where no trailers would be lost by holding it.
+        let hold = !self.mirrors.is_empty() || (self.retry.is_some() && !self.request_trailers);
+        let small = body.size_hint().exact().is_some_and(|n| n <= MAX_HELD_BODY);
+        if !hold || !small {
+            if !self.mirrors.is_empty() {
+                tracing::debug!("request body streams; not mirrored");
+            }
+            return Ok(Prepared::Streaming(limited(body)));
+        }
+        let bytes = limited(body)
+            .collect()
+            .await
+            .map_err(|_| Failure::BodyRead)?
+            .to_bytes();
+        self.mirror(parts, bytes.clone());
+        Ok(Prepared::Held(bytes))
+    }
+
+    /// Starts the route's mirrors, if any, with the request and its held body.
+    fn mirror(&self, parts: &Parts, body: Bytes) {
+        if self.mirrors.is_empty() {
+            return;
+        }
         mirror::spawn(
             self.shared,
             self.snapshot,
@@ -132,11 +217,36 @@ impl Call<'_> {
                 method: &parts.method,
                 path_and_query: self.path_and_query,
                 headers: &parts.headers,
-                body: bytes.clone(),
+                body,
             },
         );
-        Ok(full(bytes))
     }
+}
+
+/// One retry, for the access log: the endpoint that failed and how.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retried {
+    pub upstream: SocketAddr,
+    pub reason: RetryReason,
+}
+
+/// A held body as one attempt sends it.
+fn held_body(held: &Bytes) -> ProxyBody {
+    if held.is_empty() {
+        empty()
+    } else {
+        full(held.clone())
+    }
+}
+
+/// A copy of a request head for one attempt (no extensions: an upgrade is never retried).
+fn copy_parts(parts: &Parts) -> Parts {
+    let mut req = http::Request::new(());
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers.clone();
+    req.into_parts().0
 }
 
 /// Phase 6: hop-by-hop removal, response header edits, CORS decoration, upgrade splice.

@@ -31,6 +31,7 @@ use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::Cut;
 use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
+use crate::lifecycle::call::Retried;
 use crate::lifecycle::call::response_filters;
 use crate::lifecycle::client::{Forwarded, PortClient};
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
@@ -102,6 +103,8 @@ pub(crate) struct Completion {
     pub metrics: Arc<RouteMetrics>,
     pub request_id: HeaderValue,
     pub guard: Option<EndpointGuard>,
+    /// The attempts made again under the route's retry rule (empty, unallocated, without).
+    pub retried: Vec<Retried>,
     /// The answer is the upstream's (every other one is the gateway's own).
     pub upstream_answered: bool,
     /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
@@ -205,6 +208,7 @@ impl<'s> RequestCtx<'s> {
                 metrics: shared.metrics.no_route().clone(),
                 request_id,
                 guard: None,
+                retried: Vec::new(),
                 upstream_answered: false,
                 log,
             },
@@ -365,6 +369,11 @@ impl OnComplete for Completion {
                     .as_deref()
                     .and_then(BodyFault::cut)
                     .map(Cut::as_str),
+                retried: self
+                    .retried
+                    .iter()
+                    .map(|r| format!("{} {}", r.upstream, r.reason.as_str()))
+                    .collect(),
             });
         }
     }

@@ -7,7 +7,7 @@
 //! is not sent (`kind="mirror_overload"`), so a slow mirror backend cannot exhaust the proxy.
 //!
 //! Bodies: a request without a body is mirrored as is; a request whose body is declared
-//! (`Content-Length`) at most [`MAX_MIRROR_BODY`] bytes is buffered once and sent to both the
+//! (`Content-Length`) at most [`MAX_HELD_BODY`] bytes is buffered once and sent to both the
 //! main backend and the mirror; a streaming (chunked) or larger body is not mirrored, since
 //! copying it would mean buffering without bound or slowing the main request to the mirror.
 
@@ -26,8 +26,8 @@ use crate::state::{Shared, Snapshot};
 use crate::upstream::pool::UpstreamError;
 use crate::upstream::request_uri;
 
-/// Largest declared body that is buffered to be mirrored.
-pub(crate) const MAX_MIRROR_BODY: u64 = 64 * 1024;
+/// Largest declared body that is held whole to be mirrored or retried (module `call`).
+pub(crate) const MAX_HELD_BODY: u64 = 64 * 1024;
 
 /// How long a mirrored request may take before it is abandoned.
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);

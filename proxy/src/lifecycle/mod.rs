@@ -20,5 +20,6 @@ pub(crate) mod intake;
 pub(crate) mod mirror;
 pub mod normalize;
 pub mod policy;
+pub(crate) mod retry;
 pub mod router;
 pub(crate) mod service;

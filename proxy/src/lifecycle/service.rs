@@ -262,6 +262,7 @@ async fn proxy<'s>(
         (a, b) => a.or(b),
     };
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
+    let (mut guard, mut retried) = (guard, Vec::new());
     let result = {
         let ctx = &*ctx;
         let pq = ctx.plan.path_and_query.as_deref().unwrap_or(target);
@@ -273,7 +274,7 @@ async fn proxy<'s>(
             shared,
             snapshot,
             protocol,
-            endpoint: guard.endpoint(),
+            balancer,
             path_and_query: pq,
             mirrors: &ctx.plan.mirrors,
             fault: fault.as_ref(),
@@ -281,15 +282,22 @@ async fn proxy<'s>(
             max_body_bytes,
             backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
             request_trailers: route.request_trailers,
+            // An upgrade is never sent twice: its connection is the client's.
+            retry: route
+                .retry
+                .as_ref()
+                .filter(|_| ctx.client_upgrade.is_none()),
         };
+        let send = call.send(&mut parts, body, &added, &mut guard, &mut retried);
         match deadline {
-            Some(d) => tokio::time::timeout_at(d, call.send(&mut parts, body, &added))
+            Some(d) => tokio::time::timeout_at(d, send)
                 .await
                 .unwrap_or(Err(Failure::Timeout)),
-            None => call.send(&mut parts, body, &added).await,
+            None => send.await,
         }
     };
     ctx.done.guard = Some(guard);
+    ctx.done.retried = retried;
     ctx.done.upstream_answered = result.is_ok();
     let mut resp = match result {
         // Phase 6.

@@ -233,6 +233,24 @@ impl Balancer {
         };
         self.endpoints.get(idx).cloned().map(EndpointGuard::new)
     }
+
+    /// Picks an endpoint for a retry: the balancer's choice when it is not in `tried`, else
+    /// an untried endpoint from a random start, else (every endpoint tried) the balancer's
+    /// choice; `None` when there are none.
+    pub fn pick_untried(&self, tried: &[SocketAddr]) -> Option<EndpointGuard> {
+        let first = self.pick()?;
+        let n = self.endpoints.len();
+        if n == 1 || !tried.contains(&first.endpoint().addr) {
+            return Some(first);
+        }
+        let start = fastrand::usize(..n);
+        (0..n)
+            .filter_map(|k| self.endpoints.get((start + k) % n))
+            .find(|e| !tried.contains(&e.addr))
+            .cloned()
+            .map(EndpointGuard::new)
+            .or(Some(first))
+    }
 }
 
 /// Builds every backend's balancer for a new snapshot.
@@ -337,6 +355,31 @@ mod tests {
             .pick()
             .is_none()
         );
+    }
+
+    #[test]
+    fn a_retry_goes_to_an_untried_endpoint_while_there_is_one() {
+        for lb in [LoadBalancer::RoundRobin, LoadBalancer::LeastRequest] {
+            let b = Balancer::build(&backend(lb, 3), None, &Upstream::new());
+            for _ in 0..50 {
+                let mut tried = vec![b.pick().unwrap().endpoint().addr];
+                let second = b.pick_untried(&tried).unwrap().endpoint().addr;
+                assert!(!tried.contains(&second));
+                tried.push(second);
+                let third = b.pick_untried(&tried).unwrap().endpoint().addr;
+                assert!(!tried.contains(&third));
+                tried.push(third);
+                // All tried: still an endpoint.
+                assert!(b.pick_untried(&tried).is_some());
+            }
+        }
+        let one = Balancer::build(
+            &backend(LoadBalancer::RoundRobin, 1),
+            None,
+            &Upstream::new(),
+        );
+        let only = one.pick().unwrap().endpoint().addr;
+        assert_eq!(one.pick_untried(&[only]).unwrap().endpoint().addr, only);
     }
 
     #[test]
