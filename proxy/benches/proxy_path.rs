@@ -89,6 +89,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
             Backend {
                 protocol: BackendProtocol::Http1,
                 load_balancer: LoadBalancer::LeastRequest,
+                settings: Default::default(),
                 endpoints: vec![Endpoint {
                     ip: backend.ip().to_string(),
                     port: backend.port(),

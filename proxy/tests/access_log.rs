@@ -155,6 +155,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     let grpc_backend = Backend {
         protocol: BackendProtocol::H2c,
         load_balancer: LoadBalancer::default(),
+        settings: Default::default(),
         endpoints: vec![tollgate_api::Endpoint {
             ip: "127.0.0.1".into(),
             port: grpc.port(),
@@ -347,6 +348,7 @@ async fn a_retried_request_names_each_failed_attempt() {
     let backend = Backend {
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::RoundRobin,
+        settings: Default::default(),
         endpoints: vec![ep(gone), ep(live.addr)],
     };
     let mut r = route("r", "/", vec![wb("b", 1)]);

@@ -39,6 +39,7 @@ fn in_order(addrs: &[SocketAddr]) -> Backend {
     Backend {
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::RoundRobin,
+        settings: Default::default(),
         endpoints: addrs
             .iter()
             .map(|a| Endpoint {

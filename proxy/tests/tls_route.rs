@@ -137,6 +137,7 @@ fn tcp_backend(addrs: &[SocketAddr]) -> Backend {
     Backend {
         protocol: BackendProtocol::Tcp,
         load_balancer: LoadBalancer::default(),
+        settings: Default::default(),
         endpoints: addrs
             .iter()
             .map(|a| Endpoint {

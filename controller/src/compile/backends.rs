@@ -242,6 +242,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
             protocol,
             load_balancer,
             endpoints: self.endpoints(ns, name, sp),
+            settings: tollgate_api::BackendSettings::default(),
         })
     }
 

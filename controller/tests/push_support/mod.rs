@@ -161,6 +161,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
             Backend {
                 protocol: BackendProtocol::Http1,
                 load_balancer: LoadBalancer::RoundRobin,
+                settings: Default::default(),
                 endpoints: endpoints
                     .iter()
                     .map(|a| Endpoint {

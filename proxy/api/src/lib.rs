@@ -15,9 +15,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod backend;
 pub mod client;
 pub mod policy;
 
+pub use backend::BackendSettings;
 pub use client::ClientSettings;
 pub use policy::PolicySet;
 
@@ -524,6 +526,13 @@ pub enum LoadBalancer {
     /// Round robin.
     #[serde(rename = "round-robin")]
     RoundRobin,
+    /// Uniformly random.
+    #[serde(rename = "random")]
+    Random,
+    /// A hash of what [`BackendSettings::hash`] names picks the endpoint (a ring, with
+    /// bounded load); a request without it is balanced least-request.
+    #[serde(rename = "consistent-hash")]
+    ConsistentHash,
 }
 
 /// A Service port and the endpoints behind it.
@@ -539,6 +548,9 @@ pub struct Backend {
     /// Endpoints to use, already filtered (ready ones, or serving+terminating ones when none is
     /// ready), sorted. Empty = 503.
     pub endpoints: Vec<Endpoint>,
+    /// What a BackendPolicy on the Service sets.
+    #[serde(default, skip_serializing_if = "BackendSettings::is_empty")]
+    pub settings: BackendSettings,
 }
 
 /// An IP and port.

@@ -5,16 +5,21 @@
 //! pooled HTTP/2-only client, whose one multiplexed connection per endpoint makes its
 //! per-request checkout cost matter less.
 //!
-//! Balancers are rebuilt with each snapshot but carry each endpoint's state (in-flight
-//! counter, connection pool) over from the previous snapshot, so least-request stays accurate
-//! and connections stay open across swaps; pools are shared by address across backends.
+//! Balancers (module `balancer`) are rebuilt with each snapshot but carry each endpoint's
+//! state (in-flight counter, connection pool, health) and the circuit breaker over from the
+//! previous snapshot, so least-request stays accurate, ejections hold and connections stay
+//! open across swaps; pools are shared by address across backends.
 
+pub(crate) mod balancer;
+pub(crate) mod breaker;
 pub(crate) mod h1;
+pub(crate) mod hash;
+pub(crate) mod outlier;
 pub(crate) mod pool;
 
-use std::net::{IpAddr, SocketAddr};
+pub(crate) use balancer::{Balancer, EndpointGuard, EndpointState};
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::request::Parts;
@@ -23,14 +28,14 @@ use http::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tollgate_api::{Backend, BackendProtocol, LoadBalancer, WeightedBackend};
+use tollgate_api::{Backend, BackendProtocol, WeightedBackend};
 
 use crate::FastMap;
 use crate::lifecycle::body::ProxyBody;
 use crate::lifecycle::forward::Added;
 use crate::upstream::pool::{
-    CONNECT_TIMEOUT, EndpointPool, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES,
-    PooledBody, Pools, UpstreamError, take_parts,
+    CONNECT_TIMEOUT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, PooledBody, Pools,
+    UpstreamError, take_parts,
 };
 
 /// The pooled HTTP/2-only client (h2c).
@@ -136,123 +141,6 @@ pub(crate) fn request_uri(
     }
 }
 
-/// One endpoint and its in-flight request count.
-#[derive(Debug)]
-pub(crate) struct EndpointState {
-    /// Where to connect.
-    pub addr: SocketAddr,
-    /// `ip:port` as a URI authority (IPv6 bracketed).
-    pub authority: Authority,
-    in_flight: AtomicUsize,
-    /// Idle HTTP/1.1 connections to `addr`.
-    pool: Arc<EndpointPool>,
-}
-
-/// Holds one in-flight slot on an endpoint until dropped.
-#[derive(Debug)]
-pub(crate) struct EndpointGuard(Arc<EndpointState>);
-
-impl EndpointGuard {
-    fn new(ep: Arc<EndpointState>) -> Self {
-        ep.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(ep)
-    }
-
-    /// The endpoint.
-    pub fn endpoint(&self) -> &EndpointState {
-        &self.0
-    }
-}
-
-impl Drop for EndpointGuard {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Endpoints of one backend and how to choose among them.
-#[derive(Debug)]
-pub(crate) struct Balancer {
-    /// Protocol spoken to the endpoints.
-    pub protocol: BackendProtocol,
-    lb: LoadBalancer,
-    endpoints: Vec<Arc<EndpointState>>,
-    next: AtomicUsize,
-}
-
-impl Balancer {
-    /// Builds a balancer, reusing endpoint state from `prev` for endpoints that stay.
-    /// Endpoints whose IP does not parse are skipped (the compiler emits only IPs).
-    pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
-        let endpoints = backend
-            .endpoints
-            .iter()
-            .filter_map(|e| {
-                let ip: IpAddr = match e.ip.parse() {
-                    Ok(ip) => ip,
-                    Err(_) => {
-                        tracing::warn!(ip = %e.ip, "skipping endpoint with invalid IP");
-                        return None;
-                    }
-                };
-                let addr = SocketAddr::new(ip, e.port);
-                if let Some(old) = prev.and_then(|p| p.endpoints.iter().find(|o| o.addr == addr)) {
-                    return Some(old.clone());
-                }
-                let authority = Authority::try_from(addr.to_string()).ok()?;
-                Some(Arc::new(EndpointState {
-                    addr,
-                    authority,
-                    in_flight: AtomicUsize::new(0),
-                    pool: upstream.pools.pool_for(addr),
-                }))
-            })
-            .collect();
-        Self {
-            protocol: backend.protocol,
-            lb: backend.load_balancer,
-            endpoints,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Picks an endpoint; `None` when there are none.
-    pub fn pick(&self) -> Option<EndpointGuard> {
-        let n = self.endpoints.len();
-        let idx = match (n, self.lb) {
-            (0, _) => return None,
-            (1, _) => 0,
-            (_, LoadBalancer::RoundRobin) => self.next.fetch_add(1, Ordering::Relaxed) % n,
-            (_, LoadBalancer::LeastRequest) => {
-                // Power of two choices: two distinct random endpoints, fewer in flight wins.
-                let a = fastrand::usize(..n);
-                let b = (a + 1 + fastrand::usize(..n - 1)) % n;
-                let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
-                if load(b) < load(a) { b } else { a }
-            }
-        };
-        self.endpoints.get(idx).cloned().map(EndpointGuard::new)
-    }
-
-    /// Picks an endpoint for a retry: the balancer's choice when it is not in `tried`, else
-    /// an untried endpoint from a random start, else (every endpoint tried) the balancer's
-    /// choice; `None` when there are none.
-    pub fn pick_untried(&self, tried: &[SocketAddr]) -> Option<EndpointGuard> {
-        let first = self.pick()?;
-        let n = self.endpoints.len();
-        if n == 1 || !tried.contains(&first.endpoint().addr) {
-            return Some(first);
-        }
-        let start = fastrand::usize(..n);
-        (0..n)
-            .filter_map(|k| self.endpoints.get((start + k) % n))
-            .find(|e| !tried.contains(&e.addr))
-            .cloned()
-            .map(EndpointGuard::new)
-            .or(Some(first))
-    }
-}
-
 /// Builds every backend's balancer for a new snapshot.
 pub(crate) fn build_balancers(
     backends: &std::collections::BTreeMap<String, Backend>,
@@ -287,55 +175,10 @@ pub(crate) fn pick_weighted(backends: &[WeightedBackend]) -> Option<&WeightedBac
 
 #[cfg(test)]
 mod tests {
-    use tollgate_api::Endpoint;
-
     use super::*;
 
-    fn backend(lb: LoadBalancer, n: u16) -> Backend {
-        Backend {
-            protocol: BackendProtocol::Http1,
-            load_balancer: lb,
-            endpoints: (0..n)
-                .map(|i| Endpoint {
-                    ip: "127.0.0.1".into(),
-                    port: 1000 + i,
-                })
-                .collect(),
-        }
-    }
-
     #[test]
-    fn round_robin_cycles() {
-        let b = Balancer::build(
-            &backend(LoadBalancer::RoundRobin, 3),
-            None,
-            &Upstream::new(),
-        );
-        let ports: Vec<u16> = (0..6)
-            .map(|_| b.pick().unwrap().endpoint().addr.port())
-            .collect();
-        assert_eq!(ports, [1000, 1001, 1002, 1000, 1001, 1002]);
-    }
-
-    #[test]
-    fn least_request_avoids_busy_endpoint() {
-        let b = Balancer::build(
-            &backend(LoadBalancer::LeastRequest, 2),
-            None,
-            &Upstream::new(),
-        );
-        let busy: Vec<_> = (0..10)
-            .map(|_| EndpointGuard::new(b.endpoints[0].clone()))
-            .collect();
-        for _ in 0..50 {
-            assert_eq!(b.pick().unwrap().endpoint().addr.port(), 1001);
-        }
-        drop(busy);
-        assert_eq!(b.endpoints[0].in_flight.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn zero_weight_never_picked_and_no_endpoints_is_none() {
+    fn zero_weight_never_picked() {
         let wb = |w| WeightedBackend {
             backend: Some(format!("b{w}")),
             weight: w,
@@ -346,54 +189,5 @@ mod tests {
             assert_eq!(pick_weighted(&list).unwrap().weight, 1);
         }
         assert!(pick_weighted(&[wb(0)]).is_none());
-        assert!(
-            Balancer::build(
-                &backend(LoadBalancer::RoundRobin, 0),
-                None,
-                &Upstream::new()
-            )
-            .pick()
-            .is_none()
-        );
-    }
-
-    #[test]
-    fn a_retry_goes_to_an_untried_endpoint_while_there_is_one() {
-        for lb in [LoadBalancer::RoundRobin, LoadBalancer::LeastRequest] {
-            let b = Balancer::build(&backend(lb, 3), None, &Upstream::new());
-            for _ in 0..50 {
-                let mut tried = vec![b.pick().unwrap().endpoint().addr];
-                let second = b.pick_untried(&tried).unwrap().endpoint().addr;
-                assert!(!tried.contains(&second));
-                tried.push(second);
-                let third = b.pick_untried(&tried).unwrap().endpoint().addr;
-                assert!(!tried.contains(&third));
-                tried.push(third);
-                // All tried: still an endpoint.
-                assert!(b.pick_untried(&tried).is_some());
-            }
-        }
-        let one = Balancer::build(
-            &backend(LoadBalancer::RoundRobin, 1),
-            None,
-            &Upstream::new(),
-        );
-        let only = one.pick().unwrap().endpoint().addr;
-        assert_eq!(one.pick_untried(&[only]).unwrap().endpoint().addr, only);
-    }
-
-    #[test]
-    fn in_flight_state_survives_rebuild() {
-        let def = backend(LoadBalancer::LeastRequest, 2);
-        let up = Upstream::new();
-        let old = Balancer::build(&def, None, &up);
-        let _g = old.pick().unwrap();
-        let new = Balancer::build(&def, Some(&old), &up);
-        let total: usize = new
-            .endpoints
-            .iter()
-            .map(|e| e.in_flight.load(Ordering::Relaxed))
-            .sum();
-        assert_eq!(total, 1);
     }
 }

@@ -191,6 +191,7 @@ pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
     Backend {
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::default(),
+        settings: Default::default(),
         endpoints: backends.iter().map(|b| b.endpoint()).collect(),
     }
 }
@@ -200,6 +201,7 @@ pub fn backend_at(addr: SocketAddr) -> Backend {
     Backend {
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::default(),
+        settings: Default::default(),
         endpoints: vec![Endpoint {
             ip: addr.ip().to_string(),
             port: addr.port(),

@@ -1,0 +1,314 @@
+//! Choosing an endpoint of a backend. In: the backend's endpoints and settings from the
+//! table (with each endpoint's state carried over from the previous snapshot), and per pick
+//! the request's hash key when the balancer hashes. Out: an [`EndpointGuard`] (one in-flight
+//! slot on the endpoint, its pool), or none when the backend has no endpoint.
+//!
+//! A backend with outlier detection or active health checks skips endpoints that are out
+//! (module `outlier`), unless fewer than its panic threshold are available: then every
+//! endpoint is used again. A backend with neither reads no clock and no health state.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::uri::Authority;
+use tollgate_api::backend::{BackendSettings, OutlierDetection};
+use tollgate_api::{Backend, BackendProtocol, LoadBalancer};
+
+use crate::upstream::Upstream;
+use crate::upstream::breaker::Breaker;
+use crate::upstream::hash::Ring;
+use crate::upstream::outlier::{Health, Outcome, now_ms};
+use crate::upstream::pool::EndpointPool;
+
+/// A consistent hash's endpoint may carry at most this share above the mean in-flight load
+/// (percent, "consistent hashing with bounded loads"): one hot key cannot overload it.
+const HASH_LOAD_FACTOR_PERCENT: usize = 125;
+
+/// One endpoint, its in-flight request count, pool and health.
+#[derive(Debug)]
+pub(crate) struct EndpointState {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// `ip:port` as a URI authority (IPv6 bracketed).
+    pub authority: Authority,
+    in_flight: AtomicUsize,
+    /// Idle HTTP/1.1 connections to `addr`.
+    pub(crate) pool: Arc<EndpointPool>,
+    /// Ejections and health-check verdicts.
+    pub health: Health,
+}
+
+/// Holds one in-flight slot on an endpoint until dropped.
+#[derive(Debug)]
+pub(crate) struct EndpointGuard(Arc<EndpointState>);
+
+impl EndpointGuard {
+    fn new(ep: Arc<EndpointState>) -> Self {
+        ep.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(ep)
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &EndpointState {
+        &self.0
+    }
+}
+
+impl Drop for EndpointGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Endpoints of one backend and how to choose among them.
+#[derive(Debug)]
+pub(crate) struct Balancer {
+    /// Protocol spoken to the endpoints.
+    pub protocol: BackendProtocol,
+    lb: LoadBalancer,
+    pub(crate) endpoints: Vec<Arc<EndpointState>>,
+    next: AtomicUsize,
+    /// The BackendPolicy settings.
+    pub settings: BackendSettings,
+    /// Some endpoint may be out (outlier detection or health checks configured).
+    guarded: bool,
+    /// The circuit breaker, when a limit is set.
+    pub breaker: Option<Arc<Breaker>>,
+    /// The hash ring of a `ConsistentHash` balancer.
+    ring: Option<Ring>,
+    /// Ejection decisions, one at a time (so `max_ejection_percent` holds under races).
+    eject: std::sync::Mutex<()>,
+}
+
+impl Balancer {
+    /// Builds a balancer, reusing endpoint state (in-flight counts, pools, health) and the
+    /// breaker from `prev` for what stays. Endpoints whose IP does not parse are skipped
+    /// (the compiler emits only IPs).
+    pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
+        // Endpoints the proxy starts with are not new: slow start is for those added later.
+        let joined = if prev.is_some() { now_ms() } else { 0 };
+        let endpoints: Vec<Arc<EndpointState>> = backend
+            .endpoints
+            .iter()
+            .filter_map(|e| {
+                let ip: IpAddr = match e.ip.parse() {
+                    Ok(ip) => ip,
+                    Err(_) => {
+                        tracing::warn!(ip = %e.ip, "skipping endpoint with invalid IP");
+                        return None;
+                    }
+                };
+                let addr = SocketAddr::new(ip, e.port);
+                if let Some(old) = prev.and_then(|p| p.endpoints.iter().find(|o| o.addr == addr)) {
+                    return Some(old.clone());
+                }
+                let authority = Authority::try_from(addr.to_string()).ok()?;
+                let health = Health::default();
+                health.joined.store(joined, Ordering::Relaxed);
+                Some(Arc::new(EndpointState {
+                    addr,
+                    authority,
+                    in_flight: AtomicUsize::new(0),
+                    pool: upstream.pools.pool_for(addr),
+                    health,
+                }))
+            })
+            .collect();
+        let settings = backend.settings.clone();
+        let breaker = match prev.and_then(|p| p.breaker.as_ref()) {
+            Some(b) if b.limits == settings.circuit_breaker => Some(b.clone()),
+            _ => Breaker::new(&settings.circuit_breaker),
+        };
+        let ring = (backend.load_balancer == LoadBalancer::ConsistentHash).then(|| {
+            let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
+            Ring::build(&keys)
+        });
+        Self {
+            protocol: backend.protocol,
+            lb: backend.load_balancer,
+            endpoints,
+            next: AtomicUsize::new(0),
+            guarded: settings.outlier.is_some() || settings.health_check.is_some(),
+            settings,
+            breaker,
+            ring,
+            eject: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// Picks an endpoint; `None` when there are none.
+    pub fn pick(&self) -> Option<EndpointGuard> {
+        self.pick_keyed(None)
+    }
+
+    /// Picks an endpoint, by `key` (a hash) on a consistent-hash balancer.
+    pub fn pick_keyed(&self, key: Option<u64>) -> Option<EndpointGuard> {
+        let n = self.endpoints.len();
+        if n == 0 {
+            return None;
+        }
+        let now = if self.guarded { now_ms() } else { 0 };
+        let idx = match (key, &self.ring) {
+            (Some(k), Some(ring)) => self.by_hash(ring, k, now),
+            _ => None,
+        }
+        .unwrap_or_else(|| self.by_algorithm(n, now));
+        self.endpoints.get(idx).cloned().map(EndpointGuard::new)
+    }
+
+    /// Whether endpoint `i` may be picked at `now`.
+    fn up(&self, i: usize, now: u64) -> bool {
+        !self.guarded || self.endpoints[i].health.available(now)
+    }
+
+    /// Round robin, random or power of two choices over the available endpoints.
+    fn by_algorithm(&self, n: usize, now: u64) -> usize {
+        if n == 1 {
+            return 0;
+        }
+        let load = |i: usize| self.load(i, now);
+        let first = match self.lb {
+            LoadBalancer::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            LoadBalancer::Random => fastrand::usize(..n),
+            LoadBalancer::LeastRequest | LoadBalancer::ConsistentHash => {
+                // Power of two choices: two distinct random endpoints, the lighter (and up) wins.
+                let a = fastrand::usize(..n);
+                let b = (a + 1 + fastrand::usize(..n - 1)) % n;
+                match (self.up(a, now), self.up(b, now)) {
+                    (true, true) if load(b) < load(a) => b,
+                    (true, _) => a,
+                    (false, true) => b,
+                    (false, false) => a,
+                }
+            }
+        };
+        if self.up(first, now) {
+            return first;
+        }
+        self.next_up(first, n, now).unwrap_or(first)
+    }
+
+    /// The first available endpoint after `from` in order, unless fewer than the panic
+    /// threshold are available (then `None`: any endpoint will do).
+    fn next_up(&self, from: usize, n: usize, now: u64) -> Option<usize> {
+        let up = (0..n).filter(|&i| self.up(i, now)).count();
+        if up == 0 || up * 100 < self.settings.panic_threshold_percent as usize * n {
+            return None;
+        }
+        (1..n).map(|k| (from + k) % n).find(|&i| self.up(i, now))
+    }
+
+    /// In-flight load, weighed up for an endpoint still in its slow-start window.
+    fn load(&self, i: usize, now: u64) -> usize {
+        let e = &self.endpoints[i];
+        let load = e.in_flight.load(Ordering::Relaxed);
+        let Some(window) = self.settings.connection.slow_start_ms.filter(|w| *w > 0) else {
+            return load;
+        };
+        let joined = e.health.joined.load(Ordering::Relaxed);
+        let now = if now == 0 { now_ms() } else { now };
+        let age = now.saturating_sub(joined);
+        if joined == 0 || age >= window {
+            return load;
+        }
+        // A tenth of the way in, it counts ten times its load.
+        let age = age.max(window / 10).max(1);
+        usize::try_from((load as u64 + 1) * window / age).unwrap_or(usize::MAX)
+    }
+
+    /// The first endpoint on the ring from `key` that is up and under its bounded load.
+    fn by_hash(&self, ring: &Ring, key: u64, now: u64) -> Option<usize> {
+        let n = self.endpoints.len();
+        let total: usize = self
+            .endpoints
+            .iter()
+            .map(|e| e.in_flight.load(Ordering::Relaxed))
+            .sum();
+        let cap = ((total + 1) * HASH_LOAD_FACTOR_PERCENT).div_ceil(100 * n);
+        let mut seen = 0usize;
+        let mut tried = vec![false; n];
+        for i in ring.walk(key) {
+            if tried[i] {
+                continue;
+            }
+            tried[i] = true;
+            seen += 1;
+            if self.up(i, now) && self.endpoints[i].in_flight.load(Ordering::Relaxed) < cap {
+                return Some(i);
+            }
+            if seen == n {
+                break;
+            }
+        }
+        None
+    }
+
+    /// Picks an endpoint for a retry: the balancer's choice when it is not in `tried`, else
+    /// an untried endpoint from a random start, else (every endpoint tried) the balancer's
+    /// choice; `None` when there are none.
+    pub fn pick_untried(&self, tried: &[SocketAddr]) -> Option<EndpointGuard> {
+        let first = self.pick()?;
+        let n = self.endpoints.len();
+        if n == 1 || !tried.contains(&first.endpoint().addr) {
+            return Some(first);
+        }
+        let now = if self.guarded { now_ms() } else { 0 };
+        let start = fastrand::usize(..n);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| self.up(i, now) && !tried.contains(&self.endpoints[i].addr))
+            .and_then(|i| self.endpoints.get(i))
+            .cloned()
+            .map(EndpointGuard::new)
+            .or(Some(first))
+    }
+
+    /// Counts one attempt's outcome on `endpoint` for outlier detection; true when it
+    /// ejected the endpoint.
+    pub fn record(&self, endpoint: &EndpointState, outcome: Outcome) -> bool {
+        let Some(od) = &self.settings.outlier else {
+            return false;
+        };
+        if !endpoint.health.record(outcome, od) {
+            return false;
+        }
+        self.try_eject(endpoint, od)
+    }
+
+    /// Ejects `endpoint` unless that takes more than `max_ejection_percent` of the backend
+    /// out (one may always go).
+    fn try_eject(&self, endpoint: &EndpointState, od: &OutlierDetection) -> bool {
+        let _one_at_a_time = self.eject.lock();
+        let now = now_ms();
+        if endpoint.health.ejected(now) {
+            return false;
+        }
+        let n = self.endpoints.len();
+        let ejected = self
+            .endpoints
+            .iter()
+            .filter(|e| e.health.ejected(now))
+            .count();
+        if ejected > 0 && (ejected + 1) * 100 > od.max_ejection_percent as usize * n {
+            return false;
+        }
+        endpoint.health.eject(now, od);
+        tracing::info!(endpoint = %endpoint.addr, "endpoint ejected by outlier detection");
+        true
+    }
+
+    /// Endpoints available now, and all of them (for the healthy-endpoints gauge).
+    pub fn availability(&self) -> (usize, usize) {
+        let now = now_ms();
+        let n = self.endpoints.len();
+        let up = (0..n)
+            .filter(|&i| self.endpoints[i].health.available(now))
+            .count();
+        (up, n)
+    }
+}
+
+#[cfg(test)]
+#[path = "balancer_tests.rs"]
+mod tests;
