@@ -96,6 +96,8 @@ pub struct Metrics {
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
     upstream_retries: Family<ReasonLabels, Counter>,
+    breaker_rejections: Family<LimitLabels, Counter>,
+    ejections: Counter,
     tls_connections: Family<OutcomeLabels, Counter>,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
@@ -181,6 +183,12 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+/// Labels of `tollgate_circuit_breaker_rejections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: &'static str,
+}
+
 /// Why the proxy cut a slow or idle client off: the `kind` label of
 /// `tollgate_client_timeouts_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +256,8 @@ impl Metrics {
         );
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let upstream_retries = Family::<ReasonLabels, Counter>::default();
+        let breaker_rejections = Family::<LimitLabels, Counter>::default();
+        let ejections = Counter::default();
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
@@ -274,6 +284,16 @@ impl Metrics {
             "upstream_retries",
             "Upstream attempts made again under a route's retry rule, by why the last failed (connect, reset, timeout, status)",
             upstream_retries.clone(),
+        );
+        registry.register(
+            "circuit_breaker_rejections",
+            "Requests and retries a backend's circuit breaker refused, by limit (max_requests, max_pending_requests, max_retries)",
+            breaker_rejections.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Endpoints ejected by outlier detection",
+            ejections.clone(),
         );
         registry.register(
             "tls_connections",
@@ -325,6 +345,8 @@ impl Metrics {
             durations,
             upstream_errors,
             upstream_retries,
+            breaker_rejections,
+            ejections,
             tls_connections,
             proxy_protocol_refused,
             connections_refused,
@@ -396,6 +418,20 @@ impl Metrics {
                 reason: reason.as_str(),
             })
             .inc();
+    }
+
+    /// Counts a request or retry a circuit breaker refused.
+    pub(crate) fn circuit_breaker_rejected(&self, limit: crate::upstream::breaker::Limit) {
+        self.breaker_rejections
+            .get_or_create(&LimitLabels {
+                limit: limit.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts an endpoint ejected by outlier detection.
+    pub(crate) fn upstream_ejection(&self) {
+        self.ejections.inc();
     }
 
     /// Counts a slow or idle client cut off.

@@ -27,6 +27,7 @@ use crate::lifecycle::retry::{Retrier, RetryReason};
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
 use crate::upgrade::OnUpgrade;
+use crate::upstream::outlier::Outcome;
 use crate::upstream::pool::{PooledBody, UpstreamError};
 use crate::upstream::{Balancer, EndpointGuard, EndpointState, request_uri};
 
@@ -96,6 +97,8 @@ impl Call<'_> {
                 .await;
         };
         let mut retrier = Retrier::new(policy, &parts.method);
+        // The breaker's `maxRetries` slot of the retry in flight.
+        let mut _slot = None;
         loop {
             let result = if retrier.exhausted() {
                 self.attempt(guard.endpoint(), parts, held_body(&held), added)
@@ -114,6 +117,15 @@ impl Call<'_> {
             let Some(reason) = reason else {
                 return result;
             };
+            if let Some(breaker) = &self.balancer.breaker {
+                match breaker.retry() {
+                    Ok(slot) => _slot = Some(slot),
+                    Err(limit) => {
+                        self.shared.metrics.circuit_breaker_rejected(limit);
+                        return result;
+                    }
+                }
+            }
             // An answer not taken closes its connection; a failed one is already gone.
             drop(result);
             self.shared.metrics.upstream_retry(reason);
@@ -164,7 +176,31 @@ impl Call<'_> {
         {
             fault.answered();
         }
+        if self.balancer.settings.outlier.is_some() {
+            self.record(endpoint, &resp);
+        }
         resp
+    }
+
+    /// Counts an attempt's outcome for outlier detection: an answer by its status, a failed
+    /// connection or a backend timeout as a local failure; a client's own body failing (too
+    /// large, too slow, broken) is not the endpoint's fault and does not count.
+    fn record(&self, endpoint: &EndpointState, resp: &Result<Response<PooledBody>, Failure>) {
+        let outcome = match resp {
+            Ok(r) => Outcome::Answered(r.status().as_u16()),
+            Err(Failure::BodyRead) => return,
+            Err(_)
+                if self
+                    .fault
+                    .is_some_and(|f| f.too_large() || f.cut().is_some() || f.client()) =>
+            {
+                return;
+            }
+            Err(Failure::Upstream(_) | Failure::Timeout) => Outcome::Local,
+        };
+        if self.balancer.record(endpoint, outcome) {
+            self.shared.metrics.upstream_ejection();
+        }
     }
 
     /// Holds the body whole where mirrors or retries need it and it is small and declared,

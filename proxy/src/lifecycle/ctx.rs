@@ -103,6 +103,9 @@ pub(crate) struct Completion {
     pub metrics: Arc<RouteMetrics>,
     pub request_id: HeaderValue,
     pub guard: Option<EndpointGuard>,
+    /// The request's place under its backend's circuit breaker, held to the answer's end
+    /// (its connection is in use until then).
+    pub admission: Option<crate::upstream::breaker::Admission>,
     /// The attempts made again under the route's retry rule (empty, unallocated, without).
     pub retried: Vec<Retried>,
     /// The answer is the upstream's (every other one is the gateway's own).
@@ -208,6 +211,7 @@ impl<'s> RequestCtx<'s> {
                 metrics: shared.metrics.no_route().clone(),
                 request_id,
                 guard: None,
+                admission: None,
                 retried: Vec::new(),
                 upstream_answered: false,
                 log,

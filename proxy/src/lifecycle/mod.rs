@@ -8,6 +8,7 @@
 //! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
 //! the request body and counts the answer's.
 
+pub(crate) mod affinity;
 pub(crate) mod answer;
 pub(crate) mod body;
 pub(crate) mod call;

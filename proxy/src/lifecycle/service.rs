@@ -36,6 +36,7 @@ use tollgate_api::{BackendProtocol, Filter};
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::BodyPace;
+use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
 use crate::lifecycle::body::{BodyFault, ProxyBody, full};
 use crate::lifecycle::call::{Call, Failure, failure_response};
@@ -47,6 +48,7 @@ use crate::lifecycle::mirror;
 use crate::lifecycle::policy::enforce::RequestInfo;
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
+use crate::upstream::breaker::Admission;
 use crate::upstream::{Balancer, EndpointGuard};
 
 /// Handles one request; never fails (errors become status codes).
@@ -229,17 +231,27 @@ async fn proxy<'s>(
     }
 
     // Phase 4: backend (and its filters), then endpoint.
-    let (balancer, guard) = match pick_backend(
+    let source = ctx.source().0.ip();
+    let Picked {
+        balancer,
+        guard,
+        admission,
+        set_cookie,
+    } = match pick_backend(
         shared,
         snapshot,
         &route.backends,
         &mut parts,
         &view,
         &mut ctx.plan,
-    ) {
+        source,
+    )
+    .await
+    {
         Ok(picked) => picked,
         Err(resp) => return *resp,
     };
+    ctx.done.admission = admission;
 
     // Phase 5: forward.
     let protocol = if ctx.client_upgrade.is_some() {
@@ -304,6 +316,9 @@ async fn proxy<'s>(
         Ok(resp) => ctx.answer(resp),
         Err(f) => failure_response(shared, f, fault.as_deref()),
     };
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(http::header::SET_COOKIE, cookie);
+    }
     if let Some(decision) = &ctx.rate_limit {
         decision.insert_headers(resp.headers_mut());
     }
@@ -333,16 +348,28 @@ fn request_filters<'s>(
         .find_map(|f| request_filter(f, parts, view, plan))
 }
 
+/// What phase 4 chose.
+struct Picked<'s> {
+    balancer: &'s Balancer,
+    guard: EndpointGuard,
+    /// The request's place under the backend's circuit breaker, if it has one.
+    admission: Option<Admission>,
+    /// A consistent-hash cookie the request lacked, for its answer.
+    set_cookie: Option<http::HeaderValue>,
+}
+
 /// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters,
-/// then an endpoint (none → 503).
-fn pick_backend<'s>(
+/// the circuit breaker (503 beyond a limit), then an endpoint (none → 503), by the request's
+/// key on a consistent-hash backend.
+async fn pick_backend<'s>(
     shared: &Shared,
     snapshot: &'s Snapshot,
     backends: &'s [tollgate_api::WeightedBackend],
     parts: &mut Parts,
     view: &RequestView<'_>,
     plan: &mut Plan<'s>,
-) -> Result<(&'s Balancer, EndpointGuard), Box<Response<ProxyBody>>> {
+    source: std::net::IpAddr,
+) -> Result<Picked<'s>, Box<Response<ProxyBody>>> {
     // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
     // GRPCRoute requires for traffic to invalid backends.
     let internal = || {
@@ -359,13 +386,32 @@ fn pick_backend<'s>(
         return Err(Box::new(resp));
     }
     let balancer = snapshot.backends.get(key).ok_or_else(internal)?;
-    let Some(guard) = balancer.pick() else {
+    let admission = match &balancer.breaker {
+        None => None,
+        Some(breaker) => match breaker.admit().await {
+            Ok(a) => Some(a),
+            Err(limit) => {
+                shared.metrics.circuit_breaker_rejected(limit);
+                return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
+            }
+        },
+    };
+    let (hash, set_cookie) = match &balancer.settings.hash {
+        Some(on) => affinity::key(on, &parts.headers, source),
+        None => (None, None),
+    };
+    let Some(guard) = balancer.pick_keyed(hash) else {
         shared
             .metrics
             .upstream_error(UpstreamErrorKind::NoEndpoints);
         return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
     };
-    Ok((balancer, guard))
+    Ok(Picked {
+        balancer,
+        guard,
+        admission,
+        set_cookie,
+    })
 }
 
 #[cfg(test)]
