@@ -87,7 +87,7 @@ enum Command {
         #[arg(long, short)]
         out: PathBuf,
     },
-    /// Write the CRDs of Tollgate's own kinds (RateLimitPolicy, AuthPolicy, ClientPolicy), generated from
+    /// Write the CRDs of Tollgate's own kinds (RateLimitPolicy, AuthPolicy, ClientPolicy, BackendPolicy), generated from
     /// the Rust types, to DIR; with --check, exit 1 if DIR differs instead of writing.
     Crdgen {
         /// Output directory.

@@ -104,6 +104,7 @@ pub fn render(out: &Output) -> String {
         ("RateLimitPolicy", &out.rate_limit_policies),
         ("AuthPolicy", &out.auth_policies),
         ("ClientPolicy", &out.client_policies),
+        ("BackendPolicy", &out.backend_policies),
     ] {
         for (key, st) in statuses {
             let _ = writeln!(text, "{kind} {key}");

@@ -141,6 +141,7 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("tollgate.dev", "RateLimitPolicy") => push!(rate_limit_policies),
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),
         ("tollgate.dev", "ClientPolicy") => push!(client_policies),
+        ("tollgate.dev", "BackendPolicy") => push!(backend_policies),
         ("", "Service") => push!(services),
         ("", "Secret") => push!(secrets),
         ("", "ConfigMap") => push!(config_maps),

@@ -52,7 +52,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
-use crate::crds::{AuthPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
 
 pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;
@@ -94,6 +94,8 @@ pub struct Inputs {
     pub auth_policies: Vec<AuthPolicy>,
     /// ClientPolicies.
     pub client_policies: Vec<ClientPolicy>,
+    /// BackendPolicies.
+    pub backend_policies: Vec<BackendPolicy>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -131,6 +133,7 @@ impl Inputs {
             rate_limit_policies: Vec::new(),
             auth_policies: Vec::new(),
             client_policies: Vec::new(),
+            backend_policies: Vec::new(),
             last_valid: LastValid::default(),
             now,
             warnings: Vec::new(),
@@ -154,6 +157,7 @@ impl Inputs {
         self.rate_limit_policies.extend(other.rate_limit_policies);
         self.auth_policies.extend(other.auth_policies);
         self.client_policies.extend(other.client_policies);
+        self.backend_policies.extend(other.backend_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -203,6 +207,12 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub client_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every BackendPolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub backend_policies: BTreeMap<ObjectKey, PolicyStatus>,
     /// The policies valid now, or kept at their last valid version: the next compile's
     /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
     #[serde(skip)]
@@ -277,6 +287,8 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
             p.client = settings;
         }
     }
+    let backend_policies =
+        policies::backend::apply(&inputs.backend_policies, &idx, &mut tables, now);
     let mut policies = policies;
     policies.last_valid.client_policies = std::mem::take(&mut client.last_valid);
     for (gw, by) in std::mem::take(&mut client.affecting_gateways) {
@@ -367,6 +379,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
         client_policies: client.status,
+        backend_policies,
         last_valid: policies.last_valid,
     }
 }

@@ -118,6 +118,7 @@ impl Output {
             ("RateLimitPolicy", &self.rate_limit_policies),
             ("AuthPolicy", &self.auth_policies),
             ("ClientPolicy", &self.client_policies),
+            ("BackendPolicy", &self.backend_policies),
         ] {
             for (key, s) in statuses {
                 push(&mut out, kind, key, None, &s.conditions);

@@ -1,4 +1,4 @@
-//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy and ClientPolicy (group `tollgate.dev`, `v1alpha1`).
+//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy, ClientPolicy and BackendPolicy (group `tollgate.dev`, `v1alpha1`).
 //!
 //! In: nothing. Out: the Rust types (serde + JSON schema) the controller watches and the
 //! compiler reads, and [`crd_yaml`], the CRD manifests `tollgate crdgen` writes to crds/.
@@ -6,11 +6,13 @@
 //! Gateway, HTTPRoute or GRPCRoute in the policy's namespace, `sectionName` = listener or rule).
 
 pub mod auth;
+pub mod backend;
 pub mod client;
 pub mod common;
 pub mod ratelimit;
 
 pub use auth::{AuthPolicy, AuthPolicySpec};
+pub use backend::{BackendPolicy, BackendPolicySpec};
 pub use client::{ClientPolicy, ClientPolicySpec};
 pub use common::{PolicyStatus, Predicate, Strategy, TargetRef};
 pub use ratelimit::{RateLimitPolicy, RateLimitPolicySpec};
@@ -24,6 +26,7 @@ pub const GROUP: &str = "tollgate.dev";
 pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
     let mut crds = [
         AuthPolicy::crd(),
+        BackendPolicy::crd(),
         ClientPolicy::crd(),
         RateLimitPolicy::crd(),
     ];

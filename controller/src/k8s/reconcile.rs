@@ -458,6 +458,11 @@ impl Reconciler {
                 .client_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "BackendPolicy" => self
+                .stores
+                .backend_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             _ => self
                 .stores
                 .http_routes
@@ -604,6 +609,9 @@ impl Reconciler {
                 } else if *kind == "ClientPolicy" {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.client_policies.get(&r).and_then(|o| o.uid())
+                } else if *kind == "BackendPolicy" {
+                    let r = ObjectRef::new(name).within(ns);
+                    self.stores.backend_policies.get(&r).and_then(|o| o.uid())
                 } else {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.auth_policies.get(&r).and_then(|o| o.uid())

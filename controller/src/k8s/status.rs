@@ -37,7 +37,7 @@ use super::route_status::{apply_route, plan_routes, route_rejections};
 use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
-use crate::crds::{AuthPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
 
 /// Field manager of status writes of the default controller; every controller writes status
 /// as its own controller name (see [`apply`]), so two Tollgate controllers with different
@@ -203,6 +203,11 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             &out.client_policies,
             policy_statuses(&stores.client_policies),
         ),
+        (
+            "BackendPolicy",
+            &out.backend_policies,
+            policy_statuses(&stores.backend_policies),
+        ),
     ] {
         for (key, desired) in desired_all {
             let Some(old) = store.get(key) else {
@@ -329,6 +334,10 @@ fn store_meta(
             .client_policies
             .get(&ObjectRef::new(name).within(ns))
             .map(|o| o.meta().clone()),
+        "BackendPolicy" => stores
+            .backend_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone()),
         _ => stores
             .auth_policies
             .get(&ObjectRef::new(name).within(ns))
@@ -363,6 +372,12 @@ pub trait HasPolicyStatus {
 }
 
 impl HasPolicyStatus for RateLimitPolicy {
+    fn policy_status(&self) -> Option<&PolicyStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl HasPolicyStatus for BackendPolicy {
     fn policy_status(&self) -> Option<&PolicyStatus> {
         self.status.as_ref()
     }
@@ -519,6 +534,7 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
             let old = match *kind {
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
                 "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
+                "BackendPolicy" => policy_statuses(&stores.backend_policies).remove(key),
                 _ => policy_statuses(&stores.auth_policies).remove(key),
             }
             .unwrap_or_default();
@@ -599,6 +615,10 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
                     .await?;
             } else if *kind == "ClientPolicy" {
                 Api::<ClientPolicy>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            } else if *kind == "BackendPolicy" {
+                Api::<BackendPolicy>::namespaced(client.clone(), &key.namespace)
                     .patch_status(&key.name, &pp, &patch)
                     .await?;
             } else {

@@ -60,7 +60,7 @@ use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
-use crate::crds::{AuthPolicy, ClientPolicy, RateLimitPolicy};
+use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, RateLimitPolicy};
 
 /// The kinds the controller watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -91,6 +91,8 @@ pub enum Kind {
     AuthPolicy,
     /// tollgate.dev ClientPolicy.
     ClientPolicy,
+    /// tollgate.dev BackendPolicy.
+    BackendPolicy,
     /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
     CredentialSecret,
     /// core ConfigMap (payload only while a Gateway references it).
@@ -114,6 +116,7 @@ impl Kind {
             Self::RateLimitPolicy => "RateLimitPolicy",
             Self::AuthPolicy => "AuthPolicy",
             Self::ClientPolicy => "ClientPolicy",
+            Self::BackendPolicy => "BackendPolicy",
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
         }
@@ -189,6 +192,8 @@ pub struct Stores {
     pub auth_policies: Store<Lenient<AuthPolicy>>,
     /// ClientPolicies.
     pub client_policies: Store<Lenient<ClientPolicy>>,
+    /// BackendPolicies.
+    pub backend_policies: Store<Lenient<BackendPolicy>>,
     /// Secrets labelled [`CREDENTIAL_LABEL`].
     pub credential_secrets: Store<Lenient<Secret>>,
     /// ConfigMaps (payload only while referenced).
@@ -270,6 +275,15 @@ impl Stores {
             OPTIONAL_RETRY,
         );
         tasks.push(t);
+        // Leaving BackendPolicies out weakens no access rule: a cluster without the CRD
+        // (or RBAC for it) is served as before the kind existed.
+        let (backend_policies, t) = w(Kind::BackendPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
         tasks.push(t);
@@ -287,6 +301,7 @@ impl Stores {
             rate_limit_policies,
             auth_policies,
             client_policies,
+            backend_policies,
             credential_secrets,
             config_maps,
             referenced,
@@ -309,6 +324,7 @@ impl Stores {
         self.rate_limit_policies.wait_until_ready().await?;
         self.auth_policies.wait_until_ready().await?;
         self.client_policies.wait_until_ready().await?;
+        self.backend_policies.wait_until_ready().await?;
         self.credential_secrets.wait_until_ready().await?;
         self.config_maps.wait_until_ready().await
     }
@@ -343,6 +359,7 @@ impl Stores {
         inputs.rate_limit_policies = well_formed(&self.rate_limit_policies);
         inputs.auth_policies = well_formed(&self.auth_policies);
         inputs.client_policies = well_formed(&self.client_policies);
+        inputs.backend_policies = well_formed(&self.backend_policies);
         inputs
     }
 }
@@ -604,6 +621,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::RateLimitPolicy
             | Kind::AuthPolicy
             | Kind::ClientPolicy
+            | Kind::BackendPolicy
     );
     match old {
         Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {

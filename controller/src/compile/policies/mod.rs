@@ -22,6 +22,7 @@
 //! a valid atomic override from a less specific target replaces whatever it would have said.
 
 pub mod auth;
+pub mod backend;
 pub mod client;
 pub mod last_valid;
 pub mod ratelimit;

@@ -1,0 +1,488 @@
+//! BackendPolicy into the route tables. In: the BackendPolicies, the Services (by index) and
+//! the tables built from the routes. Out: each table backend of a targeted Service port
+//! carries the winning policy's settings (and balancer), and each policy's status.
+//!
+//! Which policy a backend gets: one naming its port (`sectionName`) over one naming the
+//! whole Service; between two of the same reach, the older (then by name) wins and the
+//! other is `Conflicted` for that target. An invalid policy is `Accepted=False` (`Invalid`)
+//! and applies nowhere: the Service is balanced as without it. BackendPolicy grants and
+//! denies nothing, so there is nothing to close when it is wrong.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tollgate_api::backend::{
+    BackendSettings, CircuitBreaker, Connection, DEFAULT_PANIC_THRESHOLD_PERCENT, HashOn,
+    HealthCheck, OutlierDetection, Probe,
+};
+use tollgate_api::{LoadBalancer, ObjectKey, RouteTable};
+
+use super::reason;
+use super::status::gateway_ancestor;
+use crate::compile::conditions::{ACCEPTED, Conds};
+use crate::compile::index::{Index, key_of};
+use crate::compile::rules::parse_duration_ms;
+use crate::crds::backend::{
+    ActiveHealthCheck, BackendPolicy, BackendPolicySpec, ConsistentHashSpec, HealthCheckType,
+    LoadBalancerType, OutlierDetectionSpec,
+};
+use crate::crds::common::PolicyStatus;
+
+/// Outlier detection defaults (Envoy's).
+const DEFAULT_CONSECUTIVE_5XX: u32 = 5;
+const DEFAULT_INTERVAL_MS: u64 = 10_000;
+const DEFAULT_BASE_EJECTION_MS: u64 = 30_000;
+const DEFAULT_MAX_EJECTION_PERCENT: u32 = 10;
+/// Health check defaults.
+const DEFAULT_HC_INTERVAL_MS: u64 = 5_000;
+const DEFAULT_HC_TIMEOUT_MS: u64 = 1_000;
+const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
+const DEFAULT_HEALTHY_THRESHOLD: u32 = 1;
+/// Shortest health-check interval: each check is a request to every endpoint from every
+/// proxy replica.
+const MIN_HC_INTERVAL_MS: u64 = 100;
+
+/// What a valid policy compiles to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compiled {
+    /// The balancer it sets, if it sets one.
+    pub load_balancer: Option<LoadBalancer>,
+    pub settings: BackendSettings,
+}
+
+/// Applies the policies to `tables`; the status of each policy.
+pub fn apply(
+    policies: &[BackendPolicy],
+    idx: &Index<'_>,
+    tables: &mut BTreeMap<ObjectKey, RouteTable>,
+    now: &Time,
+) -> BTreeMap<ObjectKey, PolicyStatus> {
+    // Oldest first, then by key: the order that settles conflicts.
+    let mut order: Vec<&BackendPolicy> = policies.iter().collect();
+    order.sort_by(|a, b| {
+        let created = |p: &BackendPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        created(a)
+            .cmp(&created(b))
+            .then_with(|| key_of(&a.metadata).cmp(&key_of(&b.metadata)))
+    });
+    let compiled: Vec<Result<Compiled, String>> =
+        order.iter().map(|p| compile_spec(&p.spec)).collect();
+    // (namespace, service, port name or None) → the policy that holds it.
+    let mut holders: BTreeMap<(String, String, Option<String>), usize> = BTreeMap::new();
+    let mut conflicts: Vec<Vec<String>> = vec![Vec::new(); order.len()];
+    let mut missing: Vec<Vec<String>> = vec![Vec::new(); order.len()];
+    for (i, p) in order.iter().enumerate() {
+        if compiled[i].is_err() {
+            continue;
+        }
+        let ns = key_of(&p.metadata).namespace;
+        for t in &p.spec.target_refs {
+            let what = match &t.section_name {
+                Some(s) => format!("Service {}/{} port {s}", ns, t.name),
+                None => format!("Service {}/{}", ns, t.name),
+            };
+            let svc = (t.group.is_empty() && t.kind == "Service")
+                .then(|| idx.services.get(&(ns.as_str(), t.name.as_str())))
+                .flatten();
+            let port_ok = match (svc, &t.section_name) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(s), Some(port)) => s
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.ports.as_ref())
+                    .is_some_and(|ps| ps.iter().any(|sp| sp.name.as_deref() == Some(port))),
+            };
+            if !port_ok {
+                missing[i].push(what);
+                continue;
+            }
+            let slot = (ns.clone(), t.name.clone(), t.section_name.clone());
+            match holders.get(&slot) {
+                Some(&j) if j != i => conflicts[i].push(format!(
+                    "{what} already has BackendPolicy {}",
+                    key_of(&order[j].metadata)
+                )),
+                _ => {
+                    holders.insert(slot, i);
+                }
+            }
+        }
+    }
+    // Each table backend of a held Service port takes its policy.
+    let mut reached: Vec<BTreeSet<ObjectKey>> = vec![BTreeSet::new(); order.len()];
+    if !holders.is_empty() {
+        for (gw, table) in tables.iter_mut() {
+            for (key, backend) in table.backends.iter_mut() {
+                let Some((ns, svc, port)) = service_port(key) else {
+                    continue;
+                };
+                let port_name = idx
+                    .services
+                    .get(&(ns, svc))
+                    .and_then(|s| s.spec.as_ref())
+                    .and_then(|s| s.ports.as_ref())
+                    .and_then(|ps| ps.iter().find(|sp| sp.port == i32::from(port)))
+                    .and_then(|sp| sp.name.clone());
+                let held = port_name
+                    .and_then(|n| holders.get(&(ns.to_owned(), svc.to_owned(), Some(n))))
+                    .or_else(|| holders.get(&(ns.to_owned(), svc.to_owned(), None)));
+                let Some(&i) = held else {
+                    continue;
+                };
+                let Ok(c) = &compiled[i] else {
+                    continue;
+                };
+                if let Some(lb) = c.load_balancer {
+                    backend.load_balancer = lb;
+                }
+                backend.settings = c.settings.clone();
+                reached[i].insert(gw.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (i, p) in order.iter().enumerate() {
+        let conds = Conds::new(p.metadata.generation, now);
+        let accepted = match &compiled[i] {
+            Err(e) => conds.no(ACCEPTED, reason::INVALID, e.clone()),
+            Ok(_) if !conflicts[i].is_empty() && holds_nothing(&holders, i) => {
+                conds.no(ACCEPTED, reason::CONFLICTED, conflicts[i].join("; "))
+            }
+            Ok(_) if holds_nothing(&holders, i) => conds.no(
+                ACCEPTED,
+                reason::TARGET_NOT_FOUND,
+                format!("no target Service found: {}", missing[i].join(", ")),
+            ),
+            Ok(_) => {
+                let mut msg = "BackendPolicy is accepted".to_owned();
+                for (what, list) in [("targets not found", &missing[i]), ("", &conflicts[i])] {
+                    if !list.is_empty() {
+                        msg.push_str("; ");
+                        if !what.is_empty() {
+                            msg.push_str(what);
+                            msg.push_str(": ");
+                        }
+                        msg.push_str(&list.join("; "));
+                    }
+                }
+                conds.yes(ACCEPTED, reason::ACCEPTED, msg)
+            }
+        };
+        let ancestors = reached[i]
+            .iter()
+            .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
+            .collect();
+        out.insert(
+            key_of(&p.metadata),
+            PolicyStatus {
+                observed_generation: p.metadata.generation,
+                conditions: vec![accepted],
+                ancestors,
+            },
+        );
+    }
+    out
+}
+
+fn holds_nothing(holders: &BTreeMap<(String, String, Option<String>), usize>, i: usize) -> bool {
+    !holders.values().any(|&j| j == i)
+}
+
+/// `namespace/service:port` (with any `#suffix`) of a table backend key.
+fn service_port(key: &str) -> Option<(&str, &str, u16)> {
+    let key = key.split('#').next()?;
+    let (ns, rest) = key.split_once('/')?;
+    let (svc, port) = rest.rsplit_once(':')?;
+    Some((ns, svc, port.parse().ok()?))
+}
+
+/// A duration field in milliseconds; `what` names it in the error.
+fn ms(v: Option<&String>, what: &str, default: u64) -> Result<u64, String> {
+    match v {
+        None => Ok(default),
+        Some(s) => parse_duration_ms(s)
+            .map(|d| d.unwrap_or(0))
+            .map_err(|e| format!("{what}: {s:?}: {e}")),
+    }
+}
+
+/// Checks and compiles a policy's spec.
+pub fn compile_spec(spec: &BackendPolicySpec) -> Result<Compiled, String> {
+    for (i, t) in spec.target_refs.iter().enumerate() {
+        if !t.group.is_empty() || t.kind != "Service" {
+            return Err(format!(
+                "spec.targetRefs[{i}]: only Services (group \"\", kind Service) can be targeted, not {}/{}",
+                t.group, t.kind
+            ));
+        }
+    }
+    let mut settings = BackendSettings::default();
+    let mut load_balancer = None;
+    if let Some(lb) = &spec.load_balancer {
+        load_balancer = Some(match lb.kind {
+            LoadBalancerType::LeastRequest => LoadBalancer::LeastRequest,
+            LoadBalancerType::RoundRobin => LoadBalancer::RoundRobin,
+            LoadBalancerType::Random => LoadBalancer::Random,
+            LoadBalancerType::ConsistentHash => LoadBalancer::ConsistentHash,
+        });
+        match (lb.kind, &lb.consistent_hash) {
+            (LoadBalancerType::ConsistentHash, Some(h)) => settings.hash = Some(hash_on(h)?),
+            (LoadBalancerType::ConsistentHash, None) => {
+                return Err("spec.loadBalancer: type ConsistentHash needs consistentHash".into());
+            }
+            (_, Some(_)) => {
+                return Err(
+                    "spec.loadBalancer.consistentHash is only for type ConsistentHash".into(),
+                );
+            }
+            (_, None) => {}
+        }
+        if let Some(s) = &lb.slow_start {
+            settings.connection.slow_start_ms =
+                Some(ms(Some(s), "spec.loadBalancer.slowStart", 0)?).filter(|w| *w > 0);
+        }
+    }
+    if let Some(cb) = &spec.circuit_breaker {
+        settings.circuit_breaker = CircuitBreaker {
+            max_connections: cb.max_connections,
+            max_pending_requests: cb.max_pending_requests,
+            max_requests: cb.max_requests,
+            max_retries: cb.max_retries,
+        };
+        for (name, v) in [
+            ("maxConnections", cb.max_connections),
+            ("maxRequests", cb.max_requests),
+        ] {
+            if v == Some(0) {
+                return Err(format!(
+                    "spec.circuitBreaker.{name}: 0 would refuse every request"
+                ));
+            }
+        }
+    }
+    if let Some(od) = &spec.outlier_detection {
+        let (outlier, panic) = outlier(od)?;
+        settings.outlier = Some(outlier);
+        settings.panic_threshold_percent = panic;
+    }
+    if let Some(active) = spec.health_check.as_ref().and_then(|h| h.active.as_ref()) {
+        settings.health_check = Some(health_check(active)?);
+    }
+    if let Some(c) = &spec.connection {
+        let f = "spec.connection";
+        settings.connection = Connection {
+            connect_timeout_ms: opt_ms(c.connect_timeout.as_ref(), &format!("{f}.connectTimeout"))?,
+            idle_timeout_ms: opt_ms(c.idle_timeout.as_ref(), &format!("{f}.idleTimeout"))?,
+            max_requests_per_connection: c.max_requests_per_connection,
+            tcp_keepalive_idle_ms: opt_ms(c.tcp_keepalive.as_ref(), &format!("{f}.tcpKeepalive"))?,
+            slow_start_ms: settings.connection.slow_start_ms,
+        };
+        if settings
+            .connection
+            .tcp_keepalive_idle_ms
+            .is_some_and(|t| t < 1_000)
+        {
+            return Err(format!("{f}.tcpKeepalive: at least 1s"));
+        }
+    }
+    Ok(Compiled {
+        load_balancer,
+        settings,
+    })
+}
+
+/// A positive duration, or none.
+fn opt_ms(v: Option<&String>, what: &str) -> Result<Option<u64>, String> {
+    match v {
+        None => Ok(None),
+        Some(_) => match ms(v, what, 0)? {
+            0 => Err(format!("{what}: must be more than 0")),
+            d => Ok(Some(d)),
+        },
+    }
+}
+
+fn hash_on(h: &ConsistentHashSpec) -> Result<HashOn, String> {
+    let f = "spec.loadBalancer.consistentHash";
+    let given = [
+        h.header.is_some(),
+        h.cookie.is_some(),
+        h.source_ip.is_some(),
+        h.expression.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if given != 1 {
+        return Err(format!(
+            "{f}: exactly one of header, cookie, sourceIP and expression"
+        ));
+    }
+    if let Some(name) = &h.header {
+        let lower = name.to_ascii_lowercase();
+        http::HeaderName::from_bytes(lower.as_bytes())
+            .map_err(|_| format!("{f}.header: {name:?} is not a header name"))?;
+        return Ok(HashOn::Header(lower));
+    }
+    if let Some(c) = &h.cookie {
+        let token = !c.name.is_empty()
+            && c.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            return Err(format!(
+                "{f}.cookie.name: {:?} is not a cookie name",
+                c.name
+            ));
+        }
+        let ttl_secs = match &c.ttl {
+            None => None,
+            Some(t) => Some(ms(Some(t), &format!("{f}.cookie.ttl"), 0)? / 1000).filter(|s| *s > 0),
+        };
+        return Ok(HashOn::Cookie {
+            name: c.name.clone(),
+            ttl_secs,
+        });
+    }
+    if h.source_ip.is_some() {
+        return Ok(HashOn::SourceIp);
+    }
+    Err(format!(
+        "{f}.expression: not supported yet; hash a header instead (an AuthPolicy can set one from the identity)"
+    ))
+}
+
+fn outlier(od: &OutlierDetectionSpec) -> Result<(OutlierDetection, u32), String> {
+    let f = "spec.outlierDetection";
+    let none_given = od.consecutive_5xx.is_none()
+        && od.consecutive_gateway_errors.is_none()
+        && od.consecutive_local_origin_failures.is_none();
+    let interval_ms = ms(
+        od.interval.as_ref(),
+        &format!("{f}.interval"),
+        DEFAULT_INTERVAL_MS,
+    )?;
+    let base_ejection_ms = ms(
+        od.base_ejection_time.as_ref(),
+        &format!("{f}.baseEjectionTime"),
+        DEFAULT_BASE_EJECTION_MS,
+    )?;
+    if base_ejection_ms == 0 {
+        return Err(format!("{f}.baseEjectionTime: must be more than 0"));
+    }
+    let percent = |v: Option<u32>, name: &str, default: u32| match v {
+        Some(p) if p > 100 => Err(format!("{f}.{name}: {p} is over 100")),
+        v => Ok(v.unwrap_or(default)),
+    };
+    for (name, v) in [
+        ("consecutive5xx", od.consecutive_5xx),
+        ("consecutiveGatewayErrors", od.consecutive_gateway_errors),
+        (
+            "consecutiveLocalOriginFailures",
+            od.consecutive_local_origin_failures,
+        ),
+    ] {
+        if v == Some(0) {
+            return Err(format!("{f}.{name}: must be at least 1"));
+        }
+    }
+    Ok((
+        OutlierDetection {
+            consecutive_5xx: if none_given {
+                Some(DEFAULT_CONSECUTIVE_5XX)
+            } else {
+                od.consecutive_5xx
+            },
+            consecutive_gateway_errors: od.consecutive_gateway_errors,
+            consecutive_local_origin_failures: od.consecutive_local_origin_failures,
+            interval_ms,
+            base_ejection_ms,
+            max_ejection_percent: percent(
+                od.max_ejection_percent,
+                "maxEjectionPercent",
+                DEFAULT_MAX_EJECTION_PERCENT,
+            )?,
+        },
+        percent(
+            od.panic_threshold,
+            "panicThreshold",
+            DEFAULT_PANIC_THRESHOLD_PERCENT,
+        )?,
+    ))
+}
+
+fn health_check(a: &ActiveHealthCheck) -> Result<HealthCheck, String> {
+    let f = "spec.healthCheck.active";
+    let probe = match a.kind {
+        HealthCheckType::Http => {
+            let h = a
+                .http
+                .as_ref()
+                .ok_or_else(|| format!("{f}: type HTTP needs http"))?;
+            if !h.path.starts_with('/')
+                || http::uri::PathAndQuery::try_from(h.path.as_str()).is_err()
+            {
+                return Err(format!("{f}.http.path: {:?} is not a path", h.path));
+            }
+            if let Some(host) = &h.host
+                && http::HeaderValue::from_str(host).is_err()
+            {
+                return Err(format!("{f}.http.host: {host:?} is not a host"));
+            }
+            let expected = h.expected_statuses.clone().unwrap_or_else(|| vec![200]);
+            if let Some(bad) = expected.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(format!("{f}.http.expectedStatuses: {bad} is not a status"));
+            }
+            Probe::Http {
+                path: h.path.clone(),
+                host: h.host.clone(),
+                expected_statuses: expected,
+            }
+        }
+        HealthCheckType::Grpc => Probe::Grpc {
+            service: a
+                .grpc
+                .as_ref()
+                .and_then(|g| g.service.clone())
+                .unwrap_or_default(),
+        },
+        HealthCheckType::Tcp => Probe::Tcp,
+    };
+    if a.http.is_some() && a.kind != HealthCheckType::Http
+        || a.grpc.is_some() && a.kind != HealthCheckType::Grpc
+    {
+        return Err(format!("{f}: http and grpc go with their own type only"));
+    }
+    let interval_ms = ms(
+        a.interval.as_ref(),
+        &format!("{f}.interval"),
+        DEFAULT_HC_INTERVAL_MS,
+    )?;
+    if interval_ms < MIN_HC_INTERVAL_MS {
+        return Err(format!("{f}.interval: at least {MIN_HC_INTERVAL_MS}ms"));
+    }
+    let timeout_ms = ms(
+        a.timeout.as_ref(),
+        &format!("{f}.timeout"),
+        DEFAULT_HC_TIMEOUT_MS,
+    )?;
+    if timeout_ms == 0 || timeout_ms > interval_ms {
+        return Err(format!(
+            "{f}.timeout: must be more than 0 and at most the interval"
+        ));
+    }
+    Ok(HealthCheck {
+        probe,
+        interval_ms,
+        timeout_ms,
+        unhealthy_threshold: a
+            .unhealthy_threshold
+            .unwrap_or(DEFAULT_UNHEALTHY_THRESHOLD)
+            .max(1),
+        healthy_threshold: a
+            .healthy_threshold
+            .unwrap_or(DEFAULT_HEALTHY_THRESHOLD)
+            .max(1),
+    })
+}

@@ -1,0 +1,154 @@
+//! BackendPolicy: settings into the table backends of the Service ports it targets (a
+//! port's policy over its Service's, the older over the younger), exact statuses for each
+//! way a policy is refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod compile_support;
+
+use compile_support::*;
+use tollgate::compile::Output;
+use tollgate_api::LoadBalancer;
+use tollgate_api::backend::{
+    BackendSettings, CircuitBreaker, Connection, HashOn, HealthCheck, OutlierDetection, Probe,
+};
+
+fn out() -> Output {
+    run(&["backend_policy"], "")
+}
+
+fn policy_conds<'a>(
+    out: &'a Output,
+    name: &str,
+) -> &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
+    &out.backend_policies[&tollgate_api::ObjectKey::new("apps", name)].conditions
+}
+
+#[track_caller]
+fn assert_refused(out: &Output, name: &str, reason: &str, needle: &str) {
+    let c = policy_conds(out, name);
+    assert_cond(c, "Accepted", "False", reason);
+    let msg = &cond(c, "Accepted").message;
+    assert!(msg.contains(needle), "{name}: {msg:?} lacks {needle:?}");
+}
+
+#[test]
+fn every_field_of_the_issue_shape_compiles_into_the_services_backends() {
+    let out = out();
+    let t = table(&out, "infra", "gw");
+    let web = &t.backends["apps/web:80"];
+    assert_eq!(web.load_balancer, LoadBalancer::ConsistentHash);
+    assert_eq!(
+        web.settings,
+        BackendSettings {
+            hash: Some(HashOn::Cookie {
+                name: "sid".into(),
+                ttl_secs: Some(3600),
+            }),
+            circuit_breaker: CircuitBreaker {
+                max_connections: Some(1024),
+                max_pending_requests: Some(256),
+                max_requests: Some(1024),
+                max_retries: Some(3),
+            },
+            outlier: Some(OutlierDetection {
+                consecutive_5xx: Some(5),
+                consecutive_gateway_errors: Some(3),
+                consecutive_local_origin_failures: None,
+                interval_ms: 5_000,
+                base_ejection_ms: 30_000,
+                max_ejection_percent: 50,
+            }),
+            health_check: Some(HealthCheck {
+                probe: Probe::Http {
+                    path: "/healthz".into(),
+                    host: None,
+                    expected_statuses: vec![200],
+                },
+                interval_ms: 2_000,
+                timeout_ms: 1_000,
+                unhealthy_threshold: 2,
+                healthy_threshold: 1,
+            }),
+            panic_threshold_percent: 50,
+            connection: Connection {
+                connect_timeout_ms: Some(2_000),
+                idle_timeout_ms: Some(60_000),
+                ..Connection::default()
+            },
+        }
+    );
+    assert_cond(policy_conds(&out, "web"), "Accepted", "True", "Accepted");
+    let st = &out.backend_policies[&tollgate_api::ObjectKey::new("apps", "web")];
+    let ancestors: Vec<String> = st
+        .ancestors
+        .iter()
+        .map(|a| format!("{}/{}", a.ancestor_ref.namespace, a.ancestor_ref.name))
+        .collect();
+    assert_eq!(ancestors, ["infra/gw"]);
+}
+
+#[test]
+fn a_ports_policy_wins_there_and_an_untargeted_service_is_as_before() {
+    let out = out();
+    let t = table(&out, "infra", "gw");
+    let admin = &t.backends["apps/web:9000"];
+    assert_eq!(admin.load_balancer, LoadBalancer::RoundRobin);
+    assert!(admin.settings.is_empty(), "{:?}", admin.settings);
+    assert_cond(
+        policy_conds(&out, "web-admin"),
+        "Accepted",
+        "True",
+        "Accepted",
+    );
+    // Every policy on api is invalid: api keeps its annotation's round robin, no settings.
+    let api = &t.backends["apps/api:8080"];
+    assert_eq!(api.load_balancer, LoadBalancer::RoundRobin);
+    assert!(api.settings.is_empty());
+}
+
+#[test]
+fn the_younger_of_two_on_one_service_is_conflicted() {
+    assert_refused(
+        &out(),
+        "web-late",
+        "Conflicted",
+        "already has BackendPolicy apps/web",
+    );
+}
+
+#[test]
+fn targets_that_do_not_exist_are_named() {
+    assert_refused(
+        &out(),
+        "nowhere",
+        "TargetNotFound",
+        "Service apps/ghost, Service apps/web port nope",
+    );
+}
+
+#[test]
+fn invalid_specs_are_refused_with_the_field() {
+    let out = out();
+    assert_refused(&out, "bad-hash", "Invalid", "exactly one of header, cookie");
+    assert_refused(
+        &out,
+        "bad-check",
+        "Invalid",
+        "spec.healthCheck.active.timeout",
+    );
+    assert_refused(&out, "bad-kind", "Invalid", "only Services");
+    assert_refused(
+        &out,
+        "bad-expression",
+        "Invalid",
+        "expression: not supported yet",
+    );
+}
+
+#[test]
+fn the_table_without_policies_serializes_as_before() {
+    let out = run(&["backends"], "");
+    let t = table(&out, "infra", "gw");
+    let json = serde_json::to_string(&t.backends).unwrap();
+    assert!(!json.contains("settings"), "{json}");
+}
