@@ -169,7 +169,7 @@ pub enum Probe {
 }
 
 /// Upstream connection settings; `None` keeps the proxy's default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Connection {
     /// TCP connect (5 s by default).

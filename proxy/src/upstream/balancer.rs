@@ -100,7 +100,21 @@ impl Balancer {
                     }
                 };
                 let addr = SocketAddr::new(ip, e.port);
-                if let Some(old) = prev.and_then(|p| p.endpoints.iter().find(|o| o.addr == addr)) {
+                // Kept while its pool's settings stay (new settings: a new pool, fresh state).
+                if let Some(old) = prev
+                    .filter(|p| {
+                        let pool = |c: &tollgate_api::backend::Connection| {
+                            (
+                                c.connect_timeout_ms,
+                                c.idle_timeout_ms,
+                                c.max_requests_per_connection,
+                                c.tcp_keepalive_idle_ms,
+                            )
+                        };
+                        pool(&p.settings.connection) == pool(&backend.settings.connection)
+                    })
+                    .and_then(|p| p.endpoints.iter().find(|o| o.addr == addr))
+                {
                     return Some(old.clone());
                 }
                 let authority = Authority::try_from(addr.to_string()).ok()?;
@@ -110,7 +124,7 @@ impl Balancer {
                     addr,
                     authority,
                     in_flight: AtomicUsize::new(0),
-                    pool: upstream.pools.pool_for(addr),
+                    pool: upstream.pools.pool_for(addr, &backend.settings.connection),
                     health,
                 }))
             })

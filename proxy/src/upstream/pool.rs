@@ -32,6 +32,7 @@ use http::header::UPGRADE;
 use http::request::Parts;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::net::TcpStream;
+use tollgate_api::backend::Connection;
 
 use crate::lifecycle::body::{BoxError, ProxyBody};
 use crate::lifecycle::forward::Added;
@@ -55,11 +56,11 @@ pub(crate) const KEEPALIVE_RETRIES: u32 = 3;
 const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sets [`KEEPALIVE_IDLE`] and the rest on an upstream socket.
-fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
+fn dead_peer_detection(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
     let sock = socket2::SockRef::from(stream);
     sock.set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
+            .with_time(idle)
             .with_interval(KEEPALIVE_INTERVAL)
             .with_retries(KEEPALIVE_RETRIES),
     )?;
@@ -100,15 +101,19 @@ struct Idle<C> {
     conn: C,
     /// Already idle at the last sweep.
     swept: bool,
+    /// When it came back (only read when the pool has an idle timeout).
+    since: Option<std::time::Instant>,
 }
 
 /// Idle connections, the most recently used on top.
 type Stack = Vec<Idle<h1::Conn>>;
 
-/// The idle HTTP/1.1 connections to one endpoint address.
+/// The idle HTTP/1.1 connections to one endpoint address, with one backend's connection
+/// settings (BackendPolicy `connection`).
 pub(crate) struct EndpointPool {
     addr: SocketAddr,
     idle: Mutex<Stack>,
+    settings: Connection,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -121,10 +126,19 @@ impl std::fmt::Debug for EndpointPool {
 }
 
 impl EndpointPool {
-    fn new(addr: SocketAddr) -> Self {
+    fn new(addr: SocketAddr, settings: Connection) -> Self {
         Self {
             addr,
             idle: Mutex::new(Stack::new()),
+            settings,
+        }
+    }
+
+    /// An idle connection past the pool's idle timeout is closed instead of used.
+    fn expired(&self, since: Option<std::time::Instant>) -> bool {
+        match (self.settings.idle_timeout_ms, since) {
+            (Some(ms), Some(t)) => t.elapsed() >= Duration::from_millis(ms),
+            _ => false,
         }
     }
 
@@ -134,21 +148,45 @@ impl EndpointPool {
     }
 
     fn pop_raw(&self) -> Option<h1::Conn> {
-        self.lock().pop().map(|i| i.conn)
+        let mut idle = self.lock();
+        while let Some(i) = idle.pop() {
+            if !self.expired(i.since) {
+                return Some(i.conn);
+            }
+        }
+        None
     }
 
-    /// Takes back a connection whose exchange ended cleanly.
-    fn push_raw(&self, conn: h1::Conn) {
+    /// Takes back a connection whose exchange ended cleanly (unless it served its
+    /// `max_requests_per_connection`).
+    fn push_raw(&self, mut conn: h1::Conn) {
+        conn.exchanges = conn.exchanges.saturating_add(1);
+        if self
+            .settings
+            .max_requests_per_connection
+            .is_some_and(|max| conn.exchanges >= max)
+        {
+            return;
+        }
+        let since = self
+            .settings
+            .idle_timeout_ms
+            .map(|_| std::time::Instant::now());
         let mut idle = self.lock();
         if idle.len() < MAX_IDLE_PER_ENDPOINT {
-            idle.push(Idle { conn, swept: false });
+            idle.push(Idle {
+                conn,
+                swept: false,
+                since,
+            });
         }
     }
 
-    /// Closes connections idle since the previous sweep (or closed by the peer).
+    /// Closes connections idle since the previous sweep, past the idle timeout, or closed
+    /// by the peer.
     fn sweep(&self) {
         let mut idle = self.lock();
-        idle.retain_mut(|i| !i.swept && i.conn.is_usable());
+        idle.retain_mut(|i| !i.swept && !self.expired(i.since) && i.conn.is_usable());
         for i in idle.iter_mut() {
             i.swept = true;
         }
@@ -259,12 +297,20 @@ impl EndpointPool {
     }
 
     async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
+        let timeout = self
+            .settings
+            .connect_timeout_ms
+            .map_or(CONNECT_TIMEOUT, Duration::from_millis);
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(self.addr))
             .await
             .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?
             .map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let _ = dead_peer_detection(&stream);
+        let idle = self
+            .settings
+            .tcp_keepalive_idle_ms
+            .map_or(KEEPALIVE_IDLE, Duration::from_millis);
+        let _ = dead_peer_detection(&stream, idle);
         Ok(stream)
     }
 }
@@ -340,25 +386,33 @@ pub(crate) struct Pools {
 
 #[derive(Debug, Default)]
 struct Registry {
-    by_addr: Mutex<HashMap<SocketAddr, Weak<EndpointPool>>>,
+    /// By address and connection settings: backends that share an address but not their
+    /// settings keep their connections apart.
+    by_addr: Mutex<HashMap<(SocketAddr, Connection), Weak<EndpointPool>>>,
     sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl Pools {
     /// The pool of `addr` (at table build time, not per request). Starts the sweeper on first
     /// use inside a runtime.
-    pub fn pool_for(&self, addr: SocketAddr) -> Arc<EndpointPool> {
+    pub fn pool_for(&self, addr: SocketAddr, settings: &Connection) -> Arc<EndpointPool> {
+        // Slow start is the balancer's, not the pool's: it splits no pool.
+        let settings = Connection {
+            slow_start_ms: None,
+            ..settings.clone()
+        };
         let pool = {
             let mut map = self
                 .inner
                 .by_addr
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            match map.get(&addr).and_then(Weak::upgrade) {
+            let key = (addr, settings);
+            match map.get(&key).and_then(Weak::upgrade) {
                 Some(p) => p,
                 None => {
-                    let p = Arc::new(EndpointPool::new(addr));
-                    map.insert(addr, Arc::downgrade(&p));
+                    let p = Arc::new(EndpointPool::new(addr, key.1.clone()));
+                    map.insert(key, Arc::downgrade(&p));
                     p
                 }
             }
@@ -490,7 +544,7 @@ mod tests {
     #[tokio::test]
     async fn reuses_one_connection_for_sequential_requests() {
         let (addr, conns) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         for _ in 0..5 {
             roundtrip(&pool).await;
         }
@@ -501,7 +555,7 @@ mod tests {
     #[tokio::test]
     async fn requests_with_and_without_bodies_share_one_connection() {
         let (addr, conns) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         for _ in 0..3 {
             roundtrip_with(&pool, post()).await;
         }
@@ -515,9 +569,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_serves_at_most_its_requests_and_idles_at_most_its_timeout() {
+        let (addr, conns) = backend(usize::MAX).await;
+        let pools = Pools::default();
+        let capped = Connection {
+            max_requests_per_connection: Some(2),
+            ..Connection::default()
+        };
+        let pool = pools.pool_for(addr, &capped);
+        assert!(!Arc::ptr_eq(
+            &pool,
+            &pools.pool_for(addr, &Connection::default())
+        ));
+        for _ in 0..6 {
+            roundtrip(&pool).await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
+        let (addr, conns) = backend(usize::MAX).await;
+        let short = Connection {
+            idle_timeout_ms: Some(50),
+            ..Connection::default()
+        };
+        let pool = pools.pool_for(addr, &short);
+        roundtrip(&pool).await;
+        roundtrip(&pool).await;
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        roundtrip(&pool).await;
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn connection_closed_by_peer_is_replaced() {
         let (addr, conns) = backend(1).await;
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         for _ in 0..3 {
             roundtrip(&pool).await;
             // Let the driver see the close.
@@ -529,7 +614,7 @@ mod tests {
     #[tokio::test]
     async fn sweep_closes_connections_idle_through_two_sweeps() {
         let (addr, _) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         roundtrip(&pool).await;
         roundtrip_with(&pool, post()).await;
         // Two at once, so two connections.
@@ -548,8 +633,8 @@ mod tests {
     async fn same_address_shares_a_pool_until_dropped() {
         let pools = Pools::default();
         let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let a = pools.pool_for(addr);
-        assert!(Arc::ptr_eq(&a, &pools.pool_for(addr)));
+        let a = pools.pool_for(addr, &Default::default());
+        assert!(Arc::ptr_eq(&a, &pools.pool_for(addr, &Default::default())));
         let weak = Arc::downgrade(&a);
         drop(a);
         assert!(weak.upgrade().is_none());
@@ -560,7 +645,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         let err = pool.send(get(), &Added::default()).await.unwrap_err();
         assert!(err.is_connect(), "{err}");
     }

@@ -108,6 +108,8 @@ pub(crate) struct Conn {
     rbuf: BytesMut,
     /// The request head being written (kept to reuse its allocation).
     wbuf: Vec<u8>,
+    /// Exchanges that ended cleanly on it (counted by the pool it returns to).
+    pub(crate) exchanges: u32,
 }
 
 impl Conn {
@@ -116,6 +118,7 @@ impl Conn {
             io,
             rbuf: BytesMut::new(),
             wbuf: Vec::new(),
+            exchanges: 0,
         }
     }
 

@@ -10,7 +10,7 @@ async fn the_answer_fills_the_request_map_and_leaves_out_a_lone_connection_token
         answer(&[b"HTTP/1.1 200 OK\r\nConnection: CLOSE\r\ncontent-length: 2\r\n\r\nok"]),
     ])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let fields = |resp: &Response<PooledBody>| -> Vec<(String, String)> {
         resp.headers()
             .iter()
@@ -72,7 +72,7 @@ async fn a_connect_tunnel_never_goes_back_to_a_pool() {
         b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
     ])])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let req = Request::builder()
         .method(Method::CONNECT)
         .uri("example.test:443")
@@ -92,7 +92,7 @@ async fn a_body_until_close_ends_at_the_close() {
         close: true,
     }])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let (status, body, _) = exchange(&pool, Method::GET).await.unwrap();
     assert_eq!((status.as_u16(), &body[..]), (200, &b"until close"[..]));
     assert_eq!(pool.idle_len(), 0);
@@ -183,7 +183,7 @@ async fn broken_answers_are_errors() {
     ];
     for (name, a, want) in cases {
         let be = backend(vec![a]).await;
-        let pool = Pools::default().pool_for(be.addr);
+        let pool = Pools::default().pool_for(be.addr, &Default::default());
         let got = exchange(&pool, Method::GET).await.expect_err(name);
         assert_eq!(got, want, "{name}");
         assert_eq!(pool.idle_len(), 0, "{name}");
@@ -201,7 +201,7 @@ async fn a_head_over_the_limit_is_an_error() {
         .into_boxed_slice(),
     );
     let be = backend(vec![answer(&[big])]).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let got = exchange(&pool, Method::GET).await.unwrap_err();
     assert_eq!(
         got,
@@ -213,7 +213,7 @@ async fn a_head_over_the_limit_is_an_error() {
 async fn the_request_head_is_the_request_line_and_fields() {
     let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
     let be = backend(vec![answer(&[ok]), answer(&[ok]), answer(&[ok])]).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     for m in [Method::GET, Method::POST, Method::DELETE] {
         exchange(&pool, m).await.unwrap();
     }
@@ -240,7 +240,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
         answer(&[ok]),
     ])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     exchange(&pool, Method::GET).await.unwrap();
     // The answer was complete, so the connection went back before the close came.
     assert_eq!(pool.idle_len(), 1);
@@ -270,7 +270,7 @@ async fn an_idempotent_request_a_reused_connection_dropped_is_sent_again_on_a_fr
         (Method::PATCH, false),
     ] {
         let be = backend(vec![answer(&[ok]), dropped(), answer(&[ok])]).await;
-        let pool = Pools::default().pool_for(be.addr);
+        let pool = Pools::default().pool_for(be.addr, &Default::default());
         exchange(&pool, Method::GET).await.unwrap();
         assert_eq!(pool.idle_len(), 1, "{m}");
         let got = exchange(&pool, m.clone()).await;
@@ -293,7 +293,7 @@ async fn an_idempotent_request_a_reused_connection_dropped_is_sent_again_on_a_fr
         }
     }
     let be = backend(vec![dropped(), answer(&[ok])]).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let e = exchange(&pool, Method::GET).await.unwrap_err();
     assert!(
         e.starts_with("send: upstream closed the connection without answering"),
@@ -311,7 +311,7 @@ async fn an_idempotent_request_a_reused_connection_dropped_is_sent_again_on_a_fr
         answer(&[ok]),
     ])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     exchange(&pool, Method::GET).await.unwrap();
     let e = exchange(&pool, Method::GET).await.unwrap_err();
     assert_eq!(
@@ -327,7 +327,7 @@ async fn a_chunked_body_ends_with_its_last_data_when_the_last_chunk_came_along()
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     ])])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let mut body = pool
         .send(request(Method::GET), &Added::default())
         .await

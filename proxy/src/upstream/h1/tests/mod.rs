@@ -239,7 +239,7 @@ async fn answers_are_framed_and_connections_reused_only_when_clean() {
     ];
     for c in cases {
         let be = backend(vec![c.answer]).await;
-        let pool = Pools::default().pool_for(be.addr);
+        let pool = Pools::default().pool_for(be.addr, &Default::default());
         let (status, body, trailers) = exchange(&pool, c.method)
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", c.name));
@@ -299,7 +299,7 @@ async fn answers_say_whether_their_head_needs_hop_by_hop_stripping() {
         ),
     ];
     let be = backend(cases.iter().map(|(a, _)| answer(&[a])).collect()).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     for (i, (text, clean)) in cases.iter().enumerate() {
         let resp = pool
             .send(request(Method::GET), &Added::default())
@@ -319,7 +319,7 @@ async fn a_phrase_of_its_own_is_kept_and_a_standard_one_left_to_the_code() {
         answer(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"]),
     ])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let resp = pool
         .send(request(Method::GET), &Added::default())
         .await

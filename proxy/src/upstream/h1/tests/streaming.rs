@@ -230,7 +230,7 @@ async fn ok_body(resp: Response<PooledBody>) -> Bytes {
 #[tokio::test]
 async fn bodies_arrive_byte_exact_by_their_length_or_in_chunks() {
     let be = recorder(vec![Act::Answer(OK, false); 4]).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let none = Added::default();
     let send = |req| pool.send(req, &none);
 
@@ -306,7 +306,7 @@ async fn a_large_body_streams_at_the_pace_of_the_socket() {
         s.write_all(OK).await.unwrap();
         req
     });
-    let pool = Pools::default().pool_for(addr);
+    let pool = Pools::default().pool_for(addr, &Default::default());
     let fed = Arc::new(AtomicUsize::new(0));
     let (tx, body) = chan_body();
     let count = fed.clone();
@@ -366,7 +366,7 @@ async fn a_large_body_streams_at_the_pace_of_the_socket() {
 async fn an_answer_before_the_body_ends_stops_the_body_and_the_connection_is_not_reused() {
     let early: &[u8] = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 4\r\n\r\nbig!";
     let be = recorder(vec![Act::Early(3, early)]).await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let (tx, body) = chan_body();
     tx.send(data(b"abc")).await.unwrap();
     let resp = pool
@@ -403,7 +403,7 @@ async fn a_client_body_failing_midway_closes_the_upstream_connection() {
         (&[][..], "transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n"),
     ] {
         let be = recorder(vec![Act::Answer(OK, false)]).await;
-        let pool = Pools::default().pool_for(be.addr);
+        let pool = Pools::default().pool_for(be.addr, &Default::default());
         let (tx, body) = chan_body();
         let feeder = tokio::spawn(async move {
             tx.send(data(b"abc")).await.unwrap();
@@ -451,7 +451,7 @@ async fn a_connection_that_carried_a_body_is_reused_only_after_an_exactly_framed
         Act::Drop,
     ])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let conns = || be.conns.load(Ordering::SeqCst);
     let post_x = || {
         post(
@@ -515,7 +515,7 @@ async fn an_upgrade_or_a_tunnel_hands_the_socket_over() {
             s.write_all(&b[..n]).await.unwrap();
             String::from_utf8(head).unwrap()
         });
-        let pool = Pools::default().pool_for(addr);
+        let pool = Pools::default().pool_for(addr, &Default::default());
         let mut req = Request::builder()
             .method(method.clone())
             .uri(uri)
@@ -562,7 +562,7 @@ async fn an_upgrade_or_a_tunnel_hands_the_socket_over() {
         false,
     )])
     .await;
-    let pool = Pools::default().pool_for(be.addr);
+    let pool = Pools::default().pool_for(be.addr, &Default::default());
     let req = post(
         crate::lifecycle::body::full("x"),
         &[("content-length", "1")],
