@@ -1,0 +1,363 @@
+//! BackendPolicy settings over real sockets: outlier ejection and return, the most that may
+//! be ejected, the panic threshold, the circuit breaker's cap on what reaches a backend, and
+//! consistent hashing (a client kept on its endpoint by cookie, keys spread evenly, a key
+//! moved when its endpoint goes away).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tollgate_api::backend::{BackendSettings, CircuitBreaker, HashOn, OutlierDetection};
+use tollgate_api::{Backend, BackendProtocol, Endpoint, LoadBalancer};
+
+/// A keep-alive backend answering every request with `status` and its own name; it counts
+/// requests, and the most it held at once when `hold` makes it wait for the test.
+struct Named {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    at_once: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+async fn named(name: &'static str, status: u16, hold: Option<Arc<tokio::sync::Notify>>) -> Named {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let n = Named {
+        addr: listener.local_addr().unwrap(),
+        hits: Arc::default(),
+        at_once: Arc::default(),
+        most: Arc::default(),
+    };
+    let (hits, at_once, most) = (n.hits.clone(), n.at_once.clone(), n.most.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (hits, at_once, most, hold) =
+                (hits.clone(), at_once.clone(), most.clone(), hold.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => got.extend_from_slice(&buf[..k]),
+                        }
+                    }
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    let now = at_once.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    if let Some(h) = &hold {
+                        h.notified().await;
+                    }
+                    at_once.fetch_sub(1, Ordering::SeqCst);
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{name}",
+                        name.len()
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    n
+}
+
+fn backend(addrs: &[SocketAddr], lb: LoadBalancer, settings: BackendSettings) -> Backend {
+    Backend {
+        protocol: BackendProtocol::Http1,
+        load_balancer: lb,
+        endpoints: addrs
+            .iter()
+            .map(|a| Endpoint {
+                ip: a.ip().to_string(),
+                port: a.port(),
+            })
+            .collect(),
+        settings,
+    }
+}
+
+fn outlier(consecutive_5xx: u32, base_ms: u64, max_percent: u32) -> BackendSettings {
+    BackendSettings {
+        outlier: Some(OutlierDetection {
+            consecutive_5xx: Some(consecutive_5xx),
+            consecutive_gateway_errors: None,
+            consecutive_local_origin_failures: None,
+            interval_ms: 60_000,
+            base_ejection_ms: base_ms,
+            max_ejection_percent: max_percent,
+        }),
+        ..BackendSettings::default()
+    }
+}
+
+async fn get_n(url: &str, n: usize) -> BTreeMap<u16, usize> {
+    let c = h1_client();
+    let mut by = BTreeMap::new();
+    for _ in 0..n {
+        *by.entry(get(&c, url).await.status.as_u16()).or_default() += 1;
+    }
+    by
+}
+
+#[tokio::test]
+async fn an_endpoint_answering_503_is_ejected_and_comes_back_after_the_ejection_time() {
+    let sick = named("sick", 503, None).await;
+    let a = named("a", 200, None).await;
+    let b = named("b", 200, None).await;
+    let def = backend(
+        &[sick.addr, a.addr, b.addr],
+        LoadBalancer::RoundRobin,
+        outlier(3, 1_500, 50),
+    );
+    let (_p, url, metrics) =
+        proxy_with_metrics(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let url = format!("{url}/");
+    // Round robin: every third request meets the sick one until its third 503 ejects it.
+    get_n(&url, 9).await;
+    assert_eq!(sick.hits.load(Ordering::SeqCst), 3);
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 1")
+    );
+    let by = get_n(&url, 30).await;
+    assert_eq!(by.get(&503), None, "{by:?}");
+    assert_eq!(sick.hits.load(Ordering::SeqCst), 3, "ejected: no traffic");
+    // After the ejection time it is tried again (and, still failing, ejected again).
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let by = get_n(&url, 12).await;
+    assert!(sick.hits.load(Ordering::SeqCst) > 3, "{by:?}");
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 2")
+    );
+}
+
+#[tokio::test]
+async fn no_more_than_max_ejection_percent_are_ejected() {
+    let s1 = named("s1", 500, None).await;
+    let s2 = named("s2", 500, None).await;
+    let a = named("a", 200, None).await;
+    let b = named("b", 200, None).await;
+    // 25% of four: one.
+    let def = backend(
+        &[s1.addr, s2.addr, a.addr, b.addr],
+        LoadBalancer::RoundRobin,
+        outlier(2, 60_000, 25),
+    );
+    let (_p, url, metrics) =
+        proxy_with_metrics(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let url = format!("{url}/");
+    get_n(&url, 40).await;
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 1")
+    );
+    let before = (
+        s1.hits.load(Ordering::SeqCst),
+        s2.hits.load(Ordering::SeqCst),
+    );
+    let by = get_n(&url, 30).await;
+    let after = (
+        s1.hits.load(Ordering::SeqCst),
+        s2.hits.load(Ordering::SeqCst),
+    );
+    // One of the two sick ones is out, the other still served a share.
+    let grew = [after.0 > before.0, after.1 > before.1];
+    assert_eq!(
+        grew.iter().filter(|g| **g).count(),
+        1,
+        "{before:?} {after:?} {by:?}"
+    );
+}
+
+#[tokio::test]
+async fn below_the_panic_threshold_ejected_endpoints_serve_again() {
+    let s1 = named("s1", 502, None).await;
+    let s2 = named("s2", 502, None).await;
+    let a = named("a", 200, None).await;
+    let mut settings = outlier(1, 60_000, 100);
+    settings.panic_threshold_percent = 50;
+    let def = backend(
+        &[s1.addr, s2.addr, a.addr],
+        LoadBalancer::RoundRobin,
+        settings,
+    );
+    let (_p, url, metrics) =
+        proxy_with_metrics(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let url = format!("{url}/");
+    get_n(&url, 6).await;
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 2")
+    );
+    // One of three up (33%) is below 50%: all three take traffic again.
+    let before = (
+        s1.hits.load(Ordering::SeqCst),
+        s2.hits.load(Ordering::SeqCst),
+    );
+    let by = get_n(&url, 30).await;
+    assert!(by.get(&502).copied().unwrap_or(0) > 0, "{by:?}");
+    assert!(s1.hits.load(Ordering::SeqCst) > before.0 && s2.hits.load(Ordering::SeqCst) > before.1);
+}
+
+#[tokio::test]
+async fn the_circuit_breaker_caps_requests_at_the_backend_and_answers_503_beyond() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = named("held", 200, Some(release.clone())).await;
+    let settings = BackendSettings {
+        circuit_breaker: CircuitBreaker {
+            max_connections: Some(3),
+            max_pending_requests: Some(2),
+            ..CircuitBreaker::default()
+        },
+        ..BackendSettings::default()
+    };
+    let def = backend(&[held.addr], LoadBalancer::LeastRequest, settings);
+    let (_p, url, metrics) =
+        proxy_with_metrics(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let url = format!("{url}/");
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let url = url.clone();
+        calls.push(tokio::spawn(
+            async move { get(&h1_client(), &url).await.status },
+        ));
+    }
+    // Three reach the backend, two wait for them, five are refused at once.
+    assert!(
+        eventually(|| held.at_once.load(Ordering::SeqCst) == 3
+            && calls.iter().filter(|c| c.is_finished()).count() == 5)
+        .await,
+        "three at the backend and five answered"
+    );
+    // Let every held request go, round after round, until all are answered.
+    while !calls.iter().all(|c| c.is_finished()) {
+        release.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut answered = BTreeMap::new();
+    for c in calls {
+        *answered.entry(c.await.unwrap().as_u16()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        held.most.load(Ordering::SeqCst),
+        3,
+        "never more than maxConnections at once"
+    );
+    assert_eq!(
+        held.hits.load(Ordering::SeqCst),
+        5,
+        "three, then the two that waited"
+    );
+    assert_eq!(answered, BTreeMap::from([(200, 5), (503, 5)]));
+    let text = metrics.encode();
+    assert!(
+        text.contains(
+            r#"tollgate_circuit_breaker_rejections_total{limit="max_pending_requests"} 5"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_hash_cookie_keeps_a_client_on_its_endpoint_and_moves_it_when_that_one_goes() {
+    let eps = [
+        named("a", 200, None).await,
+        named("b", 200, None).await,
+        named("c", 200, None).await,
+    ];
+    let addrs: Vec<SocketAddr> = eps.iter().map(|e| e.addr).collect();
+    let settings = BackendSettings {
+        hash: Some(HashOn::Cookie {
+            name: "sid".into(),
+            ttl_secs: None,
+        }),
+        ..BackendSettings::default()
+    };
+    let proxy = tollgate_proxy::Proxy::new(tollgate_proxy::ProxyOptions::default());
+    let apply = |v: u64, addrs: &[SocketAddr]| {
+        table(
+            v,
+            vec![http_port(0, vec![route("r", "/", vec![wb("b", 1)])])],
+            vec![(
+                "b",
+                backend(addrs, LoadBalancer::ConsistentHash, settings.clone()),
+            )],
+        )
+    };
+    proxy.apply(apply(1, &addrs)).await.unwrap();
+    let url = format!("http://{}/", proxy.local_addr(0).unwrap());
+    let c = h1_client();
+    let first = get(&c, &url).await;
+    let set = first.headers["set-cookie"].to_str().unwrap().to_owned();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let home = String::from_utf8(first.body.to_vec()).unwrap();
+    let with_cookie = || {
+        Request::get(&url)
+            .header("cookie", &cookie)
+            .body(Full::<Bytes>::default())
+            .unwrap()
+    };
+    for _ in 0..100 {
+        let a = send(&c, with_cookie()).await;
+        assert_eq!(String::from_utf8(a.body.to_vec()).unwrap(), home);
+        assert!(a.headers.get("set-cookie").is_none());
+    }
+    // Its endpoint leaves the Service: the client moves, and stays where it moved.
+    let i = ["a", "b", "c"].iter().position(|n| *n == home).unwrap();
+    let rest: Vec<SocketAddr> = addrs.iter().copied().filter(|a| *a != addrs[i]).collect();
+    proxy.apply(apply(2, &rest)).await.unwrap();
+    let moved = String::from_utf8(send(&c, with_cookie()).await.body.to_vec()).unwrap();
+    assert_ne!(moved, home);
+    for _ in 0..20 {
+        let a = send(&c, with_cookie()).await;
+        assert_eq!(String::from_utf8(a.body.to_vec()).unwrap(), moved);
+    }
+}
+
+#[tokio::test]
+async fn header_keys_spread_within_ten_percent_over_the_endpoints() {
+    let eps = [
+        named("a", 200, None).await,
+        named("b", 200, None).await,
+        named("c", 200, None).await,
+    ];
+    let addrs: Vec<SocketAddr> = eps.iter().map(|e| e.addr).collect();
+    let settings = BackendSettings {
+        hash: Some(HashOn::Header("x-user-id".into())),
+        ..BackendSettings::default()
+    };
+    let def = backend(&addrs, LoadBalancer::ConsistentHash, settings);
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let c = h1_client();
+    let keys = 3_000;
+    for k in 0..keys {
+        let req = Request::get(format!("{url}/"))
+            .header("x-user-id", format!("user-{k}"))
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        assert_eq!(send(&c, req).await.status, StatusCode::OK);
+    }
+    let fair = keys / 3;
+    for e in &eps {
+        let got = e.hits.load(Ordering::SeqCst);
+        assert!(got.abs_diff(fair) * 10 <= fair, "{got} of {keys}");
+    }
+}
