@@ -29,6 +29,7 @@ fn examples_serve_as_documented() {
     policy_examples::introspection();
     policy_examples::mtls();
     policy_examples::client_ip();
+    policy_examples::resilience();
 }
 
 /// The README's first command: the quickstart with its demo backend, on the ports it documents.

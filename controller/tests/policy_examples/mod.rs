@@ -453,3 +453,25 @@ pub fn client_ip() {
         tg.log()
     );
 }
+
+/// examples/resilience, as its README says: `orders` has a live endpoint and a dead one;
+/// with the route's retry rule no request fails, the dead one is ejected (the access log
+/// names the retries and the ejection), and validate accepts the BackendPolicy.
+pub fn resilience() {
+    let tg = run_example("resilience");
+    eventually(WAIT, || {
+        get_with(8089, "127.0.0.1:8089", "/orders/1", &[]).filter(|r| r.status == 200)
+    })
+    .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+    for i in 0..20 {
+        let r = get_with(8089, "127.0.0.1:8089", &format!("/orders/{i}"), &[]).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {r:?}\nlog:\n{}", tg.log());
+    }
+    for needle in [r#""retried":["127.0.0.2:9080 connect"]"#, "endpoint ejected by outlier detection"] {
+        assert!(
+            eventually(WAIT, || tg.log().contains(needle).then_some(())).is_some(),
+            "the log says {needle:?}; log:\n{}",
+            tg.log()
+        );
+    }
+}
