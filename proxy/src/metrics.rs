@@ -2,9 +2,9 @@
 //! table swap. Out: OpenMetrics text from [`Metrics::encode`], served by
 //! [`crate::admin::serve_admin`].
 //!
-//! Labels stay low-cardinality: the route label is the HTTPRoute `namespace/name` (bounded by
-//! the configuration, never by traffic), the status is a class (`2xx`..`5xx`), and upstream
-//! errors carry a fixed `kind`.
+//! Labels stay low-cardinality: the route label is the HTTPRoute `namespace/name` and the
+//! backend label the table's backend key (both bounded by the configuration, never by
+//! traffic), the status is a class (`2xx`..`5xx`), and upstream errors carry a fixed `kind`.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -36,6 +36,24 @@ struct RouteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
+}
+
+/// Labels of `tollgate_health_checks_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// Labels of `tollgate_health_check_transitions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToLabels {
+    to: &'static str,
+}
+
+/// Labels of `tollgate_backend_healthy_endpoints`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: String,
 }
 
 /// Labels of `tollgate_tls_connections_total`.
@@ -104,6 +122,9 @@ pub struct Metrics {
     connections_refused: Family<ReasonLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
+    health_checks: Family<ResultLabels, Counter>,
+    health_transitions: Family<ToLabels, Counter>,
+    healthy_endpoints: Family<BackendLabels, Gauge>,
     access_log_dropped: Counter,
     /// Handles per route label, kept across snapshots.
     routes: Mutex<FastMap<String, Arc<RouteMetrics>>>,
@@ -265,6 +286,9 @@ impl Metrics {
         let connections_refused = Family::<ReasonLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
+        let health_checks = Family::<ResultLabels, Counter>::default();
+        let health_transitions = Family::<ToLabels, Counter>::default();
+        let healthy_endpoints = Family::<BackendLabels, Gauge>::default();
         registry.register(
             "requests",
             "Requests answered, by route and status class",
@@ -330,6 +354,21 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        registry.register(
+            "health_checks",
+            "Active health checks of endpoints, by result (pass, fail)",
+            health_checks.clone(),
+        );
+        registry.register(
+            "health_check_transitions",
+            "Endpoints that active health checks took out or brought back, by the state they went to (healthy, unhealthy)",
+            health_transitions.clone(),
+        );
+        registry.register(
+            "backend_healthy_endpoints",
+            "Endpoints available now (neither ejected nor failing health checks), by backend; for backends with outlier detection or health checks",
+            healthy_endpoints.clone(),
+        );
         let auth = AuthMetrics::new();
         auth.register(&mut registry);
         let rate_limit = RateLimitMetrics::new();
@@ -354,6 +393,9 @@ impl Metrics {
             active_connections,
             table_version,
             access_log_dropped,
+            health_checks,
+            health_transitions,
+            healthy_endpoints,
         }
     }
 
@@ -483,6 +525,39 @@ impl Metrics {
     pub(crate) fn access_log_dropped(&self) {
         self.access_log_dropped.inc();
     }
+
+    /// Counts one active health check.
+    pub(crate) fn health_check(&self, passed: bool) {
+        let result = if passed { "pass" } else { "fail" };
+        self.health_checks
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts an endpoint that health checks took out (`healthy` false) or brought back.
+    pub(crate) fn health_transition(&self, healthy: bool) {
+        let to = if healthy { "healthy" } else { "unhealthy" };
+        self.health_transitions
+            .get_or_create(&ToLabels { to })
+            .inc();
+    }
+
+    /// Records how many endpoints of `backend` are available now.
+    pub(crate) fn set_healthy_endpoints(&self, backend: &str, available: usize) {
+        self.healthy_endpoints
+            .get_or_create(&BackendLabels {
+                backend: backend.to_owned(),
+            })
+            .set(i64::try_from(available).unwrap_or(i64::MAX));
+    }
+
+    /// Drops the healthy-endpoints series of a backend no longer watched, so a removed
+    /// backend does not show its last count for ever.
+    pub(crate) fn remove_healthy_endpoints(&self, backend: &str) {
+        self.healthy_endpoints.remove(&BackendLabels {
+            backend: backend.to_owned(),
+        });
+    }
 }
 
 /// Decrements `tollgate_active_connections` when dropped.
@@ -526,6 +601,27 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("tollgate_request_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn encodes_health_check_counters_and_the_healthy_endpoints_gauge() {
+        let m = Metrics::new();
+        m.health_check(true);
+        m.health_check(true);
+        m.health_check(false);
+        m.health_transition(false);
+        m.set_healthy_endpoints("default/web:80", 2);
+        let text = m.encode();
+        for line in [
+            r#"tollgate_health_checks_total{result="pass"} 2"#,
+            r#"tollgate_health_checks_total{result="fail"} 1"#,
+            r#"tollgate_health_check_transitions_total{to="unhealthy"} 1"#,
+            r#"tollgate_backend_healthy_endpoints{backend="default/web:80"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        m.remove_healthy_endpoints("default/web:80");
+        assert!(!m.encode().contains("default/web:80"));
     }
 
     #[test]

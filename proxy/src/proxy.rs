@@ -1,8 +1,8 @@
 //! The [`Proxy`] handle: owns the live snapshot and the listening sockets. In: whole
 //! [`RouteTable`]s through [`Proxy::apply`]. Out: a new immutable [`Snapshot`] (router, TLS
 //! configs with their client-certificate validation, balancers) swapped in with one pointer
-//! store, and sockets bound or closed so the set of listening (address, port)s matches the
-//! table.
+//! store, sockets bound or closed so the set of listening (address, port)s matches the
+//! table, and health-check tasks started or stopped to match its backends.
 //!
 //! Requests load the snapshot once and keep that `Arc` until they finish, so a swap never
 //! changes a request mid-flight. A failed apply (bad regex, bad certificate, port in use)
@@ -30,6 +30,7 @@ use crate::lifecycle::router::Router;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::state::{PortState, Shared, Snapshot};
+use crate::upstream::health::HealthChecker;
 use crate::upstream::{Upstream, build_balancers};
 
 /// How long [`Proxy::shutdown`] waits for open connections to finish.
@@ -180,7 +181,9 @@ impl Proxy {
             auth: AuthState::new(opts.metrics.auth().clone()),
             limiter,
         };
+        let health = HealthChecker::new(opts.metrics.clone());
         let shared = Shared {
+            health,
             policy,
             snapshot: ArcSwapOption::empty(),
             limits,
@@ -274,14 +277,18 @@ impl Proxy {
         }
 
         let version = table.version;
-        shared.snapshot.store(Some(Arc::new(Snapshot {
+        let snapshot = Arc::new(Snapshot {
             version,
             router,
             backends,
             ports,
             policies,
             clients,
-        })));
+        });
+        shared.snapshot.store(Some(snapshot.clone()));
+        // After the store, not beside `build_balancers`: an apply that fails before it keeps
+        // the old snapshot, whose endpoints must stay checked.
+        shared.health.sync(&snapshot.backends);
         shared.metrics.set_table_version(version);
 
         for (key, socket) in fresh {
@@ -338,6 +345,8 @@ impl Proxy {
         self.inner
             .shut_down
             .store(true, std::sync::atomic::Ordering::Release);
+        // Nothing will be routed any more: stop probing the backends.
+        self.inner.shared.health.stop();
         for (_, handle) in listeners.drain() {
             handle.stop().await;
         }

@@ -18,6 +18,7 @@ use crate::lifecycle::policy::{Enforcer, PolicyRuntime};
 use crate::lifecycle::router::Router;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
+use crate::upstream::health::HealthChecker;
 use crate::upstream::{Balancer, Upstream};
 
 /// Per-port runtime state of a snapshot.
@@ -77,4 +78,6 @@ pub(crate) struct Shared {
     pub per_client: Arc<crate::downstream::per_client::PerClient>,
     /// One permit per mirror copy in flight ([`crate::ProxyOptions::max_mirrors_in_flight`]).
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
+    /// The active health-check tasks of the live snapshot's endpoints.
+    pub health: HealthChecker,
 }

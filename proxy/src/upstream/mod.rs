@@ -8,12 +8,14 @@
 //! Balancers (module `balancer`) are rebuilt with each snapshot but carry each endpoint's
 //! state (in-flight counter, connection pool, health) and the circuit breaker over from the
 //! previous snapshot, so least-request stays accurate, ejections hold and connections stay
-//! open across swaps; pools are shared by address across backends.
+//! open across swaps; pools are shared by address across backends. Active health checks
+//! (module `health`) probe the endpoints of each new snapshot's checked backends.
 
 pub(crate) mod balancer;
 pub(crate) mod breaker;
 pub(crate) mod h1;
 pub(crate) mod hash;
+pub(crate) mod health;
 pub(crate) mod outlier;
 pub(crate) mod pool;
 
