@@ -634,6 +634,11 @@ mod tests {
             policy: None,
             request_trailers: false,
             max_request_body_bytes: None,
+            retry: Some(Retry {
+                attempts: 2,
+                backoff_ms: 25,
+                codes: vec![503],
+            }),
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();
