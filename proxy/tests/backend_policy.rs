@@ -136,8 +136,12 @@ async fn an_endpoint_answering_503_is_ejected_and_comes_back_after_the_ejection_
     let by = get_n(&url, 30).await;
     assert_eq!(by.get(&503), None, "{by:?}");
     assert_eq!(sick.hits.load(Ordering::SeqCst), 3, "ejected: no traffic");
-    // After the ejection time it is tried again (and, still failing, ejected again).
+    let gauge = |n: usize| format!(r#"tollgate_backend_healthy_endpoints{{backend="b"}} {n}"#);
+    assert!(metrics.encode().contains(&gauge(2)));
+    // After the ejection time it is tried again (and, still failing, ejected again); the
+    // gauge sees the ejection end without a request.
     tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert!(eventually(|| metrics.encode().contains(&gauge(3))).await);
     let by = get_n(&url, 12).await;
     assert!(sick.hits.load(Ordering::SeqCst) > 3, "{by:?}");
     assert!(

@@ -467,7 +467,10 @@ pub fn resilience() {
         let r = get_with(8089, "127.0.0.1:8089", &format!("/orders/{i}"), &[]).unwrap();
         assert_eq!(r.status, 200, "request {i}: {r:?}\nlog:\n{}", tg.log());
     }
-    for needle in [r#""retried":["127.0.0.2:9080 connect"]"#, "endpoint ejected by outlier detection"] {
+    for needle in [
+        r#""retried":["127.0.0.2:9080 connect"]"#,
+        "endpoint ejected by outlier detection",
+    ] {
         assert!(
             eventually(WAIT, || tg.log().contains(needle).then_some(())).is_some(),
             "the log says {needle:?}; log:\n{}",

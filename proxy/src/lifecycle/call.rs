@@ -200,6 +200,8 @@ impl Call<'_> {
         };
         if self.balancer.record(endpoint, outcome) {
             self.shared.metrics.upstream_ejection();
+            self.balancer
+                .report_ejection(endpoint, &self.shared.metrics);
         }
     }
 

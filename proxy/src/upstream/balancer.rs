@@ -64,6 +64,8 @@ impl Drop for EndpointGuard {
 /// Endpoints of one backend and how to choose among them.
 #[derive(Debug)]
 pub(crate) struct Balancer {
+    /// The table's backend key (the `backend` label of its metrics).
+    pub key: Arc<str>,
     /// Protocol spoken to the endpoints.
     pub protocol: BackendProtocol,
     lb: LoadBalancer,
@@ -139,6 +141,7 @@ impl Balancer {
             Ring::build(&keys)
         });
         Self {
+            key: Arc::from(""),
             protocol: backend.protocol,
             lb: backend.load_balancer,
             endpoints,
@@ -310,6 +313,28 @@ impl Balancer {
         endpoint.health.eject(now, od);
         tracing::info!(endpoint = %endpoint.addr, "endpoint ejected by outlier detection");
         true
+    }
+
+    /// After an ejection: the healthy-endpoints gauge now, and again when the ejection ends
+    /// (ejections expire by themselves; a timer, not a request, sees it), unless the
+    /// endpoint left every balancer by then.
+    pub fn report_ejection(&self, endpoint: &EndpointState, metrics: &Arc<crate::Metrics>) {
+        metrics.set_healthy_endpoints(&self.key, self.availability().0);
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let wait = endpoint.health.ejected_until().saturating_sub(now_ms());
+        let endpoints = self.endpoints.clone();
+        let (key, metrics) = (self.key.clone(), metrics.clone());
+        handle.spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            if endpoints.iter().all(|e| Arc::strong_count(e) == 1) {
+                return;
+            }
+            let now = now_ms();
+            let up = endpoints.iter().filter(|e| e.health.available(now)).count();
+            metrics.set_healthy_endpoints(&key, up);
+        });
     }
 
     /// Endpoints available now, and all of them (for the healthy-endpoints gauge).

@@ -153,7 +153,9 @@ pub(crate) fn build_balancers(
         .iter()
         .map(|(key, b)| {
             let old = prev.and_then(|p| p.get(key)).map(Arc::as_ref);
-            (key.clone(), Arc::new(Balancer::build(b, old, upstream)))
+            let mut balancer = Balancer::build(b, old, upstream);
+            balancer.key = Arc::from(key.as_str());
+            (key.clone(), Arc::new(balancer))
         })
         .collect()
 }

@@ -56,6 +56,11 @@ impl Health {
         !self.check_failing.load(Ordering::Relaxed) && !self.ejected(now)
     }
 
+    /// When its ejection ends ([`now_ms`]); 0 when it was never ejected.
+    pub fn ejected_until(&self) -> u64 {
+        self.ejected_until.load(Ordering::Relaxed)
+    }
+
     /// Ejected at `now`.
     pub fn ejected(&self, now: u64) -> bool {
         self.ejected_until.load(Ordering::Relaxed) > now
