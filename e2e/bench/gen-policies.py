@@ -3,7 +3,7 @@
 own port, so every variant runs in its own tollgate-proxy (policies.sh measures each beside the
 bare route); with `client`, those of the client-address benchmark (client.sh).
 
-Usage: gen-policies.py DIR [policies | client [PROXY_VERSION]]
+Usage: gen-policies.py DIR [policies | client [PROXY_VERSION] | backends]
 
 Variants of `policies` (port):
   bare      18090  the route alone
@@ -36,6 +36,15 @@ it (- for none), then the headers, tab-separated. Every target sends X-Forwarded
 the variants measured beside the bare route: xff (beside bare), proxy-protocol and
 proxy-protocol-close (beside the bare route through the same relay, bare-relay and
 bare-relay-close), and the controls twin and twin-relay.
+
+`backends` writes the variants of the backend-settings benchmark (backends.sh) as `policies`
+does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlice each):
+  bare    18490  the route alone
+  policy  18491  a BackendPolicy with a circuit breaker, outlier detection and an HTTP health
+                 check every second, none of which ever trips
+  retry   18492  the route with a retry rule (attempts 2, codes 502/503/504), never used
+  hash    18493  a BackendPolicy: ConsistentHash on x-user-id (every request carries it)
+  twin    18494  the bare route again (the control)
 """
 import base64
 import hashlib
@@ -149,6 +158,54 @@ spec:
           jwks: '{jwks}'
 """
 
+BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494}
+
+
+def base_three(port, retry=""):
+    """base() over three endpoints, the route's rule with `retry` (YAML) when given."""
+    text = base("bench", port)
+    one = text[text.index("apiVersion: discovery.k8s.io/v1"):text.index("---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute")]
+    slices = "---\n".join(one.replace("svc-0-1", f"svc-0-{p}").replace("port: 19080", f"port: {p}")
+                     for p in (19080, 19081, 19082))
+    text = text.replace(one, slices)
+    if retry:
+        text = text.rstrip("\n") + f"\n    retry: {retry}\n"
+    return text
+
+
+def backend_policy(spec):
+    return f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: BackendPolicy
+metadata: {{name: bench, namespace: default}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: svc-0}}]
+{spec}"""
+
+
+def backends(out):
+    variants = {
+        "bare": base_three(BACKEND_PORTS["bare"]),
+        "policy": base_three(BACKEND_PORTS["policy"]) + backend_policy(
+            "  circuitBreaker: {maxConnections: 4096, maxPendingRequests: 1024, maxRequests: 8192, maxRetries: 64}\n"
+            "  outlierDetection: {consecutive5xx: 5, consecutiveGatewayErrors: 3, interval: 5s, baseEjectionTime: 30s, maxEjectionPercent: 50}\n"
+            "  healthCheck:\n"
+            "    active: {type: HTTP, http: {path: /, expectedStatuses: [200]}, interval: 1s, timeout: 500ms, unhealthyThreshold: 2, healthyThreshold: 1}\n"),
+        "retry": base_three(BACKEND_PORTS["retry"], "{attempts: 2, backoff: 25ms, codes: [502, 503, 504]}"),
+        "hash": base_three(BACKEND_PORTS["hash"]) + backend_policy(
+            "  loadBalancer: {type: ConsistentHash, consistentHash: {header: x-user-id}}\n"),
+        "twin": base_three(BACKEND_PORTS["twin"]),
+    }
+    for name, text in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(text)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(BACKEND_PORTS[name]), "x-user-id: bench-user-42"]) + "\n")
+    print(" ".join(variants))
+
+
 def policies(out):
     variants = {
         "bare": "",
@@ -241,5 +298,7 @@ if __name__ == "__main__":
     which = sys.argv[2] if len(sys.argv) > 2 else "policies"
     if which == "client":
         client(sys.argv[1], sys.argv[3] if len(sys.argv) > 3 else "1")
+    elif which == "backends":
+        backends(sys.argv[1])
     else:
         policies(sys.argv[1])
