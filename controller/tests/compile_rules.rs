@@ -111,6 +111,52 @@ fn retry_compiles_with_defaults_and_sorted_codes() {
 }
 
 #[test]
+fn session_persistence_compiles_with_its_defaults() {
+    use tollgate_api::backend::{Session, SessionCarrier};
+    let out = out();
+    assert_route_ok(&out, "apps", "sessions");
+    let v = vhost(
+        table_listener(table(&out, "apps", "gw"), "http"),
+        "session.test",
+    );
+    let by_path = |p: &str| {
+        v.routes
+            .iter()
+            .find(|r| r.matcher.path == PathMatch::PathPrefix(p.into()))
+            .unwrap()
+            .session
+            .clone()
+    };
+    assert_eq!(
+        by_path("/cookie"),
+        Some(Session {
+            name: "shop".into(),
+            carrier: SessionCarrier::Cookie,
+            absolute_secs: Some(3600),
+            idle_secs: Some(600),
+            permanent: true,
+        })
+    );
+    assert_eq!(
+        by_path("/header"),
+        Some(Session {
+            name: "x-session".into(),
+            carrier: SessionCarrier::Header,
+            absolute_secs: None,
+            idle_secs: None,
+            permanent: false,
+        })
+    );
+    assert_eq!(by_path("/defaults").unwrap().name, "tollgate-session");
+    assert_unsupported(&out, "session-bad-name", "sessionPersistence.sessionName");
+    assert_unsupported(
+        &out,
+        "session-permanent-forever",
+        "Permanent needs absoluteTimeout",
+    );
+}
+
+#[test]
 fn bad_route_rejects_only_itself() {
     let out = out();
     assert_route_ok(&out, "apps", "good");

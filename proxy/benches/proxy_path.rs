@@ -61,6 +61,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         request_trailers: false,
         max_request_body_bytes: None,
         retry: None,
+        session: None,
     };
     RouteTable {
         version: 1,

@@ -40,6 +40,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         request_trailers: false,
         max_request_body_bytes: None,
         retry: None,
+        session: None,
     }
 }
 

@@ -365,3 +365,134 @@ async fn header_keys_spread_within_ten_percent_over_the_endpoints() {
         assert!(got.abs_diff(fair) * 10 <= fair, "{got} of {keys}");
     }
 }
+
+fn session_route(carrier: tollgate_api::backend::SessionCarrier) -> tollgate_api::Route {
+    let mut r = route("r", "/", vec![wb("b", 1)]);
+    r.session = Some(tollgate_api::backend::Session {
+        name: "sid".into(),
+        carrier,
+        absolute_secs: None,
+        idle_secs: None,
+        permanent: false,
+    });
+    r.retry = Some(tollgate_api::Retry {
+        attempts: 2,
+        backoff_ms: 1,
+        codes: vec![],
+    });
+    r
+}
+
+/// Session persistence (the route's `sessionPersistence`), by cookie and by header: a
+/// client's 100 requests reach one endpoint; when that endpoint dies the next request is
+/// retried elsewhere and the session moves with it, and stays there.
+#[tokio::test]
+async fn a_session_keeps_a_client_on_its_endpoint_and_moves_when_it_goes() {
+    use tollgate_api::backend::SessionCarrier;
+    for carrier in [SessionCarrier::Cookie, SessionCarrier::Header] {
+        let eps = [
+            named("a", 200, None).await,
+            named("b", 200, None).await,
+            named("c", 200, None).await,
+        ];
+        // A listener of the test's own that it closes stands for a dying endpoint: a fourth.
+        let doomed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let doomed_addr = doomed.local_addr().unwrap();
+        drop(doomed);
+        let addrs: Vec<SocketAddr> = eps.iter().map(|e| e.addr).collect();
+        let def = backend(
+            &addrs,
+            LoadBalancer::LeastRequest,
+            BackendSettings::default(),
+        );
+        let (_p, url) = proxy_with(vec![session_route(carrier)], vec![("b", def)]).await;
+        let url = format!("{url}/");
+        let c = h1_client();
+        let first = get(&c, &url).await;
+        let field = |a: &Answer| match carrier {
+            SessionCarrier::Cookie => a
+                .headers
+                .get("set-cookie")
+                .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned()),
+            SessionCarrier::Header => a.headers.get("sid").map(|v| v.to_str().unwrap().to_owned()),
+        };
+        let token = field(&first).unwrap_or_else(|| panic!("{carrier:?}: no session: {first:?}"));
+        let home = String::from_utf8(first.body.to_vec()).unwrap();
+        let with = |token: &str| {
+            let b = Request::get(&url);
+            let b = match carrier {
+                SessionCarrier::Cookie => b.header("cookie", token),
+                SessionCarrier::Header => b.header("sid", token),
+            };
+            b.body(Full::<Bytes>::default()).unwrap()
+        };
+        for _ in 0..100 {
+            let a = send(&c, with(&token)).await;
+            assert_eq!(
+                String::from_utf8(a.body.to_vec()).unwrap(),
+                home,
+                "{carrier:?}"
+            );
+            assert_eq!(field(&a), None, "a session that goes on is not sent again");
+        }
+        // The home endpoint dies (the table still lists it, as Kubernetes would for a while):
+        // a proxy whose table has a refusing address in its place, and a token naming that
+        // address. The request is retried elsewhere and the session moves.
+        let i = ["a", "b", "c"].iter().position(|n| *n == home).unwrap();
+        let (_p2, url2) = proxy_with(
+            vec![session_route(carrier)],
+            vec![(
+                "b",
+                backend(
+                    &[doomed_addr, eps[(i + 1) % 3].addr, eps[(i + 2) % 3].addr],
+                    LoadBalancer::LeastRequest,
+                    BackendSettings::default(),
+                ),
+            )],
+        )
+        .await;
+        // A token naming the dead endpoint, as the old one named the live home endpoint.
+        let dead_id = format!("{:016x}", fnv(&doomed_addr.to_string()));
+        let rest = token.split_once('=').map_or(token.as_str(), |(_, v)| v);
+        let forged_rest = rest.split_once('.').unwrap().1;
+        let dead_token = match carrier {
+            SessionCarrier::Cookie => format!("sid={dead_id}.{forged_rest}"),
+            SessionCarrier::Header => format!("{dead_id}.{forged_rest}"),
+        };
+        let with2 = |token: &str| {
+            let b = Request::get(format!("{url2}/"));
+            let b = match carrier {
+                SessionCarrier::Cookie => b.header("cookie", token),
+                SessionCarrier::Header => b.header("sid", token),
+            };
+            b.body(Full::<Bytes>::default()).unwrap()
+        };
+        let moved = send(&c, with2(&dead_token)).await;
+        assert_eq!(
+            moved.status,
+            StatusCode::OK,
+            "{carrier:?}: retried elsewhere"
+        );
+        let new_token =
+            field(&moved).unwrap_or_else(|| panic!("{carrier:?}: the session did not move"));
+        let new_home = String::from_utf8(moved.body.to_vec()).unwrap();
+        assert_ne!(new_home, home);
+        for _ in 0..20 {
+            let a = send(&c, with2(&new_token)).await;
+            assert_eq!(String::from_utf8(a.body.to_vec()).unwrap(), new_home);
+        }
+    }
+}
+
+/// The endpoint hash a session token carries (FNV-1a, finalized), as the proxy computes it.
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in s.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

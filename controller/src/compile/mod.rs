@@ -34,6 +34,7 @@ pub mod policies;
 pub mod precedence;
 pub mod routes;
 pub mod rules;
+pub mod session;
 pub mod table;
 pub mod tls;
 pub mod tlsroute;

@@ -52,6 +52,8 @@ pub struct CompiledRule {
     pub timeouts: Timeouts,
     /// Retries (`rules[].retry`).
     pub retry: Option<Retry>,
+    /// Session persistence (`rules[].sessionPersistence`).
+    pub session: Option<tollgate_api::backend::Session>,
 }
 
 /// One compiled route.
@@ -234,6 +236,10 @@ pub fn compile_actions(
         .all(|m| matches!(m.path, PathMatch::PathPrefix(_)));
     let timeouts = timeouts(rule.timeouts.as_ref(), &format!("{field}.timeouts"))?;
     let retry = retry(rule.retry.as_ref(), &format!("{field}.retry"))?;
+    let session = super::session::compile(
+        rule.session_persistence.as_ref(),
+        &format!("{field}.sessionPersistence"),
+    )?;
     let mut ctx = FilterCtx {
         resolver,
         route_ns: ns,
@@ -279,6 +285,7 @@ pub fn compile_actions(
         backends,
         timeouts,
         retry,
+        session,
     })
 }
 

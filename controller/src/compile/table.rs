@@ -259,6 +259,7 @@ fn host_routes(
                     backends: rule.backends.clone(),
                     timeouts: rule.timeouts.clone(),
                     retry: rule.retry.clone(),
+                    session: rule.session.clone(),
                     policy: policy.clone(),
                     request_trailers,
                     max_request_body_bytes,

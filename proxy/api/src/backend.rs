@@ -195,3 +195,32 @@ impl Connection {
         *self == Self::default()
     }
 }
+
+/// Session persistence (GEP-1619): the gateway names the endpoint that served a client's
+/// first request in a cookie or header, and sends the client's next requests there while
+/// that endpoint is available and the session has not timed out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    /// The cookie or header name.
+    pub name: String,
+    /// Where the session travels.
+    pub carrier: SessionCarrier,
+    /// A session ends this long after it began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absolute_secs: Option<u64>,
+    /// A session ends this long after its last request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_secs: Option<u64>,
+    /// The cookie outlives the browser session (`Max-Age` from `absolute_secs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
+}
+
+/// How a session travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionCarrier {
+    Cookie,
+    Header,
+}

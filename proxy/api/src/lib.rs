@@ -244,6 +244,9 @@ pub struct Route {
     /// one attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<Retry>,
+    /// Keeps a client on one endpoint (HTTPRoute `rules[].sessionPersistence`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<backend::Session>,
 }
 
 /// When to send a request upstream again (HTTPRoute `rules[].retry`, GEP-1731). A failed
@@ -639,6 +642,7 @@ mod tests {
                 backoff_ms: 25,
                 codes: vec![503],
             }),
+            session: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();

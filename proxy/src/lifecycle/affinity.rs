@@ -1,13 +1,20 @@
-//! The key a `ConsistentHash` balancer hashes (BackendPolicy `loadBalancer.consistentHash`).
-//! In: the backend's [`HashOn`], the request's headers and the client's address. Out: the
-//! key's hash, or none (the request is balanced least-request), and for a cookie key that
-//! the request lacked, the `Set-Cookie` that keeps the client's next requests together.
+//! What keeps a client's requests together. In: the backend's [`HashOn`] (BackendPolicy
+//! `loadBalancer.consistentHash`) or the route's [`Session`] (`sessionPersistence`), the
+//! request's headers and the client's address. Out: the key's hash, or none (the request is
+//! balanced least-request), and for a cookie key that the request lacked, the `Set-Cookie`
+//! that keeps the client's next requests together; for a session, the endpoint it names
+//! while it lasts, and the cookie or header that starts or renews it.
+//!
+//! A session token is `ENDPOINT.BEGAN.SEEN`: a hash of the endpoint's address (as every
+//! proxy replica computes it, so any replica honours it) and two Unix times in hex. It names
+//! an endpoint and nothing more: a client that forges one picks among the backend's own
+//! endpoints, as it could by retrying.
 
 use std::net::IpAddr;
 
 use http::header::COOKIE;
 use http::{HeaderMap, HeaderValue};
-use tollgate_api::backend::HashOn;
+use tollgate_api::backend::{HashOn, Session, SessionCarrier};
 
 use crate::upstream::hash::hash;
 
@@ -45,6 +52,54 @@ pub(crate) fn key(
         // Refused by the compiler until the proxy evaluates it; never in a table.
         HashOn::Expression(_) => (None, None),
     }
+}
+
+/// The endpoint hash and start time a request's session token names, when it has one that
+/// has not timed out at `now` (Unix seconds).
+pub(crate) fn session(s: &Session, headers: &HeaderMap, now: u64) -> Option<(u64, u64)> {
+    let token = match s.carrier {
+        SessionCarrier::Cookie => cookie(headers, &s.name)?,
+        SessionCarrier::Header => headers.get(s.name.as_str())?.as_bytes(),
+    };
+    let mut parts = std::str::from_utf8(token).ok()?.split('.');
+    let mut hex = || u64::from_str_radix(parts.next()?, 16).ok();
+    let (endpoint, began, seen) = (hex()?, hex()?, hex()?);
+    let live = |since: u64, limit: Option<u64>| limit.is_none_or(|l| now.saturating_sub(since) < l);
+    (began <= now && live(began, s.absolute_secs) && live(seen, s.idle_secs))
+        .then_some((endpoint, began))
+}
+
+/// The cookie or header that starts or renews a session on `endpoint` (its hash) begun at
+/// `began`, seen now.
+pub(crate) fn session_field(
+    s: &Session,
+    endpoint: u64,
+    began: u64,
+    now: u64,
+) -> Option<(http::HeaderName, HeaderValue)> {
+    let token = format!("{endpoint:016x}.{began:x}.{now:x}");
+    match s.carrier {
+        SessionCarrier::Header => Some((
+            http::HeaderName::from_bytes(s.name.as_bytes()).ok()?,
+            HeaderValue::from_str(&token).ok()?,
+        )),
+        SessionCarrier::Cookie => {
+            let mut v = format!("{}={token}; Path=/; HttpOnly", s.name);
+            if s.permanent
+                && let Some(max) = s.absolute_secs
+            {
+                v.push_str(&format!("; Max-Age={}", max.saturating_sub(now - began)));
+            }
+            Some((http::header::SET_COOKIE, HeaderValue::from_str(&v).ok()?))
+        }
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The value of the first cookie named `name` in the request's `Cookie` fields.
@@ -104,6 +159,48 @@ mod tests {
             Some(hash(value.as_bytes())),
             "the next request hashes the same"
         );
+    }
+
+    fn sess(carrier: SessionCarrier, absolute: Option<u64>, idle: Option<u64>) -> Session {
+        Session {
+            name: "s".into(),
+            carrier,
+            absolute_secs: absolute,
+            idle_secs: idle,
+            permanent: absolute.is_some(),
+        }
+    }
+
+    #[test]
+    fn a_session_token_round_trips_until_it_times_out() {
+        let s = sess(SessionCarrier::Cookie, Some(100), Some(10));
+        let (name, value) = session_field(&s, 0xabc, 1_000, 1_005).unwrap();
+        assert_eq!(name, http::header::SET_COOKIE);
+        let v = value.to_str().unwrap();
+        assert_eq!(
+            v,
+            "s=0000000000000abc.3e8.3ed; Path=/; HttpOnly; Max-Age=95"
+        );
+        let h = headers(&[("cookie", "s=0000000000000abc.3e8.3ed")]);
+        assert_eq!(session(&s, &h, 1_010), Some((0xabc, 1_000)));
+        assert_eq!(session(&s, &h, 1_015), None, "idle for 10s");
+        let late = headers(&[("cookie", "s=0000000000000abc.3e8.44c")]);
+        assert_eq!(session(&s, &late, 1_099), Some((0xabc, 1_000)));
+        assert_eq!(session(&s, &late, 1_100), None, "100s since it began");
+        for junk in ["s=abc", "s=x.y.z", "s=1.2", "s=1.ffffffff.1", ""] {
+            assert_eq!(
+                session(&s, &headers(&[("cookie", junk)]), 1_010),
+                None,
+                "{junk}"
+            );
+        }
+        let h = sess(SessionCarrier::Header, None, None);
+        let (name, value) = session_field(&h, 7, 1, 2).unwrap();
+        assert_eq!(
+            (name.as_str(), value.to_str().unwrap()),
+            ("s", "0000000000000007.1.2")
+        );
+        assert_eq!(session(&h, &headers(&[("s", "7.1.2")]), 5), Some((7, 1)));
     }
 
     #[test]

@@ -237,10 +237,11 @@ async fn proxy<'s>(
         guard,
         admission,
         set_cookie,
+        session,
     } = match pick_backend(
         shared,
         snapshot,
-        &route.backends,
+        route,
         &mut parts,
         &view,
         &mut ctx.plan,
@@ -308,6 +309,17 @@ async fn proxy<'s>(
             None => send.await,
         }
     };
+    // The session names the endpoint that answered (a retry may have moved it: a new session
+    // then); one that went on is renewed only when it can time out idle.
+    let session_field = route.session.as_ref().zip(session).and_then(|(s, p)| {
+        let id = balancer.session_id(guard.endpoint());
+        match p.honoured {
+            Some((named, began)) if named == id => s
+                .idle_secs
+                .and_then(|_| affinity::session_field(s, id, began, p.now)),
+            _ => affinity::session_field(s, id, p.now, p.now),
+        }
+    });
     ctx.done.guard = Some(guard);
     ctx.done.retried = retried;
     ctx.done.upstream_answered = result.is_ok();
@@ -318,6 +330,9 @@ async fn proxy<'s>(
     };
     if let Some(cookie) = set_cookie {
         resp.headers_mut().append(http::header::SET_COOKIE, cookie);
+    }
+    if let Some((name, value)) = session_field {
+        resp.headers_mut().append(name, value);
     }
     if let Some(decision) = &ctx.rate_limit {
         decision.insert_headers(resp.headers_mut());
@@ -356,6 +371,16 @@ struct Picked<'s> {
     admission: Option<Admission>,
     /// A consistent-hash cookie the request lacked, for its answer.
     set_cookie: Option<http::HeaderValue>,
+    /// On a route with session persistence: what the request's session did.
+    session: Option<SessionPick>,
+}
+
+/// A session-persistence pick.
+struct SessionPick {
+    /// Unix seconds now.
+    now: u64,
+    /// The endpoint (hash) and start of the request's session, when its endpoint was picked.
+    honoured: Option<(u64, u64)>,
 }
 
 /// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters,
@@ -364,12 +389,13 @@ struct Picked<'s> {
 async fn pick_backend<'s>(
     shared: &Shared,
     snapshot: &'s Snapshot,
-    backends: &'s [tollgate_api::WeightedBackend],
+    route: &'s tollgate_api::Route,
     parts: &mut Parts,
     view: &RequestView<'_>,
     plan: &mut Plan<'s>,
     source: std::net::IpAddr,
 ) -> Result<Picked<'s>, Box<Response<ProxyBody>>> {
+    let (backends, session) = (&route.backends, route.session.as_ref());
     // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
     // GRPCRoute requires for traffic to invalid backends.
     let internal = || {
@@ -396,11 +422,23 @@ async fn pick_backend<'s>(
             }
         },
     };
-    let (hash, set_cookie) = match &balancer.settings.hash {
-        Some(on) => affinity::key(on, &parts.headers, source),
-        None => (None, None),
+    // A live session's endpoint first, while it is here and available.
+    let mut session_pick = None;
+    let mut guard = None;
+    if let Some(s) = session {
+        let now = affinity::unix_now();
+        let named = affinity::session(s, &parts.headers, now);
+        let honoured = named.and_then(|(id, began)| {
+            guard = balancer.pick_session(id);
+            guard.as_ref().map(|_| (id, began))
+        });
+        session_pick = Some(SessionPick { now, honoured });
+    }
+    let (hash, set_cookie) = match (&guard, &balancer.settings.hash) {
+        (None, Some(on)) => affinity::key(on, &parts.headers, source),
+        _ => (None, None),
     };
-    let Some(guard) = balancer.pick_keyed(hash) else {
+    let Some(guard) = guard.or_else(|| balancer.pick_keyed(hash)) else {
         shared
             .metrics
             .upstream_error(UpstreamErrorKind::NoEndpoints);
@@ -411,6 +449,7 @@ async fn pick_backend<'s>(
         guard,
         admission,
         set_cookie,
+        session: session_pick,
     })
 }
 

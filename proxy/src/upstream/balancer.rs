@@ -79,6 +79,8 @@ pub(crate) struct Balancer {
     pub breaker: Option<Arc<Breaker>>,
     /// The hash ring of a `ConsistentHash` balancer.
     ring: Option<Ring>,
+    /// Each endpoint's hash, as a session token names it (module `affinity`).
+    ids: Vec<u64>,
     /// Ejection decisions, one at a time (so `max_ejection_percent` holds under races).
     eject: std::sync::Mutex<()>,
 }
@@ -140,8 +142,13 @@ impl Balancer {
             let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
             Ring::build(&keys)
         });
+        let ids = endpoints
+            .iter()
+            .map(|e| crate::upstream::hash::hash(e.addr.to_string().as_bytes()))
+            .collect();
         Self {
             key: Arc::from(""),
+            ids,
             protocol: backend.protocol,
             lb: backend.load_balancer,
             endpoints,
@@ -172,6 +179,24 @@ impl Balancer {
         }
         .unwrap_or_else(|| self.by_algorithm(n, now));
         self.endpoints.get(idx).cloned().map(EndpointGuard::new)
+    }
+
+    /// The endpoint a session names (by its hash), when it is still here and available.
+    pub fn pick_session(&self, id: u64) -> Option<EndpointGuard> {
+        let i = self.ids.iter().position(|&x| x == id)?;
+        let now = if self.guarded { now_ms() } else { 0 };
+        self.up(i, now)
+            .then(|| self.endpoints.get(i).cloned().map(EndpointGuard::new))
+            .flatten()
+    }
+
+    /// The hash a session token names `endpoint` by.
+    pub fn session_id(&self, endpoint: &EndpointState) -> u64 {
+        self.endpoints
+            .iter()
+            .position(|e| e.addr == endpoint.addr)
+            .and_then(|i| self.ids.get(i).copied())
+            .unwrap_or_else(|| crate::upstream::hash::hash(endpoint.addr.to_string().as_bytes()))
     }
 
     /// Whether endpoint `i` may be picked at `now`.

@@ -235,6 +235,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         request_trailers: false,
         max_request_body_bytes: None,
         retry: None,
+        session: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         request_trailers: false,
         max_request_body_bytes: None,
         retry: None,
+        session: None,
     }
 }
 
