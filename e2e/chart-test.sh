@@ -157,6 +157,8 @@ for r in gatewayclasses gateways httproutes grpcroutes tlsroutes; do
   can yes update "$r.$GW" --subresource=status -n apps
 done
 can no patch "referencegrants.$GW" --subresource=status -n apps
+for verb in get list watch; do can yes "$verb" xbackendtrafficpolicies.gateway.networking.x-k8s.io -A; done
+can yes patch xbackendtrafficpolicies.gateway.networking.x-k8s.io --subresource=status -n apps
 for r in ratelimitpolicies authpolicies clientpolicies backendpolicies; do
   for verb in get list watch; do can yes "$verb" "$r.tollgate.dev" -A; done
   can yes patch "$r.tollgate.dev" --subresource=status -n apps
@@ -164,7 +166,7 @@ for r in ratelimitpolicies authpolicies clientpolicies backendpolicies; do
 done
 for r in secrets configmaps; do can yes get "$r" -A; done
 # The optional kinds' CRDs, and no other (a 404 is confirmed against the CRD).
-for crd in "tlsroutes.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev; do
+for crd in "tlsroutes.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev xbackendtrafficpolicies.gateway.networking.x-k8s.io; do
   can yes get "customresourcedefinitions.apiextensions.k8s.io/$crd"
 done
 can no get customresourcedefinitions.apiextensions.k8s.io/widgets.example.com

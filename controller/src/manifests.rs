@@ -93,6 +93,7 @@ macro_rules! each_object_list {
         $m!(auth_policies);
         $m!(client_policies);
         $m!(backend_policies);
+        $m!(backend_traffic_policies);
     };
 }
 
@@ -123,6 +124,7 @@ struct Counts {
     auth_policies: usize,
     client_policies: usize,
     backend_policies: usize,
+    backend_traffic_policies: usize,
     warnings: usize,
 }
 
@@ -146,6 +148,7 @@ impl Counts {
             auth_policies: _,
             client_policies: _,
             backend_policies: _,
+            backend_traffic_policies: _,
             last_valid: _,
             now: _,
             warnings: _,

@@ -75,6 +75,8 @@ fn every_field_of_the_issue_shape_compiles_into_the_services_backends() {
                 idle_timeout_ms: Some(60_000),
                 ..Connection::default()
             },
+            retry_budget: None,
+            session: None,
         }
     );
     assert_cond(policy_conds(&out, "web"), "Accepted", "True", "Accepted");
@@ -151,4 +153,93 @@ fn the_table_without_policies_serializes_as_before() {
     let t = table(&out, "infra", "gw");
     let json = serde_json::to_string(&t.backends).unwrap();
     assert!(!json.contains("settings"), "{json}");
+}
+
+const TRAFFIC: &str = r#"
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: budget, namespace: apps, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  targetRefs: [{group: "", kind: Service, name: web}]
+  retryConstraint:
+    budget: {percent: 25, interval: 20s}
+    minRetryRate: {count: 5, interval: 2s}
+  sessionPersistence: {sessionName: shop, type: Cookie, idleTimeout: 30m}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: defaults, namespace: apps, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  targetRefs: [{group: "", kind: Service, name: api}]
+  retryConstraint: {}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: late, namespace: apps, creationTimestamp: "2026-01-02T00:00:00Z"}
+spec:
+  targetRefs: [{group: "", kind: Service, name: web}]
+  retryConstraint: {budget: {percent: 50}}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: too-much, namespace: apps}
+spec:
+  targetRefs: [{group: "", kind: Service, name: web}]
+  retryConstraint: {budget: {percent: 101}}
+"#;
+
+#[test]
+fn a_backend_traffic_policy_sets_the_budget_and_session_beside_a_backend_policy() {
+    use tollgate_api::backend::{RetryBudget, Session, SessionCarrier};
+    let out = run(&["backend_policy"], TRAFFIC);
+    let t = table(&out, "infra", "gw");
+    let web = &t.backends["apps/web:80"];
+    assert_eq!(
+        web.settings.retry_budget,
+        Some(RetryBudget {
+            percent: 25,
+            interval_ms: 20_000,
+            min_retries: 5,
+            min_interval_ms: 2_000,
+        })
+    );
+    assert_eq!(
+        web.settings.session,
+        Some(Session {
+            name: "shop".into(),
+            carrier: SessionCarrier::Cookie,
+            absolute_secs: None,
+            idle_secs: Some(1800),
+            permanent: false,
+        })
+    );
+    // The BackendPolicy's own settings are still there.
+    assert_eq!(web.load_balancer, LoadBalancer::ConsistentHash);
+    assert!(web.settings.outlier.is_some());
+    assert_eq!(
+        t.backends["apps/api:8080"].settings.retry_budget,
+        Some(RetryBudget {
+            percent: 20,
+            interval_ms: 10_000,
+            min_retries: 10,
+            min_interval_ms: 1_000,
+        }),
+        "GEP-3388's defaults"
+    );
+    let st = |n: &str| &out.backend_traffic_policies[&tollgate_api::ObjectKey::new("apps", n)];
+    assert_cond(&st("budget").conditions, "Accepted", "True", "Accepted");
+    assert_eq!(st("budget").ancestors.len(), 1);
+    assert_cond(
+        &st("budget").ancestors[0].conditions,
+        "Accepted",
+        "True",
+        "Accepted",
+    );
+    assert_cond(&st("late").conditions, "Accepted", "False", "Conflicted");
+    assert_cond(&st("too-much").conditions, "Accepted", "False", "Invalid");
+    assert!(
+        cond(&st("too-much").conditions, "Accepted")
+            .message
+            .contains("budget.percent: 101")
+    );
 }

@@ -19,6 +19,9 @@ use crate::FastMap;
 use crate::lifecycle::policy::auth::AuthMetrics;
 use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
+mod backend;
+pub(crate) use backend::BackendMetrics;
+
 /// Labels of `tollgate_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -36,24 +39,6 @@ struct RouteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
-}
-
-/// Labels of `tollgate_health_checks_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    result: &'static str,
-}
-
-/// Labels of `tollgate_health_check_transitions_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ToLabels {
-    to: &'static str,
-}
-
-/// Labels of `tollgate_backend_healthy_endpoints`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BackendLabels {
-    backend: String,
 }
 
 /// Labels of `tollgate_tls_connections_total`.
@@ -113,24 +98,19 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
-    upstream_retries: Family<ReasonLabels, Counter>,
-    breaker_rejections: Family<LimitLabels, Counter>,
-    ejections: Counter,
     tls_connections: Family<OutcomeLabels, Counter>,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
     connections_refused: Family<ReasonLabels, Counter>,
     active_connections: Gauge,
     table_version: Gauge,
-    health_checks: Family<ResultLabels, Counter>,
-    health_transitions: Family<ToLabels, Counter>,
-    healthy_endpoints: Family<BackendLabels, Gauge>,
     access_log_dropped: Counter,
     /// Handles per route label, kept across snapshots.
     routes: Mutex<FastMap<String, Arc<RouteMetrics>>>,
     no_route: Arc<RouteMetrics>,
     auth: AuthMetrics,
     rate_limit: RateLimitMetrics,
+    backend: BackendMetrics,
 }
 
 /// The metric handles of one route label, resolved once so a request records its outcome
@@ -204,12 +184,6 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-/// Labels of `tollgate_circuit_breaker_rejections_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LimitLabels {
-    limit: &'static str,
-}
-
 /// Why the proxy cut a slow or idle client off: the `kind` label of
 /// `tollgate_client_timeouts_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,9 +250,6 @@ impl Metrics {
             duration_histogram as fn() -> Histogram,
         );
         let upstream_errors = Family::<KindLabels, Counter>::default();
-        let upstream_retries = Family::<ReasonLabels, Counter>::default();
-        let breaker_rejections = Family::<LimitLabels, Counter>::default();
-        let ejections = Counter::default();
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
@@ -286,9 +257,6 @@ impl Metrics {
         let connections_refused = Family::<ReasonLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
-        let health_checks = Family::<ResultLabels, Counter>::default();
-        let health_transitions = Family::<ToLabels, Counter>::default();
-        let healthy_endpoints = Family::<BackendLabels, Gauge>::default();
         registry.register(
             "requests",
             "Requests answered, by route and status class",
@@ -303,21 +271,6 @@ impl Metrics {
             "upstream_errors",
             "Upstream failures, by kind",
             upstream_errors.clone(),
-        );
-        registry.register(
-            "upstream_retries",
-            "Upstream attempts made again under a route's retry rule, by why the last failed (connect, reset, timeout, status)",
-            upstream_retries.clone(),
-        );
-        registry.register(
-            "circuit_breaker_rejections",
-            "Requests and retries a backend's circuit breaker refused, by limit (max_requests, max_pending_requests, max_retries)",
-            breaker_rejections.clone(),
-        );
-        registry.register(
-            "upstream_ejections",
-            "Endpoints ejected by outlier detection",
-            ejections.clone(),
         );
         registry.register(
             "tls_connections",
@@ -354,38 +307,23 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
-        registry.register(
-            "health_checks",
-            "Active health checks of endpoints, by result (pass, fail)",
-            health_checks.clone(),
-        );
-        registry.register(
-            "health_check_transitions",
-            "Endpoints that active health checks took out or brought back, by the state they went to (healthy, unhealthy)",
-            health_transitions.clone(),
-        );
-        registry.register(
-            "backend_healthy_endpoints",
-            "Endpoints available now (neither ejected nor failing health checks), by backend; for backends with outlier detection or health checks",
-            healthy_endpoints.clone(),
-        );
         let auth = AuthMetrics::new();
         auth.register(&mut registry);
         let rate_limit = RateLimitMetrics::new();
         rate_limit.register(&mut registry);
+        let backend = BackendMetrics::new();
+        backend.register(&mut registry);
         let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
             auth,
             rate_limit,
+            backend,
             registry,
             no_route,
             routes: Mutex::new(FastMap::default()),
             requests,
             durations,
             upstream_errors,
-            upstream_retries,
-            breaker_rejections,
-            ejections,
             tls_connections,
             proxy_protocol_refused,
             connections_refused,
@@ -393,15 +331,17 @@ impl Metrics {
             active_connections,
             table_version,
             access_log_dropped,
-            health_checks,
-            health_transitions,
-            healthy_endpoints,
         }
     }
 
     /// Authentication metrics (shared handles, registered here).
     pub fn auth(&self) -> &AuthMetrics {
         &self.auth
+    }
+
+    /// Backend metrics: retries, the circuit breaker, outlier detection, health checks.
+    pub(crate) fn backend(&self) -> &BackendMetrics {
+        &self.backend
     }
 
     /// Rate-limit metrics (shared handles, registered here).
@@ -453,29 +393,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts an upstream attempt made again, by why the one before failed.
-    pub(crate) fn upstream_retry(&self, reason: crate::lifecycle::retry::RetryReason) {
-        self.upstream_retries
-            .get_or_create(&ReasonLabels {
-                reason: reason.as_str(),
-            })
-            .inc();
-    }
-
-    /// Counts a request or retry a circuit breaker refused.
-    pub(crate) fn circuit_breaker_rejected(&self, limit: crate::upstream::breaker::Limit) {
-        self.breaker_rejections
-            .get_or_create(&LimitLabels {
-                limit: limit.as_str(),
-            })
-            .inc();
-    }
-
-    /// Counts an endpoint ejected by outlier detection.
-    pub(crate) fn upstream_ejection(&self) {
-        self.ejections.inc();
-    }
-
     /// Counts a slow or idle client cut off.
     pub(crate) fn client_timeout(&self, kind: ClientTimeoutKind) {
         self.client_timeouts
@@ -525,39 +442,6 @@ impl Metrics {
     pub(crate) fn access_log_dropped(&self) {
         self.access_log_dropped.inc();
     }
-
-    /// Counts one active health check.
-    pub(crate) fn health_check(&self, passed: bool) {
-        let result = if passed { "pass" } else { "fail" };
-        self.health_checks
-            .get_or_create(&ResultLabels { result })
-            .inc();
-    }
-
-    /// Counts an endpoint that health checks took out (`healthy` false) or brought back.
-    pub(crate) fn health_transition(&self, healthy: bool) {
-        let to = if healthy { "healthy" } else { "unhealthy" };
-        self.health_transitions
-            .get_or_create(&ToLabels { to })
-            .inc();
-    }
-
-    /// Records how many endpoints of `backend` are available now.
-    pub(crate) fn set_healthy_endpoints(&self, backend: &str, available: usize) {
-        self.healthy_endpoints
-            .get_or_create(&BackendLabels {
-                backend: backend.to_owned(),
-            })
-            .set(i64::try_from(available).unwrap_or(i64::MAX));
-    }
-
-    /// Drops the healthy-endpoints series of a backend no longer watched, so a removed
-    /// backend does not show its last count for ever.
-    pub(crate) fn remove_healthy_endpoints(&self, backend: &str) {
-        self.healthy_endpoints.remove(&BackendLabels {
-            backend: backend.to_owned(),
-        });
-    }
 }
 
 /// Decrements `tollgate_active_connections` when dropped.
@@ -606,11 +490,11 @@ mod tests {
     #[test]
     fn encodes_health_check_counters_and_the_healthy_endpoints_gauge() {
         let m = Metrics::new();
-        m.health_check(true);
-        m.health_check(true);
-        m.health_check(false);
-        m.health_transition(false);
-        m.set_healthy_endpoints("default/web:80", 2);
+        m.backend().health_check(true);
+        m.backend().health_check(true);
+        m.backend().health_check(false);
+        m.backend().health_transition(false);
+        m.backend().set_healthy_endpoints("default/web:80", 2);
         let text = m.encode();
         for line in [
             r#"tollgate_health_checks_total{result="pass"} 2"#,
@@ -620,7 +504,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        m.remove_healthy_endpoints("default/web:80");
+        m.backend().remove_healthy_endpoints("default/web:80");
         assert!(!m.encode().contains("default/web:80"));
     }
 

@@ -495,3 +495,50 @@ async fn killed_endpoint_under_load_costs_idempotent_requests_nothing() {
     }
     drop(procs);
 }
+
+/// A backend that fails every request, a rule retrying 503 three times: with a retry budget
+/// of 20% (no minimum rate), the backend sees the requests and at most a fifth more, not
+/// four times as many; the refused retries are counted.
+#[tokio::test]
+async fn a_retry_budget_caps_retries_at_its_share_of_requests() {
+    let (addr, hits) = fails_first(usize::MAX, 503).await;
+    let mut def = backend_at(addr);
+    def.settings.retry_budget = Some(tollgate_api::backend::RetryBudget {
+        percent: 20,
+        interval_ms: 60_000,
+        min_retries: 0,
+        min_interval_ms: 1_000,
+    });
+    let (_p, url, metrics) = proxy_with_metrics(vec![retrying(3, &[503])], vec![("b", def)]).await;
+    let c = h1_client();
+    let requests = 200;
+    for i in 0..requests {
+        let a = get(&c, &format!("{url}/{i}")).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let sent = hits.load(Ordering::SeqCst);
+    let retries = sent - requests;
+    assert!(
+        retries <= requests / 5,
+        "{retries} retries for {requests} requests"
+    );
+    assert!(
+        retries >= requests / 5 - 2,
+        "the budget was used: {retries}"
+    );
+    let text = metrics.encode();
+    let refused: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_upstream_retry_budget_exhausted_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    // Each request after the budget ran out was refused a retry.
+    assert!(refused >= (requests - retries) as u64, "{refused}: {text}");
+    // Without a budget the same rule would have sent each request four times.
+    let (addr, hits) = fails_first(usize::MAX, 503).await;
+    let (_p2, url2) = proxy_with(vec![retrying(3, &[503])], vec![("b", backend_at(addr))]).await;
+    for i in 0..10 {
+        get(&c, &format!("{url2}/{i}")).await;
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 40);
+}

@@ -142,6 +142,9 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),
         ("tollgate.dev", "ClientPolicy") => push!(client_policies),
         ("tollgate.dev", "BackendPolicy") => push!(backend_policies),
+        ("gateway.networking.x-k8s.io", "XBackendTrafficPolicy") => {
+            push!(backend_traffic_policies)
+        }
         ("", "Service") => push!(services),
         ("", "Secret") => push!(secrets),
         ("", "ConfigMap") => push!(config_maps),

@@ -54,6 +54,7 @@ use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;
@@ -97,6 +98,8 @@ pub struct Inputs {
     pub client_policies: Vec<ClientPolicy>,
     /// BackendPolicies.
     pub backend_policies: Vec<BackendPolicy>,
+    /// XBackendTrafficPolicies (retry budgets, session persistence).
+    pub backend_traffic_policies: Vec<XBackendTrafficPolicy>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -135,6 +138,7 @@ impl Inputs {
             auth_policies: Vec::new(),
             client_policies: Vec::new(),
             backend_policies: Vec::new(),
+            backend_traffic_policies: Vec::new(),
             last_valid: LastValid::default(),
             now,
             warnings: Vec::new(),
@@ -159,6 +163,8 @@ impl Inputs {
         self.auth_policies.extend(other.auth_policies);
         self.client_policies.extend(other.client_policies);
         self.backend_policies.extend(other.backend_policies);
+        self.backend_traffic_policies
+            .extend(other.backend_traffic_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -214,6 +220,12 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub backend_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every XBackendTrafficPolicy (its `ancestors` are what the API takes).
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub backend_traffic_policies: BTreeMap<ObjectKey, PolicyStatus>,
     /// The policies valid now, or kept at their last valid version: the next compile's
     /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
     #[serde(skip)]
@@ -290,6 +302,8 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     }
     let backend_policies =
         policies::backend::apply(&inputs.backend_policies, &idx, &mut tables, now);
+    let backend_traffic_policies =
+        policies::traffic::apply(&inputs.backend_traffic_policies, &idx, &mut tables, now);
     let mut policies = policies;
     policies.last_valid.client_policies = std::mem::take(&mut client.last_valid);
     for (gw, by) in std::mem::take(&mut client.affecting_gateways) {
@@ -381,6 +395,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         auth_policies: policies.auth_status,
         client_policies: client.status,
         backend_policies,
+        backend_traffic_policies,
         last_valid: policies.last_valid,
     }
 }

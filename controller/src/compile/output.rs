@@ -119,6 +119,7 @@ impl Output {
             ("AuthPolicy", &self.auth_policies),
             ("ClientPolicy", &self.client_policies),
             ("BackendPolicy", &self.backend_policies),
+            ("XBackendTrafficPolicy", &self.backend_traffic_policies),
         ] {
             for (key, s) in statuses {
                 push(&mut out, kind, key, None, &s.conditions);

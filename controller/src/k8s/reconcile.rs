@@ -463,6 +463,11 @@ impl Reconciler {
                 .backend_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "XBackendTrafficPolicy" => self
+                .stores
+                .backend_traffic_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             _ => self
                 .stores
                 .http_routes
@@ -612,6 +617,12 @@ impl Reconciler {
                 } else if *kind == "BackendPolicy" {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.backend_policies.get(&r).and_then(|o| o.uid())
+                } else if *kind == "XBackendTrafficPolicy" {
+                    let r = ObjectRef::new(name).within(ns);
+                    self.stores
+                        .backend_traffic_policies
+                        .get(&r)
+                        .and_then(|o| o.uid())
                 } else {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.auth_policies.get(&r).and_then(|o| o.uid())
@@ -619,6 +630,9 @@ impl Reconciler {
             }
         };
         let api_version = match w {
+            StatusWrite::Policy { kind, .. } if *kind == "XBackendTrafficPolicy" => {
+                "gateway.networking.x-k8s.io/v1alpha1"
+            }
             StatusWrite::Policy { .. } => "tollgate.dev/v1alpha1",
             _ => "gateway.networking.k8s.io/v1",
         };

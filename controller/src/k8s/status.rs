@@ -38,6 +38,7 @@ use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// Field manager of status writes of the default controller; every controller writes status
 /// as its own controller name (see [`apply`]), so two Tollgate controllers with different
@@ -187,7 +188,19 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
+    // The XBackendTrafficPolicy status has ancestors only: what the compiler says at the top
+    // (for `validate`) is not written.
+    let traffic_desired: BTreeMap<ObjectKey, PolicyStatus> = out
+        .backend_traffic_policies
+        .iter()
+        .map(|(k, s)| (k.clone(), ancestors_only(s)))
+        .collect();
     for (kind, desired_all, store) in [
+        (
+            "XBackendTrafficPolicy",
+            &traffic_desired,
+            traffic_statuses(&stores.backend_traffic_policies),
+        ),
         (
             "RateLimitPolicy",
             &out.rate_limit_policies,
@@ -338,6 +351,10 @@ fn store_meta(
             .backend_policies
             .get(&ObjectRef::new(name).within(ns))
             .map(|o| o.meta().clone()),
+        "XBackendTrafficPolicy" => stores
+            .backend_traffic_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone()),
         _ => stores
             .auth_policies
             .get(&ObjectRef::new(name).within(ns))
@@ -393,6 +410,46 @@ impl HasPolicyStatus for AuthPolicy {
     fn policy_status(&self) -> Option<&PolicyStatus> {
         self.status.as_ref()
     }
+}
+
+/// A policy status as the Gateway API's policy kinds carry it: ancestors only.
+fn ancestors_only(s: &PolicyStatus) -> PolicyStatus {
+    PolicyStatus {
+        observed_generation: None,
+        conditions: Vec::new(),
+        ancestors: s.ancestors.clone(),
+    }
+}
+
+/// The live XBackendTrafficPolicy statuses, read as ours (ancestors only).
+fn traffic_statuses(
+    store: &Store<Lenient<XBackendTrafficPolicy>>,
+) -> BTreeMap<ObjectKey, PolicyStatus> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| o.as_ok())
+        .map(|o| {
+            let m = o.meta();
+            let ancestors = o
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(&s.ancestors).ok())
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            (
+                ObjectKey::new(
+                    m.namespace.as_deref().unwrap_or_default(),
+                    m.name.as_deref().unwrap_or_default(),
+                ),
+                PolicyStatus {
+                    observed_generation: None,
+                    conditions: Vec::new(),
+                    ancestors,
+                },
+            )
+        })
+        .collect()
 }
 
 /// The desired policy status with the live condition times kept.
@@ -535,6 +592,9 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
                 "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
                 "BackendPolicy" => policy_statuses(&stores.backend_policies).remove(key),
+                "XBackendTrafficPolicy" => {
+                    traffic_statuses(&stores.backend_traffic_policies).remove(key)
+                }
                 _ => policy_statuses(&stores.auth_policies).remove(key),
             }
             .unwrap_or_default();
@@ -602,6 +662,16 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             resource_version,
             parents,
         } => apply_route::<TlsRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::Policy { kind, key, status } if *kind == "XBackendTrafficPolicy" => {
+            let body = json!({
+                "apiVersion": "gateway.networking.x-k8s.io/v1alpha1", "kind": kind,
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": {"ancestors": status.ancestors},
+            });
+            Api::<XBackendTrafficPolicy>::namespaced(client.clone(), &key.namespace)
+                .patch_status(&key.name, &pp, &Patch::Apply(body))
+                .await?;
+        }
         StatusWrite::Policy { kind, key, status } => {
             let body = json!({
                 "apiVersion": "tollgate.dev/v1alpha1", "kind": kind,

@@ -61,6 +61,7 @@ use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, RateLimitPolicy};
+use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// The kinds the controller watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,6 +94,8 @@ pub enum Kind {
     ClientPolicy,
     /// tollgate.dev BackendPolicy.
     BackendPolicy,
+    /// gateway.networking.x-k8s.io XBackendTrafficPolicy.
+    BackendTrafficPolicy,
     /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
     CredentialSecret,
     /// core ConfigMap (payload only while a Gateway references it).
@@ -117,6 +120,7 @@ impl Kind {
             Self::AuthPolicy => "AuthPolicy",
             Self::ClientPolicy => "ClientPolicy",
             Self::BackendPolicy => "BackendPolicy",
+            Self::BackendTrafficPolicy => "XBackendTrafficPolicy",
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
         }
@@ -194,6 +198,8 @@ pub struct Stores {
     pub client_policies: Store<Lenient<ClientPolicy>>,
     /// BackendPolicies.
     pub backend_policies: Store<Lenient<BackendPolicy>>,
+    /// XBackendTrafficPolicies.
+    pub backend_traffic_policies: Store<Lenient<XBackendTrafficPolicy>>,
     /// Secrets labelled [`CREDENTIAL_LABEL`].
     pub credential_secrets: Store<Lenient<Secret>>,
     /// ConfigMaps (payload only while referenced).
@@ -284,6 +290,14 @@ impl Stores {
             OPTIONAL_RETRY,
         );
         tasks.push(t);
+        // The experimental channel's kind; a cluster on the standard channel has none.
+        let (backend_traffic_policies, t) = w(Kind::BackendTrafficPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
         tasks.push(t);
@@ -302,6 +316,7 @@ impl Stores {
             auth_policies,
             client_policies,
             backend_policies,
+            backend_traffic_policies,
             credential_secrets,
             config_maps,
             referenced,
@@ -325,6 +340,7 @@ impl Stores {
         self.auth_policies.wait_until_ready().await?;
         self.client_policies.wait_until_ready().await?;
         self.backend_policies.wait_until_ready().await?;
+        self.backend_traffic_policies.wait_until_ready().await?;
         self.credential_secrets.wait_until_ready().await?;
         self.config_maps.wait_until_ready().await
     }
@@ -360,6 +376,7 @@ impl Stores {
         inputs.auth_policies = well_formed(&self.auth_policies);
         inputs.client_policies = well_formed(&self.client_policies);
         inputs.backend_policies = well_formed(&self.backend_policies);
+        inputs.backend_traffic_policies = well_formed(&self.backend_traffic_policies);
         inputs
     }
 }
@@ -622,6 +639,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::AuthPolicy
             | Kind::ClientPolicy
             | Kind::BackendPolicy
+            | Kind::BackendTrafficPolicy
     );
     match old {
         Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {

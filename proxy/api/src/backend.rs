@@ -29,6 +29,24 @@ pub struct BackendSettings {
     /// Upstream connection settings.
     #[serde(default, skip_serializing_if = "Connection::is_empty")]
     pub connection: Connection,
+    /// The share of requests that may be retries (XBackendTrafficPolicy `retryConstraint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudget>,
+    /// Session persistence for every route to the backend (XBackendTrafficPolicy
+    /// `sessionPersistence`); a route rule's own wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<Session>,
+}
+
+/// A retry budget (GEP-3388): retries within the last `interval_ms` may be at most `percent`
+/// of the requests in it, or `min_retries` per `min_interval_ms`, whichever is more.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBudget {
+    pub percent: u32,
+    pub interval_ms: u64,
+    pub min_retries: u32,
+    pub min_interval_ms: u64,
 }
 
 /// The panic threshold when a policy gives none (Envoy's default too).
@@ -51,6 +69,8 @@ impl Default for BackendSettings {
             health_check: None,
             panic_threshold_percent: DEFAULT_PANIC_THRESHOLD_PERCENT,
             connection: Connection::default(),
+            retry_budget: None,
+            session: None,
         }
     }
 }

@@ -117,18 +117,27 @@ impl Call<'_> {
             let Some(reason) = reason else {
                 return result;
             };
+            if let Some(budget) = &self.balancer.budget
+                && !budget.retry()
+            {
+                self.shared.metrics.backend().retry_budget_exhausted();
+                return result;
+            }
             if let Some(breaker) = &self.balancer.breaker {
                 match breaker.retry() {
                     Ok(slot) => _slot = Some(slot),
                     Err(limit) => {
-                        self.shared.metrics.circuit_breaker_rejected(limit);
+                        self.shared
+                            .metrics
+                            .backend()
+                            .circuit_breaker_rejected(limit);
                         return result;
                     }
                 }
             }
             // An answer not taken closes its connection; a failed one is already gone.
             drop(result);
-            self.shared.metrics.upstream_retry(reason);
+            self.shared.metrics.backend().upstream_retry(reason);
             retried.push(Retried {
                 upstream: guard.endpoint().addr,
                 reason,
@@ -199,7 +208,7 @@ impl Call<'_> {
             Err(Failure::Upstream(_) | Failure::Timeout) => Outcome::Local,
         };
         if self.balancer.record(endpoint, outcome) {
-            self.shared.metrics.upstream_ejection();
+            self.shared.metrics.backend().upstream_ejection();
             self.balancer
                 .report_ejection(endpoint, &self.shared.metrics);
         }

@@ -311,7 +311,11 @@ async fn proxy<'s>(
     };
     // The session names the endpoint that answered (a retry may have moved it: a new session
     // then); one that went on is renewed only when it can time out idle.
-    let session_field = route.session.as_ref().zip(session).and_then(|(s, p)| {
+    let rule = route
+        .session
+        .as_ref()
+        .or(balancer.settings.session.as_ref());
+    let session_field = rule.zip(session).and_then(|(s, p)| {
         let id = balancer.session_id(guard.endpoint());
         match p.honoured {
             Some((named, began)) if named == id => s
@@ -417,12 +421,17 @@ async fn pick_backend<'s>(
         Some(breaker) => match breaker.admit().await {
             Ok(a) => Some(a),
             Err(limit) => {
-                shared.metrics.circuit_breaker_rejected(limit);
+                shared.metrics.backend().circuit_breaker_rejected(limit);
                 return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
             }
         },
     };
-    // A live session's endpoint first, while it is here and available.
+    if let Some(budget) = &balancer.budget {
+        budget.request();
+    }
+    // A live session's endpoint first, while it is here and available (the route's session
+    // rule, else the backend's).
+    let session = session.or(balancer.settings.session.as_ref());
     let mut session_pick = None;
     let mut guard = None;
     if let Some(s) = session {

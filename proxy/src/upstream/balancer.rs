@@ -77,6 +77,8 @@ pub(crate) struct Balancer {
     guarded: bool,
     /// The circuit breaker, when a limit is set.
     pub breaker: Option<Arc<Breaker>>,
+    /// The retry budget, when one is set.
+    pub budget: Option<Arc<crate::upstream::budget::Budget>>,
     /// The hash ring of a `ConsistentHash` balancer.
     ring: Option<Ring>,
     /// Each endpoint's hash, as a session token names it (module `affinity`).
@@ -138,6 +140,21 @@ impl Balancer {
             Some(b) if b.limits == settings.circuit_breaker => Some(b.clone()),
             _ => Breaker::new(&settings.circuit_breaker),
         };
+        let budget =
+            settings
+                .retry_budget
+                .as_ref()
+                .map(|cfg| match prev.and_then(|p| p.budget.as_ref()) {
+                    Some(b)
+                        if b.config.percent == cfg.percent
+                            && b.config.interval_ms == cfg.interval_ms.max(1)
+                            && b.config.min_retries == cfg.min_retries
+                            && b.config.min_interval_ms == cfg.min_interval_ms.max(1) =>
+                    {
+                        b.clone()
+                    }
+                    _ => crate::upstream::budget::Budget::new(cfg),
+                });
         let ring = (backend.load_balancer == LoadBalancer::ConsistentHash).then(|| {
             let keys: Vec<String> = endpoints.iter().map(|e| e.addr.to_string()).collect();
             Ring::build(&keys)
@@ -156,6 +173,7 @@ impl Balancer {
             guarded: settings.outlier.is_some() || settings.health_check.is_some(),
             settings,
             breaker,
+            budget,
             ring,
             eject: std::sync::Mutex::new(()),
         }
@@ -344,7 +362,9 @@ impl Balancer {
     /// (ejections expire by themselves; a timer, not a request, sees it), unless the
     /// endpoint left every balancer by then.
     pub fn report_ejection(&self, endpoint: &EndpointState, metrics: &Arc<crate::Metrics>) {
-        metrics.set_healthy_endpoints(&self.key, self.availability().0);
+        metrics
+            .backend()
+            .set_healthy_endpoints(&self.key, self.availability().0);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -358,7 +378,7 @@ impl Balancer {
             }
             let now = now_ms();
             let up = endpoints.iter().filter(|e| e.health.available(now)).count();
-            metrics.set_healthy_endpoints(&key, up);
+            metrics.backend().set_healthy_endpoints(&key, up);
         });
     }
 

@@ -218,12 +218,14 @@ impl HealthChecker {
                 // Held while setting, so a task's update cannot land between the two.
                 let mut current = lock(&slot);
                 *current = Arc::downgrade(b);
-                self.metrics.set_healthy_endpoints(key, b.availability().0);
+                self.metrics
+                    .backend()
+                    .set_healthy_endpoints(key, b.availability().0);
             }
             live.insert(key.clone(), slot);
         }
         for gone in state.live.keys() {
-            self.metrics.remove_healthy_endpoints(gone);
+            self.metrics.backend().remove_healthy_endpoints(gone);
         }
         state.live = live;
 
@@ -319,20 +321,20 @@ impl Checker {
             return false;
         }
         let backend = &self.spec.backend;
-        self.metrics.health_check(result.is_ok());
+        self.metrics.backend().health_check(result.is_ok());
         if let Err(e) = &result {
             tracing::debug!(%backend, endpoint = %ep.addr, error = %e, "health check failed");
         }
         match verdicts.record(result.is_ok()) {
             Some(Transition::Unhealthy) => {
                 ep.health.check_failing.store(true, Ordering::Relaxed);
-                self.metrics.health_transition(false);
+                self.metrics.backend().health_transition(false);
                 let error = result.err().map(|e| e.to_string()).unwrap_or_default();
                 tracing::info!(%backend, endpoint = %ep.addr, %error, "endpoint failed its health checks: taken out");
             }
             Some(Transition::Healthy) => {
                 ep.health.check_failing.store(false, Ordering::Relaxed);
-                self.metrics.health_transition(true);
+                self.metrics.backend().health_transition(true);
                 tracing::info!(%backend, endpoint = %ep.addr, "endpoint passes its health checks again: back in");
             }
             None => {}
@@ -341,6 +343,7 @@ impl Checker {
         let live = lock(&self.live);
         if let Some(b) = live.upgrade() {
             self.metrics
+                .backend()
                 .set_healthy_endpoints(backend, b.availability().0);
         }
         true

@@ -13,6 +13,7 @@
 
 pub(crate) mod balancer;
 pub(crate) mod breaker;
+pub(crate) mod budget;
 pub(crate) mod h1;
 pub(crate) mod hash;
 pub(crate) mod health;

@@ -8,7 +8,7 @@
 //! and applies nowhere: the Service is balanced as without it. BackendPolicy grants and
 //! denies nothing, so there is nothing to close when it is wrong.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::backend::{
@@ -17,9 +17,9 @@ use tollgate_api::backend::{
 };
 use tollgate_api::{LoadBalancer, ObjectKey, RouteTable};
 
-use super::reason;
+use super::services;
 use super::status::gateway_ancestor;
-use crate::compile::conditions::{ACCEPTED, Conds};
+use crate::compile::conditions::Conds;
 use crate::compile::index::{Index, key_of};
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::backend::{
@@ -57,144 +57,66 @@ pub fn apply(
     tables: &mut BTreeMap<ObjectKey, RouteTable>,
     now: &Time,
 ) -> BTreeMap<ObjectKey, PolicyStatus> {
-    // Oldest first, then by key: the order that settles conflicts.
-    let mut order: Vec<&BackendPolicy> = policies.iter().collect();
-    order.sort_by(|a, b| {
-        let created = |p: &BackendPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        created(a)
-            .cmp(&created(b))
-            .then_with(|| key_of(&a.metadata).cmp(&key_of(&b.metadata)))
-    });
+    let order = services::oldest_first(policies, |p| &p.metadata);
     let compiled: Vec<Result<Compiled, String>> =
         order.iter().map(|p| compile_spec(&p.spec)).collect();
-    // (namespace, service, port name or None) → the policy that holds it.
-    let mut holders: BTreeMap<(String, String, Option<String>), usize> = BTreeMap::new();
-    let mut conflicts: Vec<Vec<String>> = vec![Vec::new(); order.len()];
-    let mut missing: Vec<Vec<String>> = vec![Vec::new(); order.len()];
-    for (i, p) in order.iter().enumerate() {
-        if compiled[i].is_err() {
-            continue;
-        }
-        let ns = key_of(&p.metadata).namespace;
-        for t in &p.spec.target_refs {
-            let what = match &t.section_name {
-                Some(s) => format!("Service {}/{} port {s}", ns, t.name),
-                None => format!("Service {}/{}", ns, t.name),
-            };
-            let svc = (t.group.is_empty() && t.kind == "Service")
-                .then(|| idx.services.get(&(ns.as_str(), t.name.as_str())))
-                .flatten();
-            let port_ok = match (svc, &t.section_name) {
-                (None, _) => false,
-                (Some(_), None) => true,
-                (Some(s), Some(port)) => s
-                    .spec
-                    .as_ref()
-                    .and_then(|spec| spec.ports.as_ref())
-                    .is_some_and(|ps| ps.iter().any(|sp| sp.name.as_deref() == Some(port))),
-            };
-            if !port_ok {
-                missing[i].push(what);
-                continue;
-            }
-            let slot = (ns.clone(), t.name.clone(), t.section_name.clone());
-            match holders.get(&slot) {
-                Some(&j) if j != i => conflicts[i].push(format!(
-                    "{what} already has BackendPolicy {}",
-                    key_of(&order[j].metadata)
-                )),
-                _ => {
-                    holders.insert(slot, i);
-                }
-            }
-        }
-    }
-    // Each table backend of a held Service port takes its policy.
-    let mut reached: Vec<BTreeSet<ObjectKey>> = vec![BTreeSet::new(); order.len()];
-    if !holders.is_empty() {
-        for (gw, table) in tables.iter_mut() {
-            for (key, backend) in table.backends.iter_mut() {
-                let Some((ns, svc, port)) = service_port(key) else {
-                    continue;
-                };
-                let port_name = idx
-                    .services
-                    .get(&(ns, svc))
-                    .and_then(|s| s.spec.as_ref())
-                    .and_then(|s| s.ports.as_ref())
-                    .and_then(|ps| ps.iter().find(|sp| sp.port == i32::from(port)))
-                    .and_then(|sp| sp.name.clone());
-                let held = port_name
-                    .and_then(|n| holders.get(&(ns.to_owned(), svc.to_owned(), Some(n))))
-                    .or_else(|| holders.get(&(ns.to_owned(), svc.to_owned(), None)));
-                let Some(&i) = held else {
-                    continue;
-                };
-                let Ok(c) = &compiled[i] else {
-                    continue;
-                };
-                if let Some(lb) = c.load_balancer {
-                    backend.load_balancer = lb;
-                }
-                backend.settings = c.settings.clone();
-                reached[i].insert(gw.clone());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for (i, p) in order.iter().enumerate() {
-        let conds = Conds::new(p.metadata.generation, now);
-        let accepted = match &compiled[i] {
-            Err(e) => conds.no(ACCEPTED, reason::INVALID, e.clone()),
-            Ok(_) if !conflicts[i].is_empty() && holds_nothing(&holders, i) => {
-                conds.no(ACCEPTED, reason::CONFLICTED, conflicts[i].join("; "))
-            }
-            Ok(_) if holds_nothing(&holders, i) => conds.no(
-                ACCEPTED,
-                reason::TARGET_NOT_FOUND,
-                format!("no target Service found: {}", missing[i].join(", ")),
-            ),
-            Ok(_) => {
-                let mut msg = "BackendPolicy is accepted".to_owned();
-                for (what, list) in [("targets not found", &missing[i]), ("", &conflicts[i])] {
-                    if !list.is_empty() {
-                        msg.push_str("; ");
-                        if !what.is_empty() {
-                            msg.push_str(what);
-                            msg.push_str(": ");
-                        }
-                        msg.push_str(&list.join("; "));
-                    }
-                }
-                conds.yes(ACCEPTED, reason::ACCEPTED, msg)
-            }
+    let claims: Vec<services::Claim<'_>> = order
+        .iter()
+        .zip(&compiled)
+        .map(|(p, c)| services::Claim {
+            key: key_of(&p.metadata),
+            valid: c.is_ok(),
+            targets: p
+                .spec
+                .target_refs
+                .iter()
+                .map(|t| services::Target {
+                    group: &t.group,
+                    kind: &t.kind,
+                    name: &t.name,
+                    section: t.section_name.as_deref(),
+                })
+                .collect(),
+        })
+        .collect();
+    let res = services::resolve("BackendPolicy", &claims, idx);
+    let reached = res.apply(idx, tables, |i, backend| {
+        let Ok(c) = &compiled[i] else {
+            return false;
         };
-        let ancestors = reached[i]
-            .iter()
-            .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
-            .collect();
-        out.insert(
-            key_of(&p.metadata),
-            PolicyStatus {
-                observed_generation: p.metadata.generation,
-                conditions: vec![accepted],
-                ancestors,
-            },
+        if let Some(lb) = c.load_balancer {
+            backend.load_balancer = lb;
+        }
+        // What another kind set on the backend (XBackendTrafficPolicy) stays.
+        let (budget, session) = (
+            backend.settings.retry_budget.take(),
+            backend.settings.session.take(),
         );
-    }
-    out
-}
-
-fn holds_nothing(holders: &BTreeMap<(String, String, Option<String>), usize>, i: usize) -> bool {
-    !holders.values().any(|&j| j == i)
-}
-
-/// `namespace/service:port` (with any `#suffix`) of a table backend key.
-fn service_port(key: &str) -> Option<(&str, &str, u16)> {
-    let key = key.split('#').next()?;
-    let (ns, rest) = key.split_once('/')?;
-    let (svc, port) = rest.rsplit_once(':')?;
-    Some((ns, svc, port.parse().ok()?))
+        backend.settings = c.settings.clone();
+        backend.settings.retry_budget = budget;
+        backend.settings.session = session;
+        true
+    });
+    order
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let conds = Conds::new(p.metadata.generation, now);
+            let accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
+            let ancestors = reached[i]
+                .iter()
+                .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
+                .collect();
+            (
+                key_of(&p.metadata),
+                PolicyStatus {
+                    observed_generation: p.metadata.generation,
+                    conditions: vec![accepted],
+                    ancestors,
+                },
+            )
+        })
+        .collect()
 }
 
 /// A duration field in milliseconds; `what` names it in the error.

@@ -26,7 +26,9 @@ pub mod backend;
 pub mod client;
 pub mod last_valid;
 pub mod ratelimit;
+pub mod services;
 mod status;
+pub mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet};
 
