@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip gitops)
+EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -195,6 +195,12 @@ expect "client-ip: an address outside the office networks is refused on /admin" 
 expect "client-ip: an office address behind the balancer reaches /admin" '200' code -H 'X-Forwarded-For: 10.1.2.3' "http://$a:8088/admin"
 expect "client-ip: an office address claimed left of the balancer's entry is refused" '403' code \
   -H 'X-Forwarded-For: 10.1.2.3, 203.0.113.7' "http://$a:8088/admin"
+
+# --- resilience ------------------------------------------------------------------------
+# On a cluster the endpoints are the demo backend's pods (no dead one): the route with its
+# retry rule, the BackendPolicy and the XBackendTrafficPolicy are served.
+a=$(addr resilience resilience)
+expect "resilience: orders answers through the retry rule and BackendPolicy" '200' code "http://$a:8089/orders/1"
 
 # --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
 a=$(addr gitops shop)
