@@ -243,3 +243,36 @@ fn a_backend_traffic_policy_sets_the_budget_and_session_beside_a_backend_policy(
             .contains("budget.percent: 101")
     );
 }
+
+/// On a TLSRoute's backend (bytes, not requests) only the balancing and TCP health checks
+/// apply; the status says so.
+#[test]
+fn a_tlsroute_backend_takes_only_what_applies_to_a_byte_stream() {
+    let extra = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tls, namespace: infra}
+spec:
+  gatewayClassName: tollgate
+  listeners:
+  - {name: pass, port: 443, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: {name: pass, namespace: apps}
+spec:
+  parentRefs: [{name: tls, namespace: infra}]
+  hostnames: [pass.test]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+"#;
+    let out = run(&["backend_policy"], extra);
+    let t = table(&out, "infra", "tls");
+    let (key, b) = t.backends.iter().next().unwrap();
+    assert!(key.ends_with("#tcp"), "{key}");
+    // web's policy hashes by cookie and checks over HTTP: neither applies to bytes.
+    assert_eq!(b.load_balancer, LoadBalancer::LeastRequest);
+    assert!(b.settings.is_empty(), "{:?}", b.settings);
+    let c = policy_conds(&out, "web");
+    assert_cond(c, "Accepted", "True", "Accepted");
+    assert!(cond(c, "Accepted").message.contains("on TLSRoute backends only"));
+}

@@ -496,3 +496,137 @@ fn fnv(s: &str) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+fn breaker(max_connections: u32, max_pending: u32) -> BackendSettings {
+    BackendSettings {
+        circuit_breaker: CircuitBreaker {
+            max_connections: Some(max_connections),
+            max_pending_requests: Some(max_pending),
+            ..CircuitBreaker::default()
+        },
+        ..BackendSettings::default()
+    }
+}
+
+/// A WebSocket holds its upstream connection as long as it is open: it keeps its place
+/// under `maxConnections` until it closes, not until the 101 is answered.
+#[tokio::test]
+async fn an_open_websocket_holds_its_place_under_max_connections() {
+    let b = echo_backend("ws").await;
+    let def = backend(&[b.addr], LoadBalancer::LeastRequest, breaker(1, 0));
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", def)]).await;
+    let addr = url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async(format!("ws://{addr}/chat"), tcp)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let c = h1_client();
+    assert_eq!(
+        get(&c, &format!("{url}/plain")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the tunnel holds the one connection"
+    );
+    use futures_util::SinkExt;
+    ws.close(None).await.unwrap();
+    drop(ws);
+    let mut answered = false;
+    for _ in 0..100 {
+        if get(&c, &format!("{url}/plain")).await.status == StatusCode::OK {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answered, "the place came back when the tunnel closed");
+}
+
+/// A request waiting for the circuit breaker waits no longer than the route's request
+/// timeout, and one that timed out waiting never reaches the backend.
+#[tokio::test]
+async fn a_wait_for_the_breaker_ends_with_the_request_timeout_and_sends_nothing() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = named("held", 200, Some(release.clone())).await;
+    let def = backend(&[held.addr], LoadBalancer::LeastRequest, breaker(1, 5));
+    // Two routes to one backend (one breaker): /slow without a timeout, /fast with 300ms.
+    let slow = route("slow", "/slow", vec![wb("b", 1)]);
+    let mut fast = route("fast", "/fast", vec![wb("b", 1)]);
+    fast.timeouts.request_ms = Some(300);
+    let (_p, url) = proxy_with(vec![slow, fast], vec![("b", def)]).await;
+    let first = tokio::spawn({
+        let url = format!("{url}/slow");
+        async move { get(&h1_client(), &url).await.status }
+    });
+    assert!(eventually(|| held.at_once.load(Ordering::SeqCst) == 1).await);
+    // The second waits for the first's connection, and times out waiting.
+    assert_eq!(
+        get(&h1_client(), &format!("{url}/fast")).await.status,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    release.notify_waiters();
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        held.hits.load(Ordering::SeqCst),
+        1,
+        "the waiting request was never sent"
+    );
+}
+
+/// A backend timeout counts against the endpoint for outlier detection (when the body was
+/// sent whole): an endpoint that hangs is ejected.
+#[tokio::test]
+async fn an_endpoint_that_times_out_is_ejected() {
+    let hang = Arc::new(tokio::sync::Notify::new());
+    let stuck = named("stuck", 200, Some(hang)).await;
+    let ok = named("ok", 200, None).await;
+    let mut settings = outlier(2, 60_000, 50);
+    if let Some(od) = settings.outlier.as_mut() {
+        od.consecutive_5xx = None;
+        od.consecutive_gateway_errors = Some(2);
+    }
+    let def = backend(&[stuck.addr, ok.addr], LoadBalancer::RoundRobin, settings);
+    let mut r = route("r", "/", vec![wb("b", 1)]);
+    r.timeouts.backend_request_ms = Some(200);
+    let (_p, url, metrics) = proxy_with_metrics(vec![r], vec![("b", def)]).await;
+    let by = get_n(&format!("{url}/"), 8).await;
+    assert_eq!(by.get(&504), Some(&2), "{by:?}");
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 1")
+    );
+}
+
+/// One request the backend always answers 500, retried on 500 over four endpoints: the
+/// repeats of the same answer on other endpoints are the request's doing, and eject none of
+/// them; only the first endpoint's failure counts.
+#[tokio::test]
+async fn a_request_failing_alike_everywhere_does_not_eject_every_endpoint() {
+    let eps = [
+        named("a", 500, None).await,
+        named("b", 500, None).await,
+        named("c", 500, None).await,
+        named("d", 500, None).await,
+    ];
+    let addrs: Vec<SocketAddr> = eps.iter().map(|e| e.addr).collect();
+    let def = backend(&addrs, LoadBalancer::RoundRobin, outlier(1, 60_000, 100));
+    let mut r = route("r", "/", vec![wb("b", 1)]);
+    r.retry = Some(tollgate_api::Retry {
+        attempts: 3,
+        backoff_ms: 1,
+        codes: vec![500],
+    });
+    let (_p, url, metrics) = proxy_with_metrics(vec![r], vec![("b", def)]).await;
+    let a = get(&h1_client(), &format!("{url}/bad")).await;
+    assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let total: usize = eps.iter().map(|e| e.hits.load(Ordering::SeqCst)).sum();
+    assert_eq!(total, 4, "tried on all four");
+    assert!(
+        metrics
+            .encode()
+            .contains("tollgate_upstream_ejections_total 1"),
+        "{}",
+        metrics.encode()
+    );
+}

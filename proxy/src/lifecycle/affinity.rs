@@ -23,6 +23,7 @@ pub(crate) fn key(
     on: &HashOn,
     headers: &HeaderMap,
     source: IpAddr,
+    secure: bool,
 ) -> (Option<u64>, Option<HeaderValue>) {
     match on {
         HashOn::Header(name) => (headers.get(name.as_str()).map(|v| hash(v.as_bytes())), None),
@@ -39,7 +40,7 @@ pub(crate) fn key(
                 let value = crate::lifecycle::forward::generate_request_id();
                 let mut set = format!("{name}=");
                 set.push_str(value.to_str().unwrap_or_default());
-                set.push_str("; Path=/; HttpOnly");
+                set.push_str(cookie_attributes(secure));
                 if let Some(ttl) = ttl_secs {
                     set.push_str(&format!("; Max-Age={ttl}"));
                 }
@@ -76,6 +77,7 @@ pub(crate) fn session_field(
     endpoint: u64,
     began: u64,
     now: u64,
+    secure: bool,
 ) -> Option<(http::HeaderName, HeaderValue)> {
     let token = format!("{endpoint:016x}.{began:x}.{now:x}");
     match s.carrier {
@@ -84,7 +86,7 @@ pub(crate) fn session_field(
             HeaderValue::from_str(&token).ok()?,
         )),
         SessionCarrier::Cookie => {
-            let mut v = format!("{}={token}; Path=/; HttpOnly", s.name);
+            let mut v = format!("{}={token}{}", s.name, cookie_attributes(secure));
             if s.permanent
                 && let Some(max) = s.absolute_secs
             {
@@ -92,6 +94,16 @@ pub(crate) fn session_field(
             }
             Some((http::header::SET_COOKIE, HeaderValue::from_str(&v).ok()?))
         }
+    }
+}
+
+/// The attributes of a cookie the gateway sets: for every path, out of scripts' reach, not
+/// sent on other sites' requests, and only over TLS when it came over TLS.
+fn cookie_attributes(secure: bool) -> &'static str {
+    if secure {
+        "; Path=/; HttpOnly; SameSite=Lax; Secure"
+    } else {
+        "; Path=/; HttpOnly; SameSite=Lax"
     }
 }
 
@@ -136,9 +148,9 @@ mod tests {
     #[test]
     fn a_header_key_is_its_value_and_a_missing_one_is_none() {
         let on = HashOn::Header("x-user-id".into());
-        let (a, _) = key(&on, &headers(&[("x-user-id", "alice")]), IP);
+        let (a, _) = key(&on, &headers(&[("x-user-id", "alice")]), IP, false);
         assert_eq!(a, Some(hash(b"alice")));
-        assert_eq!(key(&on, &headers(&[]), IP), (None, None));
+        assert_eq!(key(&on, &headers(&[]), IP, false), (None, None));
     }
 
     #[test]
@@ -148,11 +160,15 @@ mod tests {
             ttl_secs: Some(3600),
         };
         let h = headers(&[("cookie", "a=1"), ("cookie", "b=2; sid = s-42 ; c=3")]);
-        assert_eq!(key(&on, &h, IP), (Some(hash(b"s-42")), None));
-        let (k, set) = key(&on, &headers(&[("cookie", "sidx=1")]), IP);
+        assert_eq!(key(&on, &h, IP, false), (Some(hash(b"s-42")), None));
+        let (k, set) = key(&on, &headers(&[("cookie", "sidx=1")]), IP, true);
         let set = set.unwrap();
         let set = set.to_str().unwrap();
-        assert!(set.starts_with("sid=") && set.ends_with("; Path=/; HttpOnly; Max-Age=3600"));
+        assert!(
+            set.starts_with("sid=")
+                && set.ends_with("; Path=/; HttpOnly; SameSite=Lax; Secure; Max-Age=3600"),
+            "{set}"
+        );
         let value = &set[4..set.find(';').unwrap()];
         assert_eq!(
             k,
@@ -174,7 +190,7 @@ mod tests {
     #[test]
     fn a_session_token_round_trips_until_it_times_out() {
         let s = sess(SessionCarrier::Cookie, Some(100), Some(10));
-        let (name, value) = session_field(&s, 0xabc, 1_000, 1_005).unwrap();
+        let (name, value) = session_field(&s, 0xabc, 1_000, 1_005, false).unwrap();
         assert_eq!(name, http::header::SET_COOKIE);
         let v = value.to_str().unwrap();
         assert_eq!(
@@ -195,7 +211,7 @@ mod tests {
             );
         }
         let h = sess(SessionCarrier::Header, None, None);
-        let (name, value) = session_field(&h, 7, 1, 2).unwrap();
+        let (name, value) = session_field(&h, 7, 1, 2, false).unwrap();
         assert_eq!(
             (name.as_str(), value.to_str().unwrap()),
             ("s", "0000000000000007.1.2")
@@ -205,7 +221,7 @@ mod tests {
 
     #[test]
     fn a_source_key_is_the_address() {
-        let (a, _) = key(&HashOn::SourceIp, &headers(&[]), IP);
+        let (a, _) = key(&HashOn::SourceIp, &headers(&[]), IP, false);
         assert_eq!(a, Some(hash(&[127, 0, 0, 1])));
     }
 }

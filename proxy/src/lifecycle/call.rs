@@ -87,29 +87,38 @@ impl Call<'_> {
         };
         let held = match self.prepare_body(body, parts).await? {
             Prepared::Streaming(body) => {
-                return self.attempt(guard.endpoint(), parts, body, added).await;
+                let seen = Seen::default();
+                return self
+                    .attempt(guard.endpoint(), parts, body, added, &seen)
+                    .await;
             }
             Prepared::Held(held) => held,
         };
+        let held_seen = Seen {
+            body_whole: true,
+            ..Seen::default()
+        };
         let Some(policy) = self.retry else {
             return self
-                .attempt(guard.endpoint(), parts, held_body(&held), added)
+                .attempt(guard.endpoint(), parts, held_body(&held), added, &held_seen)
                 .await;
         };
+        let mut seen = held_seen;
         let mut retrier = Retrier::new(policy, &parts.method);
         // The breaker's `maxRetries` slot of the retry in flight.
         let mut _slot = None;
         loop {
             let result = if retrier.exhausted() {
-                self.attempt(guard.endpoint(), parts, held_body(&held), added)
+                self.attempt(guard.endpoint(), parts, held_body(&held), added, &seen)
                     .await
             } else {
                 // The exchange takes the head's fields (and h2c the whole head): a copy goes,
                 // the original stays for the next attempt.
                 let mut copy = copy_parts(parts);
-                self.attempt(guard.endpoint(), &mut copy, held_body(&held), added)
+                self.attempt(guard.endpoint(), &mut copy, held_body(&held), added, &seen)
                     .await
             };
+            seen.status = result.as_ref().ok().map(|r| r.status().as_u16());
             let reason = match &result {
                 Ok(resp) => retrier.after_answer(resp.status()),
                 Err(f) => retrier.after_failure(f),
@@ -167,16 +176,17 @@ impl Call<'_> {
         parts: &mut Parts,
         body: ProxyBody,
         added: &Added<'_>,
+        seen: &Seen,
     ) -> Result<Response<PooledBody>, Failure> {
         let call = self
             .shared
             .upstream
             .send_parts(self.protocol, endpoint, parts, body, added);
         let resp = match self.backend_timeout {
-            Some(d) => tokio::time::timeout(d, call)
-                .await
-                .map_err(|_| Failure::Timeout)?
-                .map_err(Failure::Upstream),
+            Some(d) => match tokio::time::timeout(d, call).await {
+                Ok(r) => r.map_err(Failure::Upstream),
+                Err(_) => Err(Failure::Timeout),
+            },
             None => call.await.map_err(Failure::Upstream),
         };
         // An HTTP/2 body's total deadline ends with the answer's start (module `pace`).
@@ -186,16 +196,28 @@ impl Call<'_> {
             fault.answered();
         }
         if self.balancer.settings.outlier.is_some() {
-            self.record(endpoint, &resp);
+            self.record(endpoint, &resp, seen);
         }
         resp
     }
 
     /// Counts an attempt's outcome for outlier detection: an answer by its status, a failed
-    /// connection or a backend timeout as a local failure; a client's own body failing (too
-    /// large, too slow, broken) is not the endpoint's fault and does not count.
-    fn record(&self, endpoint: &EndpointState, resp: &Result<Response<PooledBody>, Failure>) {
+    /// connection as a local failure, a backend timeout too when the whole body had been
+    /// sent (a client trickling its body can outlast the timeout itself). A client's own body
+    /// failing (too large, too slow, broken) is not the endpoint's fault and does not count;
+    /// nor is a retry answered with the status the attempt before it got on another endpoint
+    /// (the request, not the endpoint, is then the likely cause: one request a backend always
+    /// answers 500 must not eject every endpoint it is retried on).
+    fn record(
+        &self,
+        endpoint: &EndpointState,
+        resp: &Result<Response<PooledBody>, Failure>,
+        seen: &Seen,
+    ) {
         let outcome = match resp {
+            Ok(r) if r.status().is_server_error() && seen.status == Some(r.status().as_u16()) => {
+                return;
+            }
             Ok(r) => Outcome::Answered(r.status().as_u16()),
             Err(Failure::BodyRead) => return,
             Err(_)
@@ -205,6 +227,7 @@ impl Call<'_> {
             {
                 return;
             }
+            Err(Failure::Timeout) if !seen.body_whole => return,
             Err(Failure::Upstream(_) | Failure::Timeout) => Outcome::Local,
         };
         if self.balancer.record(endpoint, outcome) {
@@ -270,6 +293,15 @@ impl Call<'_> {
     }
 }
 
+/// What outlier detection must know of the attempts before one.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// The body was held (or there was none): sent whole before any answer was awaited.
+    body_whole: bool,
+    /// The status the attempt before answered with.
+    status: Option<u16>,
+}
+
 /// One retry, for the access log: the endpoint that failed and how.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Retried {
@@ -303,6 +335,7 @@ pub(crate) fn response_filters(
     cors: &[&Cors],
     origin: Option<&HeaderValue>,
     client_upgrade: Option<OnUpgrade>,
+    held: Option<crate::upstream::breaker::Admission>,
 ) -> Response<ProxyBody> {
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgraded = switching && client_upgrade.is_some();
@@ -312,7 +345,7 @@ pub(crate) fn response_filters(
         && let Some(client_side) = client_upgrade
         && let Some(upstream_side) = resp.extensions_mut().remove::<OnUpgrade>()
     {
-        splice(client_side, upstream_side);
+        splice(client_side, upstream_side, held);
     }
     let (mut rp, body) = resp.into_parts();
     if upgraded || !body.clean_head() {
@@ -368,8 +401,14 @@ pub(crate) fn failure_response(
 
 /// Joins the client's (module `h1serve`) and the upstream's (module `h1`) upgraded
 /// connections in a detached task.
-fn splice(client: OnUpgrade, upstream: OnUpgrade) {
+fn splice(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    held: Option<crate::upstream::breaker::Admission>,
+) {
     tokio::spawn(async move {
+        // Released when the tunnel ends.
+        let _held = held;
         let (mut client, mut upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => {

@@ -293,12 +293,20 @@ impl<'s> RequestCtx<'s> {
     /// Phase 6 on the upstream's answer: hop-by-hop removal, the plan's response edits and
     /// CORS, the upgrade spliced.
     pub fn answer(&mut self, resp: Response<PooledBody>) -> Response<ProxyBody> {
+        // An upgraded connection holds its upstream connection as long as the splice lasts:
+        // its place under the backend's circuit breaker goes with it.
+        let held = if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            self.done.admission.take()
+        } else {
+            None
+        };
         response_filters(
             resp,
             &self.plan.response_mods,
             &self.plan.cors,
             self.origin.as_ref(),
             self.client_upgrade.take(),
+            held,
         )
     }
 

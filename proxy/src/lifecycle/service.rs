@@ -231,14 +231,18 @@ async fn proxy<'s>(
     }
 
     // Phase 4: backend (and its filters), then endpoint.
+    // The request timeout runs from arrival, not from here: the route's or the port's,
+    // the shorter. It bounds a wait for the circuit breaker too.
+    let timeout = match (
+        route.timeouts.request_ms.map(Duration::from_millis),
+        conn.limits.request_timeout,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
     let source = ctx.source().0.ip();
-    let Picked {
-        balancer,
-        guard,
-        admission,
-        set_cookie,
-        session,
-    } = match pick_backend(
+    let pick = pick_backend(
         shared,
         snapshot,
         route,
@@ -246,12 +250,32 @@ async fn proxy<'s>(
         &view,
         &mut ctx.plan,
         source,
-    )
-    .await
-    {
+    );
+    let picked = match deadline {
+        Some(d) => match tokio::time::timeout_at(d, pick).await {
+            Ok(p) => p,
+            Err(_) => {
+                shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
+                return status(StatusCode::GATEWAY_TIMEOUT);
+            }
+        },
+        None => pick.await,
+    };
+    let Picked {
+        balancer,
+        guard,
+        admission,
+        set_cookie,
+        session,
+    } = match picked {
         Ok(picked) => picked,
         Err(resp) => return *resp,
     };
+    // Past the deadline already (the wait took it all): nothing goes upstream.
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
+        return status(StatusCode::GATEWAY_TIMEOUT);
+    }
     ctx.done.admission = admission;
 
     // Phase 5: forward.
@@ -265,16 +289,6 @@ async fn proxy<'s>(
     ctx.note_body_fault(fault.as_ref());
     // Read before the head sets the upstream's version: the bounds are the client's.
     let body_pace = BodyPace::for_request(&conn.limits, parts.version);
-    // The request timeout runs from arrival, not from here: the route's or the port's,
-    // the shorter.
-    let timeout = match (
-        route.timeouts.request_ms.map(Duration::from_millis),
-        conn.limits.request_timeout,
-    ) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
     let (mut guard, mut retried) = (guard, Vec::new());
     let result = {
         let ctx = &*ctx;
@@ -315,13 +329,14 @@ async fn proxy<'s>(
         .session
         .as_ref()
         .or(balancer.settings.session.as_ref());
+    let secure = conn.scheme == "https";
     let session_field = rule.zip(session).and_then(|(s, p)| {
         let id = balancer.session_id(guard.endpoint());
         match p.honoured {
             Some((named, began)) if named == id => s
                 .idle_secs
-                .and_then(|_| affinity::session_field(s, id, began, p.now)),
-            _ => affinity::session_field(s, id, p.now, p.now),
+                .and_then(|_| affinity::session_field(s, id, began, p.now, secure)),
+            _ => affinity::session_field(s, id, p.now, p.now, secure),
         }
     });
     ctx.done.guard = Some(guard);
@@ -444,7 +459,7 @@ async fn pick_backend<'s>(
         session_pick = Some(SessionPick { now, honoured });
     }
     let (hash, set_cookie) = match (&guard, &balancer.settings.hash) {
-        (None, Some(on)) => affinity::key(on, &parts.headers, source),
+        (None, Some(on)) => affinity::key(on, &parts.headers, source, view.scheme == "https"),
         _ => (None, None),
     };
     let Some(guard) = guard.or_else(|| balancer.pick_keyed(hash)) else {

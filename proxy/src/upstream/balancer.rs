@@ -35,8 +35,8 @@ pub(crate) struct EndpointState {
     in_flight: AtomicUsize,
     /// Idle HTTP/1.1 connections to `addr`.
     pub(crate) pool: Arc<EndpointPool>,
-    /// Ejections and health-check verdicts.
-    pub health: Health,
+    /// Ejections and health-check verdicts (kept by address when a pool changes).
+    pub health: Arc<Health>,
 }
 
 /// Holds one in-flight slot on an endpoint until dropped.
@@ -71,6 +71,8 @@ pub(crate) struct Balancer {
     lb: LoadBalancer,
     pub(crate) endpoints: Vec<Arc<EndpointState>>,
     next: AtomicUsize,
+    /// Round robin over the endpoints up, for the turns of those out.
+    spill: AtomicUsize,
     /// The BackendPolicy settings.
     pub settings: BackendSettings,
     /// Some endpoint may be out (outlier detection or health checks configured).
@@ -124,8 +126,17 @@ impl Balancer {
                     return Some(old.clone());
                 }
                 let authority = Authority::try_from(addr.to_string()).ok()?;
-                let health = Health::default();
-                health.joined.store(joined, Ordering::Relaxed);
+                // New pool settings make a new endpoint state, but its health stays.
+                let health = prev
+                    .and_then(|p| p.endpoints.iter().find(|o| o.addr == addr))
+                    .map_or_else(
+                        || {
+                            let h = Health::default();
+                            h.joined.store(joined, Ordering::Relaxed);
+                            Arc::new(h)
+                        },
+                        |o| o.health.clone(),
+                    );
                 Some(Arc::new(EndpointState {
                     addr,
                     authority,
@@ -170,6 +181,7 @@ impl Balancer {
             lb: backend.load_balancer,
             endpoints,
             next: AtomicUsize::new(0),
+            spill: AtomicUsize::new(0),
             guarded: settings.outlier.is_some() || settings.health_check.is_some(),
             settings,
             breaker,
@@ -246,17 +258,23 @@ impl Balancer {
         if self.up(first, now) {
             return first;
         }
-        self.next_up(first, n, now).unwrap_or(first)
+        // The turn of an endpoint that is out goes to one of those up, evenly (not always
+        // to the next in order, which would carry twice its share).
+        let k = match self.lb {
+            LoadBalancer::RoundRobin => self.spill.fetch_add(1, Ordering::Relaxed),
+            _ => fastrand::usize(..n),
+        };
+        self.nth_up(k, n, now).unwrap_or(first)
     }
 
-    /// The first available endpoint after `from` in order, unless fewer than the panic
+    /// The `k`-th (modulo their number) available endpoint, unless fewer than the panic
     /// threshold are available (then `None`: any endpoint will do).
-    fn next_up(&self, from: usize, n: usize, now: u64) -> Option<usize> {
+    fn nth_up(&self, k: usize, n: usize, now: u64) -> Option<usize> {
         let up = (0..n).filter(|&i| self.up(i, now)).count();
         if up == 0 || up * 100 < self.settings.panic_threshold_percent as usize * n {
             return None;
         }
-        (1..n).map(|k| (from + k) % n).find(|&i| self.up(i, now))
+        (0..n).filter(|&i| self.up(i, now)).nth(k % up)
     }
 
     /// In-flight load, weighed up for an endpoint still in its slow-start window.
@@ -286,15 +304,30 @@ impl Balancer {
             .map(|e| e.in_flight.load(Ordering::Relaxed))
             .sum();
         let cap = ((total + 1) * HASH_LOAD_FACTOR_PERCENT).div_ceil(100 * n);
+        // Below the panic threshold every endpoint counts as up, as for the other balancers.
+        let panic = self.guarded && {
+            let up = (0..n).filter(|&i| self.up(i, now)).count();
+            up * 100 < self.settings.panic_threshold_percent as usize * n
+        };
+        // The endpoints seen on the walk: a bit each, on the stack up to 128 endpoints.
+        let mut small = [0u64; 2];
+        let mut large = if n > 128 {
+            vec![0u64; n.div_ceil(64)]
+        } else {
+            Vec::new()
+        };
+        let bits: &mut [u64] = if n > 128 { &mut large } else { &mut small };
         let mut seen = 0usize;
-        let mut tried = vec![false; n];
         for i in ring.walk(key) {
-            if tried[i] {
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            if bits[word] & bit != 0 {
                 continue;
             }
-            tried[i] = true;
+            bits[word] |= bit;
             seen += 1;
-            if self.up(i, now) && self.endpoints[i].in_flight.load(Ordering::Relaxed) < cap {
+            if (panic || self.up(i, now))
+                && self.endpoints[i].in_flight.load(Ordering::Relaxed) < cap
+            {
                 return Some(i);
             }
             if seen == n {

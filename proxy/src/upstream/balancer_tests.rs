@@ -239,3 +239,40 @@ fn the_breaker_and_endpoint_health_survive_a_rebuild_with_the_same_settings() {
         changed.breaker.as_ref().unwrap()
     ));
 }
+
+#[test]
+fn an_endpoint_outs_turns_are_shared_evenly_by_those_up() {
+    for lb in [LoadBalancer::RoundRobin, LoadBalancer::Random] {
+        let b = guarded(lb, 3, outlier(1, 100));
+        assert!(b.record(&b.endpoints[1], Outcome::Local));
+        let mut count = std::collections::BTreeMap::new();
+        for _ in 0..3_000 {
+            *count
+                .entry(b.pick().unwrap().endpoint().addr.port())
+                .or_insert(0) += 1;
+        }
+        assert_eq!(count.len(), 2, "{lb:?}: {count:?}");
+        for (_, c) in count {
+            assert!((1_300..=1_700).contains(&c), "{lb:?}: {c}");
+        }
+    }
+}
+
+#[test]
+fn a_consistent_hash_below_the_panic_threshold_uses_every_endpoint() {
+    let b = guarded(LoadBalancer::ConsistentHash, 4, outlier(1, 100));
+    for i in 0..3 {
+        assert!(b.record(&b.endpoints[i], Outcome::Local));
+    }
+    // One of four up (25%) is below 50%: keys go to their own endpoints again.
+    let homes: std::collections::BTreeSet<u16> = (0..200u64)
+        .map(|k| {
+            b.pick_keyed(Some(crate::upstream::hash::hash(&k.to_le_bytes())))
+                .unwrap()
+                .endpoint()
+                .addr
+                .port()
+        })
+        .collect();
+    assert_eq!(homes.len(), 4);
+}

@@ -15,7 +15,7 @@ use tollgate_api::backend::{
     BackendSettings, CircuitBreaker, Connection, DEFAULT_PANIC_THRESHOLD_PERCENT, HashOn,
     HealthCheck, OutlierDetection, Probe,
 };
-use tollgate_api::{LoadBalancer, ObjectKey, RouteTable};
+use tollgate_api::{BackendProtocol, LoadBalancer, ObjectKey, RouteTable};
 
 use super::services;
 use super::status::gateway_ancestor;
@@ -80,10 +80,36 @@ pub fn apply(
         })
         .collect();
     let res = services::resolve("BackendPolicy", &claims, idx);
+    let mut partial = vec![false; order.len()];
     let reached = res.apply(idx, tables, |i, backend| {
         let Ok(c) = &compiled[i] else {
             return false;
         };
+        if backend.protocol == BackendProtocol::Tcp {
+            // A TLSRoute's backend carries bytes, not requests: only its balancing (not by a
+            // request's key) and TCP health checks apply.
+            partial[i] = true;
+            if let Some(lb) = c
+                .load_balancer
+                .filter(|lb| *lb != LoadBalancer::ConsistentHash)
+            {
+                backend.load_balancer = lb;
+            }
+            backend.settings = BackendSettings {
+                health_check: c
+                    .settings
+                    .health_check
+                    .clone()
+                    .filter(|h| h.probe == Probe::Tcp),
+                panic_threshold_percent: c.settings.panic_threshold_percent,
+                connection: Connection {
+                    slow_start_ms: c.settings.connection.slow_start_ms,
+                    ..Connection::default()
+                },
+                ..BackendSettings::default()
+            };
+            return true;
+        }
         if let Some(lb) = c.load_balancer {
             backend.load_balancer = lb;
         }
@@ -102,7 +128,12 @@ pub fn apply(
         .enumerate()
         .map(|(i, p)| {
             let conds = Conds::new(p.metadata.generation, now);
-            let accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
+            let mut accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
+            if partial[i] && accepted.status == "True" {
+                accepted.message.push_str(
+                    "; on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
+                );
+            }
             let ancestors = reached[i]
                 .iter()
                 .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
@@ -159,6 +190,11 @@ pub fn compile_spec(spec: &BackendPolicySpec) -> Result<Compiled, String> {
                 );
             }
             (_, None) => {}
+        }
+        if lb.slow_start.is_some() && lb.kind != LoadBalancerType::LeastRequest {
+            return Err(
+                "spec.loadBalancer.slowStart: only LeastRequest weighs endpoints by load".into(),
+            );
         }
         if let Some(s) = &lb.slow_start {
             settings.connection.slow_start_ms =
@@ -348,11 +384,14 @@ fn health_check(a: &ActiveHealthCheck) -> Result<HealthCheck, String> {
                 return Err(format!("{f}.http.path: {:?} is not a path", h.path));
             }
             if let Some(host) = &h.host
-                && http::HeaderValue::from_str(host).is_err()
+                && http::uri::Authority::try_from(host.as_str()).is_err()
             {
                 return Err(format!("{f}.http.host: {host:?} is not a host"));
             }
             let expected = h.expected_statuses.clone().unwrap_or_else(|| vec![200]);
+            if expected.is_empty() {
+                return Err(format!("{f}.http.expectedStatuses: at least one status"));
+            }
             if let Some(bad) = expected.iter().find(|s| !(100..=599).contains(*s)) {
                 return Err(format!("{f}.http.expectedStatuses: {bad} is not a status"));
             }
