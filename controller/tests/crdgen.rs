@@ -10,6 +10,7 @@ fn crds_dir_and_chart_copy_match_the_rust_types() {
         files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
         [
             "authpolicies.tollgate.dev.yaml",
+            "backendpolicies.tollgate.dev.yaml",
             "clientpolicies.tollgate.dev.yaml",
             "ratelimitpolicies.tollgate.dev.yaml"
         ]
@@ -36,8 +37,10 @@ fn crds_carry_status_subresource_and_printer_columns() {
             yaml.contains(r#".status.conditions[?(@.type=="Accepted")].status"#),
             "{name}: Accepted column"
         );
-        assert!(
+        // BackendPolicy grants and limits nothing per request: it has no Enforced condition.
+        assert_eq!(
             yaml.contains(r#".status.conditions[?(@.type=="Enforced")].status"#),
+            !name.starts_with("backendpolicies."),
             "{name}: Enforced column"
         );
         assert!(yaml.contains("group: tollgate.dev"), "{name}");
