@@ -274,5 +274,9 @@ spec:
     assert!(b.settings.is_empty(), "{:?}", b.settings);
     let c = policy_conds(&out, "web");
     assert_cond(c, "Accepted", "True", "Accepted");
-    assert!(cond(c, "Accepted").message.contains("on TLSRoute backends only"));
+    assert!(
+        cond(c, "Accepted")
+            .message
+            .contains("on TLSRoute backends only")
+    );
 }
