@@ -135,6 +135,7 @@ fn route(name: &str, backend: &str) -> Route {
 
 fn tcp_backend(addrs: &[SocketAddr]) -> Backend {
     Backend {
+        tls: None,
         protocol: BackendProtocol::Tcp,
         load_balancer: LoadBalancer::default(),
         endpoints: addrs

@@ -239,6 +239,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
             _ => LoadBalancer::LeastRequest,
         };
         Ok(Backend {
+            tls: None,
             protocol,
             load_balancer,
             endpoints: self.endpoints(ns, name, sp),

@@ -15,9 +15,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod backend_tls;
 pub mod client;
 pub mod policy;
 
+pub use backend_tls::BackendTls;
 pub use client::ClientSettings;
 pub use policy::PolicySet;
 
@@ -157,7 +159,7 @@ pub struct ListenerConfig {
 }
 
 /// A PEM certificate chain and its private key.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Certificate {
     /// Where it came from (`namespace/name` of the Secret), for logs.
@@ -539,6 +541,9 @@ pub struct Backend {
     /// Endpoints to use, already filtered (ready ones, or serving+terminating ones when none is
     /// ready), sorted. Empty = 503.
     pub endpoints: Vec<Endpoint>,
+    /// TLS to the endpoints (BackendTLSPolicy); `None`: plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
 }
 
 /// An IP and port.
@@ -622,6 +627,7 @@ mod tests {
             policy: None,
             request_trailers: false,
             max_request_body_bytes: None,
+            retry: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: Route = serde_json::from_str(&json).unwrap();

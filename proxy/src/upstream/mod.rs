@@ -293,6 +293,7 @@ mod tests {
 
     fn backend(lb: LoadBalancer, n: u16) -> Backend {
         Backend {
+            tls: None,
             protocol: BackendProtocol::Http1,
             load_balancer: lb,
             endpoints: (0..n)
