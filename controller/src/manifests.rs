@@ -92,6 +92,7 @@ macro_rules! each_object_list {
         $m!(rate_limit_policies);
         $m!(auth_policies);
         $m!(client_policies);
+        $m!(backend_tls_policies);
     };
 }
 
@@ -121,6 +122,7 @@ struct Counts {
     rate_limit_policies: usize,
     auth_policies: usize,
     client_policies: usize,
+    backend_tls_policies: usize,
     warnings: usize,
 }
 
@@ -143,6 +145,7 @@ impl Counts {
             rate_limit_policies: _,
             auth_policies: _,
             client_policies: _,
+            backend_tls_policies: _,
             last_valid: _,
             now: _,
             warnings: _,
