@@ -10,7 +10,9 @@
 //! and connections stay open across swaps; pools are shared by address across backends.
 
 pub(crate) mod h1;
+pub(crate) mod io;
 pub(crate) mod pool;
+pub(crate) mod tls;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -41,6 +43,8 @@ type H2Client = Client<HttpConnector, ProxyBody>;
 pub(crate) struct Upstream {
     pools: Pools,
     h2: H2Client,
+    /// TLS clients by settings (module `tls`).
+    tls: tls::TlsClients,
 }
 
 impl Upstream {
@@ -64,6 +68,7 @@ impl Upstream {
         Self {
             pools: Pools::default(),
             h2,
+            tls: tls::TlsClients::default(),
         }
     }
 
@@ -92,6 +97,10 @@ impl Upstream {
         match protocol {
             // Tcp backends are only on passthrough ports; never reached from HTTP.
             BackendProtocol::Http1 | BackendProtocol::Tcp => {
+                endpoint.pool.send_parts(parts, body, added).await
+            }
+            // HTTP/2 over TLS: the endpoint's own connection (module `tls`).
+            BackendProtocol::H2c if endpoint.pool.tls_client().is_some() => {
                 endpoint.pool.send_parts(parts, body, added).await
             }
             // Boxed: the legacy client's future is large, and would otherwise size (and be
@@ -184,6 +193,7 @@ impl Balancer {
     /// Builds a balancer, reusing endpoint state from `prev` for endpoints that stay.
     /// Endpoints whose IP does not parse are skipped (the compiler emits only IPs).
     pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
+        let tls = backend.tls.as_ref().map(|t| upstream.tls.get(t));
         let endpoints = backend
             .endpoints
             .iter()
@@ -196,7 +206,12 @@ impl Balancer {
                     }
                 };
                 let addr = SocketAddr::new(ip, e.port);
-                if let Some(old) = prev.and_then(|p| p.endpoints.iter().find(|o| o.addr == addr)) {
+                // An endpoint whose TLS settings changed starts afresh (a pool of its own).
+                if let Some(old) = prev.and_then(|p| {
+                    p.endpoints
+                        .iter()
+                        .find(|o| o.addr == addr && o.pool.tls_client() == tls.as_ref())
+                }) {
                     return Some(old.clone());
                 }
                 let authority = Authority::try_from(addr.to_string()).ok()?;
@@ -204,7 +219,7 @@ impl Balancer {
                     addr,
                     authority,
                     in_flight: AtomicUsize::new(0),
-                    pool: upstream.pools.pool_for(addr),
+                    pool: upstream.pools.pool_with(addr, tls.clone()),
                 }))
             })
             .collect();

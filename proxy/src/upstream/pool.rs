@@ -36,6 +36,8 @@ use tokio::net::TcpStream;
 use crate::lifecycle::body::{BoxError, ProxyBody};
 use crate::lifecycle::forward::Added;
 use crate::upstream::h1::{self, H1Error, RawBody};
+use crate::upstream::io::UpstreamIo;
+use crate::upstream::tls::{TlsClient, TlsState};
 
 /// Idle connections kept per endpoint; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 256;
@@ -55,7 +57,7 @@ pub(crate) const KEEPALIVE_RETRIES: u32 = 3;
 const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sets [`KEEPALIVE_IDLE`] and the rest on an upstream socket.
-fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
+pub(crate) fn dead_peer_detection(stream: &TcpStream) -> std::io::Result<()> {
     let sock = socket2::SockRef::from(stream);
     sock.set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
@@ -83,16 +85,28 @@ pub(crate) enum UpstreamError {
     /// The HTTP/1.1 exchange (module `h1`) failed after connecting.
     #[error(transparent)]
     H1(#[from] H1Error),
+    /// The TLS handshake with a backend failed (module `tls`): untrusted or misnamed
+    /// certificate, a client certificate refused, no protocol in common.
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    /// An HTTP/2 exchange over TLS (module `tls`) failed after the request was handed over.
+    #[error("upstream HTTP/2: {0}")]
+    Http2(hyper::Error),
 }
 
 impl UpstreamError {
     /// True when no connection could be made (as opposed to one that failed later).
     pub fn is_connect(&self) -> bool {
         match self {
-            Self::Connect(_) => true,
-            Self::H1(_) => false,
+            Self::Connect(_) | Self::Tls(_) => true,
+            Self::H1(_) | Self::Http2(_) => false,
             Self::H2(e) => e.is_connect(),
         }
+    }
+
+    /// True when a TLS handshake failed (a connect error too, counted apart).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
     }
 }
 
@@ -105,10 +119,13 @@ struct Idle<C> {
 /// Idle connections, the most recently used on top.
 type Stack = Vec<Idle<h1::Conn>>;
 
-/// The idle HTTP/1.1 connections to one endpoint address.
+/// The idle HTTP/1.1 connections to one endpoint address (under one backend's TLS
+/// settings, for a TLS backend).
 pub(crate) struct EndpointPool {
     addr: SocketAddr,
     idle: Mutex<Stack>,
+    /// TLS to the endpoint (module `tls`); `None`: plaintext.
+    tls: Option<TlsState>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -116,16 +133,33 @@ impl std::fmt::Debug for EndpointPool {
         f.debug_struct("EndpointPool")
             .field("addr", &self.addr)
             .field("idle", &self.lock().len())
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl EndpointPool {
-    fn new(addr: SocketAddr) -> Self {
+    fn new(addr: SocketAddr, tls: Option<Arc<TlsClient>>) -> Self {
         Self {
             addr,
             idle: Mutex::new(Stack::new()),
+            tls: tls.map(TlsState::new),
         }
+    }
+
+    /// The endpoint's address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The TLS settings the pool's connections are made with (`None`: plaintext).
+    pub(crate) fn tls_client(&self) -> Option<&Arc<TlsClient>> {
+        self.tls.as_ref().map(|t| &t.client)
+    }
+
+    /// Takes back a fresh connection (module `tls`, after learning the backend's pick).
+    pub(crate) fn reuse_conn(&self, conn: h1::Conn) {
+        self.push_raw(conn);
     }
 
     fn lock(&self) -> MutexGuard<'_, Stack> {
@@ -180,6 +214,20 @@ impl EndpointPool {
         body: ProxyBody,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        // Boxed: a plaintext request's future does not grow by the TLS exchanges'.
+        if let Some(tls) = &self.tls {
+            return Box::pin(self.send_tls(tls, parts, body, added)).await;
+        }
+        self.send_h1(parts, body, added).await
+    }
+
+    /// The HTTP/1.1 exchange of [`Self::send_parts`], on this pool's connections.
+    pub(crate) async fn send_h1(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        body: ProxyBody,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let upgrade = parts.headers.contains_key(UPGRADE) || parts.method == http::Method::CONNECT;
         if body.is_end_stream() && !upgrade {
             return self.send_bodiless(parts, added).await;
@@ -216,7 +264,7 @@ impl EndpointPool {
                 Err(e) => return Err(e.into()),
             }
         }
-        let conn = h1::Conn::new(self.connect_tcp().await?);
+        let conn = h1::Conn::new(self.connect_h1().await?);
         Ok(conn
             .send(parts, &mut out, added, self, upgrade)
             .await?
@@ -251,11 +299,19 @@ impl EndpointPool {
                 Err(e) => return Err(e.into()),
             }
         }
-        let conn = h1::Conn::new(self.connect_tcp().await?);
+        let conn = h1::Conn::new(self.connect_h1().await?);
         Ok(conn
             .exchange(parts, added, self)
             .await?
             .map(PooledBody::raw))
+    }
+
+    /// A fresh connection for HTTP/1.1: TCP, or TLS offering `http/1.1` alone.
+    async fn connect_h1(&self) -> Result<UpstreamIo, UpstreamError> {
+        match &self.tls {
+            None => self.connect_tcp().await.map(UpstreamIo::Plain),
+            Some(tls) => tls.connect_h1(self.addr).await,
+        }
     }
 
     async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
@@ -330,35 +386,46 @@ impl Body for PooledBody {
     }
 }
 
-/// Pools by endpoint address, shared by every snapshot and backend naming the address, so
-/// connections survive table swaps; a pool no endpoint refers to any more is dropped (and its
-/// connections closed).
+/// Pools by endpoint address and TLS settings, shared by every snapshot and backend naming
+/// the address with the same settings, so connections survive table swaps and are never
+/// used under other TLS settings (or in plaintext); a pool no endpoint refers to any more is
+/// dropped (and its connections closed).
 #[derive(Debug, Default)]
 pub(crate) struct Pools {
     inner: Arc<Registry>,
 }
 
+/// An endpoint's address and the TLS settings its connections are made with.
+type PoolKey = (SocketAddr, Option<Arc<TlsClient>>);
+
 #[derive(Debug, Default)]
 struct Registry {
-    by_addr: Mutex<HashMap<SocketAddr, Weak<EndpointPool>>>,
+    by_addr: Mutex<HashMap<PoolKey, Weak<EndpointPool>>>,
     sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl Pools {
-    /// The pool of `addr` (at table build time, not per request). Starts the sweeper on first
-    /// use inside a runtime.
+    /// The plaintext pool of `addr` ([`Self::pool_with`] without TLS).
+    #[cfg(test)]
     pub fn pool_for(&self, addr: SocketAddr) -> Arc<EndpointPool> {
+        self.pool_with(addr, None)
+    }
+
+    /// The pool of `addr` (at table build time, not per request), plaintext or under `tls`.
+    /// Starts the sweeper on first use inside a runtime.
+    pub fn pool_with(&self, addr: SocketAddr, tls: Option<Arc<TlsClient>>) -> Arc<EndpointPool> {
+        let key = (addr, tls);
         let pool = {
             let mut map = self
                 .inner
                 .by_addr
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            match map.get(&addr).and_then(Weak::upgrade) {
+            match map.get(&key).and_then(Weak::upgrade) {
                 Some(p) => p,
                 None => {
-                    let p = Arc::new(EndpointPool::new(addr));
-                    map.insert(addr, Arc::downgrade(&p));
+                    let p = Arc::new(EndpointPool::new(addr, key.1.clone()));
+                    map.insert(key, Arc::downgrade(&p));
                     p
                 }
             }
