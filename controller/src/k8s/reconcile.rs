@@ -458,6 +458,11 @@ impl Reconciler {
                 .client_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "BackendTLSPolicy" => self
+                .stores
+                .backend_tls_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             _ => self
                 .stores
                 .http_routes
@@ -591,6 +596,11 @@ impl Reconciler {
             StatusWrite::TlsRoute { .. } => self
                 .stores
                 .tls_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::BackendTlsPolicy { .. } => self
+                .stores
+                .backend_tls_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::Policy { kind, .. } => {
