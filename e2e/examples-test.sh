@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip gitops)
+EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -195,6 +195,14 @@ expect "client-ip: an address outside the office networks is refused on /admin" 
 expect "client-ip: an office address behind the balancer reaches /admin" '200' code -H 'X-Forwarded-For: 10.1.2.3' "http://$a:8088/admin"
 expect "client-ip: an office address claimed left of the balancer's entry is refused" '403' code \
   -H 'X-Forwarded-For: 10.1.2.3, 203.0.113.7' "http://$a:8088/admin"
+
+# --- backend-tls -----------------------------------------------------------------------
+# The TLS backend is the proxy pod's own HTTPS listener (9446), which admits only the
+# gateway's client certificate and names its CN upstream.
+a=$(addr backend-tls backend-tls)
+expect "backend-tls: verified TLS to the backend, the gateway's certificate presented" '"x-client-cn": "alice"' body \
+  "http://$a:8097/hello"
+expect "backend-tls: a backend certificate for another name is refused" '502' code "http://$a:8097/wrong-name"
 
 # --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
 a=$(addr gitops shop)
