@@ -94,15 +94,23 @@ pub struct Targets {
 impl Targets {
     /// Evaluates `policies` against the ConfigMaps in `config_maps`.
     pub fn new(policies: &[BackendTlsPolicy], config_maps: &BTreeMap<Ref<'_>, &ConfigMap>) -> Self {
-        // Precedence: older first, then by namespace/name.
+        // One object per namespace/name (the same policy in two files: the first by key and
+        // JSON, as the index keeps other kinds), then precedence: older first, then by
+        // namespace/name.
         let mut sorted: Vec<&BackendTlsPolicy> = policies.iter().collect();
+        sorted.sort_by_cached_key(|p| {
+            (
+                key_of(&p.metadata),
+                serde_json::to_string(p).unwrap_or_default(),
+            )
+        });
+        sorted.dedup_by(|b, a| key_of(&a.metadata) == key_of(&b.metadata));
         sorted.sort_by(|a, b| {
             let created = |p: &BackendTlsPolicy| p.metadata.creation_timestamp.clone().map(|t| t.0);
             created(a)
                 .cmp(&created(b))
                 .then_with(|| key_of(&a.metadata).cmp(&key_of(&b.metadata)))
         });
-        sorted.dedup_by(|b, a| key_of(&a.metadata) == key_of(&b.metadata));
         let mut out = Targets::default();
         for p in sorted {
             let key = key_of(&p.metadata);
