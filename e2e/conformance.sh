@@ -61,6 +61,7 @@ http_features=(
   HTTPRouteBackendTimeout HTTPRouteParentRefPort HTTPRouteBackendProtocolH2C
   HTTPRouteBackendProtocolWebSocket HTTPRouteNamedRouteRule HTTPRouteCORS
   HTTPRoute303RedirectStatusCode HTTPRoute307RedirectStatusCode HTTPRoute308RedirectStatusCode
+  BackendTLSPolicy BackendTLSPolicySANValidation GatewayBackendClientCertificate
 )
 grpc_features=(
   Gateway GRPCRoute ReferenceGrant GRPCRouteNamedRouteRule

@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience gitops)
+EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -201,6 +201,14 @@ expect "client-ip: an office address claimed left of the balancer's entry is ref
 # retry rule, the BackendPolicy and the XBackendTrafficPolicy are served.
 a=$(addr resilience resilience)
 expect "resilience: orders answers through the retry rule and BackendPolicy" '200' code "http://$a:8089/orders/1"
+
+# --- backend-tls -----------------------------------------------------------------------
+# The TLS backend is the proxy pod's own HTTPS listener (9446), which admits only the
+# gateway's client certificate and names its CN upstream.
+a=$(addr backend-tls backend-tls)
+expect "backend-tls: verified TLS to the backend, the gateway's certificate presented" '"x-client-cn": "alice"' body \
+  "http://$a:8097/hello"
+expect "backend-tls: a backend certificate for another name is refused" '502' code "http://$a:8097/wrong-name"
 
 # --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
 a=$(addr gitops shop)

@@ -94,6 +94,7 @@ macro_rules! each_object_list {
         $m!(client_policies);
         $m!(backend_policies);
         $m!(backend_traffic_policies);
+        $m!(backend_tls_policies);
     };
 }
 
@@ -125,6 +126,7 @@ struct Counts {
     client_policies: usize,
     backend_policies: usize,
     backend_traffic_policies: usize,
+    backend_tls_policies: usize,
     warnings: usize,
 }
 
@@ -149,6 +151,7 @@ impl Counts {
             client_policies: _,
             backend_policies: _,
             backend_traffic_policies: _,
+            backend_tls_policies: _,
             last_valid: _,
             now: _,
             warnings: _,

@@ -117,6 +117,15 @@ pub fn render(out: &Output) -> String {
             }
         }
     }
+    for (key, st) in &out.backend_tls_policies {
+        let _ = writeln!(text, "BackendTLSPolicy {key}");
+        for a in &st.ancestors {
+            let r = &a.ancestor_ref;
+            let ns = r.namespace.as_deref().unwrap_or(&key.namespace);
+            let _ = writeln!(text, "  Gateway {ns}/{}", r.name);
+            conditions(&mut text, "    ", &a.conditions);
+        }
+    }
     text
 }
 

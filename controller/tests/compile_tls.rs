@@ -1,6 +1,6 @@
 //! TLS: certificates are checked the way the proxy loads them, and TLS settings we do not
-//! implement (frontend client-certificate validation, `tls.options`, backend client
-//! certificates) are refused out loud, never ignored.
+//! implement (`tls.options`) are refused out loud, never ignored; frontend client-certificate
+//! validation and the backend client certificate's Gateway condition.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod compile_support;
@@ -388,7 +388,8 @@ fn backend_client_certificate_sets_gateway_resolved_refs_only() {
     let gw = gateway_conds(&out, "infra", "backend-cert");
     assert_cond(gw, "Accepted", "True", "Accepted");
     assert_cond(gw, "Programmed", "True", "Programmed");
-    assert_cond(gw, "ResolvedRefs", "False", "InvalidClientCertificateRef");
+    // Presented to TLS backends (compile_backend_tls.rs has what reaches the table).
+    assert_cond(gw, "ResolvedRefs", "True", "ResolvedRefs");
     assert!(
         out.tables
             .contains_key(&ObjectKey::new("infra", "backend-cert"))
@@ -410,7 +411,7 @@ fn unsupported_tls_settings_are_rejections() {
     for (gw, part, reason) in [
         ("mtls", Some("listener https"), "NoValidCACertificate"),
         ("options", Some("listener tuned"), "UnsupportedValue"),
-        ("backend-cert", None, "InvalidClientCertificateRef"),
+        ("backend-cert-cross", None, "RefNotPermitted"),
         (
             "certs",
             Some("listener key-mismatch"),

@@ -88,6 +88,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         backends: BTreeMap::from([(
             "b".to_owned(),
             Backend {
+                tls: None,
                 protocol: BackendProtocol::Http1,
                 load_balancer: LoadBalancer::LeastRequest,
                 settings: Default::default(),

@@ -216,6 +216,9 @@ impl ClientTimeoutKind {
 pub(crate) enum UpstreamErrorKind {
     /// Could not connect (refused, unreachable).
     Connect,
+    /// The TLS handshake with a backend failed (its certificate not trusted or not for the
+    /// name asked, our client certificate refused).
+    Tls,
     /// The connection failed after connecting (reset, protocol error).
     Reset,
     /// An attempt or the whole request timed out.
@@ -232,6 +235,7 @@ impl UpstreamErrorKind {
     fn as_str(self) -> &'static str {
         match self {
             Self::Connect => "connect",
+            Self::Tls => "tls",
             Self::Reset => "reset",
             Self::Timeout => "timeout",
             Self::NoEndpoints => "no_endpoints",

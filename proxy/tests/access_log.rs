@@ -153,6 +153,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("table.json");
     let grpc_backend = Backend {
+        tls: None,
         protocol: BackendProtocol::H2c,
         load_balancer: LoadBalancer::default(),
         settings: Default::default(),
@@ -346,6 +347,7 @@ async fn a_retried_request_names_each_failed_attempt() {
         port: a.port(),
     };
     let backend = Backend {
+        tls: None,
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::RoundRobin,
         settings: Default::default(),

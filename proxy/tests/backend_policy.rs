@@ -86,6 +86,7 @@ fn backend(addrs: &[SocketAddr], lb: LoadBalancer, settings: BackendSettings) ->
             })
             .collect(),
         settings,
+        tls: None,
     }
 }
 
@@ -527,7 +528,6 @@ async fn an_open_websocket_holds_its_place_under_max_connections() {
         StatusCode::SERVICE_UNAVAILABLE,
         "the tunnel holds the one connection"
     );
-    use futures_util::SinkExt;
     ws.close(None).await.unwrap();
     drop(ws);
     let mut answered = false;

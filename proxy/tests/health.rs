@@ -215,6 +215,7 @@ fn backend(protocol: BackendProtocol, eps: &[&Flip], check: Option<HealthCheck>)
             health_check: check,
             ..BackendSettings::default()
         },
+        tls: None,
     }
 }
 

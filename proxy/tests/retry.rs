@@ -37,6 +37,7 @@ fn retrying(attempts: u32, codes: &[u16]) -> Route {
 /// Round robin over `addrs` in order: the first attempt goes to the first.
 fn in_order(addrs: &[SocketAddr]) -> Backend {
     Backend {
+        tls: None,
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::RoundRobin,
         settings: Default::default(),

@@ -136,6 +136,7 @@ fn route(name: &str, backend: &str) -> Route {
 
 fn tcp_backend(addrs: &[SocketAddr]) -> Backend {
     Backend {
+        tls: None,
         protocol: BackendProtocol::Tcp,
         load_balancer: LoadBalancer::default(),
         settings: Default::default(),

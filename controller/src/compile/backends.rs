@@ -18,13 +18,16 @@
 //! their own key ([`BackendKey::h2c`]), so an HTTPRoute to the same Service port keeps the
 //! protocol its `appProtocol` names. For a GRPCRoute the port's `appProtocol` may be unset,
 //! `http`, `grpc` or `kubernetes.io/h2c`; anything else (WebSocket, TLS) is
-//! `UnsupportedProtocol`. A TLSRoute's backends have their own key too ([`BackendKey::tcp`]):
+//! `UnsupportedProtocol`. A Service port a BackendTLSPolicy targets is spoken to over TLS
+//! (module [`super::backend_tls`]); `appProtocol: https` is accepted only there. A TLSRoute's backends have their own key too ([`BackendKey::tcp`]):
 //! passthrough copies bytes, so any `appProtocol` is accepted.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
-use tollgate_api::{Backend, BackendKey, BackendProtocol, Endpoint, LoadBalancer};
+use tollgate_api::{Backend, BackendKey, BackendProtocol, BackendTls, Endpoint, LoadBalancer};
+
+use super::backend_tls;
 
 use super::conditions::{Problem, reason};
 use super::grants::{CrossRef, GATEWAY_GROUP, permitted};
@@ -219,7 +222,8 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("Service {ns}/{name} port {port} is {proto}, not TCP"),
             ));
         }
-        let protocol = backend_protocol(sp, kind).ok_or_else(|| {
+        let tls = self.backend_tls(ns, name, port, sp, kind)?;
+        let protocol = backend_protocol(sp, kind, tls.is_some()).ok_or_else(|| {
             Problem::new(
                 reason::UNSUPPORTED_PROTOCOL_BACKEND,
                 format!(
@@ -238,12 +242,47 @@ impl<'i, 'a> Resolver<'i, 'a> {
             Some("round-robin") => LoadBalancer::RoundRobin,
             _ => LoadBalancer::LeastRequest,
         };
+        let tls = tls.map(|mut t| {
+            t.alpn =
+                backend_tls::alpn(protocol == BackendProtocol::H2c, sp.app_protocol.as_deref());
+            t
+        });
         Ok(Backend {
+            tls,
             protocol,
             load_balancer,
             endpoints: self.endpoints(ns, name, sp),
             settings: tollgate_api::BackendSettings::default(),
         })
+    }
+
+    /// The TLS settings of a Service port a BackendTLSPolicy targets (HTTPRoutes and
+    /// GRPCRoutes only: a TLSRoute's stream is never re-encrypted); the problem that leaves
+    /// the ref unresolved when the policy is not valid (fail closed).
+    fn backend_tls(
+        &self,
+        ns: &str,
+        name: &str,
+        port: i32,
+        sp: &ServicePort,
+        kind: RouteKind,
+    ) -> Result<Option<BackendTls>, Problem> {
+        if kind == RouteKind::Tls {
+            return Ok(None);
+        }
+        let Some(target) = self.idx.backend_tls.for_port(ns, name, sp.name.as_deref()) else {
+            return Ok(None);
+        };
+        match &target.outcome {
+            Ok(settings) => Ok(Some(settings.clone())),
+            Err(p) => Err(Problem::new(
+                backend_tls::INVALID_BACKEND_TLS_POLICY,
+                format!(
+                    "Service {ns}/{name} port {port}: BackendTLSPolicy {} is not valid ({}); requests are answered 500 rather than sent without the TLS it asks for",
+                    target.policy, p.message
+                ),
+            )),
+        }
     }
 
     /// Endpoints of a Service port, filtered and sorted.
@@ -292,11 +331,14 @@ impl<'i, 'a> Resolver<'i, 'a> {
 }
 
 /// Protocol for a Service port's appProtocol as a route of `kind` uses it; `None` when we
-/// cannot speak it.
-fn backend_protocol(sp: &ServicePort, kind: RouteKind) -> Option<BackendProtocol> {
+/// cannot speak it. `https` (the IANA name) means HTTP over TLS: usable only when a
+/// BackendTLSPolicy says how (`tls`), never in plaintext.
+fn backend_protocol(sp: &ServicePort, kind: RouteKind, tls: bool) -> Option<BackendProtocol> {
     match (kind, sp.app_protocol.as_deref()) {
         // Passthrough copies bytes: whatever the port speaks is the client's business.
         (RouteKind::Tls, _) => Some(BackendProtocol::Tcp),
+        (RouteKind::Http, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::Http1),
+        (RouteKind::Grpc, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::H2c),
         (
             RouteKind::Http,
             None | Some("" | "http" | "HTTP" | "kubernetes.io/ws" | "kubernetes.io/wss"),

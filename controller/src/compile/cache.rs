@@ -9,8 +9,8 @@
 //! - **Per route** (kind, key): the route object as it was compiled, its compiled rules, and
 //!   the backends its backendRefs resolved to. Reused when the route is that object (the same
 //!   resourceVersion, or equal field by field when either has none)
-//!   and the Services and ReferenceGrants (all that rule compilation reads besides the route)
-//!   are equal to the previous compile's; its backends are then resolved again against the
+//!   and the Services, ReferenceGrants and BackendTLSPolicy verdicts (all that rule
+//!   compilation reads besides the route) are equal to the previous compile's; its backends are then resolved again against the
 //!   current EndpointSlices, which may have changed. Every compile that is not reused gets a
 //!   new *stamp*, so a stamp names one compiled result of one route object.
 //!   With the route memo, how the route attached: its status entries, the listeners it is
@@ -52,6 +52,9 @@ pub struct CompileCache {
     /// Services and ReferenceGrants of the last compile, sorted by key.
     services: Vec<Service>,
     grants: Vec<ReferenceGrant>,
+    /// What BackendTLSPolicies applied to each Service port in the last compile: a backendRef
+    /// resolves (or not) by it, so rules compiled under another verdict are not reused.
+    backend_tls: BTreeMap<super::backend_tls::TargetKey, super::backend_tls::Target>,
     /// Route memos per kind ([`RouteKind`] as index), sorted by key: the routes of one kind
     /// are compiled in key order, so a compile walks the previous memos alongside (no lookup).
     routes: [Vec<(ObjectKey, RouteMemo)>; 3],
@@ -196,7 +199,11 @@ impl CompileCache {
         let grants: Vec<&ReferenceGrant> = idx.grants.values().flatten().copied().collect();
         let grants_same = self.grants.len() == grants.len()
             && self.grants.iter().zip(&grants).all(|(a, b)| a == *b);
-        self.env_same = services_same && grants_same;
+        let backend_tls_same = self.backend_tls == idx.backend_tls.by_target;
+        self.env_same = services_same && grants_same && backend_tls_same;
+        if !backend_tls_same {
+            self.backend_tls.clone_from(&idx.backend_tls.by_target);
+        }
         if !services_same {
             self.services = idx.services.values().map(|s| (*s).clone()).collect();
         }

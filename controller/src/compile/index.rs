@@ -71,6 +71,9 @@ pub struct Index<'a> {
     /// Secrets by key.
     pub secrets: BTreeMap<Ref<'a>, &'a Secret>,
     pub config_maps: BTreeMap<Ref<'a>, &'a ConfigMap>,
+    /// BackendTLSPolicies evaluated (they read only ConfigMaps): what applies to each
+    /// Service port they target.
+    pub backend_tls: super::backend_tls::Targets,
     /// Namespace labels by namespace name.
     pub namespace_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
     /// ReferenceGrants by namespace (the namespace of the referent they allow).
@@ -92,10 +95,13 @@ impl<'a> Index<'a> {
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
             .collect();
-        let config_maps = by_key(&inputs.config_maps, |c| &c.metadata)
-            .into_iter()
-            .map(|c| ((ns_of(&c.metadata), name_of(&c.metadata)), c))
-            .collect();
+        let config_maps: BTreeMap<Ref<'a>, &'a ConfigMap> =
+            by_key(&inputs.config_maps, |c| &c.metadata)
+                .into_iter()
+                .map(|c| ((ns_of(&c.metadata), name_of(&c.metadata)), c))
+                .collect();
+        let backend_tls =
+            super::backend_tls::Targets::new(&inputs.backend_tls_policies, &config_maps);
         let mut slices: BTreeMap<Ref<'a>, Vec<&'a EndpointSlice>> = BTreeMap::new();
         for slice in by_key(&inputs.endpoint_slices, |s| &s.metadata) {
             let Some(svc) = slice
@@ -134,6 +140,7 @@ impl<'a> Index<'a> {
             slices,
             secrets,
             config_maps,
+            backend_tls,
             namespace_labels,
             grants,
         }

@@ -15,6 +15,7 @@
 //! what the two route kinds share.
 //! Fault isolation: an invalid object only rejects itself.
 
+pub mod backend_tls;
 pub mod backends;
 pub mod cache;
 pub mod certs;
@@ -41,6 +42,7 @@ pub mod tlsroute;
 
 use std::collections::BTreeMap;
 
+use gateway_api::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatus};
 use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
@@ -100,6 +102,8 @@ pub struct Inputs {
     pub backend_policies: Vec<BackendPolicy>,
     /// XBackendTrafficPolicies (retry budgets, session persistence).
     pub backend_traffic_policies: Vec<XBackendTrafficPolicy>,
+    /// BackendTLSPolicies.
+    pub backend_tls_policies: Vec<BackendTlsPolicy>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -139,6 +143,7 @@ impl Inputs {
             client_policies: Vec::new(),
             backend_policies: Vec::new(),
             backend_traffic_policies: Vec::new(),
+            backend_tls_policies: Vec::new(),
             last_valid: LastValid::default(),
             now,
             warnings: Vec::new(),
@@ -165,6 +170,7 @@ impl Inputs {
         self.backend_policies.extend(other.backend_policies);
         self.backend_traffic_policies
             .extend(other.backend_traffic_policies);
+        self.backend_tls_policies.extend(other.backend_tls_policies);
         self.warnings.extend(other.warnings);
     }
 }
@@ -226,6 +232,12 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub backend_traffic_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every BackendTLSPolicy that targets a Service port our Gateways' routes use.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub backend_tls_policies: BTreeMap<ObjectKey, BackendTlsPolicyStatus>,
     /// The policies valid now, or kept at their last valid version: the next compile's
     /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
     #[serde(skip)]
@@ -323,6 +335,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     if let Some(c) = cache {
         c.finish();
     }
+    let backend_tls_policies = backend_tls_outcome(&idx, &gateways, &routes, &mut tables, now);
 
     let gateway_statuses = gateways
         .iter()
@@ -396,8 +409,40 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         client_policies: client.status,
         backend_policies,
         backend_traffic_policies,
+        backend_tls_policies,
         last_valid: policies.last_valid,
     }
+}
+
+/// Gives each Gateway's TLS backends the client certificate the Gateway presents, and returns
+/// the BackendTLSPolicy statuses (ancestors: the Gateways whose served routes name a Service
+/// port a policy targets, whether or not the ref resolved).
+fn backend_tls_outcome(
+    idx: &index::Index<'_>,
+    gateways: &[listeners::GatewayModel<'_>],
+    routes: &routes::Routes<'_>,
+    tables: &mut BTreeMap<ObjectKey, RouteTable>,
+    now: &Time,
+) -> BTreeMap<ObjectKey, BackendTlsPolicyStatus> {
+    if idx.backend_tls.by_target.is_empty() {
+        return BTreeMap::new();
+    }
+    for g in gateways {
+        let Some(table) = tables.get_mut(&g.key) else {
+            continue;
+        };
+        let cert = backend_tls::client_certificate(g.gateway, idx).and_then(Result::ok);
+        if cert.is_none() {
+            continue;
+        }
+        for b in table.backends.values_mut() {
+            if let Some(tls) = &mut b.tls {
+                tls.client_certificate.clone_from(&cert);
+            }
+        }
+    }
+    let usage = backend_tls::service_usage(idx, gateways, routes);
+    idx.backend_tls.statuses(&usage, now)
 }
 
 /// Every Gateway and route in the inputs, as (kind, key).

@@ -20,8 +20,8 @@ use super::kinds::{RouteKind, RouteParent};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rejection {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy`, `AuthPolicy` or
-    /// `ClientPolicy`.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `RateLimitPolicy`, `AuthPolicy`,
+    /// `ClientPolicy` or `BackendTLSPolicy`.
     pub kind: &'static str,
     /// The object (`namespace` empty for GatewayClass).
     pub key: ObjectKey,
@@ -123,6 +123,17 @@ impl Output {
         ] {
             for (key, s) in statuses {
                 push(&mut out, kind, key, None, &s.conditions);
+            }
+        }
+        for (key, s) in &self.backend_tls_policies {
+            for a in &s.ancestors {
+                let gw = &a.ancestor_ref;
+                let part = format!(
+                    "ancestor {}/{}",
+                    gw.namespace.as_deref().unwrap_or(&key.namespace),
+                    gw.name
+                );
+                push(&mut out, "BackendTLSPolicy", key, Some(part), &a.conditions);
             }
         }
         out.sort();

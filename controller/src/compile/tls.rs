@@ -16,12 +16,12 @@
 //!   define no keys and the spec defines none yet. Options typically tighten TLS (minimum
 //!   version, cipher suites), so ignoring one could serve weaker TLS than asked: a listener
 //!   with any option is `Accepted=False`, `UnsupportedValue`, naming the keys.
-//! - `spec.tls.backend.clientCertificateRef` weakens nothing when ignored (Tollgate does not
-//!   originate TLS to backends, so there is no TLS connection that could lack the
-//!   certificate), so it does not reject anything: the Gateway gets `ResolvedRefs=False`, the
-//!   condition the spec assigns to this field and which "does not directly impact the
-//!   Gateway's Accepted or Programmed conditions", with reason `RefNotPermitted` for a
-//!   cross-namespace ref without a ReferenceGrant and `InvalidClientCertificateRef` otherwise.
+//! - `spec.tls.backend.clientCertificateRef` (the certificate the proxy presents to TLS
+//!   backends, module [`super::backend_tls`]): the Gateway gets `ResolvedRefs=True` when it
+//!   resolves, else `ResolvedRefs=False` with reason `RefNotPermitted` (cross-namespace without
+//!   a ReferenceGrant) or `InvalidClientCertificateRef`; as the spec says, this "does not
+//!   directly impact the Gateway's Accepted or Programmed conditions". TLS backends are then
+//!   dialled without a client certificate (one that requires it refuses the handshake: 502).
 
 use gateway_api::gateways::{
     Gateway, GatewayListeners, GatewayTlsFrontendDefaultValidationMode,
@@ -225,6 +225,12 @@ fn ca_bundle(
         }
         Some(Some(pem)) => pem,
     };
+    check_ca_pem(&pem, &what)
+}
+
+/// Checks that `pem` holds CA certificates the proxy (rustls) takes as trust anchors, and
+/// returns it ending in one newline. `what` names the reference in the problem.
+pub(super) fn check_ca_pem(pem: &str, what: &str) -> Result<String, Problem> {
     let mut reader = pem.as_bytes();
     let certs: Vec<_> = rustls_pemfile::certs(&mut reader)
         .collect::<Result<_, _>>()
@@ -241,7 +247,7 @@ fn ca_bundle(
         ));
     }
     // The proxy builds its trust anchors with rustls: accept exactly what it accepts, so a
-    // bad CA rejects this listener here instead of the whole table there.
+    // bad CA rejects its listener or policy here instead of the whole table there.
     let mut roots = rustls::RootCertStore::empty();
     for c in certs {
         roots.add(c).map_err(|e| {
@@ -261,7 +267,6 @@ fn ca_bundle(
 /// Key of a ConfigMap or Secret holding a CA bundle.
 pub const CA_KEY: &str = "ca.crt";
 
-/// The Gateway `ResolvedRefs` condition for `spec.tls.backend.clientCertificateRef`, when set.
 /// `InsecureFrontendValidationMode=True` (reason `ConfigurationChanged`) while the frontend
 /// validation of `gw`, its default or a per-port entry, is `AllowInsecureFallback`: clients
 /// without a valid certificate are served there. Absent otherwise, as the spec asks.
@@ -307,40 +312,17 @@ pub fn insecure_frontend_condition(gw: &Gateway, conds: &Conds<'_>) -> Option<Co
     ))
 }
 
+/// The Gateway `ResolvedRefs` condition for `spec.tls.backend.clientCertificateRef`, when set.
 pub fn backend_condition(gw: &Gateway, idx: &Index<'_>, conds: &Conds<'_>) -> Option<Condition> {
-    let r = gw
-        .spec
-        .tls
-        .as_ref()
-        .and_then(|t| t.backend.as_ref())
-        .and_then(|b| b.client_certificate_ref.as_ref())?;
-    let gw_ns = ns_of(&gw.metadata);
-    let ns = r.namespace.as_deref().unwrap_or(gw_ns);
-    let cross = CrossRef {
-        from_group: GATEWAY_GROUP,
-        from_kind: "Gateway",
-        from_namespace: gw_ns,
-        to_group: r.group.as_deref().unwrap_or(""),
-        to_kind: r.kind.as_deref().unwrap_or("Secret"),
-        to_namespace: ns,
-        to_name: &r.name,
-    };
-    let (reason, message) = if permitted(idx, &cross) {
-        (
-            reason::INVALID_CLIENT_CERTIFICATE_REF,
+    Some(match super::backend_tls::client_certificate(gw, idx)? {
+        Ok(c) => conds.yes(
+            RESOLVED_REFS,
+            reason::RESOLVED_REFS,
             format!(
-                "spec.tls.backend.clientCertificateRef {ns}/{} is not used: presenting a client certificate to backends is not supported (Tollgate does not originate TLS to backends)",
-                r.name
+                "spec.tls.backend.clientCertificateRef {} is presented to TLS backends",
+                c.source
             ),
-        )
-    } else {
-        (
-            reason::REF_NOT_PERMITTED,
-            format!(
-                "spec.tls.backend.clientCertificateRef to {ns}/{} is not permitted by any ReferenceGrant",
-                r.name
-            ),
-        )
-    };
-    Some(conds.no(RESOLVED_REFS, reason, message))
+        ),
+        Err(p) => conds.no(RESOLVED_REFS, p.reason, p.message),
+    })
 }

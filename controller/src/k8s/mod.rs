@@ -21,6 +21,7 @@
 //! kind but Secrets (TLS only), so Services and EndpointSlices of the whole cluster are held
 //! (stripped of managedFields).
 
+pub mod backend_tls_status;
 pub mod controller;
 pub mod leader;
 pub mod lenient;

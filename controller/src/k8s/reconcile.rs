@@ -463,6 +463,11 @@ impl Reconciler {
                 .backend_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "BackendTLSPolicy" => self
+                .stores
+                .backend_tls_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "XBackendTrafficPolicy" => self
                 .stores
                 .backend_traffic_policies
@@ -601,6 +606,11 @@ impl Reconciler {
             StatusWrite::TlsRoute { .. } => self
                 .stores
                 .tls_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::BackendTlsPolicy { .. } => self
+                .stores
+                .backend_tls_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::Policy { kind, .. } => {

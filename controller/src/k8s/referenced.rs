@@ -2,7 +2,8 @@
 //!
 //! In: every TLS Secret and every ConfigMap the watches see, and the Gateways of each compile.
 //! Out: store copies without their payload (`data`, `stringData`, `binaryData`) unless a
-//! Gateway names them (listener `certificateRefs`, frontend `caCertificateRefs`), marked with
+//! Gateway names them (listener `certificateRefs`, frontend `caCertificateRefs`, the backend
+//! `clientCertificateRef`) or a BackendTLSPolicy does (`caCertificateRefs`), marked with
 //! [`DATA_OMITTED`]; and, before a compile, the payload of a referenced object whose store copy
 //! lacks it, fetched once per resourceVersion. A cluster's unrelated certificates and
 //! configuration cost the controller their metadata only.
@@ -102,12 +103,36 @@ pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
         .filter_map(|c| c.metadata.name.as_deref())
         .collect();
     let mut out = BTreeSet::new();
+    // BackendTLSPolicy CAs: ConfigMaps in the policy's namespace. Every policy's, whether a
+    // Gateway of ours uses its Service or not: there are few, and a route that starts using
+    // one must not wait for a fetch to be verified.
+    for p in &inputs.backend_tls_policies {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        for r in p.spec.validation.ca_certificate_refs.iter().flatten() {
+            if r.group.is_empty() && r.kind == "ConfigMap" {
+                out.insert(("ConfigMap", ns.clone(), r.name.clone()));
+            }
+        }
+    }
     for gw in inputs
         .gateways
         .iter()
         .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
     {
         let ns = gw.metadata.namespace.clone().unwrap_or_default();
+        // The certificate the Gateway presents to TLS backends.
+        if let Some(r) = gw
+            .spec
+            .tls
+            .as_ref()
+            .and_then(|t| t.backend.as_ref())
+            .and_then(|b| b.client_certificate_ref.as_ref())
+            && r.group.as_deref().unwrap_or("").is_empty()
+            && r.kind.as_deref().unwrap_or("Secret") == "Secret"
+        {
+            let rns = r.namespace.clone().unwrap_or_else(|| ns.clone());
+            out.insert(("Secret", rns, r.name.clone()));
+        }
         for l in &gw.spec.listeners {
             for r in l
                 .tls

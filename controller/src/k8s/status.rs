@@ -100,6 +100,15 @@ pub enum StatusWrite {
         /// Namespace (empty for a GatewayClass) and name.
         key: ObjectKey,
     },
+    /// A BackendTLSPolicy status (module `backend_tls_status`).
+    BackendTlsPolicy {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every ancestor entry: other controllers' as they were, then ours.
+        ancestors: Vec<gateway_api::backendtlspolicies::BackendTlsPolicyStatusAncestors>,
+    },
     /// A RateLimitPolicy, AuthPolicy or ClientPolicy status (ours alone: only Tollgate reads our CRDs).
     Policy {
         /// `RateLimitPolicy`, `AuthPolicy` or `ClientPolicy`.
@@ -133,6 +142,7 @@ impl StatusWrite {
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::TlsRoute { .. } => TlsRoute::KIND,
+            Self::BackendTlsPolicy { .. } => super::backend_tls_status::KIND,
             Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
         }
     }
@@ -145,6 +155,7 @@ impl StatusWrite {
             | Self::HttpRoute { key, .. }
             | Self::GrpcRoute { key, .. }
             | Self::TlsRoute { key, .. }
+            | Self::BackendTlsPolicy { key, .. }
             | Self::Policy { key, .. }
             | Self::Release { key, .. } => key.clone(),
         }
@@ -188,6 +199,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
+    super::backend_tls_status::plan(out, stores, controller_name, &mut writes);
     // The XBackendTrafficPolicy status has ancestors only: what the compiler says at the top
     // (for `validate`) is not written.
     let traffic_desired: BTreeMap<ObjectKey, PolicyStatus> = out
@@ -587,6 +599,9 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::TlsRoute { key, parents, .. } => {
             route_rejections::<TlsRoute>(stores, key, parents, &mut diff);
         }
+        StatusWrite::BackendTlsPolicy { key, ancestors, .. } => {
+            super::backend_tls_status::rejections(stores, key, ancestors, &mut diff);
+        }
         StatusWrite::Policy { kind, key, status } => {
             let old = match *kind {
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
@@ -671,6 +686,13 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             Api::<XBackendTrafficPolicy>::namespaced(client.clone(), &key.namespace)
                 .patch_status(&key.name, &pp, &Patch::Apply(body))
                 .await?;
+        }
+        StatusWrite::BackendTlsPolicy {
+            key,
+            resource_version,
+            ancestors,
+        } => {
+            super::backend_tls_status::apply(client, &pp, key, resource_version, ancestors).await?;
         }
         StatusWrite::Policy { kind, key, status } => {
             let body = json!({

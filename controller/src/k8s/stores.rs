@@ -14,9 +14,11 @@
 //! (API keys and introspection clients that policies read) are watched whole: users opt them
 //! in. Unlabelled Opaque, token and docker-config Secrets never reach the controller.
 //!
-//! Three kinds are optional, so that a cluster without their CRDs still gets everything else:
+//! Some kinds are optional, so that a cluster without their CRDs still gets everything else:
 //! TLSRoute (in the Gateway API standard channel from v1.5; a cluster with older CRDs, or a
-//! controller whose ClusterRole predates TLSRoutes, must keep serving HTTP) and Tollgate's
+//! controller whose ClusterRole predates TLSRoutes, must keep serving HTTP), BackendTLSPolicy
+//! (as the policies below: counted as none only when its CRD is absent, since leaving a
+//! policy out would send plaintext where TLS is asked for) and Tollgate's
 //! RateLimitPolicy and AuthPolicy (`helm upgrade` does not install a chart's new CRDs, nor does
 //! `helm install --skip-crds`). When such a kind cannot be listed, [`super::optional`] decides:
 //! a kind whose CRD is confirmed absent counts as listed and empty (a warning says so); a 404
@@ -35,6 +37,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::gatewayclasses::GatewayClass;
 use gateway_api::gateways::Gateway;
@@ -100,6 +103,8 @@ pub enum Kind {
     CredentialSecret,
     /// core ConfigMap (payload only while a Gateway references it).
     ConfigMap,
+    /// gateway.networking.k8s.io BackendTLSPolicy (optional, as TLSRoute).
+    BackendTlsPolicy,
 }
 
 impl Kind {
@@ -123,6 +128,7 @@ impl Kind {
             Self::BackendTrafficPolicy => "XBackendTrafficPolicy",
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
+            Self::BackendTlsPolicy => "BackendTLSPolicy",
         }
     }
 }
@@ -206,6 +212,8 @@ pub struct Stores {
     pub config_maps: Store<Lenient<ConfigMap>>,
     /// What Gateways reference now: the Secrets and ConfigMaps kept whole.
     pub referenced: Referenced,
+    /// BackendTLSPolicies (empty while the CRD is not installed).
+    pub backend_tls_policies: Store<Lenient<BackendTlsPolicy>>,
 }
 
 impl Stores {
@@ -234,6 +242,14 @@ impl Stores {
             Api::all(client.clone()),
             cfg(),
             Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
+        // Fail closed: left out, a Service that asks for TLS would get plaintext.
+        let (backend_tls_policies, t) = w(Kind::BackendTlsPolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::FailClosed,
             OPTIONAL_RETRY,
         );
         tasks.push(t);
@@ -320,6 +336,7 @@ impl Stores {
             credential_secrets,
             config_maps,
             referenced,
+            backend_tls_policies,
         };
         (stores, tasks)
     }
@@ -331,6 +348,7 @@ impl Stores {
         self.http_routes.wait_until_ready().await?;
         self.grpc_routes.wait_until_ready().await?;
         self.tls_routes.wait_until_ready().await?;
+        self.backend_tls_policies.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
         self.endpoint_slices.wait_until_ready().await?;
@@ -353,6 +371,7 @@ impl Stores {
         inputs.http_routes = well_formed(&self.http_routes);
         inputs.grpc_routes = well_formed(&self.grpc_routes);
         inputs.tls_routes = well_formed(&self.tls_routes);
+        inputs.backend_tls_policies = well_formed(&self.backend_tls_policies);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
         inputs.endpoint_slices = well_formed(&self.endpoint_slices);
@@ -634,6 +653,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::HttpRoute
             | Kind::GrpcRoute
             | Kind::TlsRoute
+            | Kind::BackendTlsPolicy
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy
             | Kind::AuthPolicy

@@ -160,6 +160,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
         backends: BTreeMap::from([(
             "b".to_owned(),
             Backend {
+                tls: None,
                 protocol: BackendProtocol::Http1,
                 load_balancer: LoadBalancer::RoundRobin,
                 settings: Default::default(),

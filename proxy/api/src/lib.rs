@@ -16,10 +16,12 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub mod backend;
+pub mod backend_tls;
 pub mod client;
 pub mod policy;
 
 pub use backend::BackendSettings;
+pub use backend_tls::BackendTls;
 pub use client::ClientSettings;
 pub use policy::PolicySet;
 
@@ -159,7 +161,7 @@ pub struct ListenerConfig {
 }
 
 /// A PEM certificate chain and its private key.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Certificate {
     /// Where it came from (`namespace/name` of the Secret), for logs.
@@ -554,6 +556,9 @@ pub struct Backend {
     /// What a BackendPolicy on the Service sets.
     #[serde(default, skip_serializing_if = "BackendSettings::is_empty")]
     pub settings: BackendSettings,
+    /// TLS to the endpoints (BackendTLSPolicy); `None`: plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
 }
 
 /// An IP and port.

@@ -387,6 +387,10 @@ pub(crate) fn failure_response(
     let (kind, code) = match f {
         Failure::Timeout => (UpstreamErrorKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
         Failure::BodyRead => return status(StatusCode::BAD_REQUEST),
+        Failure::Upstream(e) if e.is_tls() => {
+            tracing::debug!(error = %e, "upstream TLS handshake failed");
+            (UpstreamErrorKind::Tls, StatusCode::BAD_GATEWAY)
+        }
         Failure::Upstream(e) if e.is_connect() => {
             (UpstreamErrorKind::Connect, StatusCode::BAD_GATEWAY)
         }

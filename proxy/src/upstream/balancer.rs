@@ -96,6 +96,7 @@ impl Balancer {
     pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
         // Endpoints the proxy starts with are not new: slow start is for those added later.
         let joined = if prev.is_some() { now_ms() } else { 0 };
+        let tls = backend.tls.as_ref().map(|t| upstream.tls.get(t));
         let endpoints: Vec<Arc<EndpointState>> = backend
             .endpoints
             .iter()
@@ -121,7 +122,12 @@ impl Balancer {
                         };
                         pool(&p.settings.connection) == pool(&backend.settings.connection)
                     })
-                    .and_then(|p| p.endpoints.iter().find(|o| o.addr == addr))
+                    // An endpoint whose TLS settings changed starts afresh (a pool of its own).
+                    .and_then(|p| {
+                        p.endpoints
+                            .iter()
+                            .find(|o| o.addr == addr && o.pool.tls_client() == tls.as_ref())
+                    })
                 {
                     return Some(old.clone());
                 }
@@ -141,7 +147,9 @@ impl Balancer {
                     addr,
                     authority,
                     in_flight: AtomicUsize::new(0),
-                    pool: upstream.pools.pool_for(addr, &backend.settings.connection),
+                    pool: upstream
+                        .pools
+                        .pool_with(addr, &backend.settings.connection, tls.clone()),
                     health,
                 }))
             })

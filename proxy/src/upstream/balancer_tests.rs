@@ -14,6 +14,7 @@ fn backend(lb: LoadBalancer, n: u16) -> Backend {
             })
             .collect(),
         settings: BackendSettings::default(),
+        tls: None,
     }
 }
 

@@ -17,8 +17,10 @@ pub(crate) mod budget;
 pub(crate) mod h1;
 pub(crate) mod hash;
 pub(crate) mod health;
+pub(crate) mod io;
 pub(crate) mod outlier;
 pub(crate) mod pool;
+pub(crate) mod tls;
 
 pub(crate) use balancer::{Balancer, EndpointGuard, EndpointState};
 
@@ -49,6 +51,8 @@ type H2Client = Client<HttpConnector, ProxyBody>;
 pub(crate) struct Upstream {
     pools: Pools,
     h2: H2Client,
+    /// TLS clients by settings (module `tls`).
+    tls: tls::TlsClients,
 }
 
 impl Upstream {
@@ -72,6 +76,7 @@ impl Upstream {
         Self {
             pools: Pools::default(),
             h2,
+            tls: tls::TlsClients::default(),
         }
     }
 
@@ -100,6 +105,10 @@ impl Upstream {
         match protocol {
             // Tcp backends are only on passthrough ports; never reached from HTTP.
             BackendProtocol::Http1 | BackendProtocol::Tcp => {
+                endpoint.pool.send_parts(parts, body, added).await
+            }
+            // HTTP/2 over TLS: the endpoint's own connection (module `tls`).
+            BackendProtocol::H2c if endpoint.pool.tls_client().is_some() => {
                 endpoint.pool.send_parts(parts, body, added).await
             }
             // Boxed: the legacy client's future is large, and would otherwise size (and be

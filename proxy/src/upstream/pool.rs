@@ -37,6 +37,8 @@ use tollgate_api::backend::Connection;
 use crate::lifecycle::body::{BoxError, ProxyBody};
 use crate::lifecycle::forward::Added;
 use crate::upstream::h1::{self, H1Error, RawBody};
+use crate::upstream::io::UpstreamIo;
+use crate::upstream::tls::{TlsClient, TlsState};
 
 /// Idle connections kept per endpoint; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 256;
@@ -56,7 +58,7 @@ pub(crate) const KEEPALIVE_RETRIES: u32 = 3;
 const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sets [`KEEPALIVE_IDLE`] and the rest on an upstream socket.
-fn dead_peer_detection(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
+pub(crate) fn dead_peer_detection(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
     let sock = socket2::SockRef::from(stream);
     sock.set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
@@ -84,16 +86,28 @@ pub(crate) enum UpstreamError {
     /// The HTTP/1.1 exchange (module `h1`) failed after connecting.
     #[error(transparent)]
     H1(#[from] H1Error),
+    /// The TLS handshake with a backend failed (module `tls`): untrusted or misnamed
+    /// certificate, a client certificate refused, no protocol in common.
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    /// An HTTP/2 exchange over TLS (module `tls`) failed after the request was handed over.
+    #[error("upstream HTTP/2: {0}")]
+    Http2(hyper::Error),
 }
 
 impl UpstreamError {
     /// True when no connection could be made (as opposed to one that failed later).
     pub fn is_connect(&self) -> bool {
         match self {
-            Self::Connect(_) => true,
-            Self::H1(_) => false,
+            Self::Connect(_) | Self::Tls(_) => true,
+            Self::H1(_) | Self::Http2(_) => false,
             Self::H2(e) => e.is_connect(),
         }
+    }
+
+    /// True when a TLS handshake failed (a connect error too, counted apart).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
     }
 }
 
@@ -109,11 +123,13 @@ struct Idle<C> {
 type Stack = Vec<Idle<h1::Conn>>;
 
 /// The idle HTTP/1.1 connections to one endpoint address, with one backend's connection
-/// settings (BackendPolicy `connection`).
+/// settings (BackendPolicy `connection`) and TLS settings, for a TLS backend.
 pub(crate) struct EndpointPool {
     addr: SocketAddr,
     idle: Mutex<Stack>,
     settings: Connection,
+    /// TLS to the endpoint (module `tls`); `None`: plaintext.
+    tls: Option<TlsState>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -121,16 +137,18 @@ impl std::fmt::Debug for EndpointPool {
         f.debug_struct("EndpointPool")
             .field("addr", &self.addr)
             .field("idle", &self.lock().len())
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl EndpointPool {
-    fn new(addr: SocketAddr, settings: Connection) -> Self {
+    fn new(addr: SocketAddr, settings: Connection, tls: Option<Arc<TlsClient>>) -> Self {
         Self {
             addr,
             idle: Mutex::new(Stack::new()),
             settings,
+            tls: tls.map(TlsState::new),
         }
     }
 
@@ -140,6 +158,21 @@ impl EndpointPool {
             (Some(ms), Some(t)) => t.elapsed() >= Duration::from_millis(ms),
             _ => false,
         }
+    }
+
+    /// The endpoint's address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The TLS settings the pool's connections are made with (`None`: plaintext).
+    pub(crate) fn tls_client(&self) -> Option<&Arc<TlsClient>> {
+        self.tls.as_ref().map(|t| &t.client)
+    }
+
+    /// Takes back a fresh connection (module `tls`, after learning the backend's pick).
+    pub(crate) fn reuse_conn(&self, conn: h1::Conn) {
+        self.push_raw(conn);
     }
 
     fn lock(&self) -> MutexGuard<'_, Stack> {
@@ -218,6 +251,20 @@ impl EndpointPool {
         body: ProxyBody,
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        // Boxed: a plaintext request's future does not grow by the TLS exchanges'.
+        if let Some(tls) = &self.tls {
+            return Box::pin(self.send_tls(tls, parts, body, added)).await;
+        }
+        self.send_h1(parts, body, added).await
+    }
+
+    /// The HTTP/1.1 exchange of [`Self::send_parts`], on this pool's connections.
+    pub(crate) async fn send_h1(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        body: ProxyBody,
+        added: &Added<'_>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let upgrade = parts.headers.contains_key(UPGRADE) || parts.method == http::Method::CONNECT;
         if body.is_end_stream() && !upgrade {
             return self.send_bodiless(parts, added).await;
@@ -254,7 +301,7 @@ impl EndpointPool {
                 Err(e) => return Err(e.into()),
             }
         }
-        let conn = h1::Conn::new(self.connect_tcp().await?);
+        let conn = h1::Conn::new(self.connect_h1().await?);
         Ok(conn
             .send(parts, &mut out, added, self, upgrade)
             .await?
@@ -289,11 +336,19 @@ impl EndpointPool {
                 Err(e) => return Err(e.into()),
             }
         }
-        let conn = h1::Conn::new(self.connect_tcp().await?);
+        let conn = h1::Conn::new(self.connect_h1().await?);
         Ok(conn
             .exchange(parts, added, self)
             .await?
             .map(PooledBody::raw))
+    }
+
+    /// A fresh connection for HTTP/1.1: TCP, or TLS offering `http/1.1` alone.
+    async fn connect_h1(&self) -> Result<UpstreamIo, UpstreamError> {
+        match &self.tls {
+            None => self.connect_tcp().await.map(UpstreamIo::Plain),
+            Some(tls) => tls.connect_h1(self.addr).await,
+        }
     }
 
     async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
@@ -376,42 +431,57 @@ impl Body for PooledBody {
     }
 }
 
-/// Pools by endpoint address, shared by every snapshot and backend naming the address, so
-/// connections survive table swaps; a pool no endpoint refers to any more is dropped (and its
-/// connections closed).
+/// Pools by endpoint address and TLS settings, shared by every snapshot and backend naming
+/// the address with the same settings, so connections survive table swaps and are never
+/// used under other TLS settings (or in plaintext); a pool no endpoint refers to any more is
+/// dropped (and its connections closed).
 #[derive(Debug, Default)]
 pub(crate) struct Pools {
     inner: Arc<Registry>,
 }
 
+/// An endpoint's address and the TLS settings its connections are made with.
+type PoolKey = (SocketAddr, Connection, Option<Arc<TlsClient>>);
+
 #[derive(Debug, Default)]
 struct Registry {
-    /// By address and connection settings: backends that share an address but not their
-    /// settings keep their connections apart.
-    by_addr: Mutex<HashMap<(SocketAddr, Connection), Weak<EndpointPool>>>,
+    /// By address, connection settings and TLS settings: backends that share an address but
+    /// not their settings keep their connections apart.
+    by_addr: Mutex<HashMap<PoolKey, Weak<EndpointPool>>>,
     sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl Pools {
-    /// The pool of `addr` (at table build time, not per request). Starts the sweeper on first
-    /// use inside a runtime.
+    /// The plaintext pool of `addr` ([`Self::pool_with`] without TLS).
+    #[cfg(test)]
     pub fn pool_for(&self, addr: SocketAddr, settings: &Connection) -> Arc<EndpointPool> {
+        self.pool_with(addr, settings, None)
+    }
+
+    /// The pool of `addr` (at table build time, not per request) with `settings`, plaintext
+    /// or under `tls`. Starts the sweeper on first use inside a runtime.
+    pub fn pool_with(
+        &self,
+        addr: SocketAddr,
+        settings: &Connection,
+        tls: Option<Arc<TlsClient>>,
+    ) -> Arc<EndpointPool> {
         // Slow start is the balancer's, not the pool's: it splits no pool.
         let settings = Connection {
             slow_start_ms: None,
             ..settings.clone()
         };
+        let key = (addr, settings, tls);
         let pool = {
             let mut map = self
                 .inner
                 .by_addr
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let key = (addr, settings);
             match map.get(&key).and_then(Weak::upgrade) {
                 Some(p) => p,
                 None => {
-                    let p = Arc::new(EndpointPool::new(addr, key.1.clone()));
+                    let p = Arc::new(EndpointPool::new(addr, key.1.clone(), key.2.clone()));
                     map.insert(key, Arc::downgrade(&p));
                     p
                 }
@@ -471,182 +541,5 @@ impl h1::Reuse for EndpointPool {
 }
 
 #[cfg(test)]
-mod tests {
-    use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    use http::Request;
-
-    use super::*;
-    use crate::lifecycle::body::empty;
-
-    /// A backend answering `n` requests per connection, then closing; counts connections.
-    async fn backend(per_conn: usize) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let c = conns.clone();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = l.accept().await.unwrap();
-                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    for _ in 0..per_conn {
-                        let mut got = Vec::new();
-                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match s.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => got.extend_from_slice(&buf[..n]),
-                            }
-                        }
-                        let _ = s
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                            .await;
-                    }
-                });
-            }
-        });
-        (addr, conns)
-    }
-
-    fn get() -> Request<ProxyBody> {
-        Request::builder()
-            .uri("/")
-            .header("host", "t")
-            .body(empty())
-            .unwrap()
-    }
-
-    /// A request with a body: module `h1`'s streaming exchange.
-    fn post() -> Request<ProxyBody> {
-        Request::builder()
-            .method("POST")
-            .uri("/")
-            .header("host", "t")
-            .header("content-length", "1")
-            .body(crate::lifecycle::body::full("x"))
-            .unwrap()
-    }
-
-    async fn roundtrip(pool: &Arc<EndpointPool>) {
-        roundtrip_with(pool, get()).await;
-    }
-
-    async fn roundtrip_with(pool: &Arc<EndpointPool>, req: Request<ProxyBody>) {
-        let resp = pool.send(req, &Added::default()).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"ok");
-    }
-
-    #[tokio::test]
-    async fn reuses_one_connection_for_sequential_requests() {
-        let (addr, conns) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr, &Default::default());
-        for _ in 0..5 {
-            roundtrip(&pool).await;
-        }
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert_eq!(pool.idle_len(), 1);
-    }
-
-    #[tokio::test]
-    async fn requests_with_and_without_bodies_share_one_connection() {
-        let (addr, conns) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr, &Default::default());
-        for _ in 0..3 {
-            roundtrip_with(&pool, post()).await;
-        }
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
-        roundtrip(&pool).await;
-        roundtrip_with(&pool, post()).await;
-        roundtrip(&pool).await;
-        // One HTTP/1 client now: every exchange on the one connection, back on one stack.
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert_eq!(pool.idle_len(), 1);
-    }
-
-    #[tokio::test]
-    async fn a_connection_serves_at_most_its_requests_and_idles_at_most_its_timeout() {
-        let (addr, conns) = backend(usize::MAX).await;
-        let pools = Pools::default();
-        let capped = Connection {
-            max_requests_per_connection: Some(2),
-            ..Connection::default()
-        };
-        let pool = pools.pool_for(addr, &capped);
-        assert!(!Arc::ptr_eq(
-            &pool,
-            &pools.pool_for(addr, &Connection::default())
-        ));
-        for _ in 0..6 {
-            roundtrip(&pool).await;
-        }
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
-        let (addr, conns) = backend(usize::MAX).await;
-        let short = Connection {
-            idle_timeout_ms: Some(50),
-            ..Connection::default()
-        };
-        let pool = pools.pool_for(addr, &short);
-        roundtrip(&pool).await;
-        roundtrip(&pool).await;
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
-        tokio::time::sleep(Duration::from_millis(120)).await;
-        roundtrip(&pool).await;
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn connection_closed_by_peer_is_replaced() {
-        let (addr, conns) = backend(1).await;
-        let pool = Pools::default().pool_for(addr, &Default::default());
-        for _ in 0..3 {
-            roundtrip(&pool).await;
-            // Let the driver see the close.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
-    }
-
-    #[tokio::test]
-    async fn sweep_closes_connections_idle_through_two_sweeps() {
-        let (addr, _) = backend(usize::MAX).await;
-        let pool = Pools::default().pool_for(addr, &Default::default());
-        roundtrip(&pool).await;
-        roundtrip_with(&pool, post()).await;
-        // Two at once, so two connections.
-        let none = Added::default();
-        let (a, b) = tokio::join!(pool.send(get(), &none), pool.send(post(), &none));
-        for r in [a, b] {
-            r.unwrap().into_body().collect().await.unwrap();
-        }
-        pool.sweep();
-        assert_eq!(pool.idle_len(), 2);
-        pool.sweep();
-        assert_eq!(pool.idle_len(), 0);
-    }
-
-    #[tokio::test]
-    async fn same_address_shares_a_pool_until_dropped() {
-        let pools = Pools::default();
-        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let a = pools.pool_for(addr, &Default::default());
-        assert!(Arc::ptr_eq(&a, &pools.pool_for(addr, &Default::default())));
-        let weak = Arc::downgrade(&a);
-        drop(a);
-        assert!(weak.upgrade().is_none());
-    }
-
-    #[tokio::test]
-    async fn refused_connect_is_a_connect_error() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
-        let pool = Pools::default().pool_for(addr, &Default::default());
-        let err = pool.send(get(), &Added::default()).await.unwrap_err();
-        assert!(err.is_connect(), "{err}");
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

@@ -189,6 +189,7 @@ fn headers_json(h: &HeaderMap) -> Value {
 
 pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
     Backend {
+        tls: None,
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::default(),
         settings: Default::default(),
@@ -199,6 +200,7 @@ pub fn backend_of(backends: &[&EchoBackend]) -> Backend {
 /// An HTTP/1 backend of one endpoint at `addr` (a listener of the test's own, or none).
 pub fn backend_at(addr: SocketAddr) -> Backend {
     Backend {
+        tls: None,
         protocol: BackendProtocol::Http1,
         load_balancer: LoadBalancer::default(),
         settings: Default::default(),

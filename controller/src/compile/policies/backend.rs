@@ -81,6 +81,7 @@ pub fn apply(
         .collect();
     let res = services::resolve("BackendPolicy", &claims, idx);
     let mut partial = vec![false; order.len()];
+    let mut tls_probed = vec![false; order.len()];
     let reached = res.apply(idx, tables, |i, backend| {
         let Ok(c) = &compiled[i] else {
             return false;
@@ -113,6 +114,13 @@ pub fn apply(
         if let Some(lb) = c.load_balancer {
             backend.load_balancer = lb;
         }
+        // A TLS backend (BackendTLSPolicy) is checked by a connect alone: the probes speak
+        // plaintext.
+        let tls_probe = backend.tls.is_some()
+            && c.settings
+                .health_check
+                .as_ref()
+                .is_some_and(|h| h.probe != Probe::Tcp);
         // What another kind set on the backend (XBackendTrafficPolicy) stays.
         let (budget, session) = (
             backend.settings.retry_budget.take(),
@@ -121,6 +129,10 @@ pub fn apply(
         backend.settings = c.settings.clone();
         backend.settings.retry_budget = budget;
         backend.settings.session = session;
+        if tls_probe && let Some(h) = backend.settings.health_check.as_mut() {
+            h.probe = Probe::Tcp;
+            tls_probed[i] = true;
+        }
         true
     });
     order
@@ -129,6 +141,11 @@ pub fn apply(
         .map(|(i, p)| {
             let conds = Conds::new(p.metadata.generation, now);
             let mut accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
+            if tls_probed[i] && accepted.status == "True" {
+                accepted.message.push_str(
+                    "; on TLS backends (BackendTLSPolicy) health checks are TCP connects",
+                );
+            }
             if partial[i] && accepted.status == "True" {
                 accepted.message.push_str(
                     "; on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",

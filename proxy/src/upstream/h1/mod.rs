@@ -34,13 +34,13 @@ use bytes::BytesMut;
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
 
 use crate::lifecycle::body::BoxError;
 use tollgate_h1::body::{Decoder, Framing};
 use tollgate_h1::response::{ResponseHead, body_plan, parse_response};
 
 use crate::lifecycle::forward::Added;
+use crate::upstream::io::UpstreamIo;
 
 /// Where a connection goes back once its answer was read exactly to its end: the endpoint's
 /// pool (module `pool`), which this module does not know.
@@ -103,7 +103,7 @@ pub(crate) enum H1Error {
 /// An HTTP/1.1 connection to an endpoint, idle between exchanges.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    io: TcpStream,
+    io: UpstreamIo,
     /// Bytes read and not yet consumed; empty between exchanges.
     rbuf: BytesMut,
     /// The request head being written (kept to reuse its allocation).
@@ -113,7 +113,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(io: TcpStream) -> Self {
+    pub fn new(io: UpstreamIo) -> Self {
         Self {
             io,
             rbuf: BytesMut::new(),
@@ -130,12 +130,9 @@ impl Conn {
         if !self.rbuf.is_empty() {
             return false;
         }
-        // An EOF, a reset or stray bytes make it unusable; only WouldBlock (nothing there, or
-        // stale readiness from a read that did not drain the socket) leaves it usable.
-        matches!(
-            self.io.try_read(&mut [0u8; 1]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock
-        )
+        // An EOF, a reset or stray bytes make it unusable; only "nothing there" (or stale
+        // readiness from a read that did not drain the socket) leaves it usable.
+        self.io.is_idle_usable()
     }
 
     /// Sends `req`'s head (its body must be empty) and reads the answer's head. A request
@@ -217,7 +214,8 @@ impl Conn {
                 Err(e) => return Err(H1Error::Io(e)),
             }
         }
-        Ok(())
+        // A TLS stream may hold the last record until flushed; on TCP this is a no-op.
+        self.io.flush().await.map_err(H1Error::Io)
     }
 
     /// The answer to `head`, its body read off this connection. `reusable`: the request went
@@ -258,7 +256,7 @@ impl Conn {
 /// Reads what the socket has into `buf` (after making room); 0 at EOF. The read future keeps
 /// no state between polls, so a new one each time loses nothing.
 fn poll_fill(
-    io: &mut TcpStream,
+    io: &mut UpstreamIo,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {

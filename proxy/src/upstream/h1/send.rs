@@ -37,6 +37,7 @@ use super::{Conn, H1Error, MAX_HEAD, MAX_INTERIM, RawBody, Reuse, poll_fill};
 use crate::lifecycle::body::{BoxError, ProxyBody};
 use crate::lifecycle::forward::Added;
 use crate::upgrade::{self, OnUpgrade, Upgraded};
+use crate::upstream::io::UpstreamIo;
 
 /// A chunk's CRLF.
 const CRLF: &[u8] = b"\r\n";
@@ -279,7 +280,7 @@ impl Outgoing {
     /// Writes what the body has ready, until the body or the socket makes it wait (having
     /// arranged a wake-up), all is sent, or a write failed. An error only when the body
     /// failed or broke its length.
-    fn drive(&mut self, io: &mut tokio::net::TcpStream, cx: &mut Context<'_>) -> H1Result {
+    fn drive(&mut self, io: &mut UpstreamIo, cx: &mut Context<'_>) -> H1Result {
         if self.write_failed.is_some() {
             return Ok(());
         }
@@ -296,6 +297,13 @@ impl Outgoing {
                     Poll::Ready(Ok(n)) => self.advance(n),
                     Poll::Ready(Err(e)) => return self.failed(e),
                 }
+            }
+            // What went to a TLS stream may wait in its buffer until flushed (a no-op on
+            // TCP): flushed before waiting on the body, which may be slow.
+            match Pin::new(&mut *io).poll_flush(cx) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Err(e)) => return self.failed(e),
+                Poll::Ready(Ok(())) => {}
             }
             if self.ended {
                 return Ok(());

@@ -166,7 +166,7 @@ async fn h1_get(tcp: TcpStream, path: &str, host: &str) -> Result<u16, ProbeErro
         .header(CONNECTION, "close")
         .body(())?
         .into_parts();
-    let resp = h1::Conn::new(tcp)
+    let resp = h1::Conn::new(crate::upstream::io::UpstreamIo::Plain(tcp))
         .exchange(&mut parts, &Added::default(), &Arc::new(Discard))
         .await?;
     let status = resp.status().as_u16();

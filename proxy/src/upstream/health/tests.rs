@@ -65,6 +65,7 @@ fn backend(ports: &[u16], settings: BackendSettings) -> Backend {
             })
             .collect(),
         settings,
+        tls: None,
     }
 }
 
