@@ -195,7 +195,7 @@ mod tests {
         let v = value.to_str().unwrap();
         assert_eq!(
             v,
-            "s=0000000000000abc.3e8.3ed; Path=/; HttpOnly; Max-Age=95"
+            "s=0000000000000abc.3e8.3ed; Path=/; HttpOnly; SameSite=Lax; Max-Age=95"
         );
         let h = headers(&[("cookie", "s=0000000000000abc.3e8.3ed")]);
         assert_eq!(session(&s, &h, 1_010), Some((0xabc, 1_000)));
