@@ -3,7 +3,8 @@
 //! In: every TLS Secret and every ConfigMap the watches see, and the Gateways of each compile.
 //! Out: store copies without their payload (`data`, `stringData`, `binaryData`) unless a
 //! Gateway names them (listener `certificateRefs`, frontend `caCertificateRefs`, the backend
-//! `clientCertificateRef`) or a BackendTLSPolicy does (`caCertificateRefs`), marked with
+//! `clientCertificateRef`) or a BackendTLSPolicy on a Service their routes use does
+//! (`caCertificateRefs`), marked with
 //! [`DATA_OMITTED`]; and, before a compile, the payload of a referenced object whose store copy
 //! lacks it, fetched once per resourceVersion. A cluster's unrelated certificates and
 //! configuration cost the controller their metadata only.
@@ -103,17 +104,7 @@ pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
         .filter_map(|c| c.metadata.name.as_deref())
         .collect();
     let mut out = BTreeSet::new();
-    // BackendTLSPolicy CAs: ConfigMaps in the policy's namespace. Every policy's, whether a
-    // Gateway of ours uses its Service or not: there are few, and a route that starts using
-    // one must not wait for a fetch to be verified.
-    for p in &inputs.backend_tls_policies {
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        for r in p.spec.validation.ca_certificate_refs.iter().flatten() {
-            if r.group.is_empty() && r.kind == "ConfigMap" {
-                out.insert(("ConfigMap", ns.clone(), r.name.clone()));
-            }
-        }
-    }
+    out.extend(backend_tls_cas(inputs, &ours));
     for gw in inputs
         .gateways
         .iter()
@@ -183,6 +174,73 @@ pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
             };
             if group.is_empty() {
                 out.insert((kind, rns.unwrap_or(&ns).to_owned(), name.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// The CA ConfigMaps of the BackendTLSPolicies that target a Service a route of one of our
+/// Gateways names. Only those: a policy of another implementation's Services is not ours to
+/// read, and a failure to fetch its CA must not hold our compile back.
+fn backend_tls_cas(inputs: &Inputs, ours: &BTreeSet<&str>) -> BTreeSet<RefKey> {
+    let gateways: BTreeSet<(&str, &str)> = inputs
+        .gateways
+        .iter()
+        .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+        .map(|g| {
+            (
+                g.metadata.namespace.as_deref().unwrap_or_default(),
+                g.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut services: BTreeSet<(String, String)> = BTreeSet::new();
+    macro_rules! services_of {
+        ($routes:expr) => {
+            for r in $routes {
+                let rns = r.metadata.namespace.as_deref().unwrap_or_default();
+                let to_ours = r.spec.parent_refs.iter().flatten().any(|p| {
+                    p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+                        && gateways
+                            .contains(&(p.namespace.as_deref().unwrap_or(rns), p.name.as_str()))
+                });
+                if !to_ours {
+                    continue;
+                }
+                for b in r
+                    .spec
+                    .rules
+                    .iter()
+                    .flatten()
+                    .flat_map(|rule| rule.backend_refs.iter().flatten())
+                {
+                    if b.group.as_deref().unwrap_or("").is_empty()
+                        && b.kind.as_deref().unwrap_or("Service") == "Service"
+                    {
+                        let ns = b.namespace.as_deref().unwrap_or(rns).to_owned();
+                        services.insert((ns, b.name.clone()));
+                    }
+                }
+            }
+        };
+    }
+    services_of!(&inputs.http_routes);
+    services_of!(&inputs.grpc_routes);
+    let mut out = BTreeSet::new();
+    for p in &inputs.backend_tls_policies {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let used = p.spec.target_refs.iter().any(|t| {
+            t.group.is_empty()
+                && t.kind == "Service"
+                && services.contains(&(ns.clone(), t.name.clone()))
+        });
+        if !used {
+            continue;
+        }
+        for r in p.spec.validation.ca_certificate_refs.iter().flatten() {
+            if r.group.is_empty() && r.kind == "ConfigMap" {
+                out.insert(("ConfigMap", ns.clone(), r.name.clone()));
             }
         }
     }
@@ -329,5 +387,75 @@ mod tests {
         let other = other.as_ok().unwrap();
         assert!(other.data.is_none());
         assert!(omitted(other));
+    }
+
+    #[test]
+    fn backend_tls_cas_are_referenced_only_for_services_our_routes_use() {
+        let yaml = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: ours}
+spec: {controllerName: tollgate.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: a}
+spec:
+  gatewayClassName: ours
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+  tls: {backend: {clientCertificateRef: {name: client, namespace: certs}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: b}
+spec:
+  parentRefs: [{name: gw, namespace: a}]
+  rules: [{backendRefs: [{name: used, port: 443}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: theirs, namespace: b}
+spec:
+  parentRefs: [{name: other-gw}]
+  rules: [{backendRefs: [{name: unused, port: 443}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: p, namespace: b}
+spec:
+  targetRefs: [{group: "", kind: Service, name: used}]
+  validation:
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: ca}]
+    hostname: used.example
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: q, namespace: b}
+spec:
+  targetRefs: [{group: "", kind: Service, name: unused}]
+  validation:
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: other-ca}]
+    hostname: unused.example
+"#;
+        let inputs = crate::compile::inputs_from_yaml(
+            yaml,
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        )
+        .unwrap();
+        let refs = references(&inputs);
+        assert!(
+            refs.contains(&("ConfigMap", "b".into(), "ca".into())),
+            "{refs:?}"
+        );
+        assert!(
+            refs.contains(&("Secret", "certs".into(), "client".into())),
+            "{refs:?}"
+        );
+        assert!(
+            !refs.contains(&("ConfigMap", "b".into(), "other-ca".into())),
+            "{refs:?}"
+        );
     }
 }
