@@ -18,8 +18,6 @@ use tollgate_api::backend::{
 use tollgate_api::{BackendProtocol, LoadBalancer, ObjectKey, RouteTable};
 
 use super::services;
-use super::status::gateway_ancestor;
-use crate::compile::conditions::Conds;
 use crate::compile::index::{Index, key_of};
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::backend::{
@@ -135,36 +133,26 @@ pub fn apply(
         }
         true
     });
-    order
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let conds = Conds::new(p.metadata.generation, now);
-            let mut accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
-            if tls_probed[i] && accepted.status == "True" {
-                accepted.message.push_str(
-                    "; on TLS backends (BackendTLSPolicy) health checks are TCP connects",
+    services::statuses(
+        &order,
+        |p| &p.metadata,
+        &res,
+        |i| compiled[i].as_ref().err().cloned(),
+        &reached,
+        now,
+        |i| {
+            let mut notes = Vec::new();
+            if tls_probed[i] {
+                notes.push("on TLS backends (BackendTLSPolicy) health checks are TCP connects");
+            }
+            if partial[i] {
+                notes.push(
+                    "on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
                 );
             }
-            if partial[i] && accepted.status == "True" {
-                accepted.message.push_str(
-                    "; on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
-                );
-            }
-            let ancestors = reached[i]
-                .iter()
-                .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
-                .collect();
-            (
-                key_of(&p.metadata),
-                PolicyStatus {
-                    observed_generation: p.metadata.generation,
-                    conditions: vec![accepted],
-                    ancestors,
-                },
-            )
-        })
-        .collect()
+            notes
+        },
+    )
 }
 
 /// A duration field in milliseconds; `what` names it in the error.

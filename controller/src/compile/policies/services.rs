@@ -9,12 +9,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey, RouteTable};
 
 use super::reason;
+use super::status::gateway_ancestor;
 use crate::compile::conditions::{ACCEPTED, Conds};
 use crate::compile::index::{Index, key_of};
+use crate::crds::common::PolicyStatus;
 
 /// One target reference.
 pub struct Target<'a> {
@@ -171,6 +173,44 @@ impl Resolution {
         }
         conds.yes(ACCEPTED, reason::ACCEPTED, msg)
     }
+}
+
+/// The status of each policy of `order`: `Accepted` (with the notes `notes(i)` gives when it
+/// is true) at the top and on each Gateway the policy reached.
+pub fn statuses<T>(
+    order: &[&T],
+    meta: impl Fn(&T) -> &ObjectMeta,
+    res: &Resolution,
+    invalid: impl Fn(usize) -> Option<String>,
+    reached: &[BTreeSet<ObjectKey>],
+    now: &Time,
+    notes: impl Fn(usize) -> Vec<&'static str>,
+) -> BTreeMap<ObjectKey, PolicyStatus> {
+    order
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let m = meta(p);
+            let conds = Conds::new(m.generation, now);
+            let mut accepted = res.accepted(i, invalid(i).as_ref(), &conds);
+            if accepted.status == "True" {
+                for note in notes(i) {
+                    accepted.message.push_str("; ");
+                    accepted.message.push_str(note);
+                }
+            }
+            let ancestors = reached[i]
+                .iter()
+                .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
+                .collect();
+            let status = PolicyStatus {
+                observed_generation: m.generation,
+                conditions: vec![accepted],
+                ancestors,
+            };
+            (key_of(m), status)
+        })
+        .collect()
 }
 
 /// `namespace/service:port` (with any `#suffix`) of a table backend key.

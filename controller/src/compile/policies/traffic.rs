@@ -20,8 +20,6 @@ use tollgate_api::backend::{RetryBudget, Session};
 use tollgate_api::{ObjectKey, RouteTable};
 
 use super::services;
-use super::status::gateway_ancestor;
-use crate::compile::conditions::Conds;
 use crate::compile::index::{Index, key_of};
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::common::PolicyStatus;
@@ -78,26 +76,15 @@ pub fn apply(
         backend.settings.session = c.session.clone();
         true
     });
-    order
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let conds = Conds::new(p.metadata.generation, now);
-            let accepted = res.accepted(i, compiled[i].as_ref().err(), &conds);
-            let ancestors = reached[i]
-                .iter()
-                .map(|gw| gateway_ancestor(gw, vec![accepted.clone()]))
-                .collect();
-            (
-                key_of(&p.metadata),
-                PolicyStatus {
-                    observed_generation: p.metadata.generation,
-                    conditions: vec![accepted],
-                    ancestors,
-                },
-            )
-        })
-        .collect()
+    services::statuses(
+        &order,
+        |p| &p.metadata,
+        &res,
+        |i| compiled[i].as_ref().err().cloned(),
+        &reached,
+        now,
+        |_| Vec::new(),
+    )
 }
 
 /// Checks and compiles a policy's spec.
