@@ -372,3 +372,36 @@ fn the_cache_follows_a_policy_that_becomes_invalid() {
             .contains_key("apps/secure:443")
     );
 }
+
+/// A BackendPolicy's HTTP health check on a TLS backend stays an HTTP check (made over the
+/// policy's TLS by the proxy), with no note on the policy.
+#[test]
+fn an_http_health_check_of_a_tls_backend_stays_an_http_check() {
+    let out = run(
+        &["backend_tls"],
+        r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: BackendPolicy
+metadata: {name: secure-checks, namespace: apps, generation: 1}
+spec:
+  targetRefs: [{group: "", kind: Service, name: secure}]
+  healthCheck:
+    active: {type: HTTP, http: {path: /healthz, expectedStatuses: [200]}, interval: 2s, timeout: 1s}
+"#,
+    );
+    let b = backend(&out, "btls", "apps/secure:443");
+    assert!(b.tls.is_some());
+    let check = b.settings.health_check.as_ref().expect("a health check");
+    assert_eq!(
+        check.probe,
+        tollgate_api::backend::Probe::Http {
+            path: "/healthz".into(),
+            host: None,
+            expected_statuses: vec![200],
+        }
+    );
+    let st = &out.backend_policies[&ObjectKey::new("apps", "secure-checks")];
+    let accepted = cond(&st.conditions, "Accepted");
+    assert_eq!(accepted.status, "True", "{accepted:?}");
+    assert!(!accepted.message.contains("TCP"), "{}", accepted.message);
+}

@@ -11,8 +11,9 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
@@ -27,6 +28,7 @@ use rustls::{RootCertStore, ServerConfig};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tollgate_api::backend::{BackendSettings, HealthCheck, Probe};
 use tollgate_api::backend_tls::{SubjectAltName, Trust};
 use tollgate_api::{Backend, BackendProtocol, BackendTls, Certificate, Endpoint, LoadBalancer};
 
@@ -88,11 +90,19 @@ impl Ca {
 
 /// A TLS echo backend: answers JSON with what it saw (path, HTTP version, SNI, whether a
 /// client certificate came); records the first byte of every TCP connection.
+/// The HTTP version and SNI of a health check a backend served.
+type Seen = (String, Option<String>);
+
 struct TlsBackend {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
     first_bytes: Arc<Mutex<Vec<u8>>>,
+    /// What `/healthz` and the gRPC health check answer: 200 and SERVING, or 503 and
+    /// NOT_SERVING.
+    healthy: Arc<AtomicBool>,
+    /// The HTTP version and SNI of every health check served.
+    checks: Arc<Mutex<Vec<Seen>>>,
 }
 
 /// Starts a backend serving `leaf`, offering `alpn`; `client_ca`: require a client
@@ -127,11 +137,15 @@ async fn tls_backend(leaf: &Leaf, alpn: &[&str], client_ca: Option<&Ca>) -> TlsB
         connections: Arc::default(),
         requests: Arc::default(),
         first_bytes: Arc::default(),
+        healthy: Arc::new(AtomicBool::new(true)),
+        checks: Arc::default(),
     };
-    let (connections, requests, first_bytes) = (
+    let (connections, requests, first_bytes, healthy, checks) = (
         b.connections.clone(),
         b.requests.clone(),
         b.first_bytes.clone(),
+        b.healthy.clone(),
+        b.checks.clone(),
     );
     tokio::spawn(async move {
         loop {
@@ -145,6 +159,7 @@ async fn tls_backend(leaf: &Leaf, alpn: &[&str], client_ca: Option<&Ca>) -> TlsB
             }
             let acceptor = acceptor.clone();
             let requests = requests.clone();
+            let (healthy, checks) = (healthy.clone(), checks.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
@@ -153,6 +168,9 @@ async fn tls_backend(leaf: &Leaf, alpn: &[&str], client_ca: Option<&Ca>) -> TlsB
                 let sni = conn.server_name().map(str::to_owned);
                 let client_cert = conn.peer_certificates().is_some_and(|c| !c.is_empty());
                 let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    if let Some(answer) = health_answer(&req, &healthy, &checks, sni.as_deref()) {
+                        return std::future::ready(Ok::<_, std::convert::Infallible>(answer));
+                    }
                     requests.fetch_add(1, Ordering::SeqCst);
                     let body = json!({
                         "path": req.uri().path(),
@@ -162,11 +180,7 @@ async fn tls_backend(leaf: &Leaf, alpn: &[&str], client_ca: Option<&Ca>) -> TlsB
                         "authority": req.uri().authority().map(|a| a.to_string()),
                         "host": req.headers().get("host").and_then(|h| h.to_str().ok()),
                     });
-                    async move {
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            body.to_string(),
-                        ))))
-                    }
+                    std::future::ready(Ok(Response::new(Full::new(Bytes::from(body.to_string())))))
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tls), svc)
@@ -175,6 +189,37 @@ async fn tls_backend(leaf: &Leaf, alpn: &[&str], client_ca: Option<&Ca>) -> TlsB
         }
     });
     b
+}
+
+/// The answer to a health check (`/healthz`, or gRPC's `Health/Check` with the status in
+/// the headers, as a Trailers-Only answer carries it), recorded; `None` for other requests.
+fn health_answer(
+    req: &Request<hyper::body::Incoming>,
+    healthy: &AtomicBool,
+    checks: &Mutex<Vec<Seen>>,
+    sni: Option<&str>,
+) -> Option<Response<Full<Bytes>>> {
+    let up = healthy.load(Ordering::SeqCst);
+    let answer = match req.uri().path() {
+        "/healthz" => Response::builder()
+            .status(if up { 200 } else { 503 })
+            .body(Full::new(Bytes::new())),
+        "/grpc.health.v1.Health/Check" => Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "0")
+            // HealthCheckResponse { status: SERVING (1) | NOT_SERVING (2) }
+            .body(Full::new(Bytes::from_static(if up {
+                &[0, 0, 0, 0, 2, 0x08, 1]
+            } else {
+                &[0, 0, 0, 0, 2, 0x08, 2]
+            }))),
+        _ => return None,
+    };
+    checks
+        .lock()
+        .unwrap()
+        .push((format!("{:?}", req.version()), sni.map(str::to_owned)));
+    answer.ok()
 }
 
 // ---- the proxy ----
@@ -478,4 +523,203 @@ async fn connections_are_never_shared_between_tls_settings() {
     assert_eq!(b.connections.load(Ordering::SeqCst), 3);
     assert_eq!(b.requests.load(Ordering::SeqCst), 4);
     assert!(m.encode().contains("tollgate_upstream_errors_total"));
+}
+
+// ---- health checks over TLS ----
+
+/// Checks every 50 ms; two results in a row change a verdict.
+fn checking(probe: Probe) -> BackendSettings {
+    BackendSettings {
+        health_check: Some(HealthCheck {
+            probe,
+            interval_ms: 50,
+            timeout_ms: 2_000,
+            unhealthy_threshold: 2,
+            healthy_threshold: 2,
+        }),
+        ..BackendSettings::default()
+    }
+}
+
+fn http_probe() -> Probe {
+    Probe::Http {
+        path: "/healthz".into(),
+        host: None,
+        expected_statuses: vec![200],
+    }
+}
+
+/// The `tollgate_backend_healthy_endpoints` gauge of backend `b`.
+fn healthy_endpoints(m: &tollgate_proxy::Metrics) -> Option<f64> {
+    m.encode().lines().find_map(|l| {
+        l.strip_prefix(r#"tollgate_backend_healthy_endpoints{backend="b"} "#)?
+            .parse()
+            .ok()
+    })
+}
+
+/// Polls `cond` until it holds or 10 s have passed; true if it held.
+async fn until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// Two endpoints of one TLS backend behind `alpn`, checked with `probe`; the first is made
+/// to fail its checks and then to pass them again, and the healthy-endpoints gauge must
+/// follow. Returns the checks the first endpoint saw.
+async fn flip_over_tls(alpn: &[&str], protocol: BackendProtocol, probe: Probe) -> Vec<Seen> {
+    let ca = Ca::new("backend CA");
+    let leaf = ca.leaf(&["backend.test"], &[]);
+    let a = tls_backend(&leaf, alpn, None).await;
+    let other = tls_backend(&leaf, alpn, None).await;
+    let mut def = tls_backend_def(a.addr, settings(&ca, "backend.test"), protocol);
+    def.endpoints.push(Endpoint {
+        ip: other.addr.ip().to_string(),
+        port: other.addr.port(),
+    });
+    def.settings = checking(probe);
+    let (_p, _url, m) = proxy(def).await;
+    assert!(
+        until(|| healthy_endpoints(&m) == Some(2.0)).await,
+        "{}",
+        m.encode()
+    );
+    assert!(
+        until(|| a.checks.lock().unwrap().len() >= 2).await,
+        "checks reach the endpoint"
+    );
+    a.healthy.store(false, Ordering::SeqCst);
+    assert!(
+        until(|| healthy_endpoints(&m) == Some(1.0)).await,
+        "{}",
+        m.encode()
+    );
+    a.healthy.store(true, Ordering::SeqCst);
+    assert!(
+        until(|| healthy_endpoints(&m) == Some(2.0)).await,
+        "{}",
+        m.encode()
+    );
+    // Every check came over TLS (a ClientHello first), none in plaintext.
+    let firsts = a.first_bytes.lock().unwrap().clone();
+    assert!(firsts.iter().all(|&b| b == 0x16), "{firsts:?}");
+    assert_eq!(
+        a.requests.load(Ordering::SeqCst),
+        0,
+        "only checks reached it"
+    );
+    a.checks.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
+    let checks = flip_over_tls(&["http/1.1"], BackendProtocol::Http1, http_probe()).await;
+    assert!(
+        checks
+            .iter()
+            .all(|(v, sni)| v == "HTTP/1.1" && sni.as_deref() == Some("backend.test")),
+        "{checks:?}"
+    );
+}
+
+#[tokio::test]
+async fn http_health_checks_speak_http2_to_a_tls_backend_that_picks_it() {
+    let checks = flip_over_tls(&["h2", "http/1.1"], BackendProtocol::Http1, http_probe()).await;
+    assert!(
+        checks
+            .iter()
+            .all(|(v, sni)| v == "HTTP/2.0" && sni.as_deref() == Some("backend.test")),
+        "{checks:?}"
+    );
+}
+
+#[tokio::test]
+async fn grpc_health_checks_of_a_tls_backend_are_made_over_tls() {
+    let probe = Probe::Grpc {
+        service: String::new(),
+    };
+    let checks = flip_over_tls(&["h2"], BackendProtocol::H2c, probe).await;
+    assert!(
+        checks
+            .iter()
+            .all(|(v, sni)| v == "HTTP/2.0" && sni.as_deref() == Some("backend.test")),
+        "{checks:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tls_backend_whose_certificate_the_policy_refuses_fails_its_checks() {
+    let ca = Ca::new("backend CA");
+    // Serves a certificate for another name than the policy's.
+    let b = tls_backend(&ca.leaf(&["other.test"], &[]), &["http/1.1"], None).await;
+    let mut def = tls_backend_def(
+        b.addr,
+        settings(&ca, "backend.test"),
+        BackendProtocol::Http1,
+    );
+    def.settings = checking(http_probe());
+    let (_p, _url, m) = proxy(def).await;
+    assert!(
+        until(|| b.connections.load(Ordering::SeqCst) >= 2).await,
+        "checks dial it"
+    );
+    assert!(
+        until(|| healthy_endpoints(&m) == Some(0.0)).await,
+        "{}",
+        m.encode()
+    );
+    assert!(
+        b.checks.lock().unwrap().is_empty(),
+        "no check got past the handshake"
+    );
+    let text = m.encode();
+    let counted = |result: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(&format!(
+                r#"tollgate_health_checks_total{{result="{result}"}} "#
+            ))?
+            .parse::<f64>()
+            .ok()
+        })
+    };
+    assert!(counted("fail").is_some_and(|n| n >= 2.0), "{text}");
+    assert_eq!(counted("pass").unwrap_or(0.0), 0.0, "{text}");
+}
+
+// ---- connection settings ----
+
+/// A TLS backend that accepts the TCP connection but never answers the ClientHello: the
+/// handshake ends at the BackendPolicy's connect timeout (502, a TLS failure), well within
+/// the route's request timeout (which would answer 504), and nothing is sent in plaintext.
+#[tokio::test]
+async fn a_stalled_handshake_ends_at_the_policy_connect_timeout() {
+    let ca = Ca::new("backend CA");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            keep.lock().unwrap().push(tcp);
+        }
+    });
+    let mut def = tls_backend_def(addr, settings(&ca, "backend.test"), BackendProtocol::Http1);
+    def.settings.connection.connect_timeout_ms = Some(200);
+    let mut r = route("r", "/", vec![wb("b", 1)]);
+    r.timeouts.request_ms = Some(3_000);
+    let (_p, url, m) = proxy_with_metrics(vec![r], vec![("b", def)]).await;
+    let a = get_host(&h1_client(), &format!("{url}/hello"), "shop.example").await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(!held.lock().unwrap().is_empty(), "the proxy did connect");
+    let text = m.encode();
+    assert!(
+        text.contains(r#"tollgate_upstream_errors_total{kind="tls"}"#),
+        "{text}"
+    );
 }

@@ -264,7 +264,7 @@ pub struct GrpcHealthCheck {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConnectionSpec {
-    /// TCP connect (`5s` by default).
+    /// TCP connect, and then a TLS handshake, each (`5s` by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<String>,
     /// An idle pooled connection is closed after this long.

@@ -192,7 +192,7 @@ pub enum Probe {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Connection {
-    /// TCP connect (5 s by default).
+    /// TCP connect, and then a TLS handshake, each (5 s by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout_ms: Option<u64>,
     /// An idle pooled connection is closed after this long (about 30-60 s by default).

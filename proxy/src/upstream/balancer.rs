@@ -20,6 +20,7 @@ use crate::upstream::breaker::Breaker;
 use crate::upstream::hash::Ring;
 use crate::upstream::outlier::{Health, Outcome, now_ms};
 use crate::upstream::pool::EndpointPool;
+use crate::upstream::tls::TlsClient;
 
 /// A consistent hash's endpoint may carry at most this share above the mean in-flight load
 /// (percent, "consistent hashing with bounded loads"): one hot key cannot overload it.
@@ -75,6 +76,8 @@ pub(crate) struct Balancer {
     spill: AtomicUsize,
     /// The BackendPolicy settings.
     pub settings: BackendSettings,
+    /// TLS to the endpoints (BackendTLSPolicy), as their pools make it.
+    pub(crate) tls: Option<Arc<TlsClient>>,
     /// Some endpoint may be out (outlier detection or health checks configured).
     guarded: bool,
     /// The circuit breaker, when a limit is set.
@@ -192,6 +195,7 @@ impl Balancer {
             spill: AtomicUsize::new(0),
             guarded: settings.outlier.is_some() || settings.health_check.is_some(),
             settings,
+            tls,
             breaker,
             budget,
             ring,

@@ -33,6 +33,7 @@ use tollgate_api::backend::HealthCheck;
 
 use crate::FastMap;
 use crate::metrics::Metrics;
+use crate::upstream::tls::TlsClient;
 use crate::upstream::{Balancer, EndpointState};
 use probe::ProbeError;
 
@@ -102,6 +103,8 @@ struct Spec {
     backend: String,
     protocol: BackendProtocol,
     check: HealthCheck,
+    /// TLS to the endpoints (BackendTLSPolicy): probes are made over it.
+    tls: Option<Arc<TlsClient>>,
 }
 
 /// The live balancer of a checked backend, for the healthy-endpoints gauge; pointed at the
@@ -188,6 +191,7 @@ impl HealthChecker {
                 backend: key.clone(),
                 protocol: b.protocol,
                 check: check.clone(),
+                tls: b.tls.clone(),
             });
             for ep in &b.endpoints {
                 wanted.insert((key.clone(), ep.addr), (ep, spec.clone()));
@@ -292,7 +296,12 @@ impl Checker {
         let mut wait = jitter(interval);
         loop {
             tokio::time::sleep(wait).await;
-            let probe = probe::check(&check.probe, self.spec.protocol, addr);
+            let probe = probe::check(
+                &check.probe,
+                self.spec.protocol,
+                addr,
+                self.spec.tls.as_deref(),
+            );
             let result = tokio::time::timeout(timeout, probe)
                 .await
                 .unwrap_or(Err(ProbeError::Timeout));

@@ -345,17 +345,26 @@ impl EndpointPool {
 
     /// A fresh connection for HTTP/1.1: TCP, or TLS offering `http/1.1` alone.
     async fn connect_h1(&self) -> Result<UpstreamIo, UpstreamError> {
+        if let Some(tls) = &self.tls {
+            tls.client.usable()?;
+        }
+        let tcp = self.connect_tcp().await?;
         match &self.tls {
-            None => self.connect_tcp().await.map(UpstreamIo::Plain),
-            Some(tls) => tls.connect_h1(self.addr).await,
+            None => Ok(UpstreamIo::Plain(tcp)),
+            Some(tls) => tls.connect_h1(tcp, self.connect_timeout()).await,
         }
     }
 
-    async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
-        let timeout = self
-            .settings
+    /// How long a TCP connect, and then a TLS handshake, may take each.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.settings
             .connect_timeout_ms
-            .map_or(CONNECT_TIMEOUT, Duration::from_millis);
+            .map_or(CONNECT_TIMEOUT, Duration::from_millis)
+    }
+
+    /// A TCP connection to the endpoint with the pool's connect timeout and keepalive.
+    pub(crate) async fn connect_tcp(&self) -> Result<TcpStream, UpstreamError> {
+        let timeout = self.connect_timeout();
         let stream = tokio::time::timeout(timeout, TcpStream::connect(self.addr))
             .await
             .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?

@@ -11,7 +11,8 @@
 //!   `h2` and `http/1.1`: the first handshake of an endpoint's pool learns what the backend
 //!   picks; HTTP/2 then goes over one multiplexed connection per endpoint, HTTP/1.1 over the
 //!   pool as for plaintext. Upgrades (WebSocket, CONNECT) always dial with `http/1.1` alone.
-//! - Failures: TCP connect and handshake share [`CONNECT_TIMEOUT`]; a handshake that fails
+//! - Connections: the TCP connect is the pool's (BackendPolicy `connection`: connect timeout,
+//!   keepalive); the handshake then gets the same connect timeout. A handshake that fails
 //!   (unknown CA, wrong name, a client certificate the backend refuses) is
 //!   [`UpstreamError::Tls`]: a connect error (502, retried on another endpoint like any
 //!   connect error) counted under its own kind. Settings that cannot be built (a PEM the
@@ -25,6 +26,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use http::header::{HOST, UPGRADE};
 use http::request::Parts;
@@ -50,9 +52,7 @@ use crate::lifecycle::body::ProxyBody;
 use crate::lifecycle::forward::Added;
 use crate::upstream::h1;
 use crate::upstream::io::UpstreamIo;
-use crate::upstream::pool::{
-    CONNECT_TIMEOUT, EndpointPool, PooledBody, UpstreamError, dead_peer_detection, take_parts,
-};
+use crate::upstream::pool::{EndpointPool, PooledBody, UpstreamError, take_parts};
 
 /// How a backend's ALPN offer is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,12 +135,21 @@ impl TlsClient {
         }
     }
 
-    /// Connects to `addr` and completes a handshake, within [`CONNECT_TIMEOUT`] in all.
-    /// `h1_only`: offer `http/1.1` alone.
-    async fn connect(
+    /// Fails when the settings could not be built: checked before dialling, so such a backend
+    /// is never connected to at all.
+    pub(crate) fn usable(&self) -> Result<(), UpstreamError> {
+        match &self.configs {
+            Ok(_) => Ok(()),
+            Err(e) => Err(UpstreamError::Tls(std::io::Error::other(e.clone()))),
+        }
+    }
+
+    /// Completes a handshake on `tcp` within `timeout`. `h1_only`: offer `http/1.1` alone.
+    async fn handshake(
         &self,
-        addr: SocketAddr,
+        tcp: TcpStream,
         h1_only: bool,
+        timeout: Duration,
     ) -> Result<TlsStream<TcpStream>, UpstreamError> {
         let configs = self
             .configs
@@ -148,20 +157,26 @@ impl TlsClient {
             .map_err(|e| UpstreamError::Tls(std::io::Error::other(e.clone())))?;
         let config = if h1_only { &configs.h1 } else { &configs.main };
         let connector = TlsConnector::from(Arc::clone(config));
-        let dial = async {
-            let tcp = TcpStream::connect(addr)
-                .await
-                .map_err(UpstreamError::Connect)?;
-            let _ = tcp.set_nodelay(true);
-            let _ = dead_peer_detection(&tcp, super::pool::KEEPALIVE_IDLE);
-            connector
-                .connect(self.server_name.clone(), tcp)
-                .await
-                .map_err(UpstreamError::Tls)
-        };
-        tokio::time::timeout(CONNECT_TIMEOUT, dial)
+        tokio::time::timeout(timeout, connector.connect(self.server_name.clone(), tcp))
             .await
-            .map_err(|_| UpstreamError::Connect(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(|_| UpstreamError::Tls(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(UpstreamError::Tls)
+    }
+
+    /// A handshake on `tcp` offering what the table says, and whether HTTP/2 is to be spoken
+    /// on the connection (the backend picked it by ALPN, or must be spoken to so). Requests'
+    /// fresh connections and health checks (module `health`) are made with it.
+    pub(crate) async fn handshake_negotiated(
+        &self,
+        tcp: TcpStream,
+        timeout: Duration,
+    ) -> Result<(TlsStream<TcpStream>, bool), UpstreamError> {
+        let stream = self.handshake(tcp, false, timeout).await?;
+        let h2 = match self.alpn {
+            Alpn::H2 => true,
+            _ => stream.get_ref().1.alpn_protocol() == Some(ALPN_H2.as_bytes()),
+        };
+        Ok((stream, h2))
     }
 }
 
@@ -406,9 +421,13 @@ impl TlsState {
         *self.h2.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender.clone());
     }
 
-    /// A TLS connection for HTTP/1.1 (module `pool`'s fresh connection).
-    pub(crate) async fn connect_h1(&self, addr: SocketAddr) -> Result<UpstreamIo, UpstreamError> {
-        let tls = self.client.connect(addr, true).await?;
+    /// A TLS connection for HTTP/1.1 on `tcp` (module `pool`'s fresh connection).
+    pub(crate) async fn connect_h1(
+        &self,
+        tcp: TcpStream,
+        timeout: Duration,
+    ) -> Result<UpstreamIo, UpstreamError> {
+        let tls = self.client.handshake(tcp, true, timeout).await?;
         Ok(UpstreamIo::Tls(Box::new(tls)))
     }
 }
@@ -454,11 +473,12 @@ impl EndpointPool {
 
     /// Dials offering what the table says and reads the backend's pick.
     async fn connect_fresh(&self, tls: &TlsState) -> Result<Fresh, UpstreamError> {
-        let stream = tls.client.connect(self.addr(), false).await?;
-        let h2 = match tls.client.alpn {
-            Alpn::H2 => true,
-            _ => stream.get_ref().1.alpn_protocol() == Some(ALPN_H2.as_bytes()),
-        };
+        tls.client.usable()?;
+        let tcp = self.connect_tcp().await?;
+        let (stream, h2) = tls
+            .client
+            .handshake_negotiated(tcp, self.connect_timeout())
+            .await?;
         if !h2 {
             return Ok(Fresh::H1(h1::Conn::new(UpstreamIo::Tls(Box::new(stream)))));
         }

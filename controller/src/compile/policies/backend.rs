@@ -79,7 +79,6 @@ pub fn apply(
         .collect();
     let res = services::resolve("BackendPolicy", &claims, idx);
     let mut partial = vec![false; order.len()];
-    let mut tls_probed = vec![false; order.len()];
     let reached = res.apply(idx, tables, |i, backend| {
         let Ok(c) = &compiled[i] else {
             return false;
@@ -112,13 +111,6 @@ pub fn apply(
         if let Some(lb) = c.load_balancer {
             backend.load_balancer = lb;
         }
-        // A TLS backend (BackendTLSPolicy) is checked by a connect alone: the probes speak
-        // plaintext.
-        let tls_probe = backend.tls.is_some()
-            && c.settings
-                .health_check
-                .as_ref()
-                .is_some_and(|h| h.probe != Probe::Tcp);
         // What another kind set on the backend (XBackendTrafficPolicy) stays.
         let (budget, session) = (
             backend.settings.retry_budget.take(),
@@ -127,10 +119,6 @@ pub fn apply(
         backend.settings = c.settings.clone();
         backend.settings.retry_budget = budget;
         backend.settings.session = session;
-        if tls_probe && let Some(h) = backend.settings.health_check.as_mut() {
-            h.probe = Probe::Tcp;
-            tls_probed[i] = true;
-        }
         true
     });
     services::statuses(
@@ -142,9 +130,6 @@ pub fn apply(
         now,
         |i| {
             let mut notes = Vec::new();
-            if tls_probed[i] {
-                notes.push("on TLS backends (BackendTLSPolicy) health checks are TCP connects");
-            }
             if partial[i] {
                 notes.push(
                     "on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",

@@ -5,8 +5,14 @@
 //! connection from the request pools nor leaves one there, so request traffic is never sent
 //! on a connection a probe left in an unknown state, and a probe that passes proves that a
 //! new connection can be made. HTTP/1.1 goes through the proxy's own client (module `h1`),
-//! HTTP/2 (h2c HTTP probes, gRPC) through hyper's, as requests do. A gRPC probe is always
-//! h2c, whatever the backend's protocol, as gRPC needs HTTP/2.
+//! HTTP/2 (h2c HTTP probes, gRPC) through hyper's, as requests do. A gRPC probe always speaks
+//! HTTP/2, whatever the backend's protocol, as gRPC needs it.
+//!
+//! A TLS backend (BackendTLSPolicy) is probed over TLS made as its requests' connections are
+//! (module `tls`: the policy's CAs, name and client certificate): an HTTP probe speaks HTTP/2
+//! when the backend picks it by ALPN, HTTP/1.1 otherwise; a certificate the policy would
+//! refuse fails the check, as it would fail every request. A TCP probe is a connect alone,
+//! on any backend.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +23,7 @@ use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tollgate_api::BackendProtocol;
 use tollgate_api::backend::Probe;
@@ -24,6 +31,9 @@ use tollgate_api::backend::Probe;
 use crate::lifecycle::body::BoxError;
 use crate::lifecycle::forward::Added;
 use crate::upstream::h1::{self, H1Error};
+use crate::upstream::io::UpstreamIo;
+use crate::upstream::pool::{CONNECT_TIMEOUT, UpstreamError};
+use crate::upstream::tls::TlsClient;
 
 /// Most of an answer's body a probe reads (then stops: the connection is closed anyway).
 const MAX_BODY: usize = 64 * 1024;
@@ -43,6 +53,9 @@ pub(crate) enum ProbeError {
     /// The TCP connect failed.
     #[error("connect: {0}")]
     Connect(std::io::Error),
+    /// The TLS handshake failed (or the backend's TLS settings could not be built).
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
     /// The probe's request could not be built (its path or host is not valid).
     #[error("invalid probe request: {0}")]
     Request(#[from] http::Error),
@@ -83,21 +96,57 @@ impl h1::Reuse for Discard {
     fn reuse(&self, _conn: h1::Conn) {}
 }
 
-/// Runs `probe` once against `addr`; the caller bounds it with the check's timeout.
+/// Runs `probe` once against `addr`, over TLS when `tls` is set; the caller bounds it with
+/// the check's timeout.
 pub(crate) async fn check(
     probe: &Probe,
     protocol: BackendProtocol,
     addr: SocketAddr,
+    tls: Option<&TlsClient>,
 ) -> Result<(), ProbeError> {
     if let Probe::Http { path, .. } = probe
         && !path.starts_with('/')
     {
         return Err(ProbeError::Path(path.clone()));
     }
+    let tls = match (tls, probe) {
+        (Some(tls), Probe::Http { .. } | Probe::Grpc { .. }) => Some(tls),
+        _ => None,
+    };
+    if let Some(tls) = tls {
+        tls.usable().map_err(tls_error)?;
+    }
     let tcp = TcpStream::connect(addr)
         .await
         .map_err(ProbeError::Connect)?;
     let _ = tcp.set_nodelay(true);
+    if let Some(tls) = tls {
+        // The check's own timeout (the caller's) is usually the shorter.
+        let (stream, h2) = tls
+            .handshake_negotiated(tcp, CONNECT_TIMEOUT)
+            .await
+            .map_err(tls_error)?;
+        return speak(probe, addr, UpstreamIo::Tls(Box::new(stream)), h2, "https").await;
+    }
+    let h2 = protocol == BackendProtocol::H2c;
+    speak(probe, addr, UpstreamIo::Plain(tcp), h2, "http").await
+}
+
+fn tls_error(e: UpstreamError) -> ProbeError {
+    match e {
+        UpstreamError::Tls(e) => ProbeError::Tls(e),
+        other => ProbeError::Tls(std::io::Error::other(other.to_string())),
+    }
+}
+
+/// The probe's exchange on a connection made for it: `h2` when HTTP/2 is spoken on it.
+async fn speak(
+    probe: &Probe,
+    addr: SocketAddr,
+    io: UpstreamIo,
+    h2: bool,
+    scheme: &str,
+) -> Result<(), ProbeError> {
     match probe {
         Probe::Tcp => Ok(()),
         Probe::Http {
@@ -106,14 +155,13 @@ pub(crate) async fn check(
             expected_statuses,
         } => {
             let host = host.clone().unwrap_or_else(|| addr.to_string());
-            let status = match protocol {
-                BackendProtocol::H2c => {
-                    let req = Request::get(format!("http://{host}{path}"))
-                        .header(USER_AGENT, AGENT)
-                        .body(Full::new(Bytes::new()))?;
-                    h2_call(tcp, req).await?.0
-                }
-                BackendProtocol::Http1 | BackendProtocol::Tcp => h1_get(tcp, path, &host).await?,
+            let status = if h2 {
+                let req = Request::get(format!("{scheme}://{host}{path}"))
+                    .header(USER_AGENT, AGENT)
+                    .body(Full::new(Bytes::new()))?;
+                h2_call(io, req).await?.0
+            } else {
+                h1_get(io, path, &host).await?
             };
             if expected_statuses.contains(&status) {
                 Ok(())
@@ -121,19 +169,24 @@ pub(crate) async fn check(
                 Err(ProbeError::Status(status))
             }
         }
-        Probe::Grpc { service } => grpc_check(tcp, addr, service).await,
+        Probe::Grpc { service } => grpc_check(io, addr, service, scheme).await,
     }
 }
 
 /// `grpc.health.v1.Health/Check` of `service` on a fresh h2c connection on `tcp`: passes on
 /// `grpc-status: 0` with a SERVING answer.
-async fn grpc_check(tcp: TcpStream, addr: SocketAddr, service: &str) -> Result<(), ProbeError> {
-    let req = Request::post(format!("http://{addr}{GRPC_HEALTH_CHECK}"))
+async fn grpc_check(
+    io: UpstreamIo,
+    addr: SocketAddr,
+    service: &str,
+    scheme: &str,
+) -> Result<(), ProbeError> {
+    let req = Request::post(format!("{scheme}://{addr}{GRPC_HEALTH_CHECK}"))
         .header(CONTENT_TYPE, "application/grpc")
         .header("te", "trailers")
         .header(USER_AGENT, AGENT)
         .body(Full::new(grpc_request(service)))?;
-    let (status, headers, body, trailers) = h2_call(tcp, req).await?;
+    let (status, headers, body, trailers) = h2_call(io, req).await?;
     if status != 200 {
         return Err(ProbeError::Status(status));
     }
@@ -158,15 +211,15 @@ async fn grpc_check(tcp: TcpStream, addr: SocketAddr, service: &str) -> Result<(
     }
 }
 
-/// GET `path` over HTTP/1.1 on `tcp`, asking the server to close; the status.
-async fn h1_get(tcp: TcpStream, path: &str, host: &str) -> Result<u16, ProbeError> {
+/// GET `path` over HTTP/1.1 on `io`, asking the server to close; the status.
+async fn h1_get(io: UpstreamIo, path: &str, host: &str) -> Result<u16, ProbeError> {
     let (mut parts, ()) = Request::get(path)
         .header(HOST, host)
         .header(USER_AGENT, AGENT)
         .header(CONNECTION, "close")
         .body(())?
         .into_parts();
-    let resp = h1::Conn::new(crate::upstream::io::UpstreamIo::Plain(tcp))
+    let resp = h1::Conn::new(io)
         .exchange(&mut parts, &Added::default(), &Arc::new(Discard))
         .await?;
     let status = resp.status().as_u16();
@@ -175,15 +228,19 @@ async fn h1_get(tcp: TcpStream, path: &str, host: &str) -> Result<u16, ProbeErro
     Ok(status)
 }
 
-/// One HTTP/2 exchange on a fresh h2c connection on `tcp`: the status, headers, the body
-/// (up to [`MAX_BODY`]) and trailers. The connection is driven here and closed on return.
-async fn h2_call(
-    tcp: TcpStream,
+/// One HTTP/2 exchange on a fresh connection `io` (h2c, or HTTP/2 over TLS): the status,
+/// headers, the body (up to [`MAX_BODY`]) and trailers. The connection is driven here and
+/// closed on return.
+async fn h2_call<T>(
+    io: T,
     req: Request<Full<Bytes>>,
-) -> Result<(u16, HeaderMap, Bytes, Option<HeaderMap>), ProbeError> {
+) -> Result<(u16, HeaderMap, Bytes, Option<HeaderMap>), ProbeError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .handshake(TokioIo::new(tcp))
+        .handshake(TokioIo::new(io))
         .await?;
     let exchange = async {
         let resp = send.send_request(req).await?;
