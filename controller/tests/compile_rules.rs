@@ -69,7 +69,7 @@ fn unsupported_value_backend_timeout_above_request() {
 #[test]
 fn unsupported_value_retry_out_of_range() {
     let out = out();
-    assert_unsupported(&out, "retry-storm", "spec.rules[0].retry.attempts: 11");
+    assert_unsupported(&out, "retry-storm", "spec.rules[0].retry.attempts: 101");
     assert_unsupported(&out, "retry-bad-code", "spec.rules[0].retry.codes[1]: 200");
     assert_unsupported(&out, "retry-bad-backoff", "spec.rules[0].retry.backoff");
 }
