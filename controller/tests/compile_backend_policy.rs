@@ -139,12 +139,66 @@ fn invalid_specs_are_refused_with_the_field() {
         "spec.healthCheck.active.timeout",
     );
     assert_refused(&out, "bad-kind", "Invalid", "only Services");
+}
+
+const BY_IDENTITY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: sticky, namespace: apps}
+spec:
+  parentRefs: [{name: gw, namespace: infra}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /sticky}}]
+    backendRefs: [{name: rolling, port: 80}]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: BackendPolicy
+metadata: {name: by-identity, namespace: apps}
+spec:
+  targetRefs: [{group: "", kind: Service, name: rolling}]
+  loadBalancer: {type: ConsistentHash, consistentHash: {expression: auth.identity.sub}}
+"#;
+
+#[test]
+fn an_expression_key_compiles_into_the_services_backend() {
+    let out = run(&["backend_policy"], BY_IDENTITY);
+    let rolling = &table(&out, "infra", "gw").backends["apps/rolling:80"];
+    assert_eq!(rolling.load_balancer, LoadBalancer::ConsistentHash);
+    assert_eq!(
+        rolling.settings,
+        BackendSettings {
+            hash: Some(HashOn::Expression("auth.identity.sub".into())),
+            ..BackendSettings::default()
+        }
+    );
+    assert_cond(
+        policy_conds(&out, "by-identity"),
+        "Accepted",
+        "True",
+        "Accepted",
+    );
+}
+
+#[test]
+fn an_expression_that_does_not_compile_is_invalid_with_the_field_and_applies_nowhere() {
+    let out = out();
+    let f = "spec.loadBalancer.consistentHash.expression";
     assert_refused(
         &out,
         "bad-expression",
         "Invalid",
-        "expression: not supported yet",
+        &format!("{f}: invalid CEL expression `auth.identity.sub ==`"),
     );
+    assert_refused(
+        &out,
+        "bad-variable",
+        "Invalid",
+        &format!("{f}: CEL expression `identity.sub` uses unknown variable `identity`"),
+    );
+    // api keeps its annotation's round robin and hashes on nothing.
+    let api = &table(&out, "infra", "gw").backends["apps/api:8080"];
+    assert_eq!(api.load_balancer, LoadBalancer::RoundRobin);
+    assert_eq!(api.settings.hash, None);
 }
 
 #[test]

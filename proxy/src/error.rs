@@ -1,7 +1,8 @@
-//! The proxy's one error type. In: failures while building a snapshot (router, TLS, addresses)
-//! or binding sockets. Out: [`ProxyError`], returned by [`crate::Proxy::apply`]; the live
-//! snapshot is untouched whenever one is returned. Per-request failures never become a
-//! `ProxyError`: they are answered with a status code in [`crate::lifecycle::service`].
+//! The proxy's one error type. In: failures while building a snapshot (router, TLS, policies,
+//! balancers, addresses) or binding sockets. Out: [`ProxyError`], returned by
+//! [`crate::Proxy::apply`]; the live snapshot is untouched whenever one is returned.
+//! Per-request failures never become a `ProxyError`: they are answered with a status code in
+//! [`crate::lifecycle::service`].
 
 use std::net::SocketAddr;
 
@@ -19,6 +20,15 @@ pub enum ProxyError {
     /// A policy of the table does not compile.
     #[error(transparent)]
     Policy(#[from] crate::lifecycle::policy::PolicyError),
+    /// A backend's consistent-hash expression does not compile.
+    #[error("backend {backend}: consistent hash: {source}")]
+    HashExpression {
+        /// The table's backend key.
+        backend: String,
+        /// Why.
+        #[source]
+        source: crate::lifecycle::policy::cel::CelError,
+    },
     /// A port's `address` is not an IP address.
     #[error("port {port}: invalid bind address {address:?}")]
     Address {

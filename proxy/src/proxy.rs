@@ -261,7 +261,7 @@ impl Proxy {
             &table.backends,
             prev.as_deref().map(|s| &s.backends),
             &shared.upstream,
-        );
+        )?;
 
         // Bind new sockets; on failure the new ones are dropped (closed) and nothing changed.
         let mut fresh = Vec::new();

@@ -1,10 +1,16 @@
 //! BackendPolicy settings over real sockets: outlier ejection and return, the most that may
 //! be ejected, the panic threshold, the circuit breaker's cap on what reaches a backend, and
 //! consistent hashing (a client kept on its endpoint by cookie, keys spread evenly, a key
-//! moved when its endpoint goes away).
+//! moved when its endpoint goes away; by a CEL expression in `expression_hash`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "backend_policy/expression_hash.rs"]
+mod expression_hash;
+/// The policy tests' JWT and API-key fixtures.
+#[path = "policy/support.rs"]
+#[allow(dead_code)]
+mod policy_support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

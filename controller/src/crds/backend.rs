@@ -107,7 +107,12 @@ pub struct ConsistentHashSpec {
     /// The client address (as a ClientPolicy resolves it behind load balancers).
     #[serde(rename = "sourceIP", default, skip_serializing_if = "Option::is_none")]
     pub source_ip: Option<Empty>,
-    /// A CEL expression over the request. Not supported yet: the policy is refused.
+    /// A CEL expression over the request, with the variables of AuthPolicy and
+    /// RateLimitPolicy expressions (`request`, `source`, `auth.identity`):
+    /// `auth.identity.sub`, `request.headers['x-tenant'] + request.url_path`. Its string value
+    /// is the key (ints, uints, doubles and bools printed); a request whose expression fails
+    /// or gives anything else (no identity, a missing field) is balanced least-request. An
+    /// expression that does not compile makes the policy `Invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expression: Option<String>,
 }

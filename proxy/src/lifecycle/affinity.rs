@@ -1,22 +1,77 @@
 //! What keeps a client's requests together. In: the backend's [`HashOn`] (BackendPolicy
 //! `loadBalancer.consistentHash`) or the route's [`Session`] (`sessionPersistence`), the
-//! request's headers and the client's address. Out: the key's hash, or none (the request is
-//! balanced least-request), and for a cookie key that the request lacked, the `Set-Cookie`
-//! that keeps the client's next requests together; for a session, the endpoint it names
-//! while it lasts, and the cookie or header that starts or renews it.
+//! request's headers and the client's address, and for an expression key ([`KeyExpr`],
+//! compiled with the backend's balancer) the request as policies see it and its
+//! `auth.identity`. Out: the key's hash, or none (the request is balanced least-request), and
+//! for a cookie key that the request lacked, the `Set-Cookie` that keeps the client's next
+//! requests together; for a session, the endpoint it names while it lasts, and the cookie or
+//! header that starts or renews it.
 //!
 //! A session token is `ENDPOINT.BEGAN.SEEN`: a hash of the endpoint's address (as every
 //! proxy replica computes it, so any replica honours it) and two Unix times in hex. It names
 //! an endpoint and nothing more: a client that forges one picks among the backend's own
 //! endpoints, as it could by retrying.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use http::header::COOKIE;
 use http::{HeaderMap, HeaderValue};
 use tollgate_api::backend::{HashOn, Session, SessionCarrier};
 
+use crate::lifecycle::policy::cel::{Activation, Attrs, CelError, Expr, Needs};
 use crate::upstream::hash::hash;
+
+/// Who sent a request, as an expression key reads it (`source`, `auth.identity`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    /// The client (`source`): the peer, or what the port's ClientPolicy resolves.
+    pub addr: SocketAddr,
+    /// `auth.identity`, shared with the authenticator; `None` on a route without AuthPolicy.
+    pub identity: Option<&'a Arc<serde_json::Value>>,
+}
+
+/// A [`HashOn::Expression`] key, compiled once with its backend's balancer.
+///
+/// Its value is hashed as a header's value is: a string as it is; an int, uint, double or
+/// bool printed (`42`, `true`), as for a success header's expression. A request whose
+/// expression fails (a missing field, no identity) or gives anything else (null, a list, a
+/// map) has no key: it is balanced least-request, as one without a `header` key is.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyExpr {
+    expr: Expr,
+    /// What it reads of a request: its activation copies only that.
+    needs: Needs,
+}
+
+impl KeyExpr {
+    /// Compiles `source` (the compiler checked it with [`crate::lifecycle::policy::cel::check`]).
+    pub fn compile(source: &str) -> Result<Self, CelError> {
+        let expr = Expr::compile(source)?;
+        let needs = std::iter::once(&expr).collect();
+        Ok(Self { expr, needs })
+    }
+
+    /// The source text.
+    pub fn source(&self) -> &str {
+        self.expr.source()
+    }
+
+    /// The hash of the request's key, if it has one; `identity` is `auth.identity` (null
+    /// when `None`).
+    pub fn hash(
+        &self,
+        attrs: &Attrs<'_>,
+        identity: Option<&Arc<serde_json::Value>>,
+    ) -> Option<u64> {
+        let mut act = Activation::with_needs(attrs, &self.needs);
+        if let Some(identity) = identity {
+            act.set_identity(identity);
+        }
+        self.expr
+            .eval_str_with(&act, |v| v.map(|s| hash(s.as_bytes())))
+    }
+}
 
 /// The hash of the request's key, and the cookie to set when the key is a cookie it lacked.
 pub(crate) fn key(
@@ -50,7 +105,7 @@ pub(crate) fn key(
                 )
             }
         },
-        // Refused by the compiler until the proxy evaluates it; never in a table.
+        // Evaluated over the whole request by the balancer's [`KeyExpr`], not here.
         HashOn::Expression(_) => (None, None),
     }
 }
@@ -175,6 +230,50 @@ mod tests {
             Some(hash(value.as_bytes())),
             "the next request hashes the same"
         );
+    }
+
+    fn attrs<'a>(headers: &'a HeaderMap, path: &'a str) -> Attrs<'a> {
+        Attrs {
+            method: "GET",
+            host: "shop.example",
+            path,
+            scheme: "https",
+            headers,
+            source: "10.0.0.7:40000".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn an_expression_key_is_its_value_printed_and_none_without_one() {
+        let none = headers(&[]);
+        let a = attrs(&none, "/orders");
+        let alice = Arc::new(serde_json::json!({
+            "sub": "alice", "n": 42, "admin": true, "groups": ["a"], "gone": null
+        }));
+        let sub = KeyExpr::compile("auth.identity.sub").unwrap();
+        assert_eq!(sub.hash(&a, Some(&alice)), Some(hash(b"alice")));
+        assert_eq!(sub.hash(&a, None), None, "no identity (no AuthPolicy)");
+        let bob = Arc::new(serde_json::json!({"name": "bob"}));
+        assert_eq!(sub.hash(&a, Some(&bob)), None, "no such field");
+        for (src, want) in [
+            ("auth.identity.n", Some(hash(b"42"))),
+            ("auth.identity.admin", Some(hash(b"true"))),
+            ("auth.identity.groups", None),
+            ("auth.identity.gone", None),
+            ("auth.identity", None),
+            ("source.address", Some(hash(b"10.0.0.7"))),
+        ] {
+            let e = KeyExpr::compile(src).unwrap();
+            assert_eq!(e.hash(&a, Some(&alice)), want, "{src}");
+        }
+        let tenant = KeyExpr::compile("request.headers['x-tenant'] + '/' + request.path").unwrap();
+        let acme = headers(&[("x-tenant", "acme")]);
+        assert_eq!(
+            tenant.hash(&attrs(&acme, "/orders?page=2"), None),
+            Some(hash(b"acme//orders?page=2"))
+        );
+        assert_eq!(tenant.hash(&a, None), None, "no header: no key");
+        assert!(KeyExpr::compile("auth.identity.sub ==").is_err());
     }
 
     fn sess(carrier: SessionCarrier, absolute: Option<u64>, idle: Option<u64>) -> Session {

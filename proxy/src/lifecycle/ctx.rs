@@ -6,8 +6,9 @@
 //!   of the front door and the limits, the request id, `Origin`, whether the client speaks
 //!   gRPC or asks to upgrade;
 //! - routing and filters (phases 2 to 4): the [`Plan`], what the route's filters leave for the
-//!   way out (response edits, CORS, mirrors) and the rewrites for the upstream request, and
-//!   the rate-limit decision whose headers the answer carries;
+//!   way out (response edits, CORS, mirrors) and the rewrites for the upstream request, the
+//!   rate-limit decision whose headers the answer carries, and the identity authentication
+//!   found (`auth.identity`, for a backend hashing on an expression);
 //! - upstream (phase 5): [`RequestCtx::upstream_head`] edits the head the upstream receives
 //!   and returns the forwarding fields it adds; phase 6: [`RequestCtx::answer`];
 //! - the end ([`RequestCtx::finish`]): [`Completion`], the part of the context that outlives
@@ -76,6 +77,9 @@ pub(crate) struct RequestCtx<'s> {
     pub plan: Plan<'s>,
     /// The rate limit that counted the request: its headers go on the answer.
     pub rate_limit: Option<Decision>,
+    /// `auth.identity` of a request an AuthPolicy admitted, shared with the authenticator (not
+    /// copied): a consistent-hash expression of its backend may read it (phase 4).
+    pub identity: Option<Arc<serde_json::Value>>,
     /// Reported when the answer's body ends.
     pub done: Completion,
 }
@@ -203,6 +207,7 @@ impl<'s> RequestCtx<'s> {
             client_upgrade,
             plan: Plan::default(),
             rate_limit: None,
+            identity: None,
             done: Completion {
                 shared: shared.clone(),
                 start,
@@ -223,7 +228,7 @@ impl<'s> RequestCtx<'s> {
     /// trusted `X-Forwarded-For` entries when the port's ClientPolicy says so (the text then
     /// made only if an expression reads it), else the peer (the PROXY protocol's source when
     /// the port reads one).
-    pub fn source(&self) -> (SocketAddr, Option<&HeaderValue>) {
+    pub fn source(&self) -> (SocketAddr, Option<&'s HeaderValue>) {
         match self.forwarded.as_ref().and_then(|f| f.client) {
             Some(a) => (a, None),
             None => (self.conn.peer, Some(&self.conn.peer_value)),

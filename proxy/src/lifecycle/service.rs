@@ -14,7 +14,9 @@
 //!    429 (CORS preflights on a CORS route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
-//! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503).
+//! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503),
+//!    by the request's key on a consistent-hash backend (module `affinity`; an expression key
+//!    reads `auth.identity` from the context, where phase 2 left it).
 //! 5. `RequestCtx::upstream_head` then `Call::send` (module `call`): header hygiene, mirrors, the
 //!    upstream call under the request and backend timeouts (→ 504), connection failures →
 //!    502, body over the limit → 413; upgrades spliced.
@@ -31,6 +33,7 @@ use http::header::ORIGIN;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Body as _;
+use tollgate_api::backend::HashOn;
 use tollgate_api::{BackendProtocol, Filter};
 
 use crate::downstream::client_body::ClientBody;
@@ -45,6 +48,7 @@ use crate::lifecycle::ctx::{Plan, RequestCtx};
 use crate::lifecycle::filters::{self, RequestView};
 use crate::lifecycle::grpc;
 use crate::lifecycle::mirror;
+use crate::lifecycle::policy::cel::Attrs;
 use crate::lifecycle::policy::enforce::RequestInfo;
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
@@ -191,7 +195,10 @@ async fn proxy<'s>(
             peer_cert: conn.peer_cert.as_deref(),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
-            Ok(decision) => ctx.rate_limit = decision,
+            Ok(admitted) => {
+                ctx.rate_limit = admitted.decision;
+                ctx.identity = admitted.identity;
+            }
             Err(resp) => {
                 // A gRPC client reads the policy's message in `grpc-message` (copied only
                 // for one: a flood of denials to HTTP clients allocates nothing more).
@@ -241,7 +248,10 @@ async fn proxy<'s>(
         (a, b) => a.or(b),
     };
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
-    let source = ctx.source().0.ip();
+    let caller = affinity::Caller {
+        addr: ctx.source().0,
+        identity: ctx.identity.as_ref(),
+    };
     let pick = pick_backend(
         shared,
         snapshot,
@@ -249,7 +259,7 @@ async fn proxy<'s>(
         &mut parts,
         &view,
         &mut ctx.plan,
-        source,
+        caller,
     );
     let picked = match deadline {
         Some(d) => match tokio::time::timeout_at(d, pick).await {
@@ -412,7 +422,7 @@ async fn pick_backend<'s>(
     parts: &mut Parts,
     view: &RequestView<'_>,
     plan: &mut Plan<'s>,
-    source: std::net::IpAddr,
+    caller: affinity::Caller<'_>,
 ) -> Result<Picked<'s>, Box<Response<ProxyBody>>> {
     let (backends, session) = (&route.backends, route.session.as_ref());
     // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
@@ -459,7 +469,16 @@ async fn pick_backend<'s>(
         session_pick = Some(SessionPick { now, honoured });
     }
     let (hash, set_cookie) = match (&guard, &balancer.settings.hash) {
-        (None, Some(on)) => affinity::key(on, &parts.headers, source, view.scheme == "https"),
+        (None, Some(HashOn::Expression(_))) => (
+            balancer
+                .key_expr
+                .as_ref()
+                .and_then(|e| expression_key(e, parts, view, caller)),
+            None,
+        ),
+        (None, Some(on)) => {
+            affinity::key(on, &parts.headers, caller.addr.ip(), view.scheme == "https")
+        }
         _ => (None, None),
     };
     let Some(guard) = guard.or_else(|| balancer.pick_keyed(hash)) else {
@@ -475,6 +494,31 @@ async fn pick_backend<'s>(
         set_cookie,
         session: session_pick,
     })
+}
+
+/// The hash of an expression key over the request as policies see it (the normalized host
+/// and path with query, as routing matched them) with its headers as they are at the pick
+/// (after the route's filters and the AuthPolicy's success headers, as a `header` key reads
+/// them), the client and `auth.identity`.
+fn expression_key(
+    e: &affinity::KeyExpr,
+    parts: &Parts,
+    view: &RequestView<'_>,
+    caller: affinity::Caller<'_>,
+) -> Option<u64> {
+    let attrs = Attrs {
+        method: parts.method.as_str(),
+        host: view.host,
+        // The target routing matched: nothing before phase 5 sets the request's URI.
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str),
+        scheme: view.scheme,
+        headers: &parts.headers,
+        source: caller.addr,
+    };
+    e.hash(&attrs, caller.identity)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Choosing an endpoint of a backend. In: the backend's endpoints and settings from the
 //! table (with each endpoint's state carried over from the previous snapshot), and per pick
-//! the request's hash key when the balancer hashes. Out: an [`EndpointGuard`] (one in-flight
-//! slot on the endpoint, its pool), or none when the backend has no endpoint.
+//! the request's hash key when the balancer hashes (an expression key is compiled here, once
+//! per table: [`KeyExpr`]). Out: an [`EndpointGuard`] (one in-flight slot on the endpoint,
+//! its pool), or none when the backend has no endpoint.
 //!
 //! A backend with outlier detection or active health checks skips endpoints that are out
 //! (module `outlier`), unless fewer than its panic threshold are available: then every
@@ -12,9 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::uri::Authority;
-use tollgate_api::backend::{BackendSettings, OutlierDetection};
+use tollgate_api::backend::{BackendSettings, HashOn, OutlierDetection};
 use tollgate_api::{Backend, BackendProtocol, LoadBalancer};
 
+use crate::lifecycle::affinity::KeyExpr;
+use crate::lifecycle::policy::cel::CelError;
 use crate::upstream::Upstream;
 use crate::upstream::breaker::Breaker;
 use crate::upstream::hash::Ring;
@@ -86,6 +89,8 @@ pub(crate) struct Balancer {
     pub budget: Option<Arc<crate::upstream::budget::Budget>>,
     /// The hash ring of a `ConsistentHash` balancer.
     ring: Option<Ring>,
+    /// The compiled key of a hash on an expression ([`HashOn::Expression`]).
+    pub key_expr: Option<KeyExpr>,
     /// Each endpoint's hash, as a session token names it (module `affinity`).
     ids: Vec<u64>,
     /// Ejection decisions, one at a time (so `max_ejection_percent` holds under races).
@@ -93,10 +98,28 @@ pub(crate) struct Balancer {
 }
 
 impl Balancer {
-    /// Builds a balancer, reusing endpoint state (in-flight counts, pools, health) and the
-    /// breaker from `prev` for what stays. Endpoints whose IP does not parse are skipped
-    /// (the compiler emits only IPs).
-    pub fn build(backend: &Backend, prev: Option<&Balancer>, upstream: &Upstream) -> Self {
+    /// Builds a balancer, reusing endpoint state (in-flight counts, pools, health), the
+    /// breaker and a compiled key expression from `prev` for what stays. Endpoints whose IP
+    /// does not parse are skipped (the compiler emits only IPs); a key expression that does
+    /// not compile (the compiler checks it: a table from a newer compiler) refuses the table.
+    pub fn build(
+        backend: &Backend,
+        prev: Option<&Balancer>,
+        upstream: &Upstream,
+    ) -> Result<Self, CelError> {
+        // Before any endpoint state: a table refused for it leaves nothing behind.
+        let key_expr = match &backend.settings.hash {
+            Some(HashOn::Expression(src)) => Some(
+                match prev
+                    .and_then(|p| p.key_expr.as_ref())
+                    .filter(|k| k.source() == src)
+                {
+                    Some(same) => same.clone(),
+                    None => KeyExpr::compile(src)?,
+                },
+            ),
+            _ => None,
+        };
         // Endpoints the proxy starts with are not new: slow start is for those added later.
         let joined = if prev.is_some() { now_ms() } else { 0 };
         let tls = backend.tls.as_ref().map(|t| upstream.tls.get(t));
@@ -185,7 +208,7 @@ impl Balancer {
             .iter()
             .map(|e| crate::upstream::hash::hash(e.addr.to_string().as_bytes()))
             .collect();
-        Self {
+        Ok(Self {
             key: Arc::from(""),
             ids,
             protocol: backend.protocol,
@@ -199,8 +222,9 @@ impl Balancer {
             breaker,
             budget,
             ring,
+            key_expr,
             eject: std::sync::Mutex::new(()),
-        }
+        })
     }
 
     /// Picks an endpoint; `None` when there are none.

@@ -24,7 +24,8 @@ fn round_robin_cycles() {
         &backend(LoadBalancer::RoundRobin, 3),
         None,
         &crate::upstream::Upstream::new(),
-    );
+    )
+    .unwrap();
     let ports: Vec<u16> = (0..6)
         .map(|_| b.pick().unwrap().endpoint().addr.port())
         .collect();
@@ -37,7 +38,8 @@ fn no_endpoints_is_none() {
         &backend(LoadBalancer::RoundRobin, 0),
         None,
         &crate::upstream::Upstream::new(),
-    );
+    )
+    .unwrap();
     assert!(b.pick().is_none());
 }
 
@@ -47,7 +49,8 @@ fn least_request_avoids_busy_endpoint() {
         &backend(LoadBalancer::LeastRequest, 2),
         None,
         &crate::upstream::Upstream::new(),
-    );
+    )
+    .unwrap();
     let busy: Vec<_> = (0..10)
         .map(|_| EndpointGuard::new(b.endpoints[0].clone()))
         .collect();
@@ -61,7 +64,7 @@ fn least_request_avoids_busy_endpoint() {
 #[test]
 fn a_retry_goes_to_an_untried_endpoint_while_there_is_one() {
     for lb in [LoadBalancer::RoundRobin, LoadBalancer::LeastRequest] {
-        let b = Balancer::build(&backend(lb, 3), None, &crate::upstream::Upstream::new());
+        let b = Balancer::build(&backend(lb, 3), None, &crate::upstream::Upstream::new()).unwrap();
         for _ in 0..50 {
             let mut tried = vec![b.pick().unwrap().endpoint().addr];
             let second = b.pick_untried(&tried).unwrap().endpoint().addr;
@@ -78,7 +81,8 @@ fn a_retry_goes_to_an_untried_endpoint_while_there_is_one() {
         &backend(LoadBalancer::RoundRobin, 1),
         None,
         &crate::upstream::Upstream::new(),
-    );
+    )
+    .unwrap();
     let only = one.pick().unwrap().endpoint().addr;
     assert_eq!(one.pick_untried(&[only]).unwrap().endpoint().addr, only);
 }
@@ -87,9 +91,9 @@ fn a_retry_goes_to_an_untried_endpoint_while_there_is_one() {
 fn in_flight_state_survives_rebuild() {
     let def = backend(LoadBalancer::LeastRequest, 2);
     let up = crate::upstream::Upstream::new();
-    let old = Balancer::build(&def, None, &up);
+    let old = Balancer::build(&def, None, &up).unwrap();
     let _g = old.pick().unwrap();
-    let new = Balancer::build(&def, Some(&old), &up);
+    let new = Balancer::build(&def, Some(&old), &up).unwrap();
     let total: usize = new
         .endpoints
         .iter()
@@ -112,7 +116,7 @@ fn outlier(consecutive_5xx: u32, max_ejection_percent: u32) -> OutlierDetection 
 fn guarded(lb: LoadBalancer, n: u16, od: OutlierDetection) -> Balancer {
     let mut def = backend(lb, n);
     def.settings.outlier = Some(od);
-    Balancer::build(&def, None, &crate::upstream::Upstream::new())
+    Balancer::build(&def, None, &crate::upstream::Upstream::new()).unwrap()
 }
 
 fn picks(b: &Balancer, times: usize) -> std::collections::BTreeSet<u16> {
@@ -169,7 +173,7 @@ fn failing_health_checks_take_an_endpoint_out_like_an_ejection() {
         unhealthy_threshold: 1,
         healthy_threshold: 1,
     });
-    let b = Balancer::build(&def, None, &crate::upstream::Upstream::new());
+    let b = Balancer::build(&def, None, &crate::upstream::Upstream::new()).unwrap();
     b.endpoints[2]
         .health
         .check_failing
@@ -225,16 +229,16 @@ fn the_breaker_and_endpoint_health_survive_a_rebuild_with_the_same_settings() {
     def.settings.outlier = Some(outlier(1, 100));
     def.settings.circuit_breaker.max_requests = Some(5);
     let up = crate::upstream::Upstream::new();
-    let old = Balancer::build(&def, None, &up);
+    let old = Balancer::build(&def, None, &up).unwrap();
     assert!(old.record(&old.endpoints[0], Outcome::Local));
-    let new = Balancer::build(&def, Some(&old), &up);
+    let new = Balancer::build(&def, Some(&old), &up).unwrap();
     assert_eq!(new.availability(), (1, 2));
     assert!(Arc::ptr_eq(
         old.breaker.as_ref().unwrap(),
         new.breaker.as_ref().unwrap()
     ));
     def.settings.circuit_breaker.max_requests = Some(6);
-    let changed = Balancer::build(&def, Some(&new), &up);
+    let changed = Balancer::build(&def, Some(&new), &up).unwrap();
     assert!(!Arc::ptr_eq(
         new.breaker.as_ref().unwrap(),
         changed.breaker.as_ref().unwrap()
@@ -276,4 +280,24 @@ fn a_consistent_hash_below_the_panic_threshold_uses_every_endpoint() {
         })
         .collect();
     assert_eq!(homes.len(), 4);
+}
+
+#[test]
+fn a_hash_expression_is_compiled_with_the_balancer_and_a_bad_one_refuses_it() {
+    let up = crate::upstream::Upstream::new();
+    let mut def = backend(LoadBalancer::ConsistentHash, 3);
+    assert!(Balancer::build(&def, None, &up).unwrap().key_expr.is_none());
+    def.settings.hash = Some(tollgate_api::backend::HashOn::Expression(
+        "auth.identity.sub".into(),
+    ));
+    let b = Balancer::build(&def, None, &up).unwrap();
+    let again = Balancer::build(&def, Some(&b), &up).unwrap();
+    assert_eq!(
+        again.key_expr.as_ref().map(|k| k.source()),
+        Some("auth.identity.sub")
+    );
+    def.settings.hash = Some(tollgate_api::backend::HashOn::Expression(
+        "auth.identity.sub ==".into(),
+    ));
+    assert!(Balancer::build(&def, Some(&again), &up).is_err());
 }

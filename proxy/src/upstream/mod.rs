@@ -153,19 +153,25 @@ pub(crate) fn request_uri(
     }
 }
 
-/// Builds every backend's balancer for a new snapshot.
+/// Builds every backend's balancer for a new snapshot; a consistent-hash expression that
+/// does not compile refuses the table.
 pub(crate) fn build_balancers(
     backends: &std::collections::BTreeMap<String, Backend>,
     prev: Option<&FastMap<String, Arc<Balancer>>>,
     upstream: &Upstream,
-) -> FastMap<String, Arc<Balancer>> {
+) -> Result<FastMap<String, Arc<Balancer>>, crate::ProxyError> {
     backends
         .iter()
         .map(|(key, b)| {
             let old = prev.and_then(|p| p.get(key)).map(Arc::as_ref);
-            let mut balancer = Balancer::build(b, old, upstream);
+            let mut balancer = Balancer::build(b, old, upstream).map_err(|source| {
+                crate::ProxyError::HashExpression {
+                    backend: key.clone(),
+                    source,
+                }
+            })?;
             balancer.key = Arc::from(key.as_str());
-            (key.clone(), Arc::new(balancer))
+            Ok((key.clone(), Arc::new(balancer)))
         })
         .collect()
 }

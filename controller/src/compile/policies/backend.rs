@@ -1,6 +1,8 @@
 //! BackendPolicy into the route tables. In: the BackendPolicies, the Services (by index) and
 //! the tables built from the routes. Out: each table backend of a targeted Service port
-//! carries the winning policy's settings (and balancer), and each policy's status.
+//! carries the winning policy's settings (and balancer), and each policy's status. A
+//! consistent-hash expression is checked as the proxy will compile it (`cel::check`, as
+//! AuthPolicy and RateLimitPolicy expressions are).
 //!
 //! Which policy a backend gets: one naming its port (`sectionName`) over one naming the
 //! whole Service; between two of the same reach, the older (then by name) wins and the
@@ -16,6 +18,7 @@ use tollgate_api::backend::{
     HealthCheck, OutlierDetection, Probe,
 };
 use tollgate_api::{BackendProtocol, LoadBalancer, ObjectKey, RouteTable};
+use tollgate_proxy::policy::cel;
 
 use super::services;
 use crate::compile::index::{Index, key_of};
@@ -296,9 +299,14 @@ fn hash_on(h: &ConsistentHashSpec) -> Result<HashOn, String> {
     if h.source_ip.is_some() {
         return Ok(HashOn::SourceIp);
     }
-    Err(format!(
-        "{f}.expression: not supported yet; hash a header instead (an AuthPolicy can set one from the identity)"
-    ))
+    let Some(expr) = &h.expression else {
+        return Err(format!(
+            "{f}: exactly one of header, cookie, sourceIP and expression"
+        ));
+    };
+    // What the proxy compiles when it builds the backend's balancer.
+    cel::check(expr).map_err(|e| format!("{f}.expression: {e}"))?;
+    Ok(HashOn::Expression(expr.clone()))
 }
 
 fn outlier(od: &OutlierDetectionSpec) -> Result<(OutlierDetection, u32), String> {

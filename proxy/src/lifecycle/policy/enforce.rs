@@ -2,8 +2,9 @@
 //!
 //! In: a table's [`PolicySet`]s (compiled once per snapshot into [`Enforcer`]s) and, per
 //! request, the matched route's enforcer, the request head and [`RequestInfo`] (with the
-//! connection's verified client certificate, for X.509). Out: either the headers to add
-//! to the eventual response (`X-RateLimit-*`) or the answer that ends the request: the
+//! connection's verified client certificate, for X.509). Out: either [`Admitted`] (the
+//! headers to add to the eventual response, `X-RateLimit-*`, and the identity authentication
+//! found, for the request's context) or the answer that ends the request: the
 //! policy's 401/403 (with `WWW-Authenticate`) or 429 with `Retry-After`, or 500 for a rule
 //! the table marks [`Closed`] by invalid policies (fail closed: never served open).
 //!
@@ -89,6 +90,16 @@ pub fn build_all(
     Ok(out)
 }
 
+/// What the policy phase lets a request go on with.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The rate-limit decision whose headers go on the response; `None` when no limit applied.
+    pub decision: Option<Decision>,
+    /// `auth.identity` (null when anonymous), shared with the authenticator; `None` when the
+    /// set has no authentication.
+    pub identity: Option<Arc<serde_json::Value>>,
+}
+
 /// What a request carries into the policy phase besides its head.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestInfo<'a> {
@@ -152,14 +163,13 @@ impl Enforcer {
     }
 
     /// Runs authentication, authorization and rate limits for one request, in that order.
-    /// `Ok` carries the rate-limit decision whose headers go on the response (`None` when no
-    /// limit applied); `Err` is the answer.
+    /// `Ok` carries the rate-limit decision and the identity; `Err` is the answer.
     pub async fn enforce(
         &self,
         rt: &PolicyRuntime,
         parts: &mut Parts,
         info: RequestInfo<'_>,
-    ) -> Result<Option<Decision>, Response<Bytes>> {
+    ) -> Result<Admitted, Response<Bytes>> {
         if self.closed {
             let mut resp = Response::new(Bytes::from_static(b"Internal Server Error\n"));
             *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -185,19 +195,30 @@ impl Enforcer {
         if let Some(address) = info.peer_address {
             act.set_source_address(address);
         }
-        if let Some(auth) = &self.auth
-            && let AuthOutcome::Denied(d) = auth.check(parts, info.peer_cert, &mut act).await
-        {
-            return Err(d.into_response());
+        let mut identity = None;
+        if let Some(auth) = &self.auth {
+            match auth.check(parts, info.peer_cert, &mut act).await {
+                AuthOutcome::Allowed(who) => identity = Some(who.identity),
+                AuthOutcome::Denied(d) => return Err(d.into_response()),
+            }
         }
         if self.limits.is_empty() {
-            return Ok(None);
+            return Ok(Admitted {
+                decision: None,
+                identity,
+            });
         }
         let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
-            return Ok(None);
+            return Ok(Admitted {
+                decision: None,
+                identity,
+            });
         };
         if decision.allowed {
-            return Ok(Some(decision));
+            return Ok(Admitted {
+                decision: Some(decision),
+                identity,
+            });
         }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;

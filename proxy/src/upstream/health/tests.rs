@@ -129,7 +129,7 @@ async fn sync_checks_exactly_the_endpoints_of_checked_backends_once_each() {
         },
     );
     let t1 = table(&[("a", &a), ("plain", &plain), ("od", &outlier_only)]);
-    let b1 = build_balancers(&t1, None, &up);
+    let b1 = build_balancers(&t1, None, &up).unwrap();
     c.sync(&b1);
     assert_eq!(task_keys(&c), [("a".into(), 1000), ("a".into(), 1001)]);
     let text = metrics.encode();
@@ -139,7 +139,7 @@ async fn sync_checks_exactly_the_endpoints_of_checked_backends_once_each() {
 
     // The same table again (the states carried over): the same tasks, none added.
     let first = stop_flag(&c, "a", 1000);
-    let b2 = build_balancers(&t1, Some(&b1), &up);
+    let b2 = build_balancers(&t1, Some(&b1), &up).unwrap();
     c.sync(&b2);
     c.sync(&b2);
     assert_eq!(task_keys(&c).len(), 2);
@@ -155,7 +155,7 @@ async fn sync_checks_exactly_the_endpoints_of_checked_backends_once_each() {
         .store(true, Ordering::Relaxed);
     let a = checked(&[1000], check(3, 3));
     let t3 = table(&[("a", &a), ("plain", &plain)]);
-    let b3 = build_balancers(&t3, Some(&b2), &up);
+    let b3 = build_balancers(&t3, Some(&b2), &up).unwrap();
     c.sync(&b3);
     assert_eq!(task_keys(&c), [("a".into(), 1000)]);
     assert!(*lock(&gone) && *lock(&first));
@@ -176,7 +176,7 @@ async fn sync_checks_exactly_the_endpoints_of_checked_backends_once_each() {
     // The check is removed: no task, and the endpoint is no longer held out by it.
     let last = stop_flag(&c, "a", 1000);
     let a = backend(&[1000], BackendSettings::default());
-    let b4 = build_balancers(&table(&[("a", &a)]), Some(&b3), &up);
+    let b4 = build_balancers(&table(&[("a", &a)]), Some(&b3), &up).unwrap();
     c.sync(&b4);
     assert!(task_keys(&c).is_empty());
     assert!(*lock(&last));
@@ -206,7 +206,7 @@ async fn a_task_ends_by_itself_once_its_endpoint_state_is_dropped() {
     hc.interval_ms = 10;
     let a = checked(&[port], hc);
     let up = Upstream::new();
-    let balancers = build_balancers(&table(&[("a", &a)]), None, &up);
+    let balancers = build_balancers(&table(&[("a", &a)]), None, &up).unwrap();
     c.sync(&balancers);
     drop(balancers);
     // The checker was not told; the task's weak reference tells it.
