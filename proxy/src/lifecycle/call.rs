@@ -103,19 +103,36 @@ impl Call<'_> {
                 .attempt(guard.endpoint(), parts, held_body(&held), added, &held_seen)
                 .await;
         };
+        // Boxed: the retries' state (waits, copies) is a future of its own, which a request
+        // on a route without retries never carries (its future is moved whole).
+        Box::pin(self.send_retrying(parts, &held, added, guard, retried, policy, held_seen)).await
+    }
+
+    /// The attempts of a request under the rule's retries (see [`Self::send`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn send_retrying(
+        &self,
+        parts: &mut Parts,
+        held: &Bytes,
+        added: &Added<'_>,
+        guard: &mut EndpointGuard,
+        retried: &mut Vec<Retried>,
+        policy: &Retry,
+        held_seen: Seen,
+    ) -> Result<Response<PooledBody>, Failure> {
         let mut seen = held_seen;
         let mut retrier = Retrier::new(policy, &parts.method);
         // The breaker's `maxRetries` slot of the retry in flight.
         let mut _slot = None;
         loop {
             let result = if retrier.exhausted() {
-                self.attempt(guard.endpoint(), parts, held_body(&held), added, &seen)
+                self.attempt(guard.endpoint(), parts, held_body(held), added, &seen)
                     .await
             } else {
                 // The exchange takes the head's fields (and h2c the whole head): a copy goes,
                 // the original stays for the next attempt.
                 let mut copy = copy_parts(parts);
-                self.attempt(guard.endpoint(), &mut copy, held_body(&held), added, &seen)
+                self.attempt(guard.endpoint(), &mut copy, held_body(held), added, &seen)
                     .await
             };
             seen.status = result.as_ref().ok().map(|r| r.status().as_u16());

@@ -248,45 +248,30 @@ async fn proxy<'s>(
         (a, b) => a.or(b),
     };
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
+    let balancer = match pick_backend(snapshot, &route.backends, &mut parts, &view, &mut ctx.plan) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    // The circuit breaker's wait, boxed: a future of its own that a request without a
+    // breaker never carries (the request's future is moved whole; its size is copied).
+    if let Some(breaker) = &balancer.breaker {
+        match Box::pin(admit(shared, breaker, deadline)).await {
+            Ok(a) => ctx.done.admission = Some(a),
+            Err(resp) => return *resp,
+        }
+    }
     let caller = affinity::Caller {
         addr: ctx.source().0,
         identity: ctx.identity.as_ref(),
     };
-    let pick = pick_backend(
-        shared,
-        snapshot,
-        route,
-        &mut parts,
-        &view,
-        &mut ctx.plan,
-        caller,
-    );
-    let picked = match deadline {
-        Some(d) => match tokio::time::timeout_at(d, pick).await {
-            Ok(p) => p,
-            Err(_) => {
-                shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
-                return status(StatusCode::GATEWAY_TIMEOUT);
-            }
-        },
-        None => pick.await,
-    };
     let Picked {
-        balancer,
         guard,
-        admission,
         set_cookie,
         session,
-    } = match picked {
+    } = match pick_endpoint(shared, balancer, route, &parts, &view, caller) {
         Ok(picked) => picked,
         Err(resp) => return *resp,
     };
-    // Past the deadline already (the wait took it all): nothing goes upstream.
-    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-        shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
-        return status(StatusCode::GATEWAY_TIMEOUT);
-    }
-    ctx.done.admission = admission;
 
     // Phase 5: forward.
     let protocol = if ctx.client_upgrade.is_some() {
@@ -392,12 +377,9 @@ fn request_filters<'s>(
         .find_map(|f| request_filter(f, parts, view, plan))
 }
 
-/// What phase 4 chose.
-struct Picked<'s> {
-    balancer: &'s Balancer,
+/// What phase 4 chose: the endpoint and what keeps the client on it.
+struct Picked {
     guard: EndpointGuard,
-    /// The request's place under the backend's circuit breaker, if it has one.
-    admission: Option<Admission>,
     /// A consistent-hash cookie the request lacked, for its answer.
     set_cookie: Option<http::HeaderValue>,
     /// On a route with session persistence: what the request's session did.
@@ -412,19 +394,14 @@ struct SessionPick {
     honoured: Option<(u64, u64)>,
 }
 
-/// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters,
-/// the circuit breaker (503 beyond a limit), then an endpoint (none → 503), by the request's
-/// key on a consistent-hash backend.
-async fn pick_backend<'s>(
-    shared: &Shared,
+/// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters.
+fn pick_backend<'s>(
     snapshot: &'s Snapshot,
-    route: &'s tollgate_api::Route,
+    backends: &'s [tollgate_api::WeightedBackend],
     parts: &mut Parts,
     view: &RequestView<'_>,
     plan: &mut Plan<'s>,
-    caller: affinity::Caller<'_>,
-) -> Result<Picked<'s>, Box<Response<ProxyBody>>> {
-    let (backends, session) = (&route.backends, route.session.as_ref());
+) -> Result<&'s Balancer, Box<Response<ProxyBody>>> {
     // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
     // GRPCRoute requires for traffic to invalid backends.
     let internal = || {
@@ -440,23 +417,58 @@ async fn pick_backend<'s>(
     if let Some(resp) = request_filters(&picked.filters, parts, view, plan) {
         return Err(Box::new(resp));
     }
-    let balancer = snapshot.backends.get(key).ok_or_else(internal)?;
-    let admission = match &balancer.breaker {
-        None => None,
-        Some(breaker) => match breaker.admit().await {
-            Ok(a) => Some(a),
-            Err(limit) => {
-                shared.metrics.backend().circuit_breaker_rejected(limit);
-                return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
-            }
-        },
+    snapshot
+        .backends
+        .get(key)
+        .map(|b| &**b)
+        .ok_or_else(internal)
+}
+
+/// Phase 4, the circuit breaker: a place under its limits (503 beyond one), waiting no longer
+/// than the request's deadline (504; a request past it is never sent).
+async fn admit(
+    shared: &Shared,
+    breaker: &Arc<crate::upstream::breaker::Breaker>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Admission, Box<Response<ProxyBody>>> {
+    let timed_out = || {
+        shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
+        Box::new(status(StatusCode::GATEWAY_TIMEOUT))
     };
+    let admitted = match deadline {
+        Some(d) => tokio::time::timeout_at(d, breaker.admit())
+            .await
+            .map_err(|_| timed_out())?,
+        None => breaker.admit().await,
+    };
+    let admission = admitted.map_err(|limit| {
+        shared.metrics.backend().circuit_breaker_rejected(limit);
+        Box::new(status(StatusCode::SERVICE_UNAVAILABLE))
+    })?;
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        return Err(timed_out());
+    }
+    Ok(admission)
+}
+
+/// Phase 4, the endpoint: a live session's while it is here and available (the route's
+/// session rule, else the backend's), else by the request's key on a consistent-hash
+/// backend, else the balancer's choice (none → 503).
+fn pick_endpoint(
+    shared: &Shared,
+    balancer: &Balancer,
+    route: &tollgate_api::Route,
+    parts: &Parts,
+    view: &RequestView<'_>,
+    caller: affinity::Caller<'_>,
+) -> Result<Picked, Box<Response<ProxyBody>>> {
     if let Some(budget) = &balancer.budget {
         budget.request();
     }
-    // A live session's endpoint first, while it is here and available (the route's session
-    // rule, else the backend's).
-    let session = session.or(balancer.settings.session.as_ref());
+    let session = route
+        .session
+        .as_ref()
+        .or(balancer.settings.session.as_ref());
     let mut session_pick = None;
     let mut guard = None;
     if let Some(s) = session {
@@ -488,9 +500,7 @@ async fn pick_backend<'s>(
         return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
     };
     Ok(Picked {
-        balancer,
         guard,
-        admission,
         set_cookie,
         session: session_pick,
     })
