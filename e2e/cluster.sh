@@ -383,7 +383,7 @@ start_apiserver() {
 kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 
 # gateway_api_kustomization: the kustomization dir of the chosen channel. In
-# v1.5.1 config/crd/experimental has its own kustomization.yaml, while the
+# config/crd/experimental has its own kustomization.yaml (v1.5.1, v1.6.3), while the
 # standard channel's files are listed by config/crd/kustomization.yaml.
 gateway_api_kustomization() {
   local gw

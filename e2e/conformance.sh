@@ -62,6 +62,7 @@ http_features=(
   HTTPRouteBackendProtocolWebSocket HTTPRouteNamedRouteRule HTTPRouteCORS
   HTTPRoute303RedirectStatusCode HTTPRoute307RedirectStatusCode HTTPRoute308RedirectStatusCode
   BackendTLSPolicy BackendTLSPolicySANValidation GatewayBackendClientCertificate
+  HTTPRouteRetry HTTPRouteRetryConnectionError HTTPRouteRetryBackendTimeout
 )
 grpc_features=(
   Gateway GRPCRoute ReferenceGrant GRPCRouteNamedRouteRule

@@ -131,6 +131,9 @@ write_agent_config() {
   {
     echo "# Written by e2e/cluster.sh up --full: container image prefix -> local binary."
     echo "images:"
+    # The suite's backends: registry.k8s.io's name since v1.6, the staging name before.
+    echo "  - prefix: registry.k8s.io/gateway-api/echo-basic"
+    echo "    binary: $ECHO_BASIC_BIN"
     echo "  - prefix: gcr.io/k8s-staging-gateway-api/echo-basic"
     echo "    binary: $ECHO_BASIC_BIN"
     echo "  - prefix: tollgate.test/http"

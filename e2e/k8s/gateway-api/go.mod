@@ -7,4 +7,4 @@ go 1.25.0
 // module zip (config/crd/{standard,experimental}), located with
 //   go mod download sigs.k8s.io/gateway-api
 //   go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api
-require sigs.k8s.io/gateway-api v1.5.1
+require sigs.k8s.io/gateway-api v1.6.3

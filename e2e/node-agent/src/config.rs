@@ -3,7 +3,7 @@
 //! ```yaml
 //! images:
 //!   - prefix: gcr.io/k8s-staging-gateway-api/echo-basic
-//!     binary: /root/.cache/tollgate/bin/echo-basic-v1.5.1-0123456789
+//!     binary: /root/.cache/tollgate/bin/echo-basic-v1.6.3-0123456789
 //!   - prefix: tollgate.test/python-http
 //!     binary: /usr/bin/python3
 //!     entrypoint: ["-m", "http.server"]
