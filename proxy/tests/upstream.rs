@@ -123,46 +123,63 @@ async fn h2c_backend_gets_http2() {
 #[tokio::test]
 async fn upstream_connections_probe_a_silent_backend() {
     for protocol in [BackendProtocol::Http1, BackendProtocol::H2c] {
-        let b = echo_backend("b").await;
-        let mut be = backend_of(&[&b]);
-        be.protocol = protocol;
-        let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
-        assert_eq!(
-            get(&h1_client(), &format!("{url}/")).await.status,
-            StatusCode::OK
-        );
-        let peer = format!("0100007F:{:04X}", b.addr.port());
-        let timers = || {
-            let rows = std::fs::read_to_string("/proc/net/tcp").unwrap();
-            rows.lines()
-                .skip(1)
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    // rem_address, state ESTABLISHED: the proxy's end of the upstream connection.
-                    (f.get(2) == Some(&peer.as_str()) && f.get(3) == Some(&"01")).then(|| {
-                        let (tr, when) = f[5].split_once(':').unwrap();
-                        (
-                            u32::from_str_radix(tr, 16).unwrap(),
-                            u64::from_str_radix(when, 16).unwrap(),
-                        )
-                    })
-                })
-                .collect::<Vec<_>>()
-        };
-        // Right after the exchange another timer (a delayed ACK) may still be pending.
-        let armed = eventually(|| {
-            let t = timers();
-            !t.is_empty()
-                && t.iter()
-                    .all(|&(tr, when)| tr == 2 && when > 0 && when <= 3_000)
-        })
-        .await;
-        assert!(
-            armed,
-            "{protocol:?} upstream sockets (timer, 1/100 s left): {:?}",
-            timers()
-        );
+        assert_keepalive_armed(protocol, None, 3_000).await;
     }
+}
+
+/// A BackendPolicy's `connection.tcpKeepaliveIdle` reaches HTTP/1.1 and h2c sockets alike
+/// (h2c connections come from a client of the endpoint's own, made with its settings).
+#[tokio::test]
+async fn the_policy_keepalive_reaches_http1_and_h2c_connections() {
+    for protocol in [BackendProtocol::Http1, BackendProtocol::H2c] {
+        assert_keepalive_armed(protocol, Some(4_000), 400).await;
+    }
+}
+
+/// Sends one request through a proxy to a `protocol` backend (with `keepalive_ms` as its
+/// BackendPolicy's keepalive idle, if any) and asserts the proxy's upstream sockets have a
+/// keepalive timer armed within `within` hundredths of a second.
+async fn assert_keepalive_armed(protocol: BackendProtocol, keepalive_ms: Option<u64>, within: u64) {
+    let b = echo_backend("b").await;
+    let mut be = backend_of(&[&b]);
+    be.protocol = protocol;
+    be.settings.connection.tcp_keepalive_idle_ms = keepalive_ms;
+    let (_p, url) = proxy_with(vec![route("r", "/", vec![wb("b", 1)])], vec![("b", be)]).await;
+    assert_eq!(
+        get(&h1_client(), &format!("{url}/")).await.status,
+        StatusCode::OK
+    );
+    let peer = format!("0100007F:{:04X}", b.addr.port());
+    let timers = || {
+        let rows = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        rows.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // rem_address, state ESTABLISHED: the proxy's end of the upstream connection.
+                (f.get(2) == Some(&peer.as_str()) && f.get(3) == Some(&"01")).then(|| {
+                    let (tr, when) = f[5].split_once(':').unwrap();
+                    (
+                        u32::from_str_radix(tr, 16).unwrap(),
+                        u64::from_str_radix(when, 16).unwrap(),
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Right after the exchange another timer (a delayed ACK) may still be pending.
+    let armed = eventually(|| {
+        let t = timers();
+        !t.is_empty()
+            && t.iter()
+                .all(|&(tr, when)| tr == 2 && when > 0 && when <= within)
+    })
+    .await;
+    assert!(
+        armed,
+        "{protocol:?} upstream sockets (timer, 1/100 s left): {:?}",
+        timers()
+    );
 }
 
 #[tokio::test]

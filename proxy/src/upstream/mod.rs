@@ -33,6 +33,7 @@ use http::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tollgate_api::backend::Connection;
 use tollgate_api::{Backend, BackendProtocol, WeightedBackend};
 
 use crate::FastMap;
@@ -44,7 +45,36 @@ use crate::upstream::pool::{
 };
 
 /// The pooled HTTP/2-only client (h2c).
-type H2Client = Client<HttpConnector, ProxyBody>;
+pub(crate) type H2Client = Client<HttpConnector, ProxyBody>;
+
+/// An h2c client whose connections follow `c` (BackendPolicy `connection`): connect timeout,
+/// TCP keepalive idle and idle timeout (5 s, 30 s and 60 s unless set).
+pub(crate) fn h2c_client(c: &Connection) -> H2Client {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(
+        c.connect_timeout_ms
+            .map_or(CONNECT_TIMEOUT, Duration::from_millis),
+    ));
+    // Dead peers are found by TCP keepalive, as on HTTP/1.1 connections, not by HTTP/2
+    // PINGs: gRPC servers by default answer a client that PINGs more often than every
+    // five minutes (or PINGs an idle connection) with GOAWAY "too_many_pings".
+    connector.set_keepalive(Some(
+        c.tcp_keepalive_idle_ms
+            .map_or(KEEPALIVE_IDLE, Duration::from_millis),
+    ));
+    connector.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    connector.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
+    Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(
+            c.idle_timeout_ms
+                .map_or(Duration::from_secs(60), Duration::from_millis),
+        )
+        .http2_only(true)
+        .build(connector)
+}
 
 /// Upstream connections: HTTP/1.1 pools by endpoint address, and the h2c client.
 #[derive(Debug)]
@@ -58,24 +88,9 @@ pub(crate) struct Upstream {
 impl Upstream {
     /// Builds the h2c client and an empty set of pools.
     pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        // Dead peers are found by TCP keepalive, as on HTTP/1.1 connections, not by HTTP/2
-        // PINGs: gRPC servers by default answer a client that PINGs more often than every
-        // five minutes (or PINGs an idle connection) with GOAWAY "too_many_pings".
-        connector.set_keepalive(Some(KEEPALIVE_IDLE));
-        connector.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
-        connector.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
-        let h2 = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .http2_only(true)
-            .build(connector);
         Self {
             pools: Pools::default(),
-            h2,
+            h2: h2c_client(&Connection::default()),
             tls: tls::TlsClients::default(),
         }
     }
@@ -116,7 +131,9 @@ impl Upstream {
             BackendProtocol::H2c => {
                 added.insert_into(&mut parts.headers);
                 let req = Request::from_parts(take_parts(parts), body);
-                Box::pin(self.h2.request(req))
+                // The endpoint's own client when its BackendPolicy shapes connections.
+                let client = endpoint.pool.h2c().unwrap_or(&self.h2);
+                Box::pin(client.request(req))
                     .await
                     .map(|r| r.map(PooledBody::plain))
                     .map_err(UpstreamError::H2)

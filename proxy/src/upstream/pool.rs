@@ -39,6 +39,7 @@ use crate::lifecycle::forward::Added;
 use crate::upstream::h1::{self, H1Error, RawBody};
 use crate::upstream::io::UpstreamIo;
 use crate::upstream::tls::{TlsClient, TlsState};
+use crate::upstream::{H2Client, h2c_client};
 
 /// Idle connections kept per endpoint; more are closed when they come back.
 const MAX_IDLE_PER_ENDPOINT: usize = 256;
@@ -130,6 +131,9 @@ pub(crate) struct EndpointPool {
     settings: Connection,
     /// TLS to the endpoint (module `tls`); `None`: plaintext.
     tls: Option<TlsState>,
+    /// An h2c client of the endpoint's own, when `settings` shape its connections (else the
+    /// shared one is used).
+    h2c: Option<H2Client>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -144,12 +148,21 @@ impl std::fmt::Debug for EndpointPool {
 
 impl EndpointPool {
     fn new(addr: SocketAddr, settings: Connection, tls: Option<Arc<TlsClient>>) -> Self {
+        let shaped = settings.connect_timeout_ms.is_some()
+            || settings.idle_timeout_ms.is_some()
+            || settings.tcp_keepalive_idle_ms.is_some();
         Self {
             addr,
             idle: Mutex::new(Stack::new()),
+            h2c: shaped.then(|| h2c_client(&settings)),
             settings,
             tls: tls.map(TlsState::new),
         }
+    }
+
+    /// The endpoint's own h2c client, when its settings shape connections.
+    pub(crate) fn h2c(&self) -> Option<&H2Client> {
+        self.h2c.as_ref()
     }
 
     /// An idle connection past the pool's idle timeout is closed instead of used.
