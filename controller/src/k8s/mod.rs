@@ -35,3 +35,4 @@ pub mod referenced;
 pub mod route_status;
 pub mod status;
 pub mod stores;
+pub mod traffic_status;

@@ -613,6 +613,11 @@ impl Reconciler {
                 .backend_tls_policies
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
+            StatusWrite::TrafficPolicy { .. } => self
+                .stores
+                .backend_traffic_policies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
             StatusWrite::Policy { kind, .. } => {
                 let (name, ns) = (key.name.as_str(), key.namespace.as_str());
                 if *kind == "RateLimitPolicy" {
@@ -627,12 +632,6 @@ impl Reconciler {
                 } else if *kind == "BackendPolicy" {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.backend_policies.get(&r).and_then(|o| o.uid())
-                } else if *kind == "XBackendTrafficPolicy" {
-                    let r = ObjectRef::new(name).within(ns);
-                    self.stores
-                        .backend_traffic_policies
-                        .get(&r)
-                        .and_then(|o| o.uid())
                 } else {
                     let r = ObjectRef::new(name).within(ns);
                     self.stores.auth_policies.get(&r).and_then(|o| o.uid())
@@ -640,9 +639,7 @@ impl Reconciler {
             }
         };
         let api_version = match w {
-            StatusWrite::Policy { kind, .. } if *kind == "XBackendTrafficPolicy" => {
-                "gateway.networking.x-k8s.io/v1alpha1"
-            }
+            StatusWrite::TrafficPolicy { .. } => super::traffic_status::API_VERSION,
             StatusWrite::Policy { .. } => "tollgate.dev/v1alpha1",
             _ => "gateway.networking.k8s.io/v1",
         };

@@ -38,7 +38,6 @@ use super::stores::Stores;
 use crate::compile::Output;
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
-use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// Field manager of status writes of the default controller; every controller writes status
 /// as its own controller name (see [`apply`]), so two Tollgate controllers with different
@@ -109,7 +108,17 @@ pub enum StatusWrite {
         /// Every ancestor entry: other controllers' as they were, then ours.
         ancestors: Vec<gateway_api::backendtlspolicies::BackendTlsPolicyStatusAncestors>,
     },
-    /// A RateLimitPolicy, AuthPolicy or ClientPolicy status (ours alone: only Tollgate reads our CRDs).
+    /// An XBackendTrafficPolicy status (module `traffic_status`).
+    TrafficPolicy {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every ancestor entry: other controllers' as they were (JSON), then ours.
+        ancestors: Vec<serde_json::Value>,
+    },
+    /// A RateLimitPolicy, AuthPolicy, ClientPolicy or BackendPolicy status (ours alone: only
+    /// Tollgate reads our CRDs).
     Policy {
         /// `RateLimitPolicy`, `AuthPolicy` or `ClientPolicy`.
         kind: &'static str,
@@ -143,6 +152,7 @@ impl StatusWrite {
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::TlsRoute { .. } => TlsRoute::KIND,
             Self::BackendTlsPolicy { .. } => super::backend_tls_status::KIND,
+            Self::TrafficPolicy { .. } => super::traffic_status::KIND,
             Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
         }
     }
@@ -156,6 +166,7 @@ impl StatusWrite {
             | Self::GrpcRoute { key, .. }
             | Self::TlsRoute { key, .. }
             | Self::BackendTlsPolicy { key, .. }
+            | Self::TrafficPolicy { key, .. }
             | Self::Policy { key, .. }
             | Self::Release { key, .. } => key.clone(),
         }
@@ -200,19 +211,8 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
     super::backend_tls_status::plan(out, stores, controller_name, &mut writes);
-    // The XBackendTrafficPolicy status has ancestors only: what the compiler says at the top
-    // (for `validate`) is not written.
-    let traffic_desired: BTreeMap<ObjectKey, PolicyStatus> = out
-        .backend_traffic_policies
-        .iter()
-        .map(|(k, s)| (k.clone(), ancestors_only(s)))
-        .collect();
+    super::traffic_status::plan(out, stores, controller_name, &mut writes);
     for (kind, desired_all, store) in [
-        (
-            "XBackendTrafficPolicy",
-            &traffic_desired,
-            traffic_statuses(&stores.backend_traffic_policies),
-        ),
         (
             "RateLimitPolicy",
             &out.rate_limit_policies,
@@ -363,10 +363,6 @@ fn store_meta(
             .backend_policies
             .get(&ObjectRef::new(name).within(ns))
             .map(|o| o.meta().clone()),
-        "XBackendTrafficPolicy" => stores
-            .backend_traffic_policies
-            .get(&ObjectRef::new(name).within(ns))
-            .map(|o| o.meta().clone()),
         _ => stores
             .auth_policies
             .get(&ObjectRef::new(name).within(ns))
@@ -422,46 +418,6 @@ impl HasPolicyStatus for AuthPolicy {
     fn policy_status(&self) -> Option<&PolicyStatus> {
         self.status.as_ref()
     }
-}
-
-/// A policy status as the Gateway API's policy kinds carry it: ancestors only.
-fn ancestors_only(s: &PolicyStatus) -> PolicyStatus {
-    PolicyStatus {
-        observed_generation: None,
-        conditions: Vec::new(),
-        ancestors: s.ancestors.clone(),
-    }
-}
-
-/// The live XBackendTrafficPolicy statuses, read as ours (ancestors only).
-fn traffic_statuses(
-    store: &Store<Lenient<XBackendTrafficPolicy>>,
-) -> BTreeMap<ObjectKey, PolicyStatus> {
-    store
-        .state()
-        .iter()
-        .filter_map(|o| o.as_ok())
-        .map(|o| {
-            let m = o.meta();
-            let ancestors = o
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(&s.ancestors).ok())
-                .and_then(|v| serde_json::from_value(v).ok())
-                .unwrap_or_default();
-            (
-                ObjectKey::new(
-                    m.namespace.as_deref().unwrap_or_default(),
-                    m.name.as_deref().unwrap_or_default(),
-                ),
-                PolicyStatus {
-                    observed_generation: None,
-                    conditions: Vec::new(),
-                    ancestors,
-                },
-            )
-        })
-        .collect()
 }
 
 /// The desired policy status with the live condition times kept.
@@ -602,14 +558,14 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::BackendTlsPolicy { key, ancestors, .. } => {
             super::backend_tls_status::rejections(stores, key, ancestors, &mut diff);
         }
+        StatusWrite::TrafficPolicy { key, ancestors, .. } => {
+            super::traffic_status::rejections(stores, key, ancestors, &mut diff);
+        }
         StatusWrite::Policy { kind, key, status } => {
             let old = match *kind {
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
                 "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
                 "BackendPolicy" => policy_statuses(&stores.backend_policies).remove(key),
-                "XBackendTrafficPolicy" => {
-                    traffic_statuses(&stores.backend_traffic_policies).remove(key)
-                }
                 _ => policy_statuses(&stores.auth_policies).remove(key),
             }
             .unwrap_or_default();
@@ -677,15 +633,12 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             resource_version,
             parents,
         } => apply_route::<TlsRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::Policy { kind, key, status } if *kind == "XBackendTrafficPolicy" => {
-            let body = json!({
-                "apiVersion": "gateway.networking.x-k8s.io/v1alpha1", "kind": kind,
-                "metadata": {"name": key.name, "namespace": key.namespace},
-                "status": {"ancestors": status.ancestors},
-            });
-            Api::<XBackendTrafficPolicy>::namespaced(client.clone(), &key.namespace)
-                .patch_status(&key.name, &pp, &Patch::Apply(body))
-                .await?;
+        StatusWrite::TrafficPolicy {
+            key,
+            resource_version,
+            ancestors,
+        } => {
+            super::traffic_status::apply(client, &pp, key, resource_version, ancestors).await?;
         }
         StatusWrite::BackendTlsPolicy {
             key,
