@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the backend settings cost when nothing fails: requests per proxy CPU-second of a route
 # whose Service has a BackendPolicy (circuit breaker, outlier detection and an HTTP health check
-# every second), of a route with a retry rule, and of a consistent hash on a header, as ratios
+# every second), of a route with a retry rule, and of a consistent hash on a header and on a CEL
+# expression, as ratios
 # to the bare route measured at the same time. Every variant balances over the same three
 # endpoints (one nginx, three ports); nothing ever fails, so the figures are the cost of
 # counting, checking and deciding.
@@ -60,7 +61,7 @@ python3 - "$work/v" <<'PY'
 import json, sys
 def table(v):
     return json.load(open(f"{sys.argv[1]}/{v}/table/default.bench.json"))
-for v in ["bare", "policy", "retry", "hash", "twin"]:
+for v in ["bare", "policy", "retry", "hash", "expr", "twin"]:
     t = table(v)
     (b,) = t["backends"].values()
     routes = [r for p in t["ports"] for l in p["listeners"] for h in l["virtualHosts"] for r in h["routes"]]
@@ -68,7 +69,8 @@ for v in ["bare", "policy", "retry", "hash", "twin"]:
            [r.get("retry") is not None for r in routes])
     want = {"policy": (3, "least-request", ["circuitBreaker", "healthCheck", "outlier"], [False]),
             "retry": (3, "least-request", [], [True]),
-            "hash": (3, "consistent-hash", ["hash"], [False])}.get(v, (3, "least-request", [], [False]))
+            "hash": (3, "consistent-hash", ["hash"], [False]),
+            "expr": (3, "consistent-hash", ["hash"], [False])}.get(v, (3, "least-request", [], [False]))
     if got != want:
         sys.exit(f"{v}: the table has {got}, not {want}")
 PY
@@ -123,7 +125,8 @@ print("Variants: `policy`, a BackendPolicy on the Service with `circuitBreaker {
       "consecutiveGatewayErrors: 3, interval: 5s, baseEjectionTime: 30s, maxEjectionPercent: 50}` and "
       "`healthCheck.active {type: HTTP, path: /, interval: 1s}`; `retry`, the route's rule with `retry "
       "{attempts: 2, codes: [502, 503, 504]}`; `hash`, a BackendPolicy `ConsistentHash` on `x-user-id` (every "
-      "request carries `x-user-id: bench-user-42`, so does every other variant's).\n")
+      "request carries `x-user-id: bench-user-42`, so does every other variant's); `expr`, the same key as a CEL "
+      "`expression` (`request.headers['x-user-id']`), evaluated per request.\n")
 print("## Goal (issue 28)\n")
 print("| goal | target | measured | result |\n| --- | --- | --- | --- |")
 m, xs = ratio("policy")
@@ -139,7 +142,7 @@ print(f"\nHealth checks during the run: {float(passed):.0f} passed, {float(faile
 print("## Per variant (medians across rounds)\n")
 print("| variant | requests per proxy CPU-second | the bare route beside it | ratio | cost | wrk requests/s | errors |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for var in ["policy", "retry", "hash", "twin"]:
+for var in ["policy", "retry", "hash", "expr", "twin"]:
     r = ratio(var)[0]
     print(f"| {var} | {med(var, 'rps_per_core'):,.0f} | {med('bare@' + var, 'rps_per_core'):,.0f} | "
           f"{r:.3f} | {(1 - r) * (1 + max(share, 0.0)):.1%} | {med(var, 'rps'):,.0f} | {errors(var):.0f} |")

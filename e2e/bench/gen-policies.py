@@ -44,6 +44,8 @@ does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlic
                  check every second, none of which ever trips
   retry   18492  the route with a retry rule (attempts 2, codes 502/503/504), never used
   hash    18493  a BackendPolicy: ConsistentHash on x-user-id (every request carries it)
+  expr    18495  a BackendPolicy: ConsistentHash on the CEL expression
+                 `request.headers['x-user-id']` (the same key, evaluated per request)
   twin    18494  the bare route again (the control)
 """
 import base64
@@ -158,7 +160,8 @@ spec:
           jwks: '{jwks}'
 """
 
-BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494}
+BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494,
+                 "expr": 18495}
 
 
 def base_three(port, retry=""):
@@ -194,6 +197,8 @@ def backends(out):
         "retry": base_three(BACKEND_PORTS["retry"], "{attempts: 2, backoff: 25ms, codes: [502, 503, 504]}"),
         "hash": base_three(BACKEND_PORTS["hash"]) + backend_policy(
             "  loadBalancer: {type: ConsistentHash, consistentHash: {header: x-user-id}}\n"),
+        "expr": base_three(BACKEND_PORTS["expr"]) + backend_policy(
+            "  loadBalancer: {type: ConsistentHash, consistentHash: {expression: \"request.headers['x-user-id']\"}}\n"),
         "twin": base_three(BACKEND_PORTS["twin"]),
     }
     for name, text in variants.items():
