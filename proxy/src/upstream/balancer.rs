@@ -296,9 +296,12 @@ impl Balancer {
         }
         // The turn of an endpoint that is out goes to one of those up, evenly (not always
         // to the next in order, which would carry twice its share).
+        // At random: drawn over the whole range, as `k` is taken modulo the number of those
+        // up (a draw below `n` would favour the first of them whenever that number does not
+        // divide `n`).
         let k = match self.lb {
             LoadBalancer::RoundRobin => self.spill.fetch_add(1, Ordering::Relaxed),
-            _ => fastrand::usize(..n),
+            _ => fastrand::usize(..),
         };
         self.nth_up(k, n, now).unwrap_or(first)
     }
