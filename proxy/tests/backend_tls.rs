@@ -90,8 +90,8 @@ impl Ca {
 
 /// A TLS echo backend: answers JSON with what it saw (path, HTTP version, SNI, whether a
 /// client certificate came); records the first byte of every TCP connection.
-/// The HTTP version and SNI of a health check a backend served.
-type Seen = (String, Option<String>);
+/// The HTTP version, SNI and Host (or `:authority`) of a health check a backend served.
+type Seen = (String, Option<String>, Option<String>);
 
 struct TlsBackend {
     addr: SocketAddr,
@@ -215,10 +215,14 @@ fn health_answer(
             }))),
         _ => return None,
     };
+    let host = req.uri().authority().map(|a| a.to_string()).or_else(|| {
+        let h = req.headers().get("host")?;
+        h.to_str().ok().map(str::to_owned)
+    });
     checks
         .lock()
         .unwrap()
-        .push((format!("{:?}", req.version()), sni.map(str::to_owned)));
+        .push((format!("{:?}", req.version()), sni.map(str::to_owned), host));
     answer.ok()
 }
 
@@ -621,9 +625,9 @@ async fn flip_over_tls(alpn: &[&str], protocol: BackendProtocol, probe: Probe) -
 async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
     let checks = flip_over_tls(&["http/1.1"], BackendProtocol::Http1, http_probe()).await;
     assert!(
-        checks
-            .iter()
-            .all(|(v, sni)| v == "HTTP/1.1" && sni.as_deref() == Some("backend.test")),
+        checks.iter().all(|(v, sni, host)| v == "HTTP/1.1"
+            && sni.as_deref() == Some("backend.test")
+            && host.as_deref() == Some("backend.test")),
         "{checks:?}"
     );
 }
@@ -632,9 +636,9 @@ async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
 async fn http_health_checks_speak_http2_to_a_tls_backend_that_picks_it() {
     let checks = flip_over_tls(&["h2", "http/1.1"], BackendProtocol::Http1, http_probe()).await;
     assert!(
-        checks
-            .iter()
-            .all(|(v, sni)| v == "HTTP/2.0" && sni.as_deref() == Some("backend.test")),
+        checks.iter().all(|(v, sni, host)| v == "HTTP/2.0"
+            && sni.as_deref() == Some("backend.test")
+            && host.as_deref() == Some("backend.test")),
         "{checks:?}"
     );
 }
@@ -646,9 +650,9 @@ async fn grpc_health_checks_of_a_tls_backend_are_made_over_tls() {
     };
     let checks = flip_over_tls(&["h2"], BackendProtocol::H2c, probe).await;
     assert!(
-        checks
-            .iter()
-            .all(|(v, sni)| v == "HTTP/2.0" && sni.as_deref() == Some("backend.test")),
+        checks.iter().all(|(v, sni, host)| v == "HTTP/2.0"
+            && sni.as_deref() == Some("backend.test")
+            && host.as_deref() == Some("backend.test")),
         "{checks:?}"
     );
 }

@@ -126,10 +126,19 @@ pub(crate) async fn check(
             .handshake_negotiated(tcp, CONNECT_TIMEOUT)
             .await
             .map_err(tls_error)?;
-        return speak(probe, addr, UpstreamIo::Tls(Box::new(stream)), h2, "https").await;
+        // The name the policy verifies, as a request to the backend would carry it.
+        let authority = &tls.settings.server_name;
+        return speak(
+            probe,
+            authority,
+            UpstreamIo::Tls(Box::new(stream)),
+            h2,
+            "https",
+        )
+        .await;
     }
     let h2 = protocol == BackendProtocol::H2c;
-    speak(probe, addr, UpstreamIo::Plain(tcp), h2, "http").await
+    speak(probe, &addr.to_string(), UpstreamIo::Plain(tcp), h2, "http").await
 }
 
 fn tls_error(e: UpstreamError) -> ProbeError {
@@ -139,10 +148,11 @@ fn tls_error(e: UpstreamError) -> ProbeError {
     }
 }
 
-/// The probe's exchange on a connection made for it: `h2` when HTTP/2 is spoken on it.
+/// The probe's exchange on a connection made for it: `h2` when HTTP/2 is spoken on it;
+/// `authority` is the Host (`:authority`) unless the probe names one.
 async fn speak(
     probe: &Probe,
-    addr: SocketAddr,
+    authority: &str,
     io: UpstreamIo,
     h2: bool,
     scheme: &str,
@@ -154,14 +164,14 @@ async fn speak(
             host,
             expected_statuses,
         } => {
-            let host = host.clone().unwrap_or_else(|| addr.to_string());
+            let host = host.as_deref().unwrap_or(authority);
             let status = if h2 {
                 let req = Request::get(format!("{scheme}://{host}{path}"))
                     .header(USER_AGENT, AGENT)
                     .body(Full::new(Bytes::new()))?;
                 h2_call(io, req).await?.0
             } else {
-                h1_get(io, path, &host).await?
+                h1_get(io, path, host).await?
             };
             if expected_statuses.contains(&status) {
                 Ok(())
@@ -169,7 +179,7 @@ async fn speak(
                 Err(ProbeError::Status(status))
             }
         }
-        Probe::Grpc { service } => grpc_check(io, addr, service, scheme).await,
+        Probe::Grpc { service } => grpc_check(io, authority, service, scheme).await,
     }
 }
 
@@ -177,11 +187,11 @@ async fn speak(
 /// `grpc-status: 0` with a SERVING answer.
 async fn grpc_check(
     io: UpstreamIo,
-    addr: SocketAddr,
+    authority: &str,
     service: &str,
     scheme: &str,
 ) -> Result<(), ProbeError> {
-    let req = Request::post(format!("{scheme}://{addr}{GRPC_HEALTH_CHECK}"))
+    let req = Request::post(format!("{scheme}://{authority}{GRPC_HEALTH_CHECK}"))
         .header(CONTENT_TYPE, "application/grpc")
         .header("te", "trailers")
         .header(USER_AGENT, AGENT)
