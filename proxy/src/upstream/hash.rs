@@ -1,53 +1,75 @@
 //! Consistent hashing for the `ConsistentHash` balancer. In: a backend's endpoints, and a
 //! request's key bytes (a header, a cookie, the client address, a CEL value). Out: the
-//! endpoint order on a hash ring from the key's point, which the balancer walks for the
-//! first endpoint that is available and under its bounded load.
+//! endpoints in the key's order of preference, which the balancer walks for the first one
+//! that is available and under its bounded load.
 //!
-//! Each endpoint has many points on the ring, placed by a hash of its address only, so every
-//! proxy replica builds the same ring and adding or removing one of N endpoints moves about
-//! 1/N of the keys. The hash is FNV-1a with a 64-bit finalizer: stable across builds and
-//! platforms (std's hasher promises neither).
+//! Rendezvous (highest-random-weight) hashing: each endpoint scores a key by a hash of the
+//! key and the endpoint's address, and the key prefers the highest score. Every proxy replica
+//! computes the same order from the addresses alone; adding or removing one of N endpoints
+//! moves exactly the keys that prefer (or preferred) it, 1/N of them, whatever N is, and each
+//! endpoint's share is even up to the keys' own sampling. (A ring with a fixed number of
+//! points in all, as before, moved about 2/N once N passed 8: its endpoints' point counts
+//! shrank as endpoints were added.) The first choice costs one hash per endpoint and no
+//! allocation; the rest of the order is sorted only when the first is out or full. The hash
+//! is FNV-1a with a 64-bit finalizer: stable across builds and platforms (std's hasher
+//! promises neither).
 
-/// Points on the ring for all endpoints together, about: few endpoints get many points each,
-/// so that each one's share of the keys is even (within a few percent).
-const RING_POINTS: usize = 16_384;
-/// Fewest and most points per endpoint.
-const MIN_POINTS: usize = 64;
-const MAX_POINTS: usize = 2_048;
-
-/// The ring: points sorted by hash, each naming an endpoint by index.
+/// The endpoints' identities, by index, for rendezvous hashing.
 #[derive(Debug, Default)]
 pub(crate) struct Ring {
-    points: Vec<(u64, u32)>,
+    ids: Vec<u64>,
 }
 
 impl Ring {
-    /// A ring over endpoints whose identities are `keys` (their addresses), by index.
+    /// The placement over endpoints whose identities are `keys` (their addresses), by index.
     pub fn build<K: AsRef<[u8]>>(keys: &[K]) -> Self {
-        if keys.is_empty() {
-            return Self::default();
+        Self {
+            ids: keys.iter().map(|k| hash(k.as_ref())).collect(),
         }
-        let per = (RING_POINTS / keys.len()).clamp(MIN_POINTS, MAX_POINTS);
-        let mut points = Vec::with_capacity(per * keys.len());
-        for (i, k) in keys.iter().enumerate() {
-            let base = hash(k.as_ref());
-            let idx = u32::try_from(i).unwrap_or(u32::MAX);
-            for p in 0..per as u64 {
-                points.push((mix(base ^ mix(p + 1)), idx));
-            }
-        }
-        points.sort_unstable();
-        Self { points }
     }
 
-    /// Endpoint indices in ring order from `key`'s point (repeats included: the walker
-    /// skips what it has seen).
-    pub fn walk(&self, key: u64) -> impl Iterator<Item = usize> + '_ {
-        let start = self.points.partition_point(|&(h, _)| h < key);
-        self.points[start..]
-            .iter()
-            .chain(&self.points[..start])
-            .map(|&(_, i)| i as usize)
+    /// Endpoint indices in `key`'s order of preference (the first may come again: the
+    /// walker skips what it has seen).
+    pub fn walk(&self, key: u64) -> Walk<'_> {
+        Walk {
+            ids: &self.ids,
+            key,
+            first: true,
+            rest: None,
+        }
+    }
+}
+
+/// A key's order of preference: the best first, the rest sorted only if asked for.
+#[derive(Debug)]
+pub(crate) struct Walk<'a> {
+    ids: &'a [u64],
+    key: u64,
+    first: bool,
+    rest: Option<std::vec::IntoIter<usize>>,
+}
+
+/// Endpoint `id`'s score for `key`.
+fn score(key: u64, id: u64) -> u64 {
+    mix(key ^ id)
+}
+
+impl Iterator for Walk<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if std::mem::take(&mut self.first) {
+            return (0..self.ids.len()).max_by_key(|&i| score(self.key, self.ids[i]));
+        }
+        let key = self.key;
+        let ids = self.ids;
+        self.rest
+            .get_or_insert_with(|| {
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_unstable_by_key(|&i| std::cmp::Reverse(score(key, ids[i])));
+                order.into_iter()
+            })
+            .next()
     }
 }
 
@@ -82,7 +104,7 @@ mod tests {
 
     #[test]
     fn keys_spread_evenly_within_ten_percent() {
-        for n in [2, 3, 5, 10] {
+        for n in [2, 3, 5, 10, 40] {
             let ring = Ring::build(&names(n));
             let keys = 60_000u64;
             let mut count = vec![0u64; n];
@@ -98,7 +120,12 @@ mod tests {
 
     #[test]
     fn adding_or_removing_one_of_n_moves_about_one_nth_of_the_keys() {
-        let n = 5;
+        for n in [3, 5, 9, 10, 20, 50] {
+            moves_about_one_nth(n);
+        }
+    }
+
+    fn moves_about_one_nth(n: usize) {
         let before = Ring::build(&names(n));
         let added = Ring::build(&names(n + 1));
         let mut fewer = names(n);
@@ -114,9 +141,13 @@ mod tests {
         };
         let on_add = moved(&added, &names(n + 1));
         let on_remove = moved(&removed, &fewer);
-        // The ideal is 1/6 and 1/5 of the keys; only those move (within a few percent).
-        assert!((on_add - 1.0 / 6.0).abs() < 0.03, "{on_add}");
-        assert!((on_remove - 1.0 / 5.0).abs() < 0.03, "{on_remove}");
+        // The ideal is 1/(n+1) and 1/n of the keys; only those move (within a tenth of it).
+        let (add, remove) = (1.0 / (n + 1) as f64, 1.0 / n as f64);
+        assert!((on_add - add).abs() < add / 10.0, "{n}: {on_add}");
+        assert!(
+            (on_remove - remove).abs() < remove / 10.0,
+            "{n}: {on_remove}"
+        );
     }
 
     #[test]
