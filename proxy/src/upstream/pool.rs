@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -132,8 +132,9 @@ pub(crate) struct EndpointPool {
     /// TLS to the endpoint (module `tls`); `None`: plaintext.
     tls: Option<TlsState>,
     /// An h2c client of the endpoint's own, when `settings` shape its connections (else the
-    /// shared one is used).
-    h2c: Option<H2Client>,
+    /// shared one is used); built at the first h2c request, so HTTP/1.1 and TLS endpoints
+    /// never carry one.
+    h2c: OnceLock<H2Client>,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -148,13 +149,10 @@ impl std::fmt::Debug for EndpointPool {
 
 impl EndpointPool {
     fn new(addr: SocketAddr, settings: Connection, tls: Option<Arc<TlsClient>>) -> Self {
-        let shaped = settings.connect_timeout_ms.is_some()
-            || settings.idle_timeout_ms.is_some()
-            || settings.tcp_keepalive_idle_ms.is_some();
         Self {
             addr,
             idle: Mutex::new(Stack::new()),
-            h2c: shaped.then(|| h2c_client(&settings)),
+            h2c: OnceLock::new(),
             settings,
             tls: tls.map(TlsState::new),
         }
@@ -162,7 +160,11 @@ impl EndpointPool {
 
     /// The endpoint's own h2c client, when its settings shape connections.
     pub(crate) fn h2c(&self) -> Option<&H2Client> {
-        self.h2c.as_ref()
+        let c = &self.settings;
+        let shaped = c.connect_timeout_ms.is_some()
+            || c.idle_timeout_ms.is_some()
+            || c.tcp_keepalive_idle_ms.is_some();
+        shaped.then(|| self.h2c.get_or_init(|| h2c_client(c)))
     }
 
     /// An idle connection past the pool's idle timeout is closed instead of used.
