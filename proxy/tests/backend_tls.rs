@@ -621,11 +621,11 @@ async fn flip_over_tls(alpn: &[&str], protocol: BackendProtocol, probe: Probe) -
     a.checks.lock().unwrap().clone()
 }
 
-#[tokio::test]
-async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
-    let checks = flip_over_tls(&["http/1.1"], BackendProtocol::Http1, http_probe()).await;
+/// Every check came as `version`, with the policy's hostname as SNI and as Host.
+#[track_caller]
+fn assert_checks(checks: &[Seen], version: &str) {
     assert!(
-        checks.iter().all(|(v, sni, host)| v == "HTTP/1.1"
+        checks.iter().all(|(v, sni, host)| v == version
             && sni.as_deref() == Some("backend.test")
             && host.as_deref() == Some("backend.test")),
         "{checks:?}"
@@ -633,14 +633,15 @@ async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
 }
 
 #[tokio::test]
+async fn http_health_checks_of_a_tls_backend_are_made_over_verified_tls() {
+    let checks = flip_over_tls(&["http/1.1"], BackendProtocol::Http1, http_probe()).await;
+    assert_checks(&checks, "HTTP/1.1");
+}
+
+#[tokio::test]
 async fn http_health_checks_speak_http2_to_a_tls_backend_that_picks_it() {
     let checks = flip_over_tls(&["h2", "http/1.1"], BackendProtocol::Http1, http_probe()).await;
-    assert!(
-        checks.iter().all(|(v, sni, host)| v == "HTTP/2.0"
-            && sni.as_deref() == Some("backend.test")
-            && host.as_deref() == Some("backend.test")),
-        "{checks:?}"
-    );
+    assert_checks(&checks, "HTTP/2.0");
 }
 
 #[tokio::test]
@@ -649,12 +650,7 @@ async fn grpc_health_checks_of_a_tls_backend_are_made_over_tls() {
         service: String::new(),
     };
     let checks = flip_over_tls(&["h2"], BackendProtocol::H2c, probe).await;
-    assert!(
-        checks.iter().all(|(v, sni, host)| v == "HTTP/2.0"
-            && sni.as_deref() == Some("backend.test")
-            && host.as_deref() == Some("backend.test")),
-        "{checks:?}"
-    );
+    assert_checks(&checks, "HTTP/2.0");
 }
 
 #[tokio::test]
