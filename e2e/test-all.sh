@@ -29,6 +29,9 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "controller/gateway-types/regen.sh --check (the generated Gateway API types match the CRDs; kopium cached, minutes the first time)"
+controller/gateway-types/regen.sh --check
+
 if ! command -v redis-server >/dev/null 2>&1; then
   step "installing redis-server (Debian) for the rate-limit tests"
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
