@@ -41,21 +41,21 @@ struct KindLabels {
     kind: &'static str,
 }
 
-/// Labels of `tollgate_tls_connections_total`.
+/// Labels of `tollgate_tls_connections_total` and `tollgate_tcp_connections_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// How a connection on a TLS (TLSRoute) port ended: the `outcome` label of
-/// `tollgate_tls_connections_total`.
+/// How a connection on a TLS (TLSRoute) or TCP (TCPRoute) port ended: the `outcome` label of
+/// `tollgate_tls_connections_total` and `tollgate_tcp_connections_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TlsOutcome {
+pub(crate) enum StreamOutcome {
     /// Copied to a backend until one side closed.
     Served,
     /// No whole, valid ClientHello in time (or over the size limit).
     BadHello,
-    /// No listener or route takes the SNI.
+    /// No listener or route takes the SNI (TLS), or the port has no route (TCP).
     NoRoute,
     /// The route's backends are unresolved or have no endpoints.
     NoBackend,
@@ -69,7 +69,7 @@ pub(crate) enum TlsOutcome {
     Idle,
 }
 
-impl TlsOutcome {
+impl StreamOutcome {
     fn as_str(self) -> &'static str {
         match self {
             Self::Served => "served",
@@ -99,6 +99,8 @@ pub struct Metrics {
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     upstream_errors: Family<KindLabels, Counter>,
     tls_connections: Family<OutcomeLabels, Counter>,
+    tcp_connections: Family<OutcomeLabels, Counter>,
+    tcp_active: Gauge,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
     connections_refused: Family<ReasonLabels, Counter>,
@@ -256,6 +258,8 @@ impl Metrics {
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let active_connections = Gauge::default();
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
+        let tcp_connections = Family::<OutcomeLabels, Counter>::default();
+        let tcp_active = Gauge::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
         let proxy_protocol_refused = Family::<ReasonLabels, Counter>::default();
         let connections_refused = Family::<ReasonLabels, Counter>::default();
@@ -280,6 +284,16 @@ impl Metrics {
             "tls_connections",
             "Connections on TLS (TLSRoute) ports, by outcome",
             tls_connections.clone(),
+        );
+        registry.register(
+            "tcp_connections",
+            "Connections on TCP (TCPRoute) ports, by outcome",
+            tcp_connections.clone(),
+        );
+        registry.register(
+            "tcp_connections_active",
+            "Connections on TCP (TCPRoute) ports open now",
+            tcp_active.clone(),
         );
         registry.register(
             "client_timeouts",
@@ -329,6 +343,8 @@ impl Metrics {
             durations,
             upstream_errors,
             tls_connections,
+            tcp_connections,
+            tcp_active,
             proxy_protocol_refused,
             connections_refused,
             client_timeouts,
@@ -422,12 +438,27 @@ impl Metrics {
     }
 
     /// Counts a finished connection of a TLS port.
-    pub(crate) fn tls_connection(&self, outcome: TlsOutcome) {
+    pub(crate) fn tls_connection(&self, outcome: StreamOutcome) {
         self.tls_connections
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// Counts a finished connection of a TCP port.
+    pub(crate) fn tcp_connection(&self, outcome: StreamOutcome) {
+        self.tcp_connections
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// A connection of a TCP port opened; the guard counts it closed when dropped.
+    pub(crate) fn tcp_opened(&self) -> ConnectionGuard {
+        self.tcp_active.inc();
+        ConnectionGuard(self.tcp_active.clone())
     }
 
     /// A client connection opened; the guard closes it when dropped.

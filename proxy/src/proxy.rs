@@ -253,6 +253,7 @@ impl Proxy {
                 Protocol::Tls => {
                     PortState::Tls(Arc::new(crate::downstream::tls::TlsPort::build(p)?))
                 }
+                Protocol::Tcp => PortState::Tcp,
             };
             ports.insert(p.port, state);
             wanted.push((ip, p.port));

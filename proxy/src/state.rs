@@ -30,6 +30,8 @@ pub(crate) enum PortState {
     Https(Arc<PortTls>),
     /// TLS streams routed on SNI (TLSRoutes).
     Tls(Arc<crate::downstream::tls::TlsPort>),
+    /// Byte streams (TCPRoutes).
+    Tcp,
 }
 
 /// Everything a request needs, immutable once built.

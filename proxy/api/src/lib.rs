@@ -95,6 +95,11 @@ pub enum Protocol {
     /// Matchers, filters, timeouts and policies are unused.
     #[serde(rename = "TLS")]
     Tls,
+    /// Byte streams (Gateway API protocol `TCP`, TCPRoutes): each connection is copied both
+    /// ways to a backend of the first route of the port's one listener. Listener hostnames,
+    /// matchers, filters, timeouts and policies are unused.
+    #[serde(rename = "TCP")]
+    Tcp,
 }
 
 /// One socket the proxy binds, shared by every listener on that port.

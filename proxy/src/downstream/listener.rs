@@ -251,6 +251,7 @@ async fn dispatch<I: crate::upgrade::Io>(
             crate::downstream::h1serve::serve(shared, stream, Arc::new(conn), stop, true).await
         }
         PortState::Tls(_) => crate::downstream::stream::serve(shared, stream, conn, stop).await,
+        PortState::Tcp => crate::downstream::stream::serve_tcp(shared, stream, conn, stop).await,
         PortState::Https(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

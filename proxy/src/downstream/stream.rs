@@ -1,6 +1,10 @@
-//! TLS ports (Gateway API protocol `TLS`, TLSRoutes). In: an accepted TCP connection on a
-//! [`Protocol::Tls`](tollgate_api::Protocol::Tls) port and the port's [`crate::downstream::tls::TlsPort`]. Out: the
-//! connection copied both ways to one endpoint of the route its SNI selects.
+//! Stream ports: TLS (Gateway API protocol `TLS`, TLSRoutes) and TCP (protocol `TCP`,
+//! TCPRoutes). In: an accepted TCP connection on a
+//! [`Protocol::Tls`](tollgate_api::Protocol::Tls) port and the port's [`crate::downstream::tls::TlsPort`], or on a
+//! [`Protocol::Tcp`](tollgate_api::Protocol::Tcp) port. Out: the connection copied both ways
+//! to one endpoint of the route its SNI selects (TLS) or of the port's route (TCP:
+//! [`serve_tcp`], steps 2 and 3 below without a name, counted in
+//! `tollgate_tcp_connections_total` and `tollgate_tcp_connections_active`).
 //!
 //! Per connection:
 //!
@@ -38,7 +42,7 @@ use tokio::sync::watch;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::sni::{self, MAX_CLIENT_HELLO, Sni};
 use crate::error::Result;
-use crate::metrics::TlsOutcome;
+use crate::metrics::StreamOutcome;
 use crate::state::{PortState, Shared};
 use crate::upstream::pick_weighted;
 
@@ -59,7 +63,7 @@ pub(crate) async fn serve<C: crate::upgrade::Io>(
     let idle = shared.limits.stream_idle_timeout;
     let outcome = tokio::select! {
         o = serve_inner(shared, &mut client, &conn, idle) => o,
-        _ = stop.changed() => Outcome::closed(TlsOutcome::Stopped, "listener stopped"),
+        _ = stop.changed() => Outcome::closed(StreamOutcome::Stopped, "listener stopped"),
     };
     shared.metrics.tls_connection(outcome.kind);
     if let Some(why) = outcome.why {
@@ -69,12 +73,12 @@ pub(crate) async fn serve<C: crate::upgrade::Io>(
 
 /// How a connection ended, and why when it was not served.
 struct Outcome {
-    kind: TlsOutcome,
+    kind: StreamOutcome,
     why: Option<String>,
 }
 
 impl Outcome {
-    fn closed(kind: TlsOutcome, why: impl Into<String>) -> Self {
+    fn closed(kind: StreamOutcome, why: impl Into<String>) -> Self {
         Self {
             kind,
             why: Some(why.into()),
@@ -91,51 +95,33 @@ async fn serve_inner<C: crate::upgrade::Io>(
     let mut hello = Vec::with_capacity(2048);
     let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(client, &mut hello)).await {
         Ok(Ok(sni)) => sni,
-        Ok(Err(why)) => return Outcome::closed(TlsOutcome::BadHello, why),
-        Err(_) => return Outcome::closed(TlsOutcome::BadHello, "no ClientHello in time"),
+        Ok(Err(why)) => return Outcome::closed(StreamOutcome::BadHello, why),
+        Err(_) => return Outcome::closed(StreamOutcome::BadHello, "no ClientHello in time"),
     };
     // The table live now, after the ClientHello, decides everything: the port's listeners
     // (modes, certificates) and the route come from the same snapshot.
-    let Some(snapshot) = shared.snapshot.load_full() else {
-        return Outcome::closed(TlsOutcome::NoRoute, "no route table");
-    };
-    let Some(PortState::Tls(port)) = snapshot.ports.get(&conn.table_port).cloned() else {
-        return Outcome::closed(TlsOutcome::NoRoute, "the port is no longer a TLS port");
-    };
     let name = sni.as_deref().unwrap_or_default();
-    let empty = HeaderMap::new();
-    let Some(found) = snapshot
-        .router
-        .route(conn.table_port, name, &Method::GET, "/", &empty)
-    else {
-        return Outcome::closed(TlsOutcome::NoRoute, format!("no route for SNI {name:?}"));
+    let (port, target) = match pick(shared, conn, name) {
+        Ok((PortState::Tls(port), target)) => (port, target),
+        Ok(_) => {
+            return Outcome::closed(StreamOutcome::NoRoute, "the port is no longer a TLS port");
+        }
+        Err(outcome) => return outcome,
     };
-    let passthrough = found.passthrough;
-    let backend = pick_weighted(&found.route.api.backends).and_then(|b| b.backend.as_deref());
-    let Some(balancer) = backend.and_then(|k| snapshot.backends.get(k)).cloned() else {
-        return Outcome::closed(
-            TlsOutcome::NoBackend,
-            format!("route {} has no usable backend", found.route.label),
-        );
-    };
-    drop(snapshot);
-    let Some(endpoint) = balancer.pick() else {
-        return Outcome::closed(TlsOutcome::NoBackend, "backend has no endpoints");
-    };
-    let addr = endpoint.endpoint().addr;
+    let (addr, passthrough) = (target.addr, target.passthrough);
 
     if passthrough {
         let mut upstream = match connect(addr).await {
             Ok(s) => s,
-            Err(e) => return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}")),
+            Err(e) => return Outcome::closed(StreamOutcome::ConnectFailed, format!("{addr}: {e}")),
         };
         if let Err(e) = upstream.write_all(&hello).await {
-            return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}"));
+            return Outcome::closed(StreamOutcome::ConnectFailed, format!("{addr}: {e}"));
         }
         copy(client, &mut upstream, idle).await
     } else {
         let Some(config) = port.terminate.clone() else {
-            return Outcome::closed(TlsOutcome::NoRoute, "no terminating listener");
+            return Outcome::closed(StreamOutcome::NoRoute, "no terminating listener");
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         // The ClientHello was read already: hand it to rustls before the handshake reads on.
@@ -147,19 +133,117 @@ async fn serve_inner<C: crate::upgrade::Io>(
             if let Some(client) = accept.get_mut() {
                 let _ = client.write_all(&alert).await;
             }
-            return Outcome::closed(TlsOutcome::HandshakeFailed, "ClientHello refused by rustls");
+            return Outcome::closed(
+                StreamOutcome::HandshakeFailed,
+                "ClientHello refused by rustls",
+            );
         }
         let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
             Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => return Outcome::closed(TlsOutcome::HandshakeFailed, e.to_string()),
-            Err(_) => return Outcome::closed(TlsOutcome::HandshakeFailed, "handshake timed out"),
+            Ok(Err(e)) => return Outcome::closed(StreamOutcome::HandshakeFailed, e.to_string()),
+            Err(_) => {
+                return Outcome::closed(StreamOutcome::HandshakeFailed, "handshake timed out");
+            }
         };
         let mut upstream = match connect(addr).await {
             Ok(s) => s,
-            Err(e) => return Outcome::closed(TlsOutcome::ConnectFailed, format!("{addr}: {e}")),
+            Err(e) => return Outcome::closed(StreamOutcome::ConnectFailed, format!("{addr}: {e}")),
         };
         copy(&mut tls, &mut upstream, idle).await
     }
+}
+
+/// Where a connection goes: its endpoint, and whether its listener passes TLS through.
+struct Target {
+    addr: std::net::SocketAddr,
+    passthrough: bool,
+}
+
+/// Picks, in the table live now, the port's state and an endpoint of a backend of the first
+/// route `name` (the SNI, or empty) selects on the connection's port.
+fn pick(
+    shared: &Shared,
+    conn: &ConnCtx,
+    name: &str,
+) -> std::result::Result<(PortState, Target), Outcome> {
+    let Some(snapshot) = shared.snapshot.load_full() else {
+        return Err(Outcome::closed(StreamOutcome::NoRoute, "no route table"));
+    };
+    let Some(port) = snapshot.ports.get(&conn.table_port).cloned() else {
+        return Err(Outcome::closed(
+            StreamOutcome::NoRoute,
+            "the port is no longer served",
+        ));
+    };
+    let empty = HeaderMap::new();
+    let Some(found) = snapshot
+        .router
+        .route(conn.table_port, name, &Method::GET, "/", &empty)
+    else {
+        return Err(Outcome::closed(
+            StreamOutcome::NoRoute,
+            format!("no route for name {name:?}"),
+        ));
+    };
+    let passthrough = found.passthrough;
+    let backend = pick_weighted(&found.route.api.backends).and_then(|b| b.backend.as_deref());
+    let Some(balancer) = backend.and_then(|k| snapshot.backends.get(k)).cloned() else {
+        return Err(Outcome::closed(
+            StreamOutcome::NoBackend,
+            format!("route {} has no usable backend", found.route.label),
+        ));
+    };
+    drop(snapshot);
+    let Some(endpoint) = balancer.pick() else {
+        return Err(Outcome::closed(
+            StreamOutcome::NoBackend,
+            "backend has no endpoints",
+        ));
+    };
+    let addr = endpoint.endpoint().addr;
+    Ok((port, Target { addr, passthrough }))
+}
+
+/// Serves one connection of a TCP port (TCPRoutes) until either side closes or `stop` fires:
+/// connects to an endpoint of a backend of the port's first route and copies both ways (a
+/// half-close is passed on, so a client may end its request with a FIN and still read the
+/// answer).
+pub(crate) async fn serve_tcp<C: crate::upgrade::Io>(
+    shared: &Arc<Shared>,
+    mut client: C,
+    conn: ConnCtx,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _open = shared.metrics.tcp_opened();
+    let idle = shared.limits.stream_idle_timeout;
+    let outcome = tokio::select! {
+        o = serve_tcp_inner(shared, &mut client, &conn, idle) => o,
+        _ = stop.changed() => Outcome::closed(StreamOutcome::Stopped, "listener stopped"),
+    };
+    shared.metrics.tcp_connection(outcome.kind);
+    if let Some(why) = outcome.why {
+        tracing::debug!(peer = %conn.peer, port = conn.table_port, reason = %why, "TCP connection closed");
+    }
+}
+
+async fn serve_tcp_inner<C: crate::upgrade::Io>(
+    shared: &Arc<Shared>,
+    client: &mut C,
+    conn: &ConnCtx,
+    idle: Duration,
+) -> Outcome {
+    let addr = match pick(shared, conn, "") {
+        Ok((PortState::Tcp, target)) => target.addr,
+        Ok(_) => {
+            return Outcome::closed(StreamOutcome::NoRoute, "the port is no longer a TCP port");
+        }
+        Err(outcome) => return outcome,
+    };
+    let mut upstream = match connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::closed(StreamOutcome::ConnectFailed, format!("{addr}: {e}")),
+    };
+    copy(client, &mut upstream, idle).await
 }
 
 /// Gives rustls the bytes already read from the client and lets it process them (so its
@@ -206,17 +290,17 @@ where
     loop {
         let wait = idle.saturating_sub(activity.quiet_for());
         if wait.is_zero() {
-            return Outcome::closed(TlsOutcome::Idle, format!("no traffic for {idle:?}"));
+            return Outcome::closed(StreamOutcome::Idle, format!("no traffic for {idle:?}"));
         }
         tokio::select! {
             r = &mut copying => return match r {
                 Ok(_) => Outcome {
-                    kind: TlsOutcome::Served,
+                    kind: StreamOutcome::Served,
                     why: None,
                 },
                 // A reset after bytes flowed is how many TLS peers end; it was still served.
                 Err(e) => Outcome {
-                    kind: TlsOutcome::Served,
+                    kind: StreamOutcome::Served,
                     why: Some(format!("copy ended: {e}")),
                 },
             },
