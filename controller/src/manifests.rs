@@ -83,6 +83,7 @@ macro_rules! each_object_list {
         $m!(http_routes);
         $m!(grpc_routes);
         $m!(tls_routes);
+        $m!(tcp_routes);
         $m!(reference_grants);
         $m!(services);
         $m!(endpoint_slices);
@@ -115,6 +116,7 @@ struct Counts {
     http_routes: usize,
     grpc_routes: usize,
     tls_routes: usize,
+    tcp_routes: usize,
     reference_grants: usize,
     services: usize,
     endpoint_slices: usize,
@@ -140,6 +142,7 @@ impl Counts {
             http_routes: _,
             grpc_routes: _,
             tls_routes: _,
+            tcp_routes: _,
             reference_grants: _,
             services: _,
             endpoint_slices: _,

@@ -331,6 +331,6 @@ spec:
     assert!(
         cond(c, "Accepted")
             .message
-            .contains("on TLSRoute backends only")
+            .contains("on TLSRoute and TCPRoute backends only")
     );
 }

@@ -200,24 +200,24 @@ fn ref_not_permitted_certificate() {
 #[test]
 fn unsupported_protocol() {
     let out = run(&["listeners"], "");
-    for name in ["tcp", "passthrough"] {
+    for name in ["custom", "passthrough"] {
         let l = listener(&out, "infra", "tls", name);
         assert_cond(&l.conditions, "Accepted", "False", "UnsupportedProtocol");
         assert_cond(&l.conditions, "Programmed", "False", "Invalid");
     }
     assert!(
-        listener(&out, "infra", "tls", "tcp")
+        listener(&out, "infra", "tls", "custom")
             .supported_kinds
             .as_ref()
             .unwrap()
             .is_empty()
     );
-    let gw = gateway_conds(&out, "infra", "only-tcp");
+    let gw = gateway_conds(&out, "infra", "only-custom");
     assert_cond(gw, "Accepted", "False", "ListenersNotValid");
     assert_cond(gw, "Programmed", "False", "Invalid");
     assert!(
         !out.tables
-            .contains_key(&ObjectKey::new("infra", "only-tcp"))
+            .contains_key(&ObjectKey::new("infra", "only-custom"))
     );
 }
 
@@ -287,7 +287,7 @@ fn rejections_name_the_objects() {
         && r.reason == "RefNotPermitted"));
     assert!(
         rej.iter()
-            .any(|r| r.key == ObjectKey::new("infra", "only-tcp")
+            .any(|r| r.key == ObjectKey::new("infra", "only-custom")
                 && r.part.is_none()
                 && r.reason == "ListenersNotValid")
     );

@@ -492,8 +492,8 @@ pub fn service_usage(
                     })
                     .collect()
             }
-            // TLS streams are copied or terminated here, never re-encrypted.
-            super::RouteKind::Tls => continue,
+            // TLS streams are copied or terminated here, TCP streams copied: never encrypted.
+            super::RouteKind::Tls | super::RouteKind::Tcp => continue,
         };
         let gws: BTreeSet<ObjectKey> = r
             .attachments

@@ -179,7 +179,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
         let key = match route_kind {
             RouteKind::Http => BackendKey::of(ns, name, port16),
             RouteKind::Grpc => BackendKey::h2c(ns, name, port16),
-            RouteKind::Tls => BackendKey::tcp(ns, name, port16),
+            RouteKind::Tls | RouteKind::Tcp => BackendKey::tcp(ns, name, port16),
         };
         if self.backends.contains_key(&key) {
             self.note(&key, ns, name, port, route_kind);
@@ -257,7 +257,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
     }
 
     /// The TLS settings of a Service port a BackendTLSPolicy targets (HTTPRoutes and
-    /// GRPCRoutes only: a TLSRoute's stream is never re-encrypted); the problem that leaves
+    /// GRPCRoutes only: a TLSRoute's or TCPRoute's stream is never encrypted here); the problem that leaves
     /// the ref unresolved when the policy is not valid (fail closed).
     fn backend_tls(
         &self,
@@ -267,7 +267,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
         sp: &ServicePort,
         kind: RouteKind,
     ) -> Result<Option<BackendTls>, Problem> {
-        if kind == RouteKind::Tls {
+        if kind.is_stream() {
             return Ok(None);
         }
         let Some(target) = self.idx.backend_tls.for_port(ns, name, sp.name.as_deref()) else {
@@ -335,8 +335,8 @@ impl<'i, 'a> Resolver<'i, 'a> {
 /// BackendTLSPolicy says how (`tls`), never in plaintext.
 fn backend_protocol(sp: &ServicePort, kind: RouteKind, tls: bool) -> Option<BackendProtocol> {
     match (kind, sp.app_protocol.as_deref()) {
-        // Passthrough copies bytes: whatever the port speaks is the client's business.
-        (RouteKind::Tls, _) => Some(BackendProtocol::Tcp),
+        // Streams are copied: whatever the port speaks is the client's business.
+        (RouteKind::Tls | RouteKind::Tcp, _) => Some(BackendProtocol::Tcp),
         (RouteKind::Http, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::Http1),
         (RouteKind::Grpc, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::H2c),
         (

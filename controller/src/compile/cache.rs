@@ -34,6 +34,7 @@ use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::tcproutes::TcpRoute;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::{ObjectKey, Route};
@@ -57,9 +58,9 @@ pub struct CompileCache {
     backend_tls: BTreeMap<super::backend_tls::TargetKey, super::backend_tls::Target>,
     /// Route memos per kind ([`RouteKind`] as index), sorted by key: the routes of one kind
     /// are compiled in key order, so a compile walks the previous memos alongside (no lookup).
-    routes: [Vec<(ObjectKey, RouteMemo)>; 3],
+    routes: [Vec<(ObjectKey, RouteMemo)>; RouteKind::ALL.len()],
     /// During a compile: the previous compile's route memos not yet walked past.
-    prev: [std::vec::IntoIter<(ObjectKey, RouteMemo)>; 3],
+    prev: [std::vec::IntoIter<(ObjectKey, RouteMemo)>; RouteKind::ALL.len()],
     /// Virtual-host memos by (Gateway, listener, hostname).
     vhosts: BTreeMap<(ObjectKey, String, String), VhostMemo>,
     /// The last stamp handed out.
@@ -124,6 +125,7 @@ enum SourceCopy {
     Http(Box<HttpRoute>),
     Grpc(Box<GrpcRoute>),
     Tls(Box<TlsRoute>),
+    Tcp(Box<TcpRoute>),
 }
 
 impl SourceCopy {
@@ -132,6 +134,7 @@ impl SourceCopy {
             RouteSource::Http(r) => Self::Http(Box::new(r.clone())),
             RouteSource::Grpc(r) => Self::Grpc(Box::new(r.clone())),
             RouteSource::Tls(r) => Self::Tls(Box::new(r.clone())),
+            RouteSource::Tcp(r) => Self::Tcp(Box::new(r.clone())),
         }
     }
 
@@ -140,6 +143,7 @@ impl SourceCopy {
             Self::Http(r) => &r.metadata,
             Self::Grpc(r) => &r.metadata,
             Self::Tls(r) => &r.metadata,
+            Self::Tcp(r) => &r.metadata,
         }
     }
 
@@ -159,6 +163,7 @@ impl SourceCopy {
             (Self::Http(a), RouteSource::Http(b)) => **a == *b,
             (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
             (Self::Tls(a), RouteSource::Tls(b)) => **a == *b,
+            (Self::Tcp(a), RouteSource::Tcp(b)) => **a == *b,
             _ => false,
         }
     }
@@ -169,6 +174,7 @@ fn slot(kind: RouteKind) -> usize {
         RouteKind::Http => 0,
         RouteKind::Grpc => 1,
         RouteKind::Tls => 2,
+        RouteKind::Tcp => 3,
     }
 }
 
@@ -249,7 +255,7 @@ impl CompileCache {
                 Some(a) if self.listeners_same => {
                     let into = match route.kind() {
                         RouteKind::Http => take_key(&mut self.recycled, &k).map(|(_, s)| s.parents),
-                        RouteKind::Grpc | RouteKind::Tls => None,
+                        RouteKind::Grpc | RouteKind::Tls | RouteKind::Tcp => None,
                     };
                     self.stats.statuses_recycled += usize::from(into.is_some());
                     let into = into.unwrap_or_default();

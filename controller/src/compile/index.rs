@@ -14,6 +14,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::tcproutes::TcpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -64,6 +65,8 @@ pub struct Index<'a> {
     pub grpc_routes: Vec<&'a GrpcRoute>,
     /// TLSRoutes sorted by key.
     pub tls_routes: Vec<&'a TlsRoute>,
+    /// TCPRoutes sorted by key.
+    pub tcp_routes: Vec<&'a TcpRoute>,
     /// Services by key.
     pub services: BTreeMap<Ref<'a>, &'a Service>,
     /// EndpointSlices by (namespace, service name), sorted by slice name.
@@ -87,6 +90,7 @@ impl<'a> Index<'a> {
         let routes = by_key(&inputs.http_routes, |r| &r.metadata);
         let grpc_routes = by_key(&inputs.grpc_routes, |r| &r.metadata);
         let tls_routes = by_key(&inputs.tls_routes, |r| &r.metadata);
+        let tcp_routes = by_key(&inputs.tcp_routes, |r| &r.metadata);
         let services = by_key(&inputs.services, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
@@ -136,6 +140,7 @@ impl<'a> Index<'a> {
             routes,
             grpc_routes,
             tls_routes,
+            tcp_routes,
             services,
             slices,
             secrets,

@@ -1,13 +1,13 @@
-//! Route kinds: what HTTPRoute, GRPCRoute and TLSRoute share, so attachment, status and rejections are
-//! written once.
+//! Route kinds: what HTTPRoute, GRPCRoute, TLSRoute and TCPRoute share, so attachment, status and
+//! rejections are written once.
 //!
-//! In: an HTTPRoute, a GRPCRoute or a TLSRoute. Out: a [`RouteSource`] giving attachment what it reads
+//! In: an HTTPRoute, a GRPCRoute, a TLSRoute or a TCPRoute. Out: a [`RouteSource`] giving attachment what it reads
 //! (kind, metadata, hostnames, parentRefs) and the compiled rules; and [`RouteParent`], the
 //! accessors of a `status.parents[]` entry that both generated status types share, so the
 //! status writer, `validate` and the rejection list handle both kinds with one body.
 //!
 //! The compiler keeps parentRefs and parent statuses in the HTTPRoute types internally (the
-//! generated GRPCRoute and TLSRoute types have the same fields under other names) and converts
+//! generated GRPCRoute, TLSRoute and TCPRoute types have the same fields under other names) and converts
 //! theirs at the edges: parentRefs on the way in, statuses on the way out.
 
 use std::borrow::Cow;
@@ -17,6 +17,7 @@ use gateway_api::experimental::httproutes::{
 };
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
+use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents, TcpRouteStatusParentsParentRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use tollgate_api::Protocol;
 
@@ -48,19 +49,33 @@ pub enum RouteKind {
     /// gateway.networking.k8s.io TLSRoute: TLS streams routed on SNI, passed through or
     /// terminated, bytes copied.
     Tls,
+    /// gateway.networking.k8s.io TCPRoute: byte streams, copied.
+    Tcp,
 }
 
 impl RouteKind {
     /// Every kind, in the order listeners advertise them in `supportedKinds`.
-    pub const ALL: [RouteKind; 3] = [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls];
+    pub const ALL: [RouteKind; 4] = [
+        RouteKind::Http,
+        RouteKind::Grpc,
+        RouteKind::Tls,
+        RouteKind::Tcp,
+    ];
 
     /// The kinds a listener of `protocol` serves, in `supportedKinds` order: HTTPRoute and
-    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS.
+    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS, TCPRoute on TCP.
     pub fn for_protocol(protocol: Protocol) -> &'static [RouteKind] {
         match protocol {
             Protocol::Http | Protocol::Https => &[RouteKind::Http, RouteKind::Grpc],
             Protocol::Tls => &[RouteKind::Tls],
+            Protocol::Tcp => &[RouteKind::Tcp],
         }
+    }
+
+    /// Whether its routes carry byte streams (TLSRoute, TCPRoute), not requests: no policy,
+    /// filter or matcher applies, and backends are only connected to.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Self::Tls | Self::Tcp)
     }
 
     /// The Kubernetes kind name.
@@ -69,6 +84,7 @@ impl RouteKind {
             Self::Http => "HTTPRoute",
             Self::Grpc => "GRPCRoute",
             Self::Tls => "TLSRoute",
+            Self::Tcp => "TCPRoute",
         }
     }
 
@@ -93,6 +109,8 @@ pub enum RouteSource<'a> {
     Grpc(&'a GrpcRoute),
     /// A TLSRoute.
     Tls(&'a TlsRoute),
+    /// A TCPRoute.
+    Tcp(&'a TcpRoute),
 }
 
 impl<'a> RouteSource<'a> {
@@ -102,6 +120,7 @@ impl<'a> RouteSource<'a> {
             Self::Http(_) => RouteKind::Http,
             Self::Grpc(_) => RouteKind::Grpc,
             Self::Tls(_) => RouteKind::Tls,
+            Self::Tcp(_) => RouteKind::Tcp,
         }
     }
 
@@ -111,6 +130,7 @@ impl<'a> RouteSource<'a> {
             Self::Http(r) => &r.metadata,
             Self::Grpc(r) => &r.metadata,
             Self::Tls(r) => &r.metadata,
+            Self::Tcp(r) => &r.metadata,
         }
     }
 
@@ -120,10 +140,12 @@ impl<'a> RouteSource<'a> {
             Self::Http(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
             Self::Grpc(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
             Self::Tls(r) => &r.spec.hostnames,
+            // A TCPRoute has no hostnames: it takes every connection of its listener.
+            Self::Tcp(_) => &[],
         }
     }
 
-    /// `spec.parentRefs`, GRPCRoute and TLSRoute ones converted to the HTTPRoute type (same fields).
+    /// `spec.parentRefs`, other kinds' converted to the HTTPRoute type (same fields).
     pub fn parent_refs(self) -> Cow<'a, [HttpRouteParentRefs]> {
         match self {
             Self::Http(r) => Cow::Borrowed(r.spec.parent_refs.as_deref().unwrap_or_default()),
@@ -143,6 +165,14 @@ impl<'a> RouteSource<'a> {
                     .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
                     .collect(),
             ),
+            Self::Tcp(r) => Cow::Owned(
+                r.spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
+                    .collect(),
+            ),
         }
     }
 
@@ -152,6 +182,7 @@ impl<'a> RouteSource<'a> {
             Self::Http(r) => compile_route(r, resolver),
             Self::Grpc(r) => super::grpc::compile_grpc_route(r, resolver),
             Self::Tls(r) => super::tlsroute::compile_tls_route(r, resolver),
+            Self::Tcp(r) => super::tlsroute::compile_tcp_route(r, resolver),
         }
     }
 }
@@ -169,6 +200,15 @@ pub fn grpc_parent(p: HttpRouteStatusParents) -> GrpcRouteStatusParents {
 pub fn tls_parent(p: HttpRouteStatusParents) -> TlsRouteStatusParents {
     TlsRouteStatusParents {
         parent_ref: parent_ref_as!(TlsRouteStatusParentsParentRef, &p.parent_ref),
+        conditions: p.conditions,
+        controller_name: p.controller_name,
+    }
+}
+
+/// A TCPRoute `status.parents[]` entry from the compiler's (HTTPRoute-typed) one.
+pub fn tcp_parent(p: HttpRouteStatusParents) -> TcpRouteStatusParents {
+    TcpRouteStatusParents {
+        parent_ref: parent_ref_as!(TcpRouteStatusParentsParentRef, &p.parent_ref),
         conditions: p.conditions,
         controller_name: p.controller_name,
     }
@@ -230,6 +270,7 @@ macro_rules! route_parent {
 route_parent!(HttpRouteStatusParents);
 route_parent!(GrpcRouteStatusParents);
 route_parent!(TlsRouteStatusParents);
+route_parent!(TcpRouteStatusParents);
 
 /// The parentRef of a status entry, built from a (HTTPRoute-typed) parentRef.
 pub fn status_parent_ref(p: &HttpRouteParentRefs) -> HttpRouteStatusParentsParentRef {
@@ -245,6 +286,6 @@ mod tests {
         for k in RouteKind::ALL {
             assert_eq!(RouteKind::from_name(k.as_str()), Some(k));
         }
-        assert_eq!(RouteKind::from_name("TCPRoute"), None);
+        assert_eq!(RouteKind::from_name("UDPRoute"), None);
     }
 }

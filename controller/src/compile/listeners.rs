@@ -363,6 +363,7 @@ fn validate_listener<'a>(
         "HTTP" => Some(Protocol::Http),
         "HTTPS" => Some(Protocol::Https),
         "TLS" => Some(Protocol::Tls),
+        "TCP" => Some(Protocol::Tcp),
         _ => None,
     };
     let allowed = l.allowed_routes.as_ref();
@@ -484,7 +485,7 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
             ACCEPTED,
             reason::UNSUPPORTED_PROTOCOL,
             format!(
-                "protocol {} is not supported (HTTP, HTTPS and TLS only)",
+                "protocol {} is not supported (HTTP, HTTPS, TLS and TCP only)",
                 l.spec.protocol
             ),
         )
@@ -562,7 +563,7 @@ fn terminates(protocol: Option<Protocol>, passthrough: bool) -> bool {
     match protocol {
         Some(Protocol::Https) => true,
         Some(Protocol::Tls) => !passthrough,
-        Some(Protocol::Http) | None => false,
+        Some(Protocol::Http | Protocol::Tcp) | None => false,
     }
 }
 

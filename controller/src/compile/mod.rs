@@ -49,6 +49,7 @@ use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
+use gateway_types::tcproutes::{TcpRoute, TcpRouteStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -80,6 +81,8 @@ pub struct Inputs {
     pub grpc_routes: Vec<GrpcRoute>,
     /// TLSRoutes.
     pub tls_routes: Vec<TlsRoute>,
+    /// TCPRoutes.
+    pub tcp_routes: Vec<TcpRoute>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -132,6 +135,7 @@ impl Inputs {
             http_routes: Vec::new(),
             grpc_routes: Vec::new(),
             tls_routes: Vec::new(),
+            tcp_routes: Vec::new(),
             reference_grants: Vec::new(),
             services: Vec::new(),
             endpoint_slices: Vec::new(),
@@ -158,6 +162,7 @@ impl Inputs {
         self.http_routes.extend(other.http_routes);
         self.grpc_routes.extend(other.grpc_routes);
         self.tls_routes.extend(other.tls_routes);
+        self.tcp_routes.extend(other.tcp_routes);
         self.reference_grants.extend(other.reference_grants);
         self.services.extend(other.services);
         self.endpoint_slices.extend(other.endpoint_slices);
@@ -202,6 +207,13 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub tls_routes: BTreeMap<ObjectKey, TlsRouteStatus>,
+    /// Status of every TCPRoute with at least one parentRef to one of our Gateways, as for
+    /// HTTPRoutes.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub tcp_routes: BTreeMap<ObjectKey, TcpRouteStatus>,
     /// Status of every RateLimitPolicy.
     #[serde(
         serialize_with = "output::keyed",
@@ -357,6 +369,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let mut http_routes = Vec::new();
     let mut grpc_routes = Vec::new();
     let mut tls_routes = Vec::new();
+    let mut tcp_routes = Vec::new();
     // Keys are built per parent only when some policy affects some route.
     let any_affected = !policies.affecting_routes.is_empty();
     // The routes are not needed after this: their status entries move out, uncloned.
@@ -392,6 +405,10 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
                 let parents = parents.into_iter().map(kinds::tls_parent).collect();
                 tls_routes.push((r.key, TlsRouteStatus { parents }));
             }
+            RouteKind::Tcp => {
+                let parents = parents.into_iter().map(kinds::tcp_parent).collect();
+                tcp_routes.push((r.key, TcpRouteStatus { parents }));
+            }
         }
     }
     Output {
@@ -404,6 +421,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         http_routes: http_routes.into_iter().collect(),
         grpc_routes: grpc_routes.into_iter().collect(),
         tls_routes: tls_routes.into_iter().collect(),
+        tcp_routes: tcp_routes.into_iter().collect(),
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
         client_policies: client.status,
@@ -462,8 +480,8 @@ fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str
     gws.chain(routes).chain(grpc_routes).collect()
 }
 
-/// Policy attachment view of the Gateways. TLS listeners are left out: policies act on HTTP
-/// requests, and a TLS stream has none, so a policy never claims to be enforced there.
+/// Policy attachment view of the Gateways. TLS and TCP listeners are left out: policies act on
+/// HTTP requests, and a stream has none, so a policy never claims to be enforced there.
 fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::GatewayTarget> {
     gateways
         .iter()
@@ -473,7 +491,12 @@ fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::Ga
             listeners: g
                 .listeners
                 .iter()
-                .filter(|l| l.protocol != Some(tollgate_api::Protocol::Tls))
+                .filter(|l| {
+                    !matches!(
+                        l.protocol,
+                        Some(tollgate_api::Protocol::Tls | tollgate_api::Protocol::Tcp)
+                    )
+                })
                 .map(|l| l.spec.name.clone())
                 .collect(),
         })
@@ -536,8 +559,9 @@ fn policy_routes(
     routes
         .routes
         .iter()
-        // TLSRoutes carry streams, not requests: no policy targets them (see policy_gateways).
-        .filter(|r| r.kind != RouteKind::Tls)
+        // TLSRoutes and TCPRoutes carry streams, not requests: no policy targets them (see
+        // policy_gateways).
+        .filter(|r| !r.kind.is_stream())
         .filter_map(|r| {
             let rules = r.compiled.rules.as_ref().ok()?;
             let mut attachments: Vec<(ObjectKey, String)> = r

@@ -114,6 +114,9 @@ impl Output {
         for (key, s) in &self.tls_routes {
             push_route(&mut out, RouteKind::Tls, key, &s.parents);
         }
+        for (key, s) in &self.tcp_routes {
+            push_route(&mut out, RouteKind::Tcp, key, &s.parents);
+        }
         for (kind, statuses) in [
             ("RateLimitPolicy", &self.rate_limit_policies),
             ("AuthPolicy", &self.auth_policies),

@@ -74,7 +74,7 @@ pub struct RouteModel<'a> {
 /// Routes plus every backend they resolved.
 #[derive(Debug)]
 pub struct Routes<'a> {
-    /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, each sorted by key.
+    /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, then TCPRoutes, each sorted by key.
     pub routes: Vec<RouteModel<'a>>,
     /// Resolved backends by key (for lookups).
     pub backends: LookupMap<String, Backend>,
@@ -105,14 +105,16 @@ pub fn compile_routes<'a>(
         c.listeners(ListenerView::of(gateways, idx));
     }
     let mut resolver = Resolver::new(idx);
-    let mut routes =
-        Vec::with_capacity(idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len());
+    let mut routes = Vec::with_capacity(
+        idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len() + idx.tcp_routes.len(),
+    );
     let sources = idx
         .routes
         .iter()
         .map(|r| RouteSource::Http(r))
         .chain(idx.grpc_routes.iter().map(|r| RouteSource::Grpc(r)))
-        .chain(idx.tls_routes.iter().map(|r| RouteSource::Tls(r)));
+        .chain(idx.tls_routes.iter().map(|r| RouteSource::Tls(r)))
+        .chain(idx.tcp_routes.iter().map(|r| RouteSource::Tcp(r)));
     for route in sources {
         let meta = route.meta();
         let route_ns = ns_of(meta);
@@ -422,17 +424,20 @@ fn attach(
         ));
     }
     let allowed: Vec<usize> = accepted
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|&i| {
             let l = &gw.listeners[i];
             l.allows(kind) && l.allows_namespace(idx, &gw_ns, route_ns)
         })
         .collect();
     if allowed.is_empty() {
-        return Err(Problem::new(
-            reason::NOT_ALLOWED_BY_LISTENERS,
-            format!("Gateway {gw_key}: no listener allows {kind}s from namespace {route_ns}"),
-        ));
+        let message = if accepted.iter().any(|&i| gw.listeners[i].allows(kind)) {
+            format!("Gateway {gw_key}: no listener allows {kind}s from namespace {route_ns}")
+        } else {
+            format!("Gateway {gw_key}: no matching listener takes {kind}s")
+        };
+        return Err(Problem::new(reason::NOT_ALLOWED_BY_LISTENERS, message));
     }
     let route_hosts = route.hostnames();
     let mut found = Vec::new();

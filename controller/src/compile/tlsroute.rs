@@ -1,4 +1,4 @@
-//! TLSRoute rules to route-table entries.
+//! TLSRoute and TCPRoute rules to route-table entries.
 //!
 //! In: one TLSRoute and a backend [`Resolver`]. Out: a [`CompiledRoute`], like
 //! [`super::rules::compile_route`] gives for an HTTPRoute, so attachment, hostname
@@ -14,6 +14,7 @@
 
 use gateway_api::experimental::httproutes::HttpRouteRules;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteRules};
+use gateway_types::tcproutes::TcpRoute;
 use tollgate_api::{PathMatch, RouteMatch};
 
 use super::backends::Resolver;
@@ -35,6 +36,19 @@ pub fn compile_tls_route(route: &TlsRoute, resolver: &mut Resolver<'_, '_>) -> C
     )
 }
 
+/// Compiles the rules of a TCPRoute as a TLSRoute's: no hostnames (the route takes every
+/// connection of its listener), rules of the same shape.
+pub fn compile_tcp_route(route: &TcpRoute, resolver: &mut Resolver<'_, '_>) -> CompiledRoute {
+    let ns = ns_of(&route.metadata);
+    collect_rules(&[], &route.spec.rules, |i, rule, unresolved| {
+        let value = serde_json::json!({
+            "name": rule.name,
+            "backendRefs": rule.backend_refs,
+        });
+        compile_stream_rule(i, value, RouteKind::Tcp, ns, resolver, unresolved)
+    })
+}
+
 fn compile_rule(
     i: usize,
     rule: &TlsRouteRules,
@@ -42,11 +56,24 @@ fn compile_rule(
     resolver: &mut Resolver<'_, '_>,
     unresolved: &mut Vec<Problem>,
 ) -> Result<CompiledRule, Problem> {
-    let field = format!("spec.rules[{i}]");
     let value = serde_json::json!({
         "name": rule.name,
         "backendRefs": rule.backend_refs,
     });
+    compile_stream_rule(i, value, RouteKind::Tls, ns, resolver, unresolved)
+}
+
+/// One rule of a stream route, as its `{name, backendRefs}` JSON: a catch-all match whose
+/// weighted backends are where connections go.
+fn compile_stream_rule(
+    i: usize,
+    value: serde_json::Value,
+    kind: RouteKind,
+    ns: &str,
+    resolver: &mut Resolver<'_, '_>,
+    unresolved: &mut Vec<Problem>,
+) -> Result<CompiledRule, Problem> {
+    let field = format!("spec.rules[{i}]");
     let actions: HttpRouteRules =
         serde_json::from_value(value).map_err(|e| unsupported(&field, e))?;
     let any = RouteMatch {
@@ -61,7 +88,7 @@ fn compile_rule(
         rule: &actions,
         matches: vec![any],
         specificity: vec![specificity],
-        kind: RouteKind::Tls,
+        kind,
         ns,
     };
     compile_actions(input, resolver, unresolved)

@@ -223,6 +223,10 @@ mod tests {
             "tlsroutes.gateway.networking.k8s.io"
         );
         assert_eq!(
+            crd_name::<gateway_types::tcproutes::TcpRoute>(),
+            "tcproutes.gateway.networking.k8s.io"
+        );
+        assert_eq!(
             crd_name::<gateway_api::backendtlspolicies::BackendTlsPolicy>(),
             "backendtlspolicies.gateway.networking.k8s.io"
         );

@@ -443,6 +443,11 @@ impl Reconciler {
                 .tls_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "TCPRoute" => self
+                .stores
+                .tcp_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "RateLimitPolicy" => self
                 .stores
                 .rate_limit_policies
@@ -606,6 +611,11 @@ impl Reconciler {
             StatusWrite::TlsRoute { .. } => self
                 .stores
                 .tls_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::TcpRoute { .. } => self
+                .stores
+                .tcp_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::BackendTlsPolicy { .. } => self
@@ -832,6 +842,9 @@ pub fn name_parents(out: &mut Output, controller_name: &str) {
         p.set_controller_name(controller_name);
     }
     for p in out.tls_routes.values_mut().flat_map(|s| &mut s.parents) {
+        p.set_controller_name(controller_name);
+    }
+    for p in out.tcp_routes.values_mut().flat_map(|s| &mut s.parents) {
         p.set_controller_name(controller_name);
     }
 }

@@ -1,5 +1,5 @@
 //! Route status, for every route kind: what the status writer ([`super::status`]) does with
-//! HTTPRoutes, GRPCRoutes and TLSRoutes, written once.
+//! HTTPRoutes, GRPCRoutes, TLSRoutes and TCPRoutes, written once.
 //!
 //! In: the compiler's [`Output`], the watched routes in the [`Stores`]. Out: the
 //! [`StatusWrite`]s of routes whose `status.parents` entries of ours differ from the desired
@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
+use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
@@ -102,6 +103,13 @@ route_status_kind!(
     "TLSRoute",
     tls_routes,
     TlsRoute
+);
+route_status_kind!(
+    TcpRoute,
+    TcpRouteStatusParents,
+    "TCPRoute",
+    tcp_routes,
+    TcpRoute
 );
 
 /// The writes of every route of kind `K` whose entries of ours differ from the desired ones.

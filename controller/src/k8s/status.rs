@@ -23,6 +23,7 @@ use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
+use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -91,6 +92,15 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<TlsRouteStatusParents>,
     },
+    /// A TCPRoute status.
+    TcpRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<TcpRouteStatusParents>,
+    },
     /// Our status on a Gateway or GatewayClass that is no longer ours: applying an empty
     /// status as our field manager removes every field we own.
     Release {
@@ -143,7 +153,8 @@ pub struct NewRejection {
 }
 
 impl StatusWrite {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `TLSRoute` or a policy kind.
+    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `TLSRoute`, `TCPRoute` or a
+    /// policy kind.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
@@ -151,6 +162,7 @@ impl StatusWrite {
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::TlsRoute { .. } => TlsRoute::KIND,
+            Self::TcpRoute { .. } => TcpRoute::KIND,
             Self::BackendTlsPolicy { .. } => super::backend_tls_status::KIND,
             Self::TrafficPolicy { .. } => super::traffic_status::KIND,
             Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
@@ -165,6 +177,7 @@ impl StatusWrite {
             | Self::HttpRoute { key, .. }
             | Self::GrpcRoute { key, .. }
             | Self::TlsRoute { key, .. }
+            | Self::TcpRoute { key, .. }
             | Self::BackendTlsPolicy { key, .. }
             | Self::TrafficPolicy { key, .. }
             | Self::Policy { key, .. }
@@ -210,6 +223,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     plan_routes::<HttpRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
+    plan_routes::<TcpRoute>(out, stores, controller_name, &mut writes);
     super::backend_tls_status::plan(out, stores, controller_name, &mut writes);
     super::traffic_status::plan(out, stores, controller_name, &mut writes);
     for (kind, desired_all, store) in [
@@ -555,6 +569,9 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::TlsRoute { key, parents, .. } => {
             route_rejections::<TlsRoute>(stores, key, parents, &mut diff);
         }
+        StatusWrite::TcpRoute { key, parents, .. } => {
+            route_rejections::<TcpRoute>(stores, key, parents, &mut diff);
+        }
         StatusWrite::BackendTlsPolicy { key, ancestors, .. } => {
             super::backend_tls_status::rejections(stores, key, ancestors, &mut diff);
         }
@@ -633,6 +650,11 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             resource_version,
             parents,
         } => apply_route::<TlsRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::TcpRoute {
+            key,
+            resource_version,
+            parents,
+        } => apply_route::<TcpRoute>(client, &pp, key, resource_version, parents).await?,
         StatusWrite::TrafficPolicy {
             key,
             resource_version,

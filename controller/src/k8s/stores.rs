@@ -44,6 +44,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::tcproutes::TcpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -79,6 +80,8 @@ pub enum Kind {
     GrpcRoute,
     /// gateway.networking.k8s.io TLSRoute (optional: see the module docs).
     TlsRoute,
+    /// gateway.networking.k8s.io TCPRoute (optional, as TLSRoute).
+    TcpRoute,
     /// gateway.networking.k8s.io ReferenceGrant.
     ReferenceGrant,
     /// core Service.
@@ -116,6 +119,7 @@ impl Kind {
             Self::HttpRoute => "HTTPRoute",
             Self::GrpcRoute => "GRPCRoute",
             Self::TlsRoute => "TLSRoute",
+            Self::TcpRoute => "TCPRoute",
             Self::ReferenceGrant => "ReferenceGrant",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
@@ -186,6 +190,8 @@ pub struct Stores {
     pub grpc_routes: Store<Lenient<GrpcRoute>>,
     /// TLSRoutes (empty while the CRD is not installed).
     pub tls_routes: Store<Lenient<TlsRoute>>,
+    /// TCPRoutes (empty while the CRD, at v1, is not installed).
+    pub tcp_routes: Store<Lenient<TcpRoute>>,
     /// ReferenceGrants.
     pub reference_grants: Store<Lenient<ReferenceGrant>>,
     /// Services.
@@ -239,6 +245,13 @@ impl Stores {
         let (grpc_routes, t) = w(Kind::GrpcRoute).spawn(Api::all(client.clone()), cfg());
         tasks.push(t);
         let (tls_routes, t) = w(Kind::TlsRoute).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
+        let (tcp_routes, t) = w(Kind::TcpRoute).spawn_optional(
             Api::all(client.clone()),
             cfg(),
             Optional::Forgiving,
@@ -323,6 +336,7 @@ impl Stores {
             http_routes,
             grpc_routes,
             tls_routes,
+            tcp_routes,
             reference_grants,
             services,
             endpoint_slices,
@@ -348,6 +362,7 @@ impl Stores {
         self.http_routes.wait_until_ready().await?;
         self.grpc_routes.wait_until_ready().await?;
         self.tls_routes.wait_until_ready().await?;
+        self.tcp_routes.wait_until_ready().await?;
         self.backend_tls_policies.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
@@ -371,6 +386,7 @@ impl Stores {
         inputs.http_routes = well_formed(&self.http_routes);
         inputs.grpc_routes = well_formed(&self.grpc_routes);
         inputs.tls_routes = well_formed(&self.tls_routes);
+        inputs.tcp_routes = well_formed(&self.tcp_routes);
         inputs.backend_tls_policies = well_formed(&self.backend_tls_policies);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
@@ -653,6 +669,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::HttpRoute
             | Kind::GrpcRoute
             | Kind::TlsRoute
+            | Kind::TcpRoute
             | Kind::BackendTlsPolicy
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy

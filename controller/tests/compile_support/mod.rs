@@ -171,3 +171,12 @@ pub fn tls_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> 
         .parents[i]
         .conditions
 }
+
+/// Conditions of the `i`th parents[] entry of a TCPRoute.
+pub fn tcp_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> &'a [Condition] {
+    &out.tcp_routes
+        .get(&ObjectKey::new(ns, name))
+        .unwrap_or_else(|| panic!("no status for TCPRoute {ns}/{name}"))
+        .parents[i]
+        .conditions
+}

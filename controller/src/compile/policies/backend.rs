@@ -87,7 +87,7 @@ pub fn apply(
             return false;
         };
         if backend.protocol == BackendProtocol::Tcp {
-            // A TLSRoute's backend carries bytes, not requests: only its balancing (not by a
+            // A TLSRoute's or TCPRoute's backend carries bytes, not requests: only its balancing (not by a
             // request's key) and TCP health checks apply.
             partial[i] = true;
             if let Some(lb) = c
@@ -135,7 +135,7 @@ pub fn apply(
             let mut notes = Vec::new();
             if partial[i] {
                 notes.push(
-                    "on TLSRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
+                    "on TLSRoute and TCPRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
                 );
             }
             notes

@@ -379,9 +379,9 @@ fn describe(t: &TargetRef) -> String {
         Some(s) => format!("{} {} (section {s})", t.kind, t.name),
         None => format!("{} {}", t.kind, t.name),
     };
-    if t.kind == "TLSRoute" {
-        // Policies act on HTTP requests; a TLSRoute carries opaque streams.
-        d + " (policies do not apply to TLSRoutes)"
+    if t.kind == "TLSRoute" || t.kind == "TCPRoute" {
+        // Policies act on HTTP requests; TLSRoutes and TCPRoutes carry opaque streams.
+        d + &format!(" (policies do not apply to {}s)", t.kind)
     } else {
         d
     }
