@@ -17,7 +17,7 @@
 #      e2e/conformance/reports/tollgate-report.yaml (the committed report is the one
 #      this script wrote) and the suite's output to reports/conformance.log.
 #
-# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS
+# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP
 # Env:
 #   CONFORMANCE_RUN_TEST   run only this test (its ShortName); no report is written
 #   CONFORMANCE_SKIP_TESTS comma-separated ShortNames to skip (recorded in the report)
@@ -70,16 +70,20 @@ grpc_features=(
 tls_features=(
   Gateway TLSRoute ReferenceGrant TLSRouteModeTerminate TLSRouteModeMixed
 )
+tcp_features=(
+  Gateway TCPRoute ReferenceGrant
+)
 
 profiles=("$@")
-((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS)
+((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP)
 features=()
 for p in "${profiles[@]}"; do
   case $p in
     GATEWAY-HTTP) features+=("${http_features[@]}") ;;
     GATEWAY-GRPC) features+=("${grpc_features[@]}") ;;
     GATEWAY-TLS) features+=("${tls_features[@]}") ;;
-    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS)" ;;
+    GATEWAY-TCP) features+=("${tcp_features[@]}") ;;
+    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS, GATEWAY-TCP)" ;;
   esac
 done
 features_csv=$(printf '%s\n' "${features[@]}" | sort -u | paste -sd, -)

@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -42,7 +42,7 @@ cleanup() {
   local rc=$? ex
   if ((rc != 0)); then
     for ex in "${EXAMPLES[@]}"; do
-      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,pods -o wide >&2 2>/dev/null || true
+      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,tcproute,pods -o wide >&2 2>/dev/null || true
     done
     kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
   fi
@@ -126,6 +126,13 @@ if body "${tls_ca[@]}" --resolve "other.example.test:9443:$a" https://other.exam
   die "tls: an SNI no route takes was answered"
 fi
 log "ok: tls: an SNI no route takes is closed"
+
+# --- tcp -------------------------------------------------------------------------------
+a=$(addr tcp tcp)
+expect "tcp: bytes copied to the echo backend" '"path": "/hello"' body "http://$a:9000/hello"
+[[ $(body "http://$a:9000/hello") != *x-forwarded* ]] ||
+  die "tcp: the stream went through HTTP processing (x-forwarded-* present)"
+log "ok: tcp: no HTTP processing on a TCP listener"
 
 # --- traffic-split ---------------------------------------------------------------------
 a=$(addr traffic-split split)
