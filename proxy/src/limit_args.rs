@@ -4,7 +4,8 @@
 //! In: `--request-body-idle-timeout-secs`, `--request-body-timeout-secs`,
 //! `--request-body-min-rate`, `--request-body-rate-window-secs`,
 //! `--http2-stream-idle-timeout-secs`, `--http2-idle-timeout-secs`,
-//! `--http2-max-concurrent-streams`, `--max-upstream-requests-per-connection`. Out: those
+//! `--http2-max-concurrent-streams`, `--max-upstream-requests-per-connection`,
+//! `--stream-idle-timeout-secs`, `--udp-flow-idle-timeout-secs`, `--udp-max-flows`. Out: those
 //! fields of a [`ProxyOptions`] ([`ClientLimitArgs::apply`]); their defaults are
 //! [`ProxyOptions::default`]'s, documented there.
 
@@ -40,6 +41,15 @@ pub struct ClientLimitArgs {
     /// Most requests of one HTTP/2 connection forwarded at once; more wait.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_upstream_requests_per_connection: u64,
+    /// A TLS or TCP stream with no byte either way for this long is closed.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_idle_timeout_secs: u64,
+    /// A UDP flow (client address) with no datagram either way for this long is forgotten.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub udp_flow_idle_timeout_secs: u64,
+    /// Most UDP flows per port; a datagram that would open another is dropped.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub udp_max_flows: u64,
 }
 
 impl ClientLimitArgs {
@@ -54,6 +64,9 @@ impl ClientLimitArgs {
         opts.http2_max_concurrent_streams = self.http2_max_concurrent_streams;
         opts.max_upstream_requests_per_connection =
             usize::try_from(self.max_upstream_requests_per_connection).unwrap_or(usize::MAX);
+        opts.stream_idle_timeout = Duration::from_secs(self.stream_idle_timeout_secs);
+        opts.udp_flow_idle_timeout = Duration::from_secs(self.udp_flow_idle_timeout_secs);
+        opts.udp_max_flows = usize::try_from(self.udp_max_flows).unwrap_or(usize::MAX);
     }
 }
 
@@ -118,6 +131,35 @@ mod tests {
         ]);
         let s = Duration::from_secs;
         assert_eq!(limits(&o), (s(1), s(2), 0, s(4), s(5), s(6), 7, 8));
+        let o = options(&[
+            "--stream-idle-timeout-secs=9",
+            "--udp-flow-idle-timeout-secs=10",
+            "--udp-max-flows=11",
+        ]);
+        assert_eq!(
+            (
+                o.stream_idle_timeout,
+                o.udp_flow_idle_timeout,
+                o.udp_max_flows
+            ),
+            (s(9), s(10), 11)
+        );
+        let d = ProxyOptions::default();
+        assert_eq!(
+            (
+                d.stream_idle_timeout,
+                d.udp_flow_idle_timeout,
+                d.udp_max_flows
+            ),
+            {
+                let o = options(&[]);
+                (
+                    o.stream_idle_timeout,
+                    o.udp_flow_idle_timeout,
+                    o.udp_max_flows,
+                )
+            }
+        );
     }
 
     #[test]
@@ -125,6 +167,7 @@ mod tests {
         for flag in [
             "--request-body-timeout-secs=0",
             "--http2-idle-timeout-secs=0",
+            "--udp-max-flows=0",
             "--http2-max-concurrent-streams=0",
             "--max-upstream-requests-per-connection=0",
         ] {

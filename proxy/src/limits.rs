@@ -27,6 +27,8 @@ pub(crate) struct Limits {
     /// From a request's arrival to its answer's head (504 beyond); `None`: only routes'.
     pub request_timeout: Option<Duration>,
     pub stream_idle_timeout: Duration,
+    pub udp_flow_idle_timeout: Duration,
+    pub udp_max_flows: usize,
     pub request_body_idle_timeout: Duration,
     pub request_body_timeout: Duration,
     pub request_body_min_rate: u64,

@@ -84,6 +84,22 @@ impl StreamOutcome {
     }
 }
 
+/// Which way a forwarded UDP datagram went: the `direction` label of
+/// `tollgate_udp_datagrams_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UdpDirection {
+    /// From a client to its flow's endpoint.
+    ToBackend,
+    /// From an endpoint back to its client.
+    ToClient,
+}
+
+/// Labels of `tollgate_udp_datagrams_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
 /// Route label used when no route matched.
 pub(crate) const NO_ROUTE: &str = "none";
 
@@ -101,6 +117,9 @@ pub struct Metrics {
     tls_connections: Family<OutcomeLabels, Counter>,
     tcp_connections: Family<OutcomeLabels, Counter>,
     tcp_active: Gauge,
+    udp_datagrams: Family<DirectionLabels, Counter>,
+    udp_dropped: Family<ReasonLabels, Counter>,
+    udp_flows: Gauge,
     client_timeouts: Family<KindLabels, Counter>,
     proxy_protocol_refused: Family<ReasonLabels, Counter>,
     connections_refused: Family<ReasonLabels, Counter>,
@@ -260,6 +279,9 @@ impl Metrics {
         let tls_connections = Family::<OutcomeLabels, Counter>::default();
         let tcp_connections = Family::<OutcomeLabels, Counter>::default();
         let tcp_active = Gauge::default();
+        let udp_datagrams = Family::<DirectionLabels, Counter>::default();
+        let udp_dropped = Family::<ReasonLabels, Counter>::default();
+        let udp_flows = Gauge::default();
         let client_timeouts = Family::<KindLabels, Counter>::default();
         let proxy_protocol_refused = Family::<ReasonLabels, Counter>::default();
         let connections_refused = Family::<ReasonLabels, Counter>::default();
@@ -294,6 +316,21 @@ impl Metrics {
             "tcp_connections_active",
             "Connections on TCP (TCPRoute) ports open now",
             tcp_active.clone(),
+        );
+        registry.register(
+            "udp_datagrams",
+            "UDP (UDPRoute) datagrams forwarded, by direction (to_backend, to_client)",
+            udp_datagrams.clone(),
+        );
+        registry.register(
+            "udp_dropped",
+            "UDP (UDPRoute) datagrams dropped, by reason",
+            udp_dropped.clone(),
+        );
+        registry.register(
+            "udp_flows_active",
+            "UDP (UDPRoute) flows (client addresses) open now",
+            udp_flows.clone(),
         );
         registry.register(
             "client_timeouts",
@@ -345,6 +382,9 @@ impl Metrics {
             tls_connections,
             tcp_connections,
             tcp_active,
+            udp_datagrams,
+            udp_dropped,
+            udp_flows,
             proxy_protocol_refused,
             connections_refused,
             client_timeouts,
@@ -459,6 +499,30 @@ impl Metrics {
     pub(crate) fn tcp_opened(&self) -> ConnectionGuard {
         self.tcp_active.inc();
         ConnectionGuard(self.tcp_active.clone())
+    }
+
+    /// Counts a forwarded UDP datagram.
+    pub(crate) fn udp_datagram(&self, direction: UdpDirection) {
+        let direction = match direction {
+            UdpDirection::ToBackend => "to_backend",
+            UdpDirection::ToClient => "to_client",
+        };
+        self.udp_datagrams
+            .get_or_create(&DirectionLabels { direction })
+            .inc();
+    }
+
+    /// Counts a dropped UDP datagram.
+    pub(crate) fn udp_dropped(&self, reason: &'static str) {
+        self.udp_dropped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// A UDP flow opened; the guard counts it closed when dropped.
+    pub(crate) fn udp_flow_opened(&self) -> ConnectionGuard {
+        self.udp_flows.inc();
+        ConnectionGuard(self.udp_flows.clone())
     }
 
     /// A client connection opened; the guard closes it when dropped.

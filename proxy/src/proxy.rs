@@ -50,9 +50,16 @@ pub struct ProxyOptions {
     /// Where rate-limit counters live (built with [`Metrics::rate_limit`]'s handles by
     /// [`ProxyOptions::rate_limiter`]); `None` = in memory.
     pub rate_limiter: Option<RateLimiter>,
-    /// A stream on a TLS (TLSRoute) port with no byte in either direction for this long is
-    /// closed. Default 1 hour.
+    /// A stream on a TLS (TLSRoute) or TCP (TCPRoute) port with no byte in either direction
+    /// for this long is closed. Default 1 hour.
     pub stream_idle_timeout: Duration,
+    /// A UDP (UDPRoute) flow, one client address on a port, with no datagram in either
+    /// direction for this long is forgotten (its upstream socket closed). Default 60 s.
+    pub udp_flow_idle_timeout: Duration,
+    /// Most UDP flows one port keeps at once; a datagram that would open another is dropped
+    /// (`tollgate_udp_dropped_total{reason="flow_limit"}`). Each flow holds one socket.
+    /// Default 4096.
+    pub udp_max_flows: usize,
     /// An HTTP/1.x request body the client stops sending for this long (more being due)
     /// ends the request: 408 when no answer has started, and the upstream request is
     /// abandoned, so a client trickling a body cannot hold an upstream connection for ever.
@@ -123,6 +130,8 @@ impl Default for ProxyOptions {
             max_body_bytes: 10 * 1024 * 1024,
             rate_limiter: None,
             stream_idle_timeout: Duration::from_secs(3600),
+            udp_flow_idle_timeout: Duration::from_secs(60),
+            udp_max_flows: 4096,
             max_mirrors_in_flight: 1024,
             request_body_idle_timeout: Duration::from_secs(60),
             request_body_timeout: Duration::from_secs(300),
@@ -136,11 +145,27 @@ impl Default for ProxyOptions {
     }
 }
 
+/// A socket's transport: a port whose protocol changes between TCP and UDP gets a new socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// What a bound socket is keyed by.
+type ListenerKey = (IpAddr, u16, Transport);
+
+/// A socket bound for a new port, before its loop starts.
+enum Socket {
+    Tcp(TcpListener),
+    Udp(tokio::net::UdpSocket),
+}
+
 #[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
-    /// Sockets by (address, table port); the lock also serializes `apply`.
-    listeners: tokio::sync::Mutex<HashMap<(IpAddr, u16), ListenerHandle>>,
+    /// Sockets by (address, table port, transport); the lock also serializes `apply`.
+    listeners: tokio::sync::Mutex<HashMap<ListenerKey, ListenerHandle>>,
     /// Bound addresses by table port, for [`Proxy::local_addr`].
     bound: Mutex<HashMap<u16, SocketAddr>>,
     shut_down: std::sync::atomic::AtomicBool,
@@ -164,6 +189,8 @@ impl Proxy {
             max_connections_per_client: None,
             request_timeout: None,
             stream_idle_timeout: opts.stream_idle_timeout,
+            udp_flow_idle_timeout: opts.udp_flow_idle_timeout,
+            udp_max_flows: opts.udp_max_flows,
             request_body_idle_timeout: opts.request_body_idle_timeout,
             request_body_timeout: opts.request_body_timeout,
             request_body_min_rate: opts.request_body_min_rate,
@@ -254,9 +281,14 @@ impl Proxy {
                     PortState::Tls(Arc::new(crate::downstream::tls::TlsPort::build(p)?))
                 }
                 Protocol::Tcp => PortState::Tcp,
+                Protocol::Udp => PortState::Udp,
+            };
+            let transport = match p.protocol {
+                Protocol::Udp => Transport::Udp,
+                _ => Transport::Tcp,
             };
             ports.insert(p.port, state);
-            wanted.push((ip, p.port));
+            wanted.push((ip, p.port, transport));
         }
         let backends = build_balancers(
             &table.backends,
@@ -266,15 +298,17 @@ impl Proxy {
 
         // Bind new sockets; on failure the new ones are dropped (closed) and nothing changed.
         let mut fresh = Vec::new();
-        for &(ip, port) in &wanted {
-            if listeners.contains_key(&(ip, port)) {
+        for &key @ (ip, port, transport) in &wanted {
+            if listeners.contains_key(&key) {
                 continue;
             }
             let addr = SocketAddr::new(ip, port);
-            let socket = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ProxyError::Bind { addr, source })?;
-            fresh.push(((ip, port), socket));
+            let socket = match transport {
+                Transport::Tcp => TcpListener::bind(addr).await.map(Socket::Tcp),
+                Transport::Udp => tokio::net::UdpSocket::bind(addr).await.map(Socket::Udp),
+            }
+            .map_err(|source| ProxyError::Bind { addr, source })?;
+            fresh.push((key, socket));
         }
 
         let version = table.version;
@@ -293,14 +327,18 @@ impl Proxy {
         shared.metrics.set_table_version(version);
 
         for (key, socket) in fresh {
-            match listener::spawn(shared.clone(), socket, key.1) {
+            let spawned = match socket {
+                Socket::Tcp(s) => listener::spawn(shared.clone(), s, key.1),
+                Socket::Udp(s) => crate::downstream::udp::spawn(shared.clone(), s, key.1),
+            };
+            match spawned {
                 Ok(handle) => {
                     listeners.insert(key, handle);
                 }
                 Err(e) => tracing::error!(error = %e, port = key.1, "listener failed to start"),
             }
         }
-        let gone: Vec<(IpAddr, u16)> = listeners
+        let gone: Vec<ListenerKey> = listeners
             .keys()
             .filter(|k| !wanted.contains(k))
             .copied()
@@ -315,11 +353,11 @@ impl Proxy {
         Ok(())
     }
 
-    fn record_bound(&self, listeners: &HashMap<(IpAddr, u16), ListenerHandle>) {
+    fn record_bound(&self, listeners: &HashMap<ListenerKey, ListenerHandle>) {
         if let Ok(mut bound) = self.inner.bound.lock() {
             *bound = listeners
                 .iter()
-                .map(|((_, port), h)| (*port, h.local_addr))
+                .map(|((_, port, _), h)| (*port, h.local_addr))
                 .collect();
         }
     }

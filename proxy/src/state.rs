@@ -32,6 +32,8 @@ pub(crate) enum PortState {
     Tls(Arc<crate::downstream::tls::TlsPort>),
     /// Byte streams (TCPRoutes).
     Tcp,
+    /// Datagrams (UDPRoutes).
+    Udp,
 }
 
 /// Everything a request needs, immutable once built.

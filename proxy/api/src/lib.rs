@@ -100,6 +100,12 @@ pub enum Protocol {
     /// matchers, filters, timeouts and policies are unused.
     #[serde(rename = "TCP")]
     Tcp,
+    /// Datagrams (Gateway API protocol `UDP`, UDPRoutes): each client address is a flow,
+    /// pinned to a backend of the first route of the port's one listener when its first
+    /// datagram arrives, and forgotten after the flow idle timeout. Listener hostnames,
+    /// matchers, filters, timeouts and policies are unused.
+    #[serde(rename = "UDP")]
+    Udp,
 }
 
 /// One socket the proxy binds, shared by every listener on that port.
@@ -520,10 +526,13 @@ pub enum BackendProtocol {
     /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
     #[serde(rename = "h2c")]
     H2c,
-    /// Opaque bytes (TLSRoute backends): only referenced from [`Protocol::Tls`] ports, never
-    /// from HTTP routes.
+    /// Opaque bytes (TLSRoute and TCPRoute backends): only referenced from [`Protocol::Tls`]
+    /// and [`Protocol::Tcp`] ports, never from HTTP routes.
     #[serde(rename = "tcp")]
     Tcp,
+    /// Datagrams (UDPRoute backends): only referenced from [`Protocol::Udp`] ports.
+    #[serde(rename = "udp")]
+    Udp,
 }
 
 /// Load-balancing algorithm.
@@ -598,9 +607,16 @@ impl BackendKey {
         format!("{namespace}/{service}:{port}#h2c")
     }
 
-    /// `namespace/service:port#tcp`: a Service port referenced by a TLSRoute (bytes copied).
+    /// `namespace/service:port#tcp`: a Service port referenced by a TLSRoute or TCPRoute
+    /// (bytes copied).
     pub fn tcp(namespace: &str, service: &str, port: u16) -> String {
         format!("{namespace}/{service}:{port}#tcp")
+    }
+
+    /// `namespace/service:port#udp`: a Service port referenced by a UDPRoute (datagrams
+    /// forwarded).
+    pub fn udp(namespace: &str, service: &str, port: u16) -> String {
+        format!("{namespace}/{service}:{port}#udp")
     }
 }
 

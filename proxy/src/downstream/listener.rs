@@ -63,6 +63,19 @@ pub(crate) struct ListenerHandle {
 }
 
 impl ListenerHandle {
+    /// A handle of a loop started elsewhere (UDP ports: [`crate::downstream::udp`]).
+    pub(crate) fn new(
+        local_addr: SocketAddr,
+        stop: watch::Sender<bool>,
+        task: JoinHandle<()>,
+    ) -> Self {
+        Self {
+            local_addr,
+            stop,
+            task,
+        }
+    }
+
     /// Stops accepting (closing the socket) and tells open connections to finish.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
@@ -252,6 +265,8 @@ async fn dispatch<I: crate::upgrade::Io>(
         }
         PortState::Tls(_) => crate::downstream::stream::serve(shared, stream, conn, stop).await,
         PortState::Tcp => crate::downstream::stream::serve_tcp(shared, stream, conn, stop).await,
+        // UDP ports have no TCP socket; a connection cannot arrive here.
+        PortState::Udp => {}
         PortState::Https(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

@@ -254,6 +254,8 @@ mod tests {
             max_connections_per_client: None,
             request_timeout: None,
             stream_idle_timeout: S,
+            udp_flow_idle_timeout: S,
+            udp_max_flows: 1,
             request_body_idle_timeout: 60 * S,
             request_body_timeout: 300 * S,
             request_body_min_rate: 256,

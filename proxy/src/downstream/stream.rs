@@ -72,9 +72,9 @@ pub(crate) async fn serve<C: crate::upgrade::Io>(
 }
 
 /// How a connection ended, and why when it was not served.
-struct Outcome {
-    kind: StreamOutcome,
-    why: Option<String>,
+pub(crate) struct Outcome {
+    pub kind: StreamOutcome,
+    pub why: Option<String>,
 }
 
 impl Outcome {
@@ -101,7 +101,7 @@ async fn serve_inner<C: crate::upgrade::Io>(
     // The table live now, after the ClientHello, decides everything: the port's listeners
     // (modes, certificates) and the route come from the same snapshot.
     let name = sni.as_deref().unwrap_or_default();
-    let (port, target) = match pick(shared, conn, name) {
+    let (port, target) = match pick(shared, conn.table_port, name) {
         Ok((PortState::Tls(port), target)) => (port, target),
         Ok(_) => {
             return Outcome::closed(StreamOutcome::NoRoute, "the port is no longer a TLS port");
@@ -154,22 +154,22 @@ async fn serve_inner<C: crate::upgrade::Io>(
 }
 
 /// Where a connection goes: its endpoint, and whether its listener passes TLS through.
-struct Target {
-    addr: std::net::SocketAddr,
-    passthrough: bool,
+pub(crate) struct Target {
+    pub addr: std::net::SocketAddr,
+    pub passthrough: bool,
 }
 
-/// Picks, in the table live now, the port's state and an endpoint of a backend of the first
-/// route `name` (the SNI, or empty) selects on the connection's port.
-fn pick(
+/// Picks, in the table live now, the state of `table_port` and an endpoint of a backend of
+/// the first route `name` (the SNI, or empty) selects on it.
+pub(crate) fn pick(
     shared: &Shared,
-    conn: &ConnCtx,
+    table_port: u16,
     name: &str,
 ) -> std::result::Result<(PortState, Target), Outcome> {
     let Some(snapshot) = shared.snapshot.load_full() else {
         return Err(Outcome::closed(StreamOutcome::NoRoute, "no route table"));
     };
-    let Some(port) = snapshot.ports.get(&conn.table_port).cloned() else {
+    let Some(port) = snapshot.ports.get(&table_port).cloned() else {
         return Err(Outcome::closed(
             StreamOutcome::NoRoute,
             "the port is no longer served",
@@ -178,7 +178,7 @@ fn pick(
     let empty = HeaderMap::new();
     let Some(found) = snapshot
         .router
-        .route(conn.table_port, name, &Method::GET, "/", &empty)
+        .route(table_port, name, &Method::GET, "/", &empty)
     else {
         return Err(Outcome::closed(
             StreamOutcome::NoRoute,
@@ -232,7 +232,7 @@ async fn serve_tcp_inner<C: crate::upgrade::Io>(
     conn: &ConnCtx,
     idle: Duration,
 ) -> Outcome {
-    let addr = match pick(shared, conn, "") {
+    let addr = match pick(shared, conn.table_port, "") {
         Ok((PortState::Tcp, target)) => target.addr,
         Ok(_) => {
             return Outcome::closed(StreamOutcome::NoRoute, "the port is no longer a TCP port");

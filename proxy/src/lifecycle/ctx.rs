@@ -288,8 +288,10 @@ impl<'s> RequestCtx<'s> {
         parts.uri = request_uri(protocol, &endpoint.authority, path_and_query, &parts.uri)
             .map_err(|_| StatusCode::BAD_REQUEST)?;
         parts.version = match protocol {
-            // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
+            // Tcp and Udp backends are only on stream and datagram ports, never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp | BackendProtocol::Udp => {
+                Version::HTTP_11
+            }
             BackendProtocol::H2c => Version::HTTP_2,
         };
         Ok(added)

@@ -78,8 +78,10 @@ pub(crate) fn spawn(
         };
         let mut builder = Request::builder().method(req.method.clone()).uri(uri);
         builder = builder.version(match balancer.protocol {
-            // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => Version::HTTP_11,
+            // Tcp and Udp backends are only on stream and datagram ports, never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp | BackendProtocol::Udp => {
+                Version::HTTP_11
+            }
             BackendProtocol::H2c => Version::HTTP_2,
         });
         let Ok(mut copy) = builder.body(full(req.body.clone())) else {

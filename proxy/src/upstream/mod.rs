@@ -118,8 +118,8 @@ impl Upstream {
         added: &Added<'_>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         match protocol {
-            // Tcp backends are only on passthrough ports; never reached from HTTP.
-            BackendProtocol::Http1 | BackendProtocol::Tcp => {
+            // Tcp and Udp backends are only on stream and datagram ports, never reached from HTTP.
+            BackendProtocol::Http1 | BackendProtocol::Tcp | BackendProtocol::Udp => {
                 endpoint.pool.send_parts(parts, body, added).await
             }
             // HTTP/2 over TLS: the endpoint's own connection (module `tls`).
@@ -152,7 +152,7 @@ pub(crate) fn request_uri(
     current: &Uri,
 ) -> Result<Uri, http::Error> {
     match protocol {
-        BackendProtocol::Http1 | BackendProtocol::Tcp => {
+        BackendProtocol::Http1 | BackendProtocol::Tcp | BackendProtocol::Udp => {
             // The client's request line already says it (the common case): keep it.
             if current.scheme().is_none()
                 && current.authority().is_none()
