@@ -84,6 +84,7 @@ macro_rules! each_object_list {
         $m!(grpc_routes);
         $m!(tls_routes);
         $m!(tcp_routes);
+        $m!(udp_routes);
         $m!(reference_grants);
         $m!(services);
         $m!(endpoint_slices);
@@ -117,6 +118,7 @@ struct Counts {
     grpc_routes: usize,
     tls_routes: usize,
     tcp_routes: usize,
+    udp_routes: usize,
     reference_grants: usize,
     services: usize,
     endpoint_slices: usize,
@@ -143,6 +145,7 @@ impl Counts {
             grpc_routes: _,
             tls_routes: _,
             tcp_routes: _,
+            udp_routes: _,
             reference_grants: _,
             services: _,
             endpoint_slices: _,

@@ -103,6 +103,9 @@ pub fn render(out: &Output) -> String {
     for (key, st) in &out.tcp_routes {
         route(&mut text, RouteKind::Tcp, key, &st.parents);
     }
+    for (key, st) in &out.udp_routes {
+        route(&mut text, RouteKind::Udp, key, &st.parents);
+    }
     for (kind, statuses) in [
         ("RateLimitPolicy", &out.rate_limit_policies),
         ("AuthPolicy", &out.auth_policies),

@@ -492,8 +492,9 @@ pub fn service_usage(
                     })
                     .collect()
             }
-            // TLS streams are copied or terminated here, TCP streams copied: never encrypted.
-            super::RouteKind::Tls | super::RouteKind::Tcp => continue,
+            // TLS streams are copied or terminated here, TCP streams and UDP datagrams copied:
+            // never encrypted.
+            super::RouteKind::Tls | super::RouteKind::Tcp | super::RouteKind::Udp => continue,
         };
         let gws: BTreeSet<ObjectKey> = r
             .attachments

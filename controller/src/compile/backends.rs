@@ -180,6 +180,7 @@ impl<'i, 'a> Resolver<'i, 'a> {
             RouteKind::Http => BackendKey::of(ns, name, port16),
             RouteKind::Grpc => BackendKey::h2c(ns, name, port16),
             RouteKind::Tls | RouteKind::Tcp => BackendKey::tcp(ns, name, port16),
+            RouteKind::Udp => BackendKey::udp(ns, name, port16),
         };
         if self.backends.contains_key(&key) {
             self.note(&key, ns, name, port, route_kind);
@@ -207,21 +208,31 @@ impl<'i, 'a> Resolver<'i, 'a> {
                 format!("Service {ns}/{name} is of type ExternalName, which is not supported"),
             ));
         }
-        let Some(sp) = spec
+        // UDPRoutes take the Service's UDP port of that number, every other kind its TCP one
+        // (a Service may have both, e.g. DNS on 53).
+        let want = if kind == RouteKind::Udp { "UDP" } else { "TCP" };
+        let l4 = |p: &ServicePort| p.protocol.clone().unwrap_or_else(|| "TCP".to_owned());
+        let same_port: Vec<&ServicePort> = spec
             .and_then(|s| s.ports.as_ref())
-            .and_then(|ports| ports.iter().find(|p| p.port == port))
-        else {
-            return Err(Problem::new(
-                reason::BACKEND_NOT_FOUND,
-                format!("Service {ns}/{name} has no port {port}"),
-            ));
+            .into_iter()
+            .flatten()
+            .filter(|p| p.port == port)
+            .collect();
+        let Some(sp) = same_port.iter().copied().find(|p| l4(p) == want) else {
+            return Err(match same_port.first() {
+                Some(other) => Problem::new(
+                    reason::UNSUPPORTED_PROTOCOL_BACKEND,
+                    format!(
+                        "Service {ns}/{name} port {port} is {}, not {want}",
+                        l4(other)
+                    ),
+                ),
+                None => Problem::new(
+                    reason::BACKEND_NOT_FOUND,
+                    format!("Service {ns}/{name} has no port {port}"),
+                ),
+            });
         };
-        if let Some(proto) = sp.protocol.as_deref().filter(|p| *p != "TCP") {
-            return Err(Problem::new(
-                reason::UNSUPPORTED_PROTOCOL_BACKEND,
-                format!("Service {ns}/{name} port {port} is {proto}, not TCP"),
-            ));
-        }
         let tls = self.backend_tls(ns, name, port, sp, kind)?;
         let protocol = backend_protocol(sp, kind, tls.is_some()).ok_or_else(|| {
             Problem::new(
@@ -335,8 +346,9 @@ impl<'i, 'a> Resolver<'i, 'a> {
 /// BackendTLSPolicy says how (`tls`), never in plaintext.
 fn backend_protocol(sp: &ServicePort, kind: RouteKind, tls: bool) -> Option<BackendProtocol> {
     match (kind, sp.app_protocol.as_deref()) {
-        // Streams are copied: whatever the port speaks is the client's business.
+        // Streams and datagrams are copied: whatever the port speaks is the client's business.
         (RouteKind::Tls | RouteKind::Tcp, _) => Some(BackendProtocol::Tcp),
+        (RouteKind::Udp, _) => Some(BackendProtocol::Udp),
         (RouteKind::Http, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::Http1),
         (RouteKind::Grpc, Some("https" | "HTTPS")) if tls => Some(BackendProtocol::H2c),
         (

@@ -35,6 +35,7 @@ use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use gateway_types::tcproutes::TcpRoute;
+use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::{ObjectKey, Route};
@@ -126,6 +127,7 @@ enum SourceCopy {
     Grpc(Box<GrpcRoute>),
     Tls(Box<TlsRoute>),
     Tcp(Box<TcpRoute>),
+    Udp(Box<UdpRoute>),
 }
 
 impl SourceCopy {
@@ -135,6 +137,7 @@ impl SourceCopy {
             RouteSource::Grpc(r) => Self::Grpc(Box::new(r.clone())),
             RouteSource::Tls(r) => Self::Tls(Box::new(r.clone())),
             RouteSource::Tcp(r) => Self::Tcp(Box::new(r.clone())),
+            RouteSource::Udp(r) => Self::Udp(Box::new(r.clone())),
         }
     }
 
@@ -144,6 +147,7 @@ impl SourceCopy {
             Self::Grpc(r) => &r.metadata,
             Self::Tls(r) => &r.metadata,
             Self::Tcp(r) => &r.metadata,
+            Self::Udp(r) => &r.metadata,
         }
     }
 
@@ -164,6 +168,7 @@ impl SourceCopy {
             (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
             (Self::Tls(a), RouteSource::Tls(b)) => **a == *b,
             (Self::Tcp(a), RouteSource::Tcp(b)) => **a == *b,
+            (Self::Udp(a), RouteSource::Udp(b)) => **a == *b,
             _ => false,
         }
     }
@@ -175,6 +180,7 @@ fn slot(kind: RouteKind) -> usize {
         RouteKind::Grpc => 1,
         RouteKind::Tls => 2,
         RouteKind::Tcp => 3,
+        RouteKind::Udp => 4,
     }
 }
 
@@ -255,7 +261,7 @@ impl CompileCache {
                 Some(a) if self.listeners_same => {
                     let into = match route.kind() {
                         RouteKind::Http => take_key(&mut self.recycled, &k).map(|(_, s)| s.parents),
-                        RouteKind::Grpc | RouteKind::Tls | RouteKind::Tcp => None,
+                        RouteKind::Grpc | RouteKind::Tls | RouteKind::Tcp | RouteKind::Udp => None,
                     };
                     self.stats.statuses_recycled += usize::from(into.is_some());
                     let into = into.unwrap_or_default();

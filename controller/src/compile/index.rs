@@ -15,6 +15,7 @@ use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use gateway_types::tcproutes::TcpRoute;
+use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -67,6 +68,8 @@ pub struct Index<'a> {
     pub tls_routes: Vec<&'a TlsRoute>,
     /// TCPRoutes sorted by key.
     pub tcp_routes: Vec<&'a TcpRoute>,
+    /// UDPRoutes sorted by key.
+    pub udp_routes: Vec<&'a UdpRoute>,
     /// Services by key.
     pub services: BTreeMap<Ref<'a>, &'a Service>,
     /// EndpointSlices by (namespace, service name), sorted by slice name.
@@ -91,6 +94,7 @@ impl<'a> Index<'a> {
         let grpc_routes = by_key(&inputs.grpc_routes, |r| &r.metadata);
         let tls_routes = by_key(&inputs.tls_routes, |r| &r.metadata);
         let tcp_routes = by_key(&inputs.tcp_routes, |r| &r.metadata);
+        let udp_routes = by_key(&inputs.udp_routes, |r| &r.metadata);
         let services = by_key(&inputs.services, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
@@ -141,6 +145,7 @@ impl<'a> Index<'a> {
             grpc_routes,
             tls_routes,
             tcp_routes,
+            udp_routes,
             services,
             slices,
             secrets,

@@ -1,13 +1,13 @@
-//! Route kinds: what HTTPRoute, GRPCRoute, TLSRoute and TCPRoute share, so attachment, status and
-//! rejections are written once.
+//! Route kinds: what HTTPRoute, GRPCRoute, TLSRoute, TCPRoute and UDPRoute share, so attachment,
+//! status and rejections are written once.
 //!
-//! In: an HTTPRoute, a GRPCRoute, a TLSRoute or a TCPRoute. Out: a [`RouteSource`] giving attachment what it reads
+//! In: an HTTPRoute, a GRPCRoute, a TLSRoute, a TCPRoute or a UDPRoute. Out: a [`RouteSource`] giving attachment what it reads
 //! (kind, metadata, hostnames, parentRefs) and the compiled rules; and [`RouteParent`], the
 //! accessors of a `status.parents[]` entry that both generated status types share, so the
 //! status writer, `validate` and the rejection list handle both kinds with one body.
 //!
 //! The compiler keeps parentRefs and parent statuses in the HTTPRoute types internally (the
-//! generated GRPCRoute, TLSRoute and TCPRoute types have the same fields under other names) and converts
+//! generated GRPCRoute, TLSRoute, TCPRoute and UDPRoute types have the same fields under other names) and converts
 //! theirs at the edges: parentRefs on the way in, statuses on the way out.
 
 use std::borrow::Cow;
@@ -18,6 +18,7 @@ use gateway_api::experimental::httproutes::{
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents, TcpRouteStatusParentsParentRef};
+use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents, UdpRouteStatusParentsParentRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use tollgate_api::Protocol;
 
@@ -51,31 +52,35 @@ pub enum RouteKind {
     Tls,
     /// gateway.networking.k8s.io TCPRoute: byte streams, copied.
     Tcp,
+    /// gateway.networking.k8s.io UDPRoute: datagrams, forwarded per client flow.
+    Udp,
 }
 
 impl RouteKind {
     /// Every kind, in the order listeners advertise them in `supportedKinds`.
-    pub const ALL: [RouteKind; 4] = [
+    pub const ALL: [RouteKind; 5] = [
         RouteKind::Http,
         RouteKind::Grpc,
         RouteKind::Tls,
         RouteKind::Tcp,
+        RouteKind::Udp,
     ];
 
     /// The kinds a listener of `protocol` serves, in `supportedKinds` order: HTTPRoute and
-    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS, TCPRoute on TCP.
+    /// GRPCRoute on HTTP and HTTPS, TLSRoute on TLS, TCPRoute on TCP, UDPRoute on UDP.
     pub fn for_protocol(protocol: Protocol) -> &'static [RouteKind] {
         match protocol {
             Protocol::Http | Protocol::Https => &[RouteKind::Http, RouteKind::Grpc],
             Protocol::Tls => &[RouteKind::Tls],
             Protocol::Tcp => &[RouteKind::Tcp],
+            Protocol::Udp => &[RouteKind::Udp],
         }
     }
 
-    /// Whether its routes carry byte streams (TLSRoute, TCPRoute), not requests: no policy,
-    /// filter or matcher applies, and backends are only connected to.
+    /// Whether its routes carry byte streams or datagrams (TLSRoute, TCPRoute, UDPRoute), not
+    /// requests: no policy, filter or matcher applies, and backends are only connected to.
     pub fn is_stream(self) -> bool {
-        matches!(self, Self::Tls | Self::Tcp)
+        matches!(self, Self::Tls | Self::Tcp | Self::Udp)
     }
 
     /// The Kubernetes kind name.
@@ -85,6 +90,7 @@ impl RouteKind {
             Self::Grpc => "GRPCRoute",
             Self::Tls => "TLSRoute",
             Self::Tcp => "TCPRoute",
+            Self::Udp => "UDPRoute",
         }
     }
 
@@ -111,6 +117,8 @@ pub enum RouteSource<'a> {
     Tls(&'a TlsRoute),
     /// A TCPRoute.
     Tcp(&'a TcpRoute),
+    /// A UDPRoute.
+    Udp(&'a UdpRoute),
 }
 
 impl<'a> RouteSource<'a> {
@@ -121,6 +129,7 @@ impl<'a> RouteSource<'a> {
             Self::Grpc(_) => RouteKind::Grpc,
             Self::Tls(_) => RouteKind::Tls,
             Self::Tcp(_) => RouteKind::Tcp,
+            Self::Udp(_) => RouteKind::Udp,
         }
     }
 
@@ -131,6 +140,7 @@ impl<'a> RouteSource<'a> {
             Self::Grpc(r) => &r.metadata,
             Self::Tls(r) => &r.metadata,
             Self::Tcp(r) => &r.metadata,
+            Self::Udp(r) => &r.metadata,
         }
     }
 
@@ -140,8 +150,8 @@ impl<'a> RouteSource<'a> {
             Self::Http(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
             Self::Grpc(r) => r.spec.hostnames.as_deref().unwrap_or_default(),
             Self::Tls(r) => &r.spec.hostnames,
-            // A TCPRoute has no hostnames: it takes every connection of its listener.
-            Self::Tcp(_) => &[],
+            // TCPRoutes and UDPRoutes have no hostnames: they take all of their listener.
+            Self::Tcp(_) | Self::Udp(_) => &[],
         }
     }
 
@@ -173,6 +183,14 @@ impl<'a> RouteSource<'a> {
                     .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
                     .collect(),
             ),
+            Self::Udp(r) => Cow::Owned(
+                r.spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| parent_ref_as!(HttpRouteParentRefs, p))
+                    .collect(),
+            ),
         }
     }
 
@@ -183,6 +201,7 @@ impl<'a> RouteSource<'a> {
             Self::Grpc(r) => super::grpc::compile_grpc_route(r, resolver),
             Self::Tls(r) => super::tlsroute::compile_tls_route(r, resolver),
             Self::Tcp(r) => super::tlsroute::compile_tcp_route(r, resolver),
+            Self::Udp(r) => super::tlsroute::compile_udp_route(r, resolver),
         }
     }
 }
@@ -209,6 +228,15 @@ pub fn tls_parent(p: HttpRouteStatusParents) -> TlsRouteStatusParents {
 pub fn tcp_parent(p: HttpRouteStatusParents) -> TcpRouteStatusParents {
     TcpRouteStatusParents {
         parent_ref: parent_ref_as!(TcpRouteStatusParentsParentRef, &p.parent_ref),
+        conditions: p.conditions,
+        controller_name: p.controller_name,
+    }
+}
+
+/// A UDPRoute `status.parents[]` entry from the compiler's (HTTPRoute-typed) one.
+pub fn udp_parent(p: HttpRouteStatusParents) -> UdpRouteStatusParents {
+    UdpRouteStatusParents {
+        parent_ref: parent_ref_as!(UdpRouteStatusParentsParentRef, &p.parent_ref),
         conditions: p.conditions,
         controller_name: p.controller_name,
     }
@@ -271,6 +299,7 @@ route_parent!(HttpRouteStatusParents);
 route_parent!(GrpcRouteStatusParents);
 route_parent!(TlsRouteStatusParents);
 route_parent!(TcpRouteStatusParents);
+route_parent!(UdpRouteStatusParents);
 
 /// The parentRef of a status entry, built from a (HTTPRoute-typed) parentRef.
 pub fn status_parent_ref(p: &HttpRouteParentRefs) -> HttpRouteStatusParentsParentRef {
@@ -286,6 +315,6 @@ mod tests {
         for k in RouteKind::ALL {
             assert_eq!(RouteKind::from_name(k.as_str()), Some(k));
         }
-        assert_eq!(RouteKind::from_name("UDPRoute"), None);
+        assert_eq!(RouteKind::from_name("SCTPRoute"), None);
     }
 }

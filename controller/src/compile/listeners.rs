@@ -364,6 +364,7 @@ fn validate_listener<'a>(
         "HTTPS" => Some(Protocol::Https),
         "TLS" => Some(Protocol::Tls),
         "TCP" => Some(Protocol::Tcp),
+        "UDP" => Some(Protocol::Udp),
         _ => None,
     };
     let allowed = l.allowed_routes.as_ref();
@@ -485,7 +486,7 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
             ACCEPTED,
             reason::UNSUPPORTED_PROTOCOL,
             format!(
-                "protocol {} is not supported (HTTP, HTTPS, TLS and TCP only)",
+                "protocol {} is not supported (HTTP, HTTPS, TLS, TCP and UDP only)",
                 l.spec.protocol
             ),
         )
@@ -563,7 +564,7 @@ fn terminates(protocol: Option<Protocol>, passthrough: bool) -> bool {
     match protocol {
         Some(Protocol::Https) => true,
         Some(Protocol::Tls) => !passthrough,
-        Some(Protocol::Http | Protocol::Tcp) | None => false,
+        Some(Protocol::Http | Protocol::Tcp | Protocol::Udp) | None => false,
     }
 }
 

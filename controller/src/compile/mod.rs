@@ -50,6 +50,7 @@ use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatus};
+use gateway_types::udproutes::{UdpRoute, UdpRouteStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -83,6 +84,8 @@ pub struct Inputs {
     pub tls_routes: Vec<TlsRoute>,
     /// TCPRoutes.
     pub tcp_routes: Vec<TcpRoute>,
+    /// UDPRoutes.
+    pub udp_routes: Vec<UdpRoute>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -136,6 +139,7 @@ impl Inputs {
             grpc_routes: Vec::new(),
             tls_routes: Vec::new(),
             tcp_routes: Vec::new(),
+            udp_routes: Vec::new(),
             reference_grants: Vec::new(),
             services: Vec::new(),
             endpoint_slices: Vec::new(),
@@ -163,6 +167,7 @@ impl Inputs {
         self.grpc_routes.extend(other.grpc_routes);
         self.tls_routes.extend(other.tls_routes);
         self.tcp_routes.extend(other.tcp_routes);
+        self.udp_routes.extend(other.udp_routes);
         self.reference_grants.extend(other.reference_grants);
         self.services.extend(other.services);
         self.endpoint_slices.extend(other.endpoint_slices);
@@ -214,6 +219,13 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub tcp_routes: BTreeMap<ObjectKey, TcpRouteStatus>,
+    /// Status of every UDPRoute with at least one parentRef to one of our Gateways, as for
+    /// HTTPRoutes.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub udp_routes: BTreeMap<ObjectKey, UdpRouteStatus>,
     /// Status of every RateLimitPolicy.
     #[serde(
         serialize_with = "output::keyed",
@@ -370,6 +382,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let mut grpc_routes = Vec::new();
     let mut tls_routes = Vec::new();
     let mut tcp_routes = Vec::new();
+    let mut udp_routes = Vec::new();
     // Keys are built per parent only when some policy affects some route.
     let any_affected = !policies.affecting_routes.is_empty();
     // The routes are not needed after this: their status entries move out, uncloned.
@@ -409,6 +422,10 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
                 let parents = parents.into_iter().map(kinds::tcp_parent).collect();
                 tcp_routes.push((r.key, TcpRouteStatus { parents }));
             }
+            RouteKind::Udp => {
+                let parents = parents.into_iter().map(kinds::udp_parent).collect();
+                udp_routes.push((r.key, UdpRouteStatus { parents }));
+            }
         }
     }
     Output {
@@ -422,6 +439,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         grpc_routes: grpc_routes.into_iter().collect(),
         tls_routes: tls_routes.into_iter().collect(),
         tcp_routes: tcp_routes.into_iter().collect(),
+        udp_routes: udp_routes.into_iter().collect(),
         rate_limit_policies: policies.rate_limit_status,
         auth_policies: policies.auth_status,
         client_policies: client.status,
@@ -480,7 +498,7 @@ fn existing_targets(inputs: &Inputs) -> std::collections::BTreeSet<(&'static str
     gws.chain(routes).chain(grpc_routes).collect()
 }
 
-/// Policy attachment view of the Gateways. TLS and TCP listeners are left out: policies act on
+/// Policy attachment view of the Gateways. TLS, TCP and UDP listeners are left out: policies act on
 /// HTTP requests, and a stream has none, so a policy never claims to be enforced there.
 fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::GatewayTarget> {
     gateways
@@ -494,7 +512,11 @@ fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::Ga
                 .filter(|l| {
                     !matches!(
                         l.protocol,
-                        Some(tollgate_api::Protocol::Tls | tollgate_api::Protocol::Tcp)
+                        Some(
+                            tollgate_api::Protocol::Tls
+                                | tollgate_api::Protocol::Tcp
+                                | tollgate_api::Protocol::Udp
+                        )
                     )
                 })
                 .map(|l| l.spec.name.clone())

@@ -117,6 +117,9 @@ impl Output {
         for (key, s) in &self.tcp_routes {
             push_route(&mut out, RouteKind::Tcp, key, &s.parents);
         }
+        for (key, s) in &self.udp_routes {
+            push_route(&mut out, RouteKind::Udp, key, &s.parents);
+        }
         for (kind, statuses) in [
             ("RateLimitPolicy", &self.rate_limit_policies),
             ("AuthPolicy", &self.auth_policies),

@@ -74,7 +74,8 @@ pub struct RouteModel<'a> {
 /// Routes plus every backend they resolved.
 #[derive(Debug)]
 pub struct Routes<'a> {
-    /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, then TCPRoutes, each sorted by key.
+    /// HTTPRoutes sorted by key, then GRPCRoutes, then TLSRoutes, TCPRoutes and UDPRoutes, each sorted
+    /// by key.
     pub routes: Vec<RouteModel<'a>>,
     /// Resolved backends by key (for lookups).
     pub backends: LookupMap<String, Backend>,
@@ -106,7 +107,11 @@ pub fn compile_routes<'a>(
     }
     let mut resolver = Resolver::new(idx);
     let mut routes = Vec::with_capacity(
-        idx.routes.len() + idx.grpc_routes.len() + idx.tls_routes.len() + idx.tcp_routes.len(),
+        idx.routes.len()
+            + idx.grpc_routes.len()
+            + idx.tls_routes.len()
+            + idx.tcp_routes.len()
+            + idx.udp_routes.len(),
     );
     let sources = idx
         .routes
@@ -114,7 +119,8 @@ pub fn compile_routes<'a>(
         .map(|r| RouteSource::Http(r))
         .chain(idx.grpc_routes.iter().map(|r| RouteSource::Grpc(r)))
         .chain(idx.tls_routes.iter().map(|r| RouteSource::Tls(r)))
-        .chain(idx.tcp_routes.iter().map(|r| RouteSource::Tcp(r)));
+        .chain(idx.tcp_routes.iter().map(|r| RouteSource::Tcp(r)))
+        .chain(idx.udp_routes.iter().map(|r| RouteSource::Udp(r)));
     for route in sources {
         let meta = route.meta();
         let route_ns = ns_of(meta);

@@ -1,4 +1,4 @@
-//! TLSRoute and TCPRoute rules to route-table entries.
+//! TLSRoute, TCPRoute and UDPRoute rules to route-table entries.
 //!
 //! In: one TLSRoute and a backend [`Resolver`]. Out: a [`CompiledRoute`], like
 //! [`super::rules::compile_route`] gives for an HTTPRoute, so attachment, hostname
@@ -15,6 +15,7 @@
 use gateway_api::experimental::httproutes::HttpRouteRules;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteRules};
 use gateway_types::tcproutes::TcpRoute;
+use gateway_types::udproutes::UdpRoute;
 use tollgate_api::{PathMatch, RouteMatch};
 
 use super::backends::Resolver;
@@ -46,6 +47,18 @@ pub fn compile_tcp_route(route: &TcpRoute, resolver: &mut Resolver<'_, '_>) -> C
             "backendRefs": rule.backend_refs,
         });
         compile_stream_rule(i, value, RouteKind::Tcp, ns, resolver, unresolved)
+    })
+}
+
+/// Compiles the rules of a UDPRoute as a TCPRoute's.
+pub fn compile_udp_route(route: &UdpRoute, resolver: &mut Resolver<'_, '_>) -> CompiledRoute {
+    let ns = ns_of(&route.metadata);
+    collect_rules(&[], &route.spec.rules, |i, rule, unresolved| {
+        let value = serde_json::json!({
+            "name": rule.name,
+            "backendRefs": rule.backend_refs,
+        });
+        compile_stream_rule(i, value, RouteKind::Udp, ns, resolver, unresolved)
     })
 }
 

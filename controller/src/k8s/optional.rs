@@ -227,6 +227,10 @@ mod tests {
             "tcproutes.gateway.networking.k8s.io"
         );
         assert_eq!(
+            crd_name::<gateway_types::udproutes::UdpRoute>(),
+            "udproutes.gateway.networking.k8s.io"
+        );
+        assert_eq!(
             crd_name::<gateway_api::backendtlspolicies::BackendTlsPolicy>(),
             "backendtlspolicies.gateway.networking.k8s.io"
         );

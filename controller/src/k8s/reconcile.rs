@@ -448,6 +448,11 @@ impl Reconciler {
                 .tcp_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "UDPRoute" => self
+                .stores
+                .udp_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "RateLimitPolicy" => self
                 .stores
                 .rate_limit_policies
@@ -616,6 +621,11 @@ impl Reconciler {
             StatusWrite::TcpRoute { .. } => self
                 .stores
                 .tcp_routes
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
+            StatusWrite::UdpRoute { .. } => self
+                .stores
+                .udp_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
             StatusWrite::BackendTlsPolicy { .. } => self
@@ -845,6 +855,9 @@ pub fn name_parents(out: &mut Output, controller_name: &str) {
         p.set_controller_name(controller_name);
     }
     for p in out.tcp_routes.values_mut().flat_map(|s| &mut s.parents) {
+        p.set_controller_name(controller_name);
+    }
+    for p in out.udp_routes.values_mut().flat_map(|s| &mut s.parents) {
         p.set_controller_name(controller_name);
     }
 }

@@ -1,5 +1,5 @@
 //! Route status, for every route kind: what the status writer ([`super::status`]) does with
-//! HTTPRoutes, GRPCRoutes, TLSRoutes and TCPRoutes, written once.
+//! HTTPRoutes, GRPCRoutes, TLSRoutes, TCPRoutes and UDPRoutes, written once.
 //!
 //! In: the compiler's [`Output`], the watched routes in the [`Stores`]. Out: the
 //! [`StatusWrite`]s of routes whose `status.parents` entries of ours differ from the desired
@@ -13,6 +13,7 @@ use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
+use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
@@ -110,6 +111,13 @@ route_status_kind!(
     "TCPRoute",
     tcp_routes,
     TcpRoute
+);
+route_status_kind!(
+    UdpRoute,
+    UdpRouteStatusParents,
+    "UDPRoute",
+    udp_routes,
+    UdpRoute
 );
 
 /// The writes of every route of kind `K` whose entries of ours differ from the desired ones.

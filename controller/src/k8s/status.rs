@@ -24,6 +24,7 @@ use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
+use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -101,6 +102,15 @@ pub enum StatusWrite {
         /// Every parent entry: other controllers' as they were, then ours.
         parents: Vec<TcpRouteStatusParents>,
     },
+    /// A UDPRoute status.
+    UdpRoute {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The live resourceVersion the write is based on.
+        resource_version: String,
+        /// Every parent entry: other controllers' as they were, then ours.
+        parents: Vec<UdpRouteStatusParents>,
+    },
     /// Our status on a Gateway or GatewayClass that is no longer ours: applying an empty
     /// status as our field manager removes every field we own.
     Release {
@@ -153,8 +163,7 @@ pub struct NewRejection {
 }
 
 impl StatusWrite {
-    /// `GatewayClass`, `Gateway`, `HTTPRoute`, `GRPCRoute`, `TLSRoute`, `TCPRoute` or a
-    /// policy kind.
+    /// `GatewayClass`, `Gateway`, a route kind or a policy kind.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
@@ -163,6 +172,7 @@ impl StatusWrite {
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::TlsRoute { .. } => TlsRoute::KIND,
             Self::TcpRoute { .. } => TcpRoute::KIND,
+            Self::UdpRoute { .. } => UdpRoute::KIND,
             Self::BackendTlsPolicy { .. } => super::backend_tls_status::KIND,
             Self::TrafficPolicy { .. } => super::traffic_status::KIND,
             Self::Policy { kind, .. } | Self::Release { kind, .. } => kind,
@@ -178,6 +188,7 @@ impl StatusWrite {
             | Self::GrpcRoute { key, .. }
             | Self::TlsRoute { key, .. }
             | Self::TcpRoute { key, .. }
+            | Self::UdpRoute { key, .. }
             | Self::BackendTlsPolicy { key, .. }
             | Self::TrafficPolicy { key, .. }
             | Self::Policy { key, .. }
@@ -224,6 +235,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
     plan_routes::<GrpcRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TlsRoute>(out, stores, controller_name, &mut writes);
     plan_routes::<TcpRoute>(out, stores, controller_name, &mut writes);
+    plan_routes::<UdpRoute>(out, stores, controller_name, &mut writes);
     super::backend_tls_status::plan(out, stores, controller_name, &mut writes);
     super::traffic_status::plan(out, stores, controller_name, &mut writes);
     for (kind, desired_all, store) in [
@@ -572,6 +584,9 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
         StatusWrite::TcpRoute { key, parents, .. } => {
             route_rejections::<TcpRoute>(stores, key, parents, &mut diff);
         }
+        StatusWrite::UdpRoute { key, parents, .. } => {
+            route_rejections::<UdpRoute>(stores, key, parents, &mut diff);
+        }
         StatusWrite::BackendTlsPolicy { key, ancestors, .. } => {
             super::backend_tls_status::rejections(stores, key, ancestors, &mut diff);
         }
@@ -655,6 +670,11 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
             resource_version,
             parents,
         } => apply_route::<TcpRoute>(client, &pp, key, resource_version, parents).await?,
+        StatusWrite::UdpRoute {
+            key,
+            resource_version,
+            parents,
+        } => apply_route::<UdpRoute>(client, &pp, key, resource_version, parents).await?,
         StatusWrite::TrafficPolicy {
             key,
             resource_version,

@@ -45,6 +45,7 @@ use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
 use gateway_types::tcproutes::TcpRoute;
+use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -82,6 +83,8 @@ pub enum Kind {
     TlsRoute,
     /// gateway.networking.k8s.io TCPRoute (optional, as TLSRoute).
     TcpRoute,
+    /// gateway.networking.k8s.io UDPRoute (optional, as TLSRoute).
+    UdpRoute,
     /// gateway.networking.k8s.io ReferenceGrant.
     ReferenceGrant,
     /// core Service.
@@ -120,6 +123,7 @@ impl Kind {
             Self::GrpcRoute => "GRPCRoute",
             Self::TlsRoute => "TLSRoute",
             Self::TcpRoute => "TCPRoute",
+            Self::UdpRoute => "UDPRoute",
             Self::ReferenceGrant => "ReferenceGrant",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
@@ -192,6 +196,8 @@ pub struct Stores {
     pub tls_routes: Store<Lenient<TlsRoute>>,
     /// TCPRoutes (empty while the CRD, at v1, is not installed).
     pub tcp_routes: Store<Lenient<TcpRoute>>,
+    /// UDPRoutes (empty while the CRD, at v1, is not installed).
+    pub udp_routes: Store<Lenient<UdpRoute>>,
     /// ReferenceGrants.
     pub reference_grants: Store<Lenient<ReferenceGrant>>,
     /// Services.
@@ -252,6 +258,13 @@ impl Stores {
         );
         tasks.push(t);
         let (tcp_routes, t) = w(Kind::TcpRoute).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
+        let (udp_routes, t) = w(Kind::UdpRoute).spawn_optional(
             Api::all(client.clone()),
             cfg(),
             Optional::Forgiving,
@@ -337,6 +350,7 @@ impl Stores {
             grpc_routes,
             tls_routes,
             tcp_routes,
+            udp_routes,
             reference_grants,
             services,
             endpoint_slices,
@@ -363,6 +377,7 @@ impl Stores {
         self.grpc_routes.wait_until_ready().await?;
         self.tls_routes.wait_until_ready().await?;
         self.tcp_routes.wait_until_ready().await?;
+        self.udp_routes.wait_until_ready().await?;
         self.backend_tls_policies.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
@@ -387,6 +402,7 @@ impl Stores {
         inputs.grpc_routes = well_formed(&self.grpc_routes);
         inputs.tls_routes = well_formed(&self.tls_routes);
         inputs.tcp_routes = well_formed(&self.tcp_routes);
+        inputs.udp_routes = well_formed(&self.udp_routes);
         inputs.backend_tls_policies = well_formed(&self.backend_tls_policies);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
@@ -670,6 +686,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::GrpcRoute
             | Kind::TlsRoute
             | Kind::TcpRoute
+            | Kind::UdpRoute
             | Kind::BackendTlsPolicy
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy

@@ -180,3 +180,12 @@ pub fn tcp_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> 
         .parents[i]
         .conditions
 }
+
+/// Conditions of the `i`th parents[] entry of a UDPRoute.
+pub fn udp_parent_conds<'a>(out: &'a Output, ns: &str, name: &str, i: usize) -> &'a [Condition] {
+    &out.udp_routes
+        .get(&ObjectKey::new(ns, name))
+        .unwrap_or_else(|| panic!("no status for UDPRoute {ns}/{name}"))
+        .parents[i]
+        .conditions
+}

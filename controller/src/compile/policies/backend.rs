@@ -86,6 +86,19 @@ pub fn apply(
         let Ok(c) = &compiled[i] else {
             return false;
         };
+        if backend.protocol == BackendProtocol::Udp {
+            // A UDPRoute's backend carries datagrams: only its balancing (not by a request's
+            // key) applies; no connection, no probe this proxy can make of it.
+            partial[i] = true;
+            if let Some(lb) = c
+                .load_balancer
+                .filter(|lb| *lb != LoadBalancer::ConsistentHash)
+            {
+                backend.load_balancer = lb;
+            }
+            backend.settings = BackendSettings::default();
+            return true;
+        }
         if backend.protocol == BackendProtocol::Tcp {
             // A TLSRoute's or TCPRoute's backend carries bytes, not requests: only its balancing (not by a
             // request's key) and TCP health checks apply.
@@ -135,7 +148,7 @@ pub fn apply(
             let mut notes = Vec::new();
             if partial[i] {
                 notes.push(
-                    "on TLSRoute and TCPRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply",
+                    "on TLSRoute and TCPRoute backends only loadBalancer (not ConsistentHash) and TCP health checks apply, on UDPRoute backends only loadBalancer",
                 );
             }
             notes

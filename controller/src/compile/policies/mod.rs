@@ -379,8 +379,8 @@ fn describe(t: &TargetRef) -> String {
         Some(s) => format!("{} {} (section {s})", t.kind, t.name),
         None => format!("{} {}", t.kind, t.name),
     };
-    if t.kind == "TLSRoute" || t.kind == "TCPRoute" {
-        // Policies act on HTTP requests; TLSRoutes and TCPRoutes carry opaque streams.
+    if matches!(t.kind.as_str(), "TLSRoute" | "TCPRoute" | "UDPRoute") {
+        // Policies act on HTTP requests; these kinds carry opaque streams or datagrams.
         d + &format!(" (policies do not apply to {}s)", t.kind)
     } else {
         d
