@@ -326,3 +326,29 @@ async fn datagrams_nothing_serves_are_dropped_and_counted() {
         assert_eq!(flows(&f.metrics), 0, "{reason}");
     }
 }
+
+#[tokio::test]
+async fn a_port_removed_and_added_again_binds_while_its_flows_were_open() {
+    let a = echo("a").await;
+    // A fixed port: the table names it, so the second apply binds the same address.
+    let free = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let mut t = table(vec![route("r", &[("a", 1)])], vec![("a", backend(&[a]))]);
+    t.ports[0].port = port;
+    let proxy = Proxy::new(ProxyOptions::default());
+    proxy.apply(t.clone()).await.unwrap();
+    let addr = proxy.local_addr(port).unwrap();
+    let s = client(addr).await;
+    ask(&s, b"one").await;
+    // The port goes while its flow is open (idle timeout: a minute away)...
+    let mut empty = t.clone();
+    empty.version = 2;
+    empty.ports.clear();
+    proxy.apply(empty).await.unwrap();
+    // ...and comes back: its address is free again, and served.
+    t.version = 3;
+    proxy.apply(t).await.unwrap();
+    let answer = ask(&s, b"two").await;
+    assert_eq!(answer, b"a two");
+}

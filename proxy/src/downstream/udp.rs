@@ -90,9 +90,16 @@ impl Port {
 
 async fn serve(port: Arc<Port>, mut stop: watch::Receiver<bool>) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    // The flows' relays: ended with the port, so that once it is stopped nothing holds its
+    // socket (the address is free for a table that binds it again).
+    let mut relays = tokio::task::JoinSet::new();
     loop {
+        while relays.try_join_next().is_some() {}
         let received = tokio::select! {
-            _ = stop.changed() => return,
+            _ = stop.changed() => {
+                relays.shutdown().await;
+                return;
+            }
             r = port.socket.recv_from(&mut buf) => r,
         };
         let (n, peer) = match received {
@@ -113,7 +120,7 @@ async fn serve(port: Arc<Port>, mut stop: watch::Receiver<bool>) {
         };
         let flow = match existing {
             Some(f) => f,
-            None => match open(&port, peer, &stop).await {
+            None => match open(&port, peer, &stop, &mut relays).await {
                 Ok(f) => f,
                 Err(reason) => {
                     port.dropped(reason);
@@ -140,6 +147,7 @@ async fn open(
     port: &Arc<Port>,
     peer: SocketAddr,
     stop: &watch::Receiver<bool>,
+    relays: &mut tokio::task::JoinSet<()>,
 ) -> Result<Flow, &'static str> {
     if port.flows().len() >= port.shared.limits.udp_max_flows {
         tracing::debug!(peer = %peer, port = port.table_port, "UDP flow limit reached: datagram dropped");
@@ -166,7 +174,7 @@ async fn open(
     let upstream = match UdpSocket::bind(local).await {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(error = %e, port = port.table_port, "UDP flow socket failed");
+            tracing::debug!(error = %e, port = port.table_port, "UDP flow socket failed");
             return Err("socket_failed");
         }
     };
@@ -179,7 +187,7 @@ async fn open(
         last: Arc::new(AtomicU64::new(port.now_ms())),
     };
     port.flows().insert(peer, flow.clone());
-    tokio::spawn(relay(port.clone(), peer, flow.clone(), stop.clone()));
+    relays.spawn(relay(port.clone(), peer, flow.clone(), stop.clone()));
     Ok(flow)
 }
 
