@@ -107,6 +107,7 @@ APISERVER_BIN=$BIN_DIR/kube-apiserver-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-
 KCM_BIN=$BIN_DIR/kube-controller-manager-$K8S_VERSION-$(wrapper_key "$K8S_DIR/kube-controller-manager")
 ECHO_BASIC_BIN=$BIN_DIR/echo-basic-$(module_version "$K8S_DIR/echo-basic" sigs.k8s.io/gateway-api/conformance)-$(wrapper_key "$K8S_DIR/echo-basic")
 KUBECTL_BIN=$BIN_DIR/kubectl-$KUBECTL_VERSION-$(wrapper_key "$K8S_DIR/kubectl")
+COREDNS_BIN=$BIN_DIR/coredns-$(module_version "$K8S_DIR/coredns" github.com/coredns/coredns)-$(wrapper_key "$K8S_DIR/coredns")
 
 # go_build NAME MODULE_DIR OUT LDFLAGS [PACKAGE]: PACKAGE defaults to the
 # wrapper module itself (.).
@@ -141,6 +142,7 @@ build_binaries() {
   if ((FULL)); then
     go_build kube-controller-manager "$K8S_DIR/kube-controller-manager" "$KCM_BIN" "$(k8s_ldflags "$K8S_VERSION")"
     go_build echo-basic "$K8S_DIR/echo-basic" "$ECHO_BASIC_BIN" "-s -w" sigs.k8s.io/gateway-api/conformance/echo-basic
+    go_build coredns "$K8S_DIR/coredns" "$COREDNS_BIN" "-s -w" github.com/coredns/coredns
     build_node_agent
   fi
 }

@@ -17,7 +17,8 @@
 #      e2e/conformance/reports/tollgate-report.yaml (the committed report is the one
 #      this script wrote) and the suite's output to reports/conformance.log.
 #
-# Usage: e2e/conformance.sh [PROFILE...]     default: GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP
+# Usage: e2e/conformance.sh [PROFILE...]
+#   default: GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP GATEWAY-UDP
 # Env:
 #   CONFORMANCE_RUN_TEST   run only this test (its ShortName); no report is written
 #   CONFORMANCE_SKIP_TESTS comma-separated ShortNames to skip (recorded in the report)
@@ -51,14 +52,14 @@ die() {
 # every profile.
 http_features=(
   Gateway HTTPRoute ReferenceGrant
-  GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructurePropagation GatewayAddressEmpty
+  GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructure GatewayAddressEmpty
   GatewayStaticAddresses GatewayHTTPSListenerDetectMisdirectedRequests
   GatewayFrontendClientCertificateValidation GatewayFrontendClientCertificateValidationInsecureFallback
   HTTPRouteQueryParamMatching HTTPRouteMethodMatching HTTPRouteResponseHeaderModification
   HTTPRouteBackendRequestHeaderModification HTTPRoutePortRedirect HTTPRouteSchemeRedirect
   HTTPRoutePathRedirect HTTPRouteHostRewrite HTTPRoutePathRewrite HTTPRouteRequestMirror
   HTTPRouteRequestMultipleMirrors HTTPRouteRequestPercentageMirror HTTPRouteRequestTimeout
-  HTTPRouteBackendTimeout HTTPRouteParentRefPort HTTPRouteBackendProtocolH2C
+  HTTPRouteBackendTimeout HTTPRouteParentRefPort HTTPRouteDestinationPortMatching HTTPRouteBackendProtocolH2C
   HTTPRouteBackendProtocolWebSocket HTTPRouteNamedRouteRule HTTPRouteCORS
   HTTPRoute303RedirectStatusCode HTTPRoute307RedirectStatusCode HTTPRoute308RedirectStatusCode
   BackendTLSPolicy BackendTLSPolicySANValidation GatewayBackendClientCertificate
@@ -73,9 +74,12 @@ tls_features=(
 tcp_features=(
   Gateway TCPRoute ReferenceGrant
 )
+udp_features=(
+  Gateway UDPRoute ReferenceGrant
+)
 
 profiles=("$@")
-((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP)
+((${#profiles[@]})) || profiles=(GATEWAY-HTTP GATEWAY-GRPC GATEWAY-TLS GATEWAY-TCP GATEWAY-UDP)
 features=()
 for p in "${profiles[@]}"; do
   case $p in
@@ -83,7 +87,8 @@ for p in "${profiles[@]}"; do
     GATEWAY-GRPC) features+=("${grpc_features[@]}") ;;
     GATEWAY-TLS) features+=("${tls_features[@]}") ;;
     GATEWAY-TCP) features+=("${tcp_features[@]}") ;;
-    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS, GATEWAY-TCP)" ;;
+    GATEWAY-UDP) features+=("${udp_features[@]}") ;;
+    *) die "profile $p: not claimed by Tollgate (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS, GATEWAY-TCP, GATEWAY-UDP)" ;;
   esac
 done
 features_csv=$(printf '%s\n' "${features[@]}" | sort -u | paste -sd, -)

@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -42,7 +42,7 @@ cleanup() {
   local rc=$? ex
   if ((rc != 0)); then
     for ex in "${EXAMPLES[@]}"; do
-      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,tcproute,pods -o wide >&2 2>/dev/null || true
+      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,tcproute,udproute,pods -o wide >&2 2>/dev/null || true
     done
     kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
   fi
@@ -133,6 +133,23 @@ expect "tcp: bytes copied to the echo backend" '"path": "/hello"' body "http://$
 [[ $(body "http://$a:9000/hello") != *x-forwarded* ]] ||
   die "tcp: the stream went through HTTP processing (x-forwarded-* present)"
 log "ok: tcp: no HTTP processing on a TCP listener"
+
+# --- udp -------------------------------------------------------------------------------
+# udp_ask ADDR PORT TEXT: one datagram, the answer printed (empty after 2 s without one).
+udp_ask() {
+  python3 - "$@" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+s.sendto(sys.argv[3].encode(), (sys.argv[1], int(sys.argv[2])))
+try:
+    print(s.recv(65536).decode())
+except socket.timeout:
+    pass
+PY
+}
+a=$(addr udp udp)
+expect "udp: a datagram answered by the demo backend through the gateway" '"text": "hello udp"' udp_ask "$a" 5300 "hello udp"
 
 # --- traffic-split ---------------------------------------------------------------------
 a=$(addr traffic-split split)

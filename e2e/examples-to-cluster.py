@@ -58,7 +58,11 @@ def demo_backend(port: int) -> dict:
                             "name": "demo-backend",
                             "image": DEMO_IMAGE,
                             "args": ["demo-backend", "--listen", f"0.0.0.0:{port}"],
-                            "ports": [{"name": "http", "containerPort": port}],
+                            # The demo backend answers UDP on the same port (examples/udp).
+                            "ports": [
+                                {"name": "http", "containerPort": port},
+                                {"name": "udp", "containerPort": port, "protocol": "UDP"},
+                            ],
                             "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
                         }
                     ]

@@ -142,12 +142,9 @@ write_agent_config() {
     echo "    binary: $target/tollgate-proxy"
     echo "  - prefix: ghcr.io/tollgate-dev/tollgate"
     echo "    binary: $target/tollgate"
-    # The conformance suite's base manifests run CoreDNS for its UDPRoute test, which
-    # Tollgate does not claim; the pod only has to be Ready for the suite's setup, so a
-    # process that sleeps stands in for it (the container args become $0 and $1.. of sh).
+    # The conformance suite's base manifests run CoreDNS, the backend of its UDPRoute test.
     echo "  - prefix: registry.k8s.io/coredns/coredns"
-    echo "    binary: /bin/sh"
-    echo "    entrypoint: [\"-c\", \"exec sleep infinity\"]"
+    echo "    binary: $COREDNS_BIN"
     py=$(command -v python3 2>/dev/null || true)
     [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
     if [[ -n $py ]]; then

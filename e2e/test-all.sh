@@ -79,7 +79,7 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
   step "e2e/examples-test.sh (every example applied with kubectl, served through its Gateway's address, kstatus Current)"
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
-  step "e2e/conformance.sh (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS and GATEWAY-TCP; the Gateway API conformance suite; reports to a temporary dir)"
+  step "e2e/conformance.sh (GATEWAY-HTTP, -GRPC, -TLS, -TCP and -UDP; the Gateway API conformance suite; reports to a temporary dir)"
   CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
 else
   step "skipping the node-agent tests: up --full needs root (network namespaces, a bridge)"

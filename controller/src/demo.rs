@@ -6,6 +6,10 @@
 //!
 //! `POST /introspect` is answered instead by a DEMO token introspection endpoint
 //! ([`introspect`]), so that examples/introspection needs nothing but `tollgate run`.
+//!
+//! The same port number answers UDP too (examples/udp): each datagram gets a JSON document
+//! with the backend's name, the sender's address and the datagram's text. When that UDP port
+//! cannot be bound, the HTTP backend runs alone (a warning says so).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +22,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UdpSocket};
 
 pub mod introspect;
 
@@ -31,7 +35,18 @@ pub async fn spawn(
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let name: Arc<str> = Arc::from(name);
+    let udp = match UdpSocket::bind(local).await {
+        Ok(socket) => Some(socket),
+        Err(e) => {
+            tracing::warn!(address = %local, error = %e, "demo backend: no UDP echo on this port");
+            None
+        }
+    };
+    let udp_name = name.clone();
     let task = tokio::spawn(async move {
+        if let Some(socket) = udp {
+            tokio::spawn(udp_echo(socket, udp_name));
+        }
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
                 continue;
@@ -46,6 +61,26 @@ pub async fn spawn(
         }
     });
     Ok((local, task))
+}
+
+/// Answers each datagram with a JSON document: the backend's name, the sender, the text.
+async fn udp_echo(socket: UdpSocket, name: Arc<str>) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
+        let answer = serde_json::json!({
+            "backend": &*name,
+            "protocol": "UDP",
+            "peer": peer.to_string(),
+            "bytes": n,
+            "text": String::from_utf8_lossy(&buf[..n]),
+        });
+        let mut out = serde_json::to_vec_pretty(&answer).unwrap_or_default();
+        out.push(b'\n');
+        let _ = socket.send_to(&out, peer).await;
+    }
 }
 
 async fn echo(

@@ -426,6 +426,18 @@ fn write_script(
     // the sources of the others would be hidden.
     let mut mounts: Vec<&VolumeMount> = c.volume_mounts.iter().flatten().collect();
     mounts.sort_by_key(|m| pod_dir.starts_with(&m.mount_path));
+    // A mount above the program itself (that CoreDNS's /root above a binary in the cache dir)
+    // would hide it: the program is opened first and run from that descriptor.
+    let above: Vec<String> = mounts
+        .iter()
+        .map(|m| format!("{}/*", shell_quote(m.mount_path.trim_end_matches('/'))))
+        .collect();
+    if !above.is_empty() {
+        s.push_str(&format!(
+            "case \"$1\" in {}) [ -f \"$1\" ] && exec 9<\"$1\" && prog_fd=9 ;; esac\n",
+            above.join("|")
+        ));
+    }
     for m in mounts {
         let Some(vol) = volumes.get(&m.name) else {
             return Err(Error::Pod(format!(
@@ -465,6 +477,7 @@ fn write_script(
     if let Some(wd) = c.working_dir.as_deref().filter(|w| !w.is_empty()) {
         s.push_str(&format!("cd {}\n", shell_quote(wd)));
     }
+    s.push_str("if [ -n \"${prog_fd:-}\" ]; then shift; exec /proc/self/fd/9 \"$@\"; fi\n");
     s.push_str("exec \"$@\"\n");
     let path = pod_dir.join(format!("run-{}.sh", c.name));
     std::fs::write(&path, s).map_err(io(format!("writing {}", path.display())))?;

@@ -1,4 +1,4 @@
-//! Service networking without iptables: a userspace TCP forwarder per service port.
+//! Service networking without iptables: a userspace TCP or UDP forwarder per service port.
 //!
 //! * ClusterIP: the address is added (as a /32) to the bridge, so it is local to the host;
 //!   pods reach it through their route for the service range. The agent listens on
@@ -10,7 +10,9 @@
 //!   server.
 //! * DNS: `/etc/hosts` lines for every Service, written into each pod's hosts file.
 //!
-//! UDP is not forwarded.
+//! UDP ports are forwarded per client address: its first datagram picks a ready endpoint and
+//! the client keeps it (answers come back from the service address) until 60 s without an
+//! answer.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -22,13 +24,33 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 
 use crate::netns;
 
 /// Where one listener sends connections: the current endpoints, replaced as they change.
 type Targets = Arc<RwLock<Vec<SocketAddr>>>;
+
+/// A service port's transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    fn of(protocol: Option<&str>) -> Option<Self> {
+        match protocol.unwrap_or("TCP") {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            _ => None,
+        }
+    }
+}
+
+/// How long a UDP client keeps its endpoint without an answer from it.
+const UDP_FLOW_IDLE: Duration = Duration::from_secs(60);
 
 /// One Service name as the pods' /etc/hosts sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,7 +81,7 @@ pub struct Proxier {
     client: Client,
     bridge: String,
     api_server: SocketAddr,
-    listeners: HashMap<SocketAddr, (JoinHandle<()>, Targets)>,
+    listeners: HashMap<(SocketAddr, Proto), (JoinHandle<()>, Targets)>,
     cluster_ips: BTreeSet<Ipv4Addr>,
     /// LoadBalancer address per Service (namespace/name).
     lb_ips: BTreeMap<String, Ipv4Addr>,
@@ -84,7 +106,7 @@ impl Proxier {
         services: &Store<Service>,
         slices: &Store<EndpointSlice>,
     ) -> Vec<HostEntry> {
-        let mut want: HashMap<SocketAddr, Vec<SocketAddr>> = HashMap::new();
+        let mut want: HashMap<(SocketAddr, Proto), Vec<SocketAddr>> = HashMap::new();
         let mut hosts = Vec::new();
         let mut want_ips = BTreeSet::new();
         let slices = slices.state();
@@ -102,7 +124,8 @@ impl Proxier {
             let ns = svc.namespace().unwrap_or_default();
             let name = svc.name_any();
             let Some(spec) = &svc.spec else { continue };
-            let ready = ready_endpoints(&slices, &ns, &name);
+            let ready = ready_endpoints(&slices, &ns, &name, Proto::Tcp);
+            let ready_udp = ready_endpoints(&slices, &ns, &name, Proto::Udp);
             let cluster_ip = spec
                 .cluster_ip
                 .as_deref()
@@ -114,7 +137,12 @@ impl Proxier {
                     ip: ip.to_string(),
                 });
             } else if spec.cluster_ip.as_deref() == Some("None") {
-                let ips: BTreeSet<IpAddr> = ready.values().flatten().map(SocketAddr::ip).collect();
+                let ips: BTreeSet<IpAddr> = ready
+                    .values()
+                    .chain(ready_udp.values())
+                    .flatten()
+                    .map(SocketAddr::ip)
+                    .collect();
                 for ip in ips {
                     hosts.push(HostEntry {
                         namespace: ns.clone(),
@@ -134,9 +162,13 @@ impl Proxier {
                 live_lb.insert(format!("{ns}/{name}"));
             }
             for port in spec.ports.iter().flatten() {
-                if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+                let Some(proto) = Proto::of(port.protocol.as_deref()) else {
                     continue;
-                }
+                };
+                let ready = match proto {
+                    Proto::Tcp => &ready,
+                    Proto::Udp => &ready_udp,
+                };
                 let Ok(p) = u16::try_from(port.port) else {
                     continue;
                 };
@@ -150,10 +182,10 @@ impl Proxier {
                 };
                 if let Some(ip) = cluster_ip {
                     want_ips.insert(ip);
-                    want.insert(SocketAddr::from((ip, p)), targets.clone());
+                    want.insert((SocketAddr::from((ip, p)), proto), targets.clone());
                 }
                 if let Some(ip) = lb_ip {
-                    want.insert(SocketAddr::from((ip, p)), targets);
+                    want.insert((SocketAddr::from((ip, p)), proto), targets);
                 }
             }
             if lb && lb_status_ip(svc) != lb_ip {
@@ -171,7 +203,7 @@ impl Proxier {
             }
         }
         for ip in self.cluster_ips.clone().difference(&want_ips) {
-            self.listeners.retain(|a, (h, _)| {
+            self.listeners.retain(|(a, _), (h, _)| {
                 let keep = a.ip() != IpAddr::V4(*ip);
                 if !keep {
                     h.abort();
@@ -189,8 +221,8 @@ impl Proxier {
             }
             keep
         });
-        for (addr, targets) in want {
-            if let Some((h, t)) = self.listeners.get(&addr)
+        for (key @ (addr, proto), targets) in want {
+            if let Some((h, t)) = self.listeners.get(&key)
                 && !h.is_finished()
             {
                 if let Ok(mut t) = t.write() {
@@ -198,13 +230,20 @@ impl Proxier {
                 }
                 continue;
             }
-            match TcpListener::bind(addr).await {
-                Ok(l) => {
-                    let t: Targets = Arc::new(RwLock::new(targets));
-                    let h = tokio::spawn(serve(l, t.clone()));
-                    self.listeners.insert(addr, (h, t));
+            let t: Targets = Arc::new(RwLock::new(targets));
+            let started = match proto {
+                Proto::Tcp => TcpListener::bind(addr)
+                    .await
+                    .map(|l| tokio::spawn(serve(l, t.clone()))),
+                Proto::Udp => UdpSocket::bind(addr)
+                    .await
+                    .map(|s| tokio::spawn(serve_udp(Arc::new(s), t.clone()))),
+            };
+            match started {
+                Ok(h) => {
+                    self.listeners.insert(key, (h, t));
                 }
-                Err(e) => tracing::warn!(%addr, %e, "cannot listen for a service"),
+                Err(e) => tracing::warn!(%addr, ?proto, %e, "cannot listen for a service"),
             }
         }
         hosts.sort();
@@ -290,11 +329,13 @@ fn lb_status_ip(svc: &Service) -> Option<Ipv4Addr> {
         .filter(|ip| ip.octets()[..3] == [127, 0, 1])
 }
 
-/// Ready endpoints of a Service by port name (EndpointSlices labelled with the service name).
+/// Ready endpoints of a Service's `proto` ports by port name (EndpointSlices labelled with the
+/// service name).
 fn ready_endpoints(
     slices: &[Arc<EndpointSlice>],
     ns: &str,
     name: &str,
+    proto: Proto,
 ) -> HashMap<String, Vec<SocketAddr>> {
     let mut out: HashMap<String, Vec<SocketAddr>> = HashMap::new();
     for s in slices {
@@ -310,7 +351,7 @@ fn ready_endpoints(
         for port in s.ports.iter().flatten() {
             let (Some(p), Some(true)) = (
                 port.port.and_then(|p| u16::try_from(p).ok()),
-                Some(port.protocol.as_deref().unwrap_or("TCP") == "TCP"),
+                Some(Proto::of(port.protocol.as_deref()) == Some(proto)),
             ) else {
                 continue;
             };
@@ -351,6 +392,63 @@ async fn serve(listener: TcpListener, targets: Targets) {
                 let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
             }
         });
+    }
+}
+
+/// Forwards each client's datagrams to the endpoint its first one picked, and the endpoint's
+/// answers back from `socket`, until the endpoint is quiet for [`UDP_FLOW_IDLE`].
+///
+/// The answering tasks belong to this one: aborting it (the Service port went away) ends them
+/// too, so the socket is closed at once and its address free for the next Service.
+async fn serve_udp(socket: Arc<UdpSocket>, targets: Targets) {
+    let flows: Arc<std::sync::Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>> = Arc::default();
+    let mut answering = tokio::task::JoinSet::new();
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        while answering.try_join_next().is_some() {}
+        let Ok((n, client)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
+        let known = flows.lock().ok().and_then(|f| f.get(&client).cloned());
+        let upstream = match known {
+            Some(u) => u,
+            None => {
+                let candidates = targets.read().map(|t| t.clone()).unwrap_or_default();
+                if candidates.is_empty() {
+                    continue; // no endpoint is ready: dropped, as the network may
+                }
+                let target = candidates[fastrand::usize(..candidates.len())];
+                let Ok(u) = UdpSocket::bind("0.0.0.0:0").await else {
+                    continue;
+                };
+                if u.connect(target).await.is_err() {
+                    continue;
+                }
+                let u = Arc::new(u);
+                if let Ok(mut f) = flows.lock() {
+                    f.insert(client, u.clone());
+                }
+                answering.spawn(answer_udp(socket.clone(), u.clone(), client, flows.clone()));
+                u
+            }
+        };
+        let _ = upstream.send(&buf[..n]).await;
+    }
+}
+
+/// Sends one flow's answers to its client until the endpoint is quiet for [`UDP_FLOW_IDLE`].
+async fn answer_udp(
+    socket: Arc<UdpSocket>,
+    upstream: Arc<UdpSocket>,
+    client: SocketAddr,
+    flows: Arc<std::sync::Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>,
+) {
+    let mut buf = vec![0u8; 65_536];
+    while let Ok(Ok(n)) = tokio::time::timeout(UDP_FLOW_IDLE, upstream.recv(&mut buf)).await {
+        let _ = socket.send_to(&buf[..n], client).await;
+    }
+    if let Ok(mut f) = flows.lock() {
+        f.remove(&client);
     }
 }
 
