@@ -52,7 +52,75 @@ struct GadgetSpec {
     size: u32,
 }
 
+/// A kind whose CRD serves an older version only: how a cluster with Gateway API v1.5 CRDs
+/// serves TCPRoute and UDPRoute (`v1alpha2`) to a controller that reads `v1`.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "optional.test.tollgate.dev",
+    version = "v1",
+    kind = "Sprocket",
+    namespaced
+)]
+struct SprocketSpec {
+    size: u32,
+}
+
+/// The same kind at the version its CRD serves.
+mod old {
+    use super::*;
+
+    #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[kube(
+        group = "optional.test.tollgate.dev",
+        version = "v1alpha2",
+        kind = "Sprocket",
+        namespaced
+    )]
+    pub struct SprocketSpec {
+        pub size: u32,
+    }
+}
+
 const WAIT: Duration = Duration::from_secs(30);
+
+/// The Gateway API v1.5 case of TCPRoute and UDPRoute: the CRD is installed but serves only
+/// `v1alpha2`. A forgiving kind counts as none (the controller serves everything else) rather
+/// than waiting for a version that will not come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_serving_only_an_older_version_is_an_empty_store() {
+    let env = TestEnv::new("optional-crd-version").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let name = old::Sprocket::crd_name();
+    let _ = crds.delete(name, &DeleteParams::default()).await;
+    let gone = eventually(WAIT, || async {
+        crds.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "CRD {name} still present");
+    crds.create(&PostParams::default(), &old::Sprocket::crd())
+        .await
+        .unwrap();
+    let established = eventually(WAIT, || async {
+        let crd = crds.get_opt(name).await.ok()??;
+        crd.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    assert!(established.is_some(), "CRD {name} never Established");
+
+    let api: Api<Lenient<Sprocket>> = Api::all(env.client.clone());
+    let (store, _watching) = watch(api, Kind::TcpRoute, Optional::Forgiving);
+    listed(
+        &store,
+        "a kind whose CRD serves only an older version never became ready",
+    )
+    .await;
+    assert!(store.state().is_empty());
+    let _ = crds.delete(name, &DeleteParams::default()).await;
+}
 
 async fn crd_absent(crds: &Api<CustomResourceDefinition>) {
     let name = Widget::crd_name();
