@@ -87,6 +87,9 @@ wait_up() { # port path
 # The backend: one nginx worker on CPU 1.
 mkdir -p "$work/www"
 head -c 1048576 /dev/urandom >"$work/www/big"
+# nginx's worker runs unprivileged: the file and the directories above it must be readable.
+chmod 755 "$work" "$work/www"
+chmod 644 "$work/www/big"
 cat >"$work/backend.conf" <<CONF
 worker_processes 1;
 daemon off;
@@ -107,6 +110,7 @@ http {
 CONF
 spawn 1 nginx -e "$work/backend.err" -c "$work/backend.conf"
 wait_up 19080 /
+wait_up 19080 /big
 
 # Tollgate: a Gateway with one TCP listener, a TCPRoute to the backend.
 mkdir -p "$work/tollgate"
@@ -159,7 +163,7 @@ port_of[tollgate]=19100
 cat >"$work/haproxy.cfg" <<CONF
 global
   nbthread 1
-  maxconn 20000
+  maxconn 8000
 defaults
   mode tcp
   timeout connect 5s
@@ -180,7 +184,7 @@ load_module $stream_module;
 worker_processes 1;
 daemon off;
 pid $work/nginx.pid;
-events { worker_connections 20000; }
+events { worker_connections 8000; }
 stream {
   server {
     listen 127.0.0.1:19102;
