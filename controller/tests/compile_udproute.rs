@@ -159,3 +159,23 @@ spec:
     let b = &t.backends[&BackendKey::udp("apps", "dns", 53)];
     assert_eq!(b.settings.health_check, None);
 }
+
+#[test]
+fn a_client_policy_does_not_take_a_udp_listener() {
+    // Connection limits and the PROXY protocol have nothing to act on in datagrams: the
+    // policy names no listener it can apply to, and says so.
+    let policy = r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: ClientPolicy
+metadata: {name: on-udp, namespace: infra, generation: 1}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: udp, sectionName: dns}]
+  limits:
+    maxConnectionsPerClient: 10
+"#;
+    let out = run(&["udproute"], policy);
+    let c = &out.client_policies[&ObjectKey::new("infra", "on-udp")].conditions;
+    assert_cond(c, "Accepted", "False", "TargetNotFound");
+    let t = table(&out, "infra", "udp");
+    assert_eq!(port(t, 5300).client, Default::default());
+}

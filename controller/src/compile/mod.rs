@@ -525,7 +525,8 @@ fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::Ga
         .collect()
 }
 
-/// ClientPolicy attachment view of the accepted Gateways: every listener with a port.
+/// ClientPolicy attachment view of the accepted Gateways: every listener with a port, UDP ones
+/// excepted.
 fn client_gateways(
     gateways: &[listeners::GatewayModel<'_>],
 ) -> Vec<policies::client::ClientGateway> {
@@ -537,6 +538,8 @@ fn client_gateways(
             listeners: g
                 .listeners
                 .iter()
+                // A UDP port has no connection to limit and no PROXY header to read.
+                .filter(|l| l.protocol != Some(tollgate_api::Protocol::Udp))
                 .filter_map(|l| Some((l.spec.name.clone(), l.port?)))
                 .collect(),
         })
