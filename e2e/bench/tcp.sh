@@ -15,9 +15,12 @@
 # Installs nginx's stream module, HAProxy and wrk from apt when missing; builds Tollgate in
 # release mode (BUILD=0 to use the last build; PROFILE=debug only checks the script).
 #
+# ALT_PROXY=/path/to/tollgate-proxy adds that build as a fourth contender, `alt` (a change
+# weighed against the current build in the same seconds).
+#
 # Writes e2e/bench/results/tcp-latest.md and a dated copy.
 # Usage: e2e/bench/tcp.sh     env: ROUNDS (5), SAT_SECS (4), CONNS (32), BIG_CONNS (8),
-#                                  BUILD=0, KEEP=1, PROFILE (release)
+#                                  BUILD=0, KEEP=1, PROFILE (release), ALT_PROXY
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -196,6 +199,16 @@ spawn 0 nginx -e "$work/nginx.err" -c "$work/nginx.conf"
 pid_of[nginx]=$last_pid
 port_of[nginx]=19102
 contenders=(tollgate haproxy nginx)
+if [ -n "${ALT_PROXY:-}" ]; then
+  sed 's/19100/19103/' "$work/tollgate/manifests.yaml" >"$work/alt.yaml"
+  mkdir -p "$work/alt"
+  mv "$work/alt.yaml" "$work/alt/manifests.yaml"
+  "$bin/tollgate" compile "$work/alt" --out "$work/alt/table" >/dev/null
+  spawn 0 "$ALT_PROXY" --table "$work/alt/table/default.bench.json" --admin 127.0.0.1:19961 --workers 1
+  pid_of[alt]=$last_pid
+  port_of[alt]=19103
+  contenders+=(alt)
+fi
 for c in "${contenders[@]}"; do wait_up "${port_of[$c]}" /; done
 
 # measure ROUND CONTENDER KIND: one measurement; KIND conns (new connection per request) or
@@ -230,7 +243,8 @@ measure() {
 }
 
 for r in $(seq 1 "$ROUNDS"); do
-  order=("${contenders[@]:$(((r - 1) % 3))}" "${contenders[@]:0:$(((r - 1) % 3))}")
+  k=$(((r - 1) % ${#contenders[@]}))
+  order=("${contenders[@]:$k}" "${contenders[@]:0:$k}")
   for c in "${order[@]}"; do
     measure "$r" "$c" conns
     measure "$r" "$c" bytes
@@ -273,6 +287,14 @@ for m, name, fmt in [
     cells = [fmt.format(med(c, m)) for c in ("tollgate", "haproxy", "nginx")]
     rs = [f"{ratio(m, o):.2f}" for o in ("haproxy", "nginx")]
     print(f"| {name} | " + " | ".join(cells + rs) + " |")
+alt = any(c == "alt" for c, _ in v)
+if alt:
+    print("\nAlso `alt` (ALT_PROXY), another build of tollgate-proxy, in the same rounds:\n")
+    print("| | alt | alt / Tollgate |")
+    print("|---|---:|---:|")
+    for m in ("conns_per_core", "mib_per_core"):
+        rs = [v[("alt", m)][r] / v[("tollgate", m)][r] for r in v[("alt", m)] if v[("tollgate", m)].get(r)]
+        print(f"| {m} | {med('alt', m):.0f} | {statistics.median(rs):.2f} |")
 print("\nPer-core figures are requests (or MiB) over the proxy's CPU time in the same seconds;")
 print("per-second figures are what the one-core proxy delivered, with wrk and the backend")
 print("sharing the other core (so they are bounded by that core as much as by the proxy).")
