@@ -197,7 +197,7 @@ kind: Gateway
 metadata: {name: broken, namespace: apps}
 spec:
   gatewayClassName: tollgate
-  listeners: [{name: udp, port: 53, protocol: UDP}]
+  listeners: [{name: quic, port: 53, protocol: example.com/QUIC}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
