@@ -142,6 +142,9 @@ write_agent_config() {
     echo "    binary: $target/tollgate-proxy"
     echo "  - prefix: ghcr.io/tollgate-dev/tollgate"
     echo "    binary: $target/tollgate"
+    # A shell, for tests whose pods run a script (`command: [sh, -c, ...]`).
+    echo "  - prefix: tollgate.test/sh"
+    echo "    binary: /bin/sh"
     # The conformance suite's base manifests run CoreDNS, the backend of its UDPRoute test.
     echo "  - prefix: registry.k8s.io/coredns/coredns"
     echo "    binary: $COREDNS_BIN"

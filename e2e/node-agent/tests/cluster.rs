@@ -531,7 +531,7 @@ async fn a_pod_slow_to_stop_holds_up_no_other_pod() {
                 "terminationGracePeriodSeconds": grace,
                 "containers": [{
                     "name": "sh",
-                    "image": "registry.k8s.io/coredns/coredns:v1.12.0",
+                    "image": "tollgate.test/sh",
                     "command": ["sh", "-c", script],
                 }],
             },
