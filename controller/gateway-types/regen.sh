@@ -12,7 +12,7 @@ set -euo pipefail
 
 KOPIUM_VERSION=0.24.1
 # kind file (CRD file name without the group) : API version to generate
-KINDS=(tcproutes:v1 udproutes:v1)
+KINDS=(listenersets:v1 tcproutes:v1 udproutes:v1)
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
