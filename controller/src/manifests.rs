@@ -85,6 +85,7 @@ macro_rules! each_object_list {
         $m!(tls_routes);
         $m!(tcp_routes);
         $m!(udp_routes);
+        $m!(listener_sets);
         $m!(reference_grants);
         $m!(services);
         $m!(endpoint_slices);
@@ -119,6 +120,7 @@ struct Counts {
     tls_routes: usize,
     tcp_routes: usize,
     udp_routes: usize,
+    listener_sets: usize,
     reference_grants: usize,
     services: usize,
     endpoint_slices: usize,
@@ -146,6 +148,7 @@ impl Counts {
             tls_routes: _,
             tcp_routes: _,
             udp_routes: _,
+            listener_sets: _,
             reference_grants: _,
             services: _,
             endpoint_slices: _,

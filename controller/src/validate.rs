@@ -91,6 +91,22 @@ pub fn render(out: &Output) -> String {
             conditions(&mut text, "    ", &l.conditions);
         }
     }
+    for (key, st) in &out.listener_sets {
+        let _ = writeln!(text, "ListenerSet {key}");
+        conditions(
+            &mut text,
+            "  ",
+            st.conditions.as_deref().unwrap_or_default(),
+        );
+        for l in st.listeners.as_deref().unwrap_or_default() {
+            let _ = writeln!(
+                text,
+                "  listener {} (attachedRoutes {})",
+                l.name, l.attached_routes
+            );
+            conditions(&mut text, "    ", &l.conditions);
+        }
+    }
     for (key, st) in &out.http_routes {
         route(&mut text, RouteKind::Http, key, &st.parents);
     }
@@ -145,7 +161,8 @@ fn route<P: RouteParent>(text: &mut String, kind: RouteKind, key: &ObjectKey, pa
         let (ns, name, section, _) = p.parent();
         let ns = ns.unwrap_or(&key.namespace);
         let section = section.map(|s| format!(" section {s}")).unwrap_or_default();
-        let _ = writeln!(text, "  parent Gateway {ns}/{name}{section}");
+        let parent = p.parent_kind();
+        let _ = writeln!(text, "  parent {parent} {ns}/{name}{section}");
         conditions(text, "    ", p.conditions());
     }
 }

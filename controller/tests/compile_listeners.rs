@@ -115,7 +115,7 @@ fn hostname_conflict() {
         let l = listener(&out, "infra", "conflicts", name);
         assert_cond(&l.conditions, "Conflicted", "True", "HostnameConflict");
         assert_cond(&l.conditions, "Accepted", "False", "HostnameConflict");
-        assert_cond(&l.conditions, "Programmed", "False", "Invalid");
+        assert_cond(&l.conditions, "Programmed", "False", "HostnameConflict");
         assert_eq!(l.conditions[0].observed_generation, Some(3));
     }
     let c = listener(&out, "infra", "conflicts", "c");

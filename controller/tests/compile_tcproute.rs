@@ -52,7 +52,7 @@ fn tcp_listeners_on_one_port_conflict() {
         let l = listener(&out, "infra", "tcp", name);
         assert_cond(&l.conditions, "Accepted", "False", "HostnameConflict");
         assert_cond(&l.conditions, "Conflicted", "True", "HostnameConflict");
-        assert_cond(&l.conditions, "Programmed", "False", "Invalid");
+        assert_cond(&l.conditions, "Programmed", "False", "HostnameConflict");
     }
     for name in ["clash-tcp", "clash-http"] {
         let l = listener(&out, "infra", "tcp", name);

@@ -41,9 +41,20 @@ pub fn resolve(
     gateway_ns: &str,
     refs: &[GatewayListenersTlsCertificateRefs],
 ) -> Resolved {
+    resolve_for(idx, "Gateway", gateway_ns, refs)
+}
+
+/// [`resolve`] for the refs of a `from_kind` object (`Gateway` or `ListenerSet`, the kind a
+/// ReferenceGrant must name) in `from_ns`.
+pub fn resolve_for(
+    idx: &Index<'_>,
+    from_kind: &str,
+    from_ns: &str,
+    refs: &[GatewayListenersTlsCertificateRefs],
+) -> Resolved {
     let mut out = Resolved::default();
     for r in refs {
-        match resolve_one(idx, gateway_ns, r) {
+        match resolve_one(idx, from_kind, from_ns, r) {
             Ok(c) => out.certificates.push(c),
             Err(p) => out.problems.push(p),
         }
@@ -53,6 +64,7 @@ pub fn resolve(
 
 fn resolve_one(
     idx: &Index<'_>,
+    from_kind: &str,
     gateway_ns: &str,
     r: &GatewayListenersTlsCertificateRefs,
 ) -> Result<Certificate, Problem> {
@@ -70,7 +82,7 @@ fn resolve_one(
     }
     let cross = CrossRef {
         from_group: GATEWAY_GROUP,
-        from_kind: "Gateway",
+        from_kind,
         from_namespace: gateway_ns,
         to_group: "",
         to_kind: "Secret",

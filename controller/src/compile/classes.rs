@@ -58,6 +58,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRetryBackendTimeout",
     "HTTPRouteRetryConnectionError",
     "HTTPRouteSchemeRedirect",
+    "ListenerSet",
     "ReferenceGrant",
     "TCPRoute",
     "TLSRoute",

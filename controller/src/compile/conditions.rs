@@ -32,8 +32,12 @@ pub mod reason {
     pub const INVALID_PARAMETERS: &str = "InvalidParameters";
     /// Gateway address we cannot bind.
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
-    /// Gateway with one or more invalid listeners.
+    /// Gateway (or ListenerSet) with one or more invalid listeners.
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
+    /// ListenerSet the parent Gateway's `allowedListeners` does not admit.
+    pub const NOT_ALLOWED: &str = "NotAllowed";
+    /// ListenerSet whose parent Gateway is not accepted.
+    pub const PARENT_NOT_ACCEPTED: &str = "ParentNotAccepted";
     /// Listener port outside 1..=65535.
     pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
     /// Listener with a protocol (or TLS mode) we do not serve.

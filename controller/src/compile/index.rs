@@ -70,6 +70,8 @@ pub struct Index<'a> {
     pub tcp_routes: Vec<&'a TcpRoute>,
     /// UDPRoutes sorted by key.
     pub udp_routes: Vec<&'a UdpRoute>,
+    /// ListenerSets by the Gateway they name, in precedence order.
+    pub listener_sets: BTreeMap<ObjectKey, Vec<super::listenersets::ListenerSetEntry<'a>>>,
     /// Services by key.
     pub services: BTreeMap<Ref<'a>, &'a Service>,
     /// EndpointSlices by (namespace, service name), sorted by slice name.
@@ -95,6 +97,7 @@ impl<'a> Index<'a> {
         let tls_routes = by_key(&inputs.tls_routes, |r| &r.metadata);
         let tcp_routes = by_key(&inputs.tcp_routes, |r| &r.metadata);
         let udp_routes = by_key(&inputs.udp_routes, |r| &r.metadata);
+        let listener_sets = super::listenersets::by_parent(&inputs.listener_sets);
         let services = by_key(&inputs.services, |s| &s.metadata)
             .into_iter()
             .map(|s| ((ns_of(&s.metadata), name_of(&s.metadata)), s))
@@ -146,6 +149,7 @@ impl<'a> Index<'a> {
             tls_routes,
             tcp_routes,
             udp_routes,
+            listener_sets,
             services,
             slices,
             secrets,

@@ -254,6 +254,8 @@ pub trait RouteParent: Clone + PartialEq + serde::Serialize {
     fn conditions_mut(&mut self) -> &mut Vec<Condition>;
     /// `parentRef` as (namespace, name, sectionName, port).
     fn parent(&self) -> (Option<&str>, &str, Option<&str>, Option<i32>);
+    /// `parentRef.kind`: `Gateway` unless it names another kind (a ListenerSet).
+    fn parent_kind(&self) -> &str;
     /// Whether both entries are for the same parentRef (typed equality).
     fn same_parent(&self, other: &Self) -> bool;
     /// `parentRef` alone, for comparing in serialized form.
@@ -284,6 +286,9 @@ macro_rules! route_parent {
                     r.section_name.as_deref(),
                     r.port,
                 )
+            }
+            fn parent_kind(&self) -> &str {
+                self.parent_ref.kind.as_deref().unwrap_or("Gateway")
             }
             fn same_parent(&self, other: &Self) -> bool {
                 self.parent_ref == other.parent_ref

@@ -19,14 +19,25 @@
 //! counted) but not programmed (not in the route table). TLS settings we do not implement
 //! (`tls.options`, `spec.tls.frontend` validation) make a listener `UnsupportedValue`, and
 //! `spec.tls.backend` gives the Gateway a `ResolvedRefs` condition ([`super::tls`]).
+//!
+//! ListenerSets ([`super::listenersets`]) add listeners after the Gateway's own: only those
+//! `spec.allowedListeners` admits (none by default: `NotAllowed`), validated as the Gateway's
+//! are, with their own namespace for `allowedRoutes` `Same` and certificateRefs. A ListenerSet
+//! listener that a listener before it (the Gateway's, or an older ListenerSet's) conflicts with
+//! is `Conflicted`; a ListenerSet with no valid listener is `ListenersNotValid`; the Gateway
+//! counts the accepted ones in `attachedListenerSets`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use gateway_api::gateways::{
-    Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
-    GatewayListenersAllowedRoutesNamespacesSelector, GatewayListenersTlsMode, GatewayStatus,
-    GatewayStatusListeners, GatewayStatusListenersSupportedKinds,
+    Gateway, GatewayAllowedListenersNamespacesFrom, GatewayListeners,
+    GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersAllowedRoutesNamespacesSelector,
+    GatewayListenersTlsMode, GatewayStatus, GatewayStatusListeners,
+    GatewayStatusListenersSupportedKinds,
+};
+use gateway_types::listenersets::{
+    ListenerSetStatus, ListenerSetStatusListeners, ListenerSetStatusListenersSupportedKinds,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tollgate_api::{Certificate, ObjectKey, Protocol};
@@ -35,6 +46,7 @@ use super::conditions::{ACCEPTED, CONFLICTED, Conds, PROGRAMMED, Problem, RESOLV
 use super::grants::GATEWAY_GROUP;
 use super::index::{Index, key_of, ns_of};
 use super::kinds::RouteKind;
+use super::listenersets::{self, ListenerSetEntry};
 use super::{certs, tls};
 
 /// Bind address when the Gateway names none.
@@ -54,8 +66,16 @@ pub enum AllowedNamespaces<'a> {
 /// One listener after validation.
 #[derive(Debug)]
 pub struct ListenerModel<'a> {
-    /// The listener as written.
+    /// The listener as written (a ListenerSet's, renamed: see [`super::listenersets`]).
     pub spec: &'a GatewayListeners,
+    /// The ListenerSet it comes from (index into [`GatewayModel::listener_sets`]), or `None`
+    /// for the Gateway's own.
+    pub set: Option<usize>,
+    /// The name a parentRef's `sectionName` names: `spec.name` for the Gateway's own
+    /// listeners, the name in the ListenerSet for the others.
+    pub name: &'a str,
+    /// Namespace of the object that declares it: `allowedRoutes` `Same` means this one.
+    pub namespace: &'a str,
     /// Port, when in range.
     pub port: Option<u16>,
     /// Protocol, when supported.
@@ -101,8 +121,26 @@ pub struct GatewayModel<'a> {
     pub accepted: bool,
     /// Address every listener binds.
     pub address: String,
-    /// Listeners in spec order.
+    /// Listeners in spec order, then those of the admitted ListenerSets in precedence order.
     pub listeners: Vec<ListenerModel<'a>>,
+    /// Accepted and Programmed.
+    pub conditions: Vec<Condition>,
+    /// Every ListenerSet naming this Gateway, admitted or not, in precedence order.
+    pub listener_sets: Vec<ListenerSetModel<'a>>,
+    /// Whether the status reports `attachedListenerSets` (the Gateway admits ListenerSets or
+    /// one names it).
+    pub reports_sets: bool,
+}
+
+/// One ListenerSet naming a Gateway of ours, after validation.
+#[derive(Debug)]
+pub struct ListenerSetModel<'a> {
+    /// The ListenerSet and its listeners.
+    pub entry: &'a ListenerSetEntry<'a>,
+    /// Admitted by the Gateway's `allowedListeners`.
+    pub allowed: bool,
+    /// Accepted: admitted, with at least one valid listener, on an accepted Gateway.
+    pub accepted: bool,
     /// Accepted and Programmed.
     pub conditions: Vec<Condition>,
 }
@@ -110,13 +148,17 @@ pub struct GatewayModel<'a> {
 impl GatewayModel<'_> {
     /// The status this Gateway should carry (addresses left for the controller).
     pub fn status(&self) -> GatewayStatus {
+        let attached_sets = self.listener_sets.iter().filter(|s| s.accepted).count();
         GatewayStatus {
             addresses: None,
-            attached_listener_sets: None,
+            attached_listener_sets: self
+                .reports_sets
+                .then(|| i32::try_from(attached_sets).unwrap_or(i32::MAX)),
             conditions: Some(self.conditions.clone()),
             listeners: Some(
                 self.listeners
                     .iter()
+                    .filter(|l| l.set.is_none())
                     .map(|l| GatewayStatusListeners {
                         attached_routes: i32::try_from(l.attached).unwrap_or(i32::MAX),
                         conditions: l.conditions.clone(),
@@ -127,6 +169,40 @@ impl GatewayModel<'_> {
             ),
         }
     }
+
+    /// The status of each ListenerSet naming this Gateway.
+    pub fn listener_set_statuses(&self) -> Vec<(ObjectKey, ListenerSetStatus)> {
+        self.listener_sets
+            .iter()
+            .enumerate()
+            .map(|(si, s)| {
+                let listeners: Vec<ListenerSetStatusListeners> = self
+                    .listeners
+                    .iter()
+                    .filter(|l| l.set == Some(si))
+                    .map(|l| ListenerSetStatusListeners {
+                        attached_routes: i32::try_from(l.attached).unwrap_or(i32::MAX),
+                        conditions: l.conditions.clone(),
+                        name: l.name.to_owned(),
+                        supported_kinds: Some(
+                            l.supported_kinds
+                                .iter()
+                                .map(|k| ListenerSetStatusListenersSupportedKinds {
+                                    group: k.group.clone(),
+                                    kind: k.kind.clone(),
+                                })
+                                .collect(),
+                        ),
+                    })
+                    .collect();
+                let status = ListenerSetStatus {
+                    conditions: Some(s.conditions.clone()),
+                    listeners: (!listeners.is_empty()).then_some(listeners),
+                };
+                (s.entry.key.clone(), status)
+            })
+            .collect()
+    }
 }
 
 impl ListenerModel<'_> {
@@ -136,9 +212,9 @@ impl ListenerModel<'_> {
     }
 
     /// Whether a route in `route_ns` may attach, by namespace.
-    pub fn allows_namespace(&self, idx: &Index<'_>, gateway_ns: &str, route_ns: &str) -> bool {
+    pub fn allows_namespace(&self, idx: &Index<'_>, route_ns: &str) -> bool {
         match &self.namespaces {
-            AllowedNamespaces::Same => gateway_ns == route_ns,
+            AllowedNamespaces::Same => self.namespace == route_ns,
             AllowedNamespaces::All => true,
             AllowedNamespaces::Selector(None) => false,
             AllowedNamespaces::Selector(Some(sel)) => {
@@ -163,9 +239,11 @@ fn selector_matches(
     )
 }
 
-/// Validates one Gateway of our class.
+/// Validates one Gateway of our class, with the ListenerSets that name it (`sets`, in
+/// precedence order: [`listenersets::by_parent`]).
 pub fn compile_gateway<'a>(
     gw: &'a Gateway,
+    sets: &'a [ListenerSetEntry<'a>],
     class_accepted: bool,
     idx: &Index<'_>,
     now: &Time,
@@ -176,7 +254,7 @@ pub fn compile_gateway<'a>(
         .spec
         .listeners
         .iter()
-        .map(|l| validate_listener(gw, l, gw_ns, idx))
+        .map(|l| validate_listener(gw, l, l.name.as_str(), gw_ns, "Gateway", idx))
         .collect();
     let conflicts = find_conflicts(&gw.spec.listeners);
     for (i, l) in listeners.iter_mut().enumerate() {
@@ -186,6 +264,7 @@ pub fn compile_gateway<'a>(
 
     let (address, gateway_problem) = gateway_level_problems(gw, class_accepted);
     let valid = listeners.iter().filter(|l| l.accepted).count();
+    let own = listeners.len();
     let accepted_cond = if let Some(p) = &gateway_problem {
         conds.no(ACCEPTED, p.reason, p.message.clone())
     } else if valid == 0 {
@@ -194,15 +273,11 @@ pub fn compile_gateway<'a>(
             reason::LISTENERS_NOT_VALID,
             "no listener is valid",
         )
-    } else if valid < listeners.len() {
+    } else if valid < own {
         conds.yes(
             ACCEPTED,
             reason::LISTENERS_NOT_VALID,
-            format!(
-                "{} of {} listeners are not valid",
-                listeners.len() - valid,
-                listeners.len()
-            ),
+            format!("{} of {own} listeners are not valid", own - valid),
         )
     } else {
         conds.yes(ACCEPTED, reason::ACCEPTED, "Gateway is accepted")
@@ -218,6 +293,7 @@ pub fn compile_gateway<'a>(
             }
         }
     }
+    let listener_sets = add_listener_sets(gw, sets, accepted, idx, now, &mut listeners);
     let programmed = accepted && listeners.iter().any(|l| l.programmed);
     let programmed_cond = if programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "Gateway is programmed")
@@ -236,7 +312,189 @@ pub fn compile_gateway<'a>(
         address,
         listeners,
         conditions,
+        listener_sets,
+        reports_sets: !sets.is_empty() || admits_any_set(gw),
     }
+}
+
+/// Whether `spec.allowedListeners` admits ListenerSets from some namespace.
+fn admits_any_set(gw: &Gateway) -> bool {
+    gw.spec
+        .allowed_listeners
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.as_ref())
+        .is_some_and(|f| *f != GatewayAllowedListenersNamespacesFrom::None)
+}
+
+/// Whether `spec.allowedListeners` admits a ListenerSet in namespace `ns`.
+fn admits_set(gw: &Gateway, idx: &Index<'_>, ns: &str) -> bool {
+    let Some(n) = gw
+        .spec
+        .allowed_listeners
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+    else {
+        return false;
+    };
+    match n.from {
+        None | Some(GatewayAllowedListenersNamespacesFrom::None) => false,
+        Some(GatewayAllowedListenersNamespacesFrom::Same) => ns == ns_of(&gw.metadata),
+        Some(GatewayAllowedListenersNamespacesFrom::All) => true,
+        Some(GatewayAllowedListenersNamespacesFrom::Selector) => {
+            n.selector.as_ref().is_some_and(|sel| {
+                super::index::labels_match(
+                    sel.match_labels.iter().flatten(),
+                    sel.match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
+                    &idx.labels_of_namespace(ns),
+                )
+            })
+        }
+    }
+}
+
+/// A listener that holds a port: later ListenerSet listeners conflict with it.
+struct Held {
+    port: i32,
+    protocol: String,
+    hostname: String,
+    name: String,
+}
+
+impl Held {
+    fn of(l: &ListenerModel<'_>) -> Self {
+        Self {
+            port: l.spec.port,
+            protocol: l.spec.protocol.clone(),
+            hostname: l.hostname.clone().unwrap_or_default(),
+            name: l.spec.name.clone(),
+        }
+    }
+}
+
+/// Why a ListenerSet listener conflicts with a listener before it, if it does.
+fn held_conflict(l: &ListenerModel<'_>, held: &[Held]) -> Option<Problem> {
+    let port = l.spec.port;
+    if let Some(h) = held
+        .iter()
+        .find(|h| h.port == port && h.protocol != l.spec.protocol)
+    {
+        return Some(Problem::new(
+            reason::PROTOCOL_CONFLICT,
+            format!(
+                "port {port} is already used with protocol {} by listener {}",
+                h.protocol, h.name
+            ),
+        ));
+    }
+    let host = l.hostname.as_deref().unwrap_or_default();
+    held.iter()
+        .find(|h| h.port == port && h.hostname == host)
+        .map(|h| {
+            let shown = if host.is_empty() { "(none)" } else { host };
+            Problem::new(
+                reason::HOSTNAME_CONFLICT,
+                format!(
+                    "listener {} already uses port {port} with hostname {shown}",
+                    h.name
+                ),
+            )
+        })
+}
+
+/// Validates the ListenerSets naming `gw`, appending the listeners of those it admits to
+/// `listeners`; returns every ListenerSet with its conditions.
+fn add_listener_sets<'a>(
+    gw: &Gateway,
+    sets: &'a [ListenerSetEntry<'a>],
+    gateway_accepted: bool,
+    idx: &Index<'_>,
+    now: &Time,
+    listeners: &mut Vec<ListenerModel<'a>>,
+) -> Vec<ListenerSetModel<'a>> {
+    let gw_key = key_of(&gw.metadata);
+    let mut held: Vec<Held> = listeners
+        .iter()
+        .filter(|l| l.accepted)
+        .map(Held::of)
+        .collect();
+    let mut out = Vec::with_capacity(sets.len());
+    for (si, entry) in sets.iter().enumerate() {
+        let conds = Conds::new(entry.set.metadata.generation, now);
+        let ns = entry.key.namespace.as_str();
+        let allowed = admits_set(gw, idx, ns);
+        let refused = |why: &str, message: String| ListenerSetModel {
+            entry,
+            allowed,
+            accepted: false,
+            conditions: vec![
+                conds.no(ACCEPTED, why, message.clone()),
+                conds.no(PROGRAMMED, why, message),
+            ],
+        };
+        if !allowed {
+            out.push(refused(
+                reason::NOT_ALLOWED,
+                format!("Gateway {gw_key} does not admit ListenerSets from namespace {ns} (spec.allowedListeners)"),
+            ));
+            continue;
+        }
+        if !gateway_accepted {
+            out.push(refused(
+                reason::PARENT_NOT_ACCEPTED,
+                format!("Gateway {gw_key} is not accepted"),
+            ));
+            continue;
+        }
+        let first = listeners.len();
+        for (i, spec) in entry.listeners.iter().enumerate() {
+            let mut l = validate_listener(gw, spec, entry.own_name(i), ns, listenersets::KIND, idx);
+            l.set = Some(si);
+            let conflict = held_conflict(&l, &held);
+            finish_listener(&mut l, conflict.as_ref(), &conds);
+            if l.accepted {
+                held.push(Held::of(&l));
+            }
+            listeners.push(l);
+        }
+        let mine = &listeners[first..];
+        let valid = mine.iter().filter(|l| l.accepted).count();
+        if valid == 0 {
+            out.push(refused(
+                reason::LISTENERS_NOT_VALID,
+                "no listener is valid".to_owned(),
+            ));
+            continue;
+        }
+        let accepted_cond = if valid < mine.len() {
+            conds.yes(
+                ACCEPTED,
+                reason::ACCEPTED,
+                format!(
+                    "ListenerSet is accepted; {} of {} listeners are not valid",
+                    mine.len() - valid,
+                    mine.len()
+                ),
+            )
+        } else {
+            conds.yes(ACCEPTED, reason::ACCEPTED, "ListenerSet is accepted")
+        };
+        let programmed_cond = if mine.iter().any(|l| l.programmed) {
+            conds.yes(PROGRAMMED, reason::PROGRAMMED, "ListenerSet is programmed")
+        } else {
+            conds.no(PROGRAMMED, reason::INVALID, "no listener can be programmed")
+        };
+        out.push(ListenerSetModel {
+            entry,
+            allowed,
+            accepted: true,
+            conditions: vec![accepted_cond, programmed_cond],
+        });
+    }
+    out
 }
 
 /// Problems that reject the whole Gateway; also picks the bind address.
@@ -356,7 +614,9 @@ fn find_conflicts(listeners: &[GatewayListeners]) -> BTreeMap<usize, Problem> {
 fn validate_listener<'a>(
     gw: &Gateway,
     l: &'a GatewayListeners,
-    gw_ns: &str,
+    name: &'a str,
+    ns: &'a str,
+    from_kind: &str,
     idx: &Index<'_>,
 ) -> ListenerModel<'a> {
     let protocol = match l.protocol.as_str() {
@@ -393,7 +653,7 @@ fn validate_listener<'a>(
             None => cert_problems.push(Problem::new(reason::INVALID_CERTIFICATE_REF, needs)),
             Some(tls) => {
                 let refs = tls.certificate_refs.as_deref().unwrap_or_default();
-                let r = certs::resolve(idx, gw_ns, refs);
+                let r = certs::resolve_for(idx, from_kind, ns, refs);
                 certificates = r.certificates;
                 cert_problems = r.problems;
                 if refs.is_empty() {
@@ -408,6 +668,9 @@ fn validate_listener<'a>(
         unsupported_tls: tls::listener_problem(gw, l, protocol).or(fe.no_valid_ca),
         client_validation: fe.validation,
         spec: l,
+        set: None,
+        name,
+        namespace: ns,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,
         passthrough,
@@ -532,6 +795,10 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
     l.programmed = l.accepted && has_certs && !l.allowed_kinds.is_empty();
     let programmed_cond = if l.programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "listener is programmed")
+    } else if let Some(p) = conflict {
+        // The conflict is why, as the ListenerSet conformance tests expect on every kind of
+        // listener.
+        conds.no(PROGRAMMED, p.reason, p.message.clone())
     } else if !l.accepted {
         conds.no(PROGRAMMED, reason::INVALID, "listener is not accepted")
     } else if !has_certs {

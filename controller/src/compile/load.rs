@@ -139,6 +139,7 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
         ("gateway.networking.k8s.io", "TLSRoute") => push!(tls_routes),
         ("gateway.networking.k8s.io", "TCPRoute") => push!(tcp_routes),
         ("gateway.networking.k8s.io", "UDPRoute") => push!(udp_routes),
+        ("gateway.networking.k8s.io", "ListenerSet") => push!(listener_sets),
         ("gateway.networking.k8s.io", "ReferenceGrant") => push!(reference_grants),
         ("gateway.networking.k8s.io", "BackendTLSPolicy") => push!(backend_tls_policies),
         ("tollgate.dev", "RateLimitPolicy") => push!(rate_limit_policies),

@@ -29,6 +29,7 @@ pub mod hostnames;
 pub mod index;
 pub mod kinds;
 pub mod listeners;
+pub mod listenersets;
 pub mod load;
 pub mod output;
 pub mod policies;
@@ -49,6 +50,7 @@ use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
+use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatus};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -86,6 +88,8 @@ pub struct Inputs {
     pub tcp_routes: Vec<TcpRoute>,
     /// UDPRoutes.
     pub udp_routes: Vec<UdpRoute>,
+    /// ListenerSets.
+    pub listener_sets: Vec<ListenerSet>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -140,6 +144,7 @@ impl Inputs {
             tls_routes: Vec::new(),
             tcp_routes: Vec::new(),
             udp_routes: Vec::new(),
+            listener_sets: Vec::new(),
             reference_grants: Vec::new(),
             services: Vec::new(),
             endpoint_slices: Vec::new(),
@@ -168,6 +173,7 @@ impl Inputs {
         self.tls_routes.extend(other.tls_routes);
         self.tcp_routes.extend(other.tcp_routes);
         self.udp_routes.extend(other.udp_routes);
+        self.listener_sets.extend(other.listener_sets);
         self.reference_grants.extend(other.reference_grants);
         self.services.extend(other.services);
         self.endpoint_slices.extend(other.endpoint_slices);
@@ -197,6 +203,12 @@ pub struct Output {
     /// Status of every Gateway of our classes.
     #[serde(serialize_with = "output::keyed")]
     pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
+    /// Status of every ListenerSet whose parentRef names one of our Gateways.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
     /// Status of every HTTPRoute with at least one parentRef to one of our Gateways; `parents`
     /// holds only the entries for our Gateways.
     #[serde(serialize_with = "output::keyed")]
@@ -295,7 +307,18 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         .iter()
         .filter_map(|gw| {
             let class = classes.get(gw.spec.gateway_class_name.as_str())?;
-            Some(listeners::compile_gateway(gw, class.accepted, &idx, now))
+            let sets = idx
+                .listener_sets
+                .get(&index::key_of(&gw.metadata))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            Some(listeners::compile_gateway(
+                gw,
+                sets,
+                class.accepted,
+                &idx,
+                now,
+            ))
         })
         .collect();
     gateways.sort_by(|a, b| a.key.cmp(&b.key));
@@ -361,6 +384,10 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     }
     let backend_tls_policies = backend_tls_outcome(&idx, &gateways, &routes, &mut tables, now);
 
+    let listener_sets = gateways
+        .iter()
+        .flat_map(listeners::GatewayModel::listener_set_statuses)
+        .collect();
     let gateway_statuses = gateways
         .iter()
         .map(|g| {
@@ -435,6 +462,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
             .map(|(name, c)| (name.to_owned(), c.status))
             .collect(),
         gateways: gateway_statuses,
+        listener_sets,
         http_routes: http_routes.into_iter().collect(),
         grpc_routes: grpc_routes.into_iter().collect(),
         tls_routes: tls_routes.into_iter().collect(),

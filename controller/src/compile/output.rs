@@ -105,6 +105,24 @@ impl Output {
                 );
             }
         }
+        for (key, s) in &self.listener_sets {
+            push(
+                &mut out,
+                "ListenerSet",
+                key,
+                None,
+                s.conditions.as_deref().unwrap_or_default(),
+            );
+            for l in s.listeners.iter().flatten() {
+                push(
+                    &mut out,
+                    "ListenerSet",
+                    key,
+                    Some(format!("listener {}", l.name)),
+                    &l.conditions,
+                );
+            }
+        }
         for (key, s) in &self.http_routes {
             push_route(&mut out, RouteKind::Http, key, &s.parents);
         }
@@ -161,7 +179,11 @@ fn push_route<P: RouteParent>(
         .filter(|p| p.conditions().iter().any(is_rejection))
     {
         let (ns, name, section, port) = p.parent();
-        let mut part = format!("parent {}/{name}", ns.unwrap_or(&key.namespace));
+        let ns = ns.unwrap_or(&key.namespace);
+        let mut part = match p.parent_kind() {
+            "Gateway" => format!("parent {ns}/{name}"),
+            kind => format!("parent {kind} {ns}/{name}"),
+        };
         if let Some(sn) = section {
             part.push('/');
             part.push_str(sn);

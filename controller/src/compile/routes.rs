@@ -6,7 +6,10 @@
 //! `attached` set is filled for `attachedRoutes`.
 //!
 //! A parentRef (kind Gateway, group gateway.networking.k8s.io) to a Gateway that is not ours,
-//! or that does not exist, gets no entry: we cannot know whose it is. For ours: candidates are
+//! or that does not exist, gets no entry: we cannot know whose it is; nor does one of kind
+//! ListenerSet to a ListenerSet that names no Gateway of ours. A Gateway parentRef reaches the
+//! Gateway's own listeners only, a ListenerSet parentRef that ListenerSet's (not accepted:
+//! `NoMatchingParent`). For ours: candidates are
 //! the listeners matching `sectionName` and `port` (none: `NoMatchingParent`); of the accepted
 //! candidates, those whose allowedRoutes admit the route's namespace and kind (none:
 //! `NotAllowedByListeners`); of those, the ones whose hostname intersects the route's (none:
@@ -81,10 +84,22 @@ pub struct Routes<'a> {
     pub backends: LookupMap<String, Backend>,
 }
 
-fn is_gateway_ref(p: &HttpRouteParentRefs) -> bool {
-    p.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
-        && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+/// The kind of parent a parentRef names: `Some(false)` a Gateway, `Some(true)` a
+/// ListenerSet, `None` anything else.
+fn parent_is_set(p: &HttpRouteParentRefs) -> Option<bool> {
+    if p.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP {
+        return None;
+    }
+    match p.kind.as_deref().unwrap_or("Gateway") {
+        "Gateway" => Some(false),
+        super::listenersets::KIND => Some(true),
+        _ => None,
+    }
 }
+
+/// A parentRef to one of ours: the Gateway (index) and, for a ListenerSet, its index in
+/// that Gateway's [`GatewayModel::listener_sets`].
+type OurParent<'r> = (&'r HttpRouteParentRefs, usize, Option<usize>);
 
 /// Attaches every route to our Gateways; with a `cache`, compiles only the routes it does not
 /// hold already.
@@ -96,11 +111,17 @@ pub fn compile_routes<'a>(
 ) -> Routes<'a> {
     // namespace -> name -> index: looked up without building a key per parentRef.
     let mut by_key: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    // ListenerSets of our Gateways: (namespace, name) -> (gateway, set).
+    let mut by_set: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
     for (i, g) in gateways.iter().enumerate() {
         by_key
             .entry(g.key.namespace.clone())
             .or_default()
             .insert(g.key.name.clone(), i);
+        for (si, s) in g.listener_sets.iter().enumerate() {
+            let k = &s.entry.key;
+            by_set.insert((k.namespace.as_str(), k.name.as_str()), (i, si));
+        }
     }
     if let Some(c) = cache.as_deref_mut() {
         c.listeners(ListenerView::of(gateways, idx));
@@ -125,14 +146,21 @@ pub fn compile_routes<'a>(
         let meta = route.meta();
         let route_ns = ns_of(meta);
         let refs = route.parent_refs();
-        let mut ours: Vec<(&HttpRouteParentRefs, usize)> = Vec::new();
+        let mut ours: Vec<OurParent<'_>> = Vec::new();
         for p in refs.iter() {
-            if !is_gateway_ref(p) || ours.iter().any(|(q, _)| *q == p) {
+            let Some(is_set) = parent_is_set(p) else {
+                continue;
+            };
+            if ours.iter().any(|(q, _, _)| *q == p) {
                 continue;
             }
-            let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
-            if let Some(&gi) = by_key.get(gw_ns).and_then(|m| m.get(p.name.as_str())) {
-                ours.push((p, gi));
+            let ns = p.namespace.as_deref().unwrap_or(route_ns);
+            if is_set {
+                if let Some(&(gi, si)) = by_set.get(&(ns, p.name.as_str())) {
+                    ours.push((p, gi, Some(si)));
+                }
+            } else if let Some(&gi) = by_key.get(ns).and_then(|m| m.get(p.name.as_str())) {
+                ours.push((p, gi, None));
             }
         }
         if ours.is_empty() {
@@ -279,7 +307,7 @@ fn refill_condition(d: &mut Condition, s: &Condition) {
 fn attach_route(
     idx: &Index<'_>,
     route: RouteSource<'_>,
-    ours: Vec<(&HttpRouteParentRefs, usize)>,
+    ours: Vec<OurParent<'_>>,
     gateways: &[GatewayModel<'_>],
     compiled: &CompiledRoute,
     now: &Time,
@@ -289,8 +317,8 @@ fn attach_route(
     let mut parents = Vec::with_capacity(ours.len());
     let mut attachments = Vec::new();
     let mut counted: Vec<(usize, usize)> = Vec::new();
-    for (pi, (p, gi)) in ours.into_iter().enumerate() {
-        let accepted = match attach(idx, route, p, &gateways[gi]) {
+    for (pi, (p, gi, set)) in ours.into_iter().enumerate() {
+        let accepted = match attach(idx, route, p, &gateways[gi], set) {
             Err(problem) => conds.no(ACCEPTED, problem.reason, problem.message),
             Ok(found) => {
                 counted.extend(found.iter().map(|(li, _)| (gi, *li)));
@@ -330,12 +358,15 @@ fn attach_route(
 /// namespaces by label. Two compiles with equal views attach an unchanged route alike.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct ListenerView {
-    gateways: Vec<(ObjectKey, bool, Vec<ListenerFacts>)>,
+    gateways: Vec<(ObjectKey, bool, Vec<ListenerFacts>, Vec<SetFacts>)>,
     namespace_labels: Vec<(String, BTreeMap<String, String>)>,
 }
 
-/// A listener as written, and whether it is accepted.
-type ListenerFacts = (GatewayListeners, bool);
+/// A listener as written, whether it is accepted, and the ListenerSet it comes from.
+type ListenerFacts = (GatewayListeners, bool, Option<usize>);
+
+/// A ListenerSet naming the Gateway, and whether it is accepted.
+type SetFacts = (ObjectKey, bool);
 
 impl ListenerView {
     /// The view of `gateways` (sorted by key) over `idx`.
@@ -351,9 +382,14 @@ impl ListenerView {
                     let listeners = g
                         .listeners
                         .iter()
-                        .map(|l| (l.spec.clone(), l.accepted))
+                        .map(|l| (l.spec.clone(), l.accepted, l.set))
                         .collect();
-                    (g.key.clone(), g.accepted, listeners)
+                    let sets = g
+                        .listener_sets
+                        .iter()
+                        .map(|s| (s.entry.key.clone(), s.accepted))
+                        .collect();
+                    (g.key.clone(), g.accepted, listeners, sets)
                 })
                 .collect(),
             namespace_labels: if selects {
@@ -382,28 +418,43 @@ fn resolved_refs(unresolved: &[Problem], conds: &Conds<'_>) -> Condition {
     }
 }
 
-/// Listeners (index, effective hostnames) a parentRef attaches to, or why none.
+/// Listeners (index, effective hostnames) a parentRef attaches to, or why none: the Gateway's
+/// own listeners, or with `set` those of that ListenerSet of the Gateway.
 fn attach(
     idx: &Index<'_>,
     route: RouteSource<'_>,
     p: &HttpRouteParentRefs,
     gw: &GatewayModel<'_>,
+    set: Option<usize>,
 ) -> Result<Vec<(usize, Vec<String>)>, Problem> {
-    // Only error messages name the Gateway: formatted there, not for every route.
-    let gw_key = &gw.key;
+    // Only error messages name the parent: formatted there, not for every route.
+    let gw_key = Parent(gw, set);
     if !gw.accepted {
         return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
-            format!("Gateway {gw_key} is not accepted"),
+            format!("Gateway {} is not accepted", gw.key),
         ));
     }
-    let gw_ns = ns_of(&gw.gateway.metadata).to_owned();
+    if let Some(s) = set.map(|si| &gw.listener_sets[si])
+        && !s.accepted
+    {
+        let why = s
+            .conditions
+            .first()
+            .map(|c| c.message.as_str())
+            .unwrap_or_default();
+        return Err(Problem::new(
+            reason::NO_MATCHING_PARENT,
+            format!("{gw_key} is not accepted: {why}"),
+        ));
+    }
     let (kind, route_ns) = (route.kind(), ns_of(route.meta()));
     let candidates: Vec<usize> = gw
         .listeners
         .iter()
         .enumerate()
-        .filter(|(_, l)| p.section_name.as_ref().is_none_or(|s| *s == l.spec.name))
+        .filter(|(_, l)| l.set == set)
+        .filter(|(_, l)| p.section_name.as_ref().is_none_or(|s| *s == l.name))
         .filter(|(_, l)| p.port.is_none_or(|port| port == l.spec.port))
         .map(|(i, _)| i)
         .collect();
@@ -416,7 +467,7 @@ fn attach(
         };
         return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
-            format!("Gateway {gw_key}: {what}"),
+            format!("{gw_key}: {what}"),
         ));
     }
     let accepted: Vec<usize> = candidates
@@ -426,7 +477,7 @@ fn attach(
     if accepted.is_empty() {
         return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
-            format!("Gateway {gw_key}: no matching listener is accepted"),
+            format!("{gw_key}: no matching listener is accepted"),
         ));
     }
     let allowed: Vec<usize> = accepted
@@ -434,14 +485,14 @@ fn attach(
         .copied()
         .filter(|&i| {
             let l = &gw.listeners[i];
-            l.allows(kind) && l.allows_namespace(idx, &gw_ns, route_ns)
+            l.allows(kind) && l.allows_namespace(idx, route_ns)
         })
         .collect();
     if allowed.is_empty() {
         let message = if accepted.iter().any(|&i| gw.listeners[i].allows(kind)) {
-            format!("Gateway {gw_key}: no listener allows {kind}s from namespace {route_ns}")
+            format!("{gw_key}: no listener allows {kind}s from namespace {route_ns}")
         } else {
-            format!("Gateway {gw_key}: no matching listener takes {kind}s")
+            format!("{gw_key}: no matching listener takes {kind}s")
         };
         return Err(Problem::new(reason::NOT_ALLOWED_BY_LISTENERS, message));
     }
@@ -456,8 +507,25 @@ fn attach(
     if found.is_empty() {
         return Err(Problem::new(
             reason::NO_MATCHING_LISTENER_HOSTNAME,
-            format!("Gateway {gw_key}: no listener hostname intersects the route's hostnames"),
+            format!("{gw_key}: no listener hostname intersects the route's hostnames"),
         ));
     }
     Ok(found)
+}
+
+/// A parent in messages: `Gateway ns/name` or `ListenerSet ns/name`.
+struct Parent<'g, 'a>(&'g GatewayModel<'a>, Option<usize>);
+
+impl std::fmt::Display for Parent<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            None => write!(f, "Gateway {}", self.0.key),
+            Some(si) => write!(
+                f,
+                "{} {}",
+                super::listenersets::KIND,
+                self.0.listener_sets[si].entry.key
+            ),
+        }
+    }
 }
