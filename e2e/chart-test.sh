@@ -148,11 +148,11 @@ can() { # can yes|no VERB RESOURCE [kubectl auth can-i flags...]
   [[ $got == "$want" ]] || fail "can-i $* as the controller: got '$got', want '$want'"
 }
 GW=gateway.networking.k8s.io
-for r in gatewayclasses gateways httproutes grpcroutes tlsroutes tcproutes udproutes referencegrants backendtlspolicies; do
+for r in gatewayclasses gateways httproutes grpcroutes tlsroutes tcproutes udproutes listenersets referencegrants backendtlspolicies; do
   for verb in get list watch; do can yes "$verb" "$r.$GW" -A; done
   can no update "$r.$GW" -n apps
 done
-for r in gatewayclasses gateways httproutes grpcroutes tlsroutes tcproutes udproutes backendtlspolicies; do
+for r in gatewayclasses gateways httproutes grpcroutes tlsroutes tcproutes udproutes listenersets backendtlspolicies; do
   can yes patch "$r.$GW" --subresource=status -n apps
   can yes update "$r.$GW" --subresource=status -n apps
 done
@@ -166,7 +166,7 @@ for r in ratelimitpolicies authpolicies clientpolicies backendpolicies; do
 done
 for r in secrets configmaps; do can yes get "$r" -A; done
 # The optional kinds' CRDs, and no other (a 404 is confirmed against the CRD).
-for crd in "tlsroutes.$GW" "tcproutes.$GW" "udproutes.$GW" "backendtlspolicies.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev xbackendtrafficpolicies.gateway.networking.x-k8s.io; do
+for crd in "tlsroutes.$GW" "tcproutes.$GW" "udproutes.$GW" "listenersets.$GW" "backendtlspolicies.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev xbackendtrafficpolicies.gateway.networking.x-k8s.io; do
   can yes get "customresourcedefinitions.apiextensions.k8s.io/$crd"
 done
 can no get customresourcedefinitions.apiextensions.k8s.io/widgets.example.com

@@ -159,7 +159,9 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     let ns = TestNamespace::new(&client, "create").await;
     let gw = create_gateway(&ns, "edge").await;
 
-    let addresses = provision::provision(&client, &config(), &gw).await.unwrap();
+    let addresses = provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
 
     let name = "edge-tollgate";
     let sa = ns.api::<ServiceAccount>().get(name).await.unwrap();
@@ -218,7 +220,9 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     );
 
     let before = versions(&ns, name).await;
-    let again = provision::provision(&client, &config(), &gw).await.unwrap();
+    let again = provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
     assert_eq!(again, addresses);
     assert_eq!(
         versions(&ns, name).await,
@@ -232,7 +236,9 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "lb").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
 
     // Play the load-balancer provider.
     let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [
@@ -248,7 +254,9 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
         .await
         .unwrap();
 
-    let addresses = provision::provision(&client, &config(), &gw).await.unwrap();
+    let addresses = provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
     let pairs: Vec<(String, String)> = addresses
         .into_iter()
         .map(|a| (a.r#type.unwrap(), a.value))
@@ -268,12 +276,16 @@ async fn cluster_ip_service_type_reports_the_cluster_ip() {
     let ns = TestNamespace::new(&client, "cip").await;
     let gw = create_gateway(&ns, "edge").await;
     // First a LoadBalancer (with node ports), then the operator switches to ClusterIP.
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
     let config = ProvisionConfig {
         service_type: "ClusterIP".into(),
         ..config()
     };
-    let addresses = provision::provision(&client, &config, &gw).await.unwrap();
+    let addresses = provision::provision(&client, &config, &gw, &[])
+        .await
+        .unwrap();
     let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
     let spec = svc.spec.unwrap();
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
@@ -293,14 +305,18 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "update").await;
     let mut gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
 
     let infra = gw.spec.infrastructure.as_mut().unwrap();
     infra.labels = Some(BTreeMap::from([("tier".into(), "edge".into())]));
     infra.annotations = None;
     gw.spec.listeners.truncate(1);
     gw.metadata.annotations = Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), "3".into())]));
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
 
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     let labels = deploy.metadata.labels.clone().unwrap();
@@ -325,7 +341,9 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
 
     // Dropping the annotation hands replicas back to the API server's default.
     gw.metadata.annotations = None;
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     assert_eq!(deploy.spec.unwrap().replicas, Some(1));
 }
@@ -339,7 +357,7 @@ async fn invalid_replicas_annotation_applies_nothing() {
         REPLICAS_ANNOTATION.into(),
         "lots".into(),
     )]));
-    let err = provision::provision(&client, &config(), &gw)
+    let err = provision::provision(&client, &config(), &gw, &[])
         .await
         .unwrap_err();
     assert!(
@@ -360,7 +378,9 @@ async fn deprovision_deletes_the_objects_and_tolerates_missing_ones() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "delete").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw).await.unwrap();
+    provision::provision(&client, &config(), &gw, &[])
+        .await
+        .unwrap();
 
     provision::deprovision(&client, &ns.name, "edge")
         .await
@@ -459,11 +479,11 @@ async fn provision_works_with_only_the_charts_rbac() {
         "{user}: {denied}"
     );
 
-    let addresses = provision::provision(&controller, &config(), &gw)
+    let addresses = provision::provision(&controller, &config(), &gw, &[])
         .await
         .unwrap_or_else(|e| panic!("provision as {user}: {e}"));
     assert_eq!(addresses.len(), 1);
-    provision::provision(&controller, &config(), &gw)
+    provision::provision(&controller, &config(), &gw, &[])
         .await
         .unwrap();
     provision::deprovision(&controller, &ns.name, "edge")

@@ -231,6 +231,10 @@ mod tests {
             "udproutes.gateway.networking.k8s.io"
         );
         assert_eq!(
+            crd_name::<gateway_types::listenersets::ListenerSet>(),
+            "listenersets.gateway.networking.k8s.io"
+        );
+        assert_eq!(
             crd_name::<gateway_api::backendtlspolicies::BackendTlsPolicy>(),
             "backendtlspolicies.gateway.networking.k8s.io"
         );

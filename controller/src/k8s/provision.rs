@@ -111,13 +111,15 @@ pub enum ProvisionError {
 
 /// Creates or updates the proxy objects of an accepted Gateway (server-side apply; only the
 /// leader calls this) and returns the addresses for `status.addresses` read from the Service
-/// (empty while the API server has assigned none, e.g. with a headless Service).
+/// (empty while the API server has assigned none, e.g. with a headless Service). `served`
+/// are the ports its route table serves (ListenerSets' included).
 pub async fn provision(
     client: &Client,
     config: &ProvisionConfig,
     gateway: &Gateway,
+    served: &[(u16, tollgate_api::Protocol)],
 ) -> Result<Vec<GatewayStatusAddresses>, ProvisionError> {
-    let desired = desired::desired(config, gateway)?;
+    let desired = desired::desired(config, gateway, served)?;
     apply(client, &desired.service_account).await?;
     apply(client, &desired.deployment).await?;
     let service = apply(client, &desired.service).await?;

@@ -453,6 +453,11 @@ impl Reconciler {
                 .udp_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.resource_version()),
+            "ListenerSet" => self
+                .stores
+                .listener_sets
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.resource_version()),
             "RateLimitPolicy" => self
                 .stores
                 .rate_limit_policies
@@ -628,6 +633,11 @@ impl Reconciler {
                 .udp_routes
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
                 .and_then(|o| o.uid()),
+            StatusWrite::ListenerSet { .. } => self
+                .stores
+                .listener_sets
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|o| o.uid()),
             StatusWrite::BackendTlsPolicy { .. } => self
                 .stores
                 .backend_tls_policies
@@ -760,8 +770,15 @@ impl Reconciler {
             else {
                 continue;
             };
+            // Ports ListenerSets add are served as the Gateway's own are.
+            let served: Vec<(u16, tollgate_api::Protocol)> = self
+                .compiled
+                .tables
+                .get(&key)
+                .map(|t| t.ports.iter().map(|p| (p.port, p.protocol)).collect())
+                .unwrap_or_default();
             let fingerprint = format!(
-                "{}/{:?}/{:?}/{:?}/{}",
+                "{}/{:?}/{:?}/{:?}/{}/{served:?}",
                 gw.uid().unwrap_or_default(),
                 gw.metadata.generation,
                 gw.metadata.labels,
@@ -795,7 +812,7 @@ impl Reconciler {
             if let Some(cfg) = &cfg {
                 match bounded(
                     self.settings.api_timeout,
-                    provision::provision(&self.client, cfg, &gw),
+                    provision::provision(&self.client, cfg, &gw, &served),
                 )
                 .await
                 {

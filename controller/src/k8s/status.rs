@@ -23,6 +23,7 @@ use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::gateways::{Gateway, GatewayStatus};
 use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
 use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
+use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -65,6 +66,13 @@ pub enum StatusWrite {
         key: ObjectKey,
         /// The whole status (ours alone).
         status: GatewayStatus,
+    },
+    /// A ListenerSet status (ours alone: its parent is our Gateway).
+    ListenerSet {
+        /// Namespace and name.
+        key: ObjectKey,
+        /// The whole status.
+        status: ListenerSetStatus,
     },
     /// An HTTPRoute status.
     HttpRoute {
@@ -168,6 +176,7 @@ impl StatusWrite {
         match self {
             Self::GatewayClass { .. } => "GatewayClass",
             Self::Gateway { .. } => "Gateway",
+            Self::ListenerSet { .. } => "ListenerSet",
             Self::HttpRoute { .. } => HttpRoute::KIND,
             Self::GrpcRoute { .. } => GrpcRoute::KIND,
             Self::TlsRoute { .. } => TlsRoute::KIND,
@@ -184,6 +193,7 @@ impl StatusWrite {
         match self {
             Self::GatewayClass { name, .. } => ObjectKey::new("", name.as_str()),
             Self::Gateway { key, .. }
+            | Self::ListenerSet { key, .. }
             | Self::HttpRoute { key, .. }
             | Self::GrpcRoute { key, .. }
             | Self::TlsRoute { key, .. }
@@ -226,6 +236,20 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
         let status = gateway_status(desired, &old);
         if status != old && !same(&status, &old) {
             writes.push(StatusWrite::Gateway {
+                key: key.clone(),
+                status,
+            });
+        }
+    }
+    for (key, desired) in &out.listener_sets {
+        let r = ObjectRef::new(&key.name).within(&key.namespace);
+        let Some(live) = live(&stores.listener_sets, r) else {
+            continue;
+        };
+        let old = live.status.clone().unwrap_or_default();
+        let status = listener_set_status(desired, &old);
+        if status != old && !same(&status, &old) {
+            writes.push(StatusWrite::ListenerSet {
                 key: key.clone(),
                 status,
             });
@@ -477,6 +501,21 @@ fn gateway_status(desired: &GatewayStatus, old: &GatewayStatus) -> GatewayStatus
     status
 }
 
+/// `desired`, with the live `lastTransitionTime`s kept as [`gateway_status`] keeps them.
+fn listener_set_status(desired: &ListenerSetStatus, old: &ListenerSetStatus) -> ListenerSetStatus {
+    let mut status = desired.clone();
+    keep_times(
+        status.conditions.as_deref_mut().unwrap_or_default(),
+        old.conditions.as_deref().unwrap_or_default(),
+    );
+    for l in status.listeners.iter_mut().flatten() {
+        if let Some(o) = old.listeners.iter().flatten().find(|o| o.name == l.name) {
+            keep_times(&mut l.conditions, &o.conditions);
+        }
+    }
+    status
+}
+
 /// Copies `lastTransitionTime` from the live condition of the same type when its status is
 /// unchanged.
 pub fn keep_times(desired: &mut [Condition], live: &[Condition]) {
@@ -572,6 +611,22 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
                 diff(Some(format!("listener {}", l.name)), &l.conditions, oc);
             }
         }
+        StatusWrite::ListenerSet { key, status } => {
+            let r = ObjectRef::new(&key.name).within(&key.namespace);
+            let old = live(&stores.listener_sets, r)
+                .and_then(|o| o.status)
+                .unwrap_or_default();
+            diff(
+                None,
+                status.conditions.as_deref().unwrap_or_default(),
+                old.conditions.as_deref().unwrap_or_default(),
+            );
+            for l in status.listeners.iter().flatten() {
+                let o = old.listeners.iter().flatten().find(|o| o.name == l.name);
+                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
+                diff(Some(format!("listener {}", l.name)), &l.conditions, oc);
+            }
+        }
         StatusWrite::HttpRoute { key, parents, .. } => {
             route_rejections::<HttpRoute>(stores, key, parents, &mut diff);
         }
@@ -647,6 +702,16 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
                 "status": status,
             });
             Api::<Gateway>::namespaced(client.clone(), &key.namespace)
+                .patch_status(&key.name, &pp, &Patch::Apply(body))
+                .await?;
+        }
+        StatusWrite::ListenerSet { key, status } => {
+            let body = json!({
+                "apiVersion": API_VERSION, "kind": "ListenerSet",
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": status,
+            });
+            Api::<ListenerSet>::namespaced(client.clone(), &key.namespace)
                 .patch_status(&key.name, &pp, &Patch::Apply(body))
                 .await?;
         }

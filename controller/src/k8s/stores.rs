@@ -44,6 +44,7 @@ use gateway_api::gateways::Gateway;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::referencegrants::ReferenceGrant;
 use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::listenersets::ListenerSet;
 use gateway_types::tcproutes::TcpRoute;
 use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -85,6 +86,8 @@ pub enum Kind {
     TcpRoute,
     /// gateway.networking.k8s.io UDPRoute (optional, as TLSRoute).
     UdpRoute,
+    /// gateway.networking.k8s.io ListenerSet (optional, as TLSRoute: v1.4 and older have none).
+    ListenerSet,
     /// gateway.networking.k8s.io ReferenceGrant.
     ReferenceGrant,
     /// core Service.
@@ -124,6 +127,7 @@ impl Kind {
             Self::TlsRoute => "TLSRoute",
             Self::TcpRoute => "TCPRoute",
             Self::UdpRoute => "UDPRoute",
+            Self::ListenerSet => "ListenerSet",
             Self::ReferenceGrant => "ReferenceGrant",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
@@ -198,6 +202,8 @@ pub struct Stores {
     pub tcp_routes: Store<Lenient<TcpRoute>>,
     /// UDPRoutes (empty while the CRD, at v1, is not installed).
     pub udp_routes: Store<Lenient<UdpRoute>>,
+    /// ListenerSets (empty while the CRD, at v1, is not installed).
+    pub listener_sets: Store<Lenient<ListenerSet>>,
     /// ReferenceGrants.
     pub reference_grants: Store<Lenient<ReferenceGrant>>,
     /// Services.
@@ -265,6 +271,13 @@ impl Stores {
         );
         tasks.push(t);
         let (udp_routes, t) = w(Kind::UdpRoute).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
+        let (listener_sets, t) = w(Kind::ListenerSet).spawn_optional(
             Api::all(client.clone()),
             cfg(),
             Optional::Forgiving,
@@ -351,6 +364,7 @@ impl Stores {
             tls_routes,
             tcp_routes,
             udp_routes,
+            listener_sets,
             reference_grants,
             services,
             endpoint_slices,
@@ -378,6 +392,7 @@ impl Stores {
         self.tls_routes.wait_until_ready().await?;
         self.tcp_routes.wait_until_ready().await?;
         self.udp_routes.wait_until_ready().await?;
+        self.listener_sets.wait_until_ready().await?;
         self.backend_tls_policies.wait_until_ready().await?;
         self.reference_grants.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
@@ -403,6 +418,7 @@ impl Stores {
         inputs.tls_routes = well_formed(&self.tls_routes);
         inputs.tcp_routes = well_formed(&self.tcp_routes);
         inputs.udp_routes = well_formed(&self.udp_routes);
+        inputs.listener_sets = well_formed(&self.listener_sets);
         inputs.backend_tls_policies = well_formed(&self.backend_tls_policies);
         inputs.reference_grants = well_formed(&self.reference_grants);
         inputs.services = well_formed(&self.services);
@@ -687,6 +703,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::TlsRoute
             | Kind::TcpRoute
             | Kind::UdpRoute
+            | Kind::ListenerSet
             | Kind::BackendTlsPolicy
             | Kind::ReferenceGrant
             | Kind::RateLimitPolicy

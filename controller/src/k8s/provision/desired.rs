@@ -26,6 +26,7 @@ use kube::Resource;
 
 use super::names::{gateway_label_value, object_name, tls_secret_name};
 use super::{ProvisionConfig, ProvisionError};
+use tollgate_api::Protocol;
 
 /// Gateway annotation overriding the proxy replica count (an integer, 0 to [`MAX_REPLICAS`]).
 pub const REPLICAS_ANNOTATION: &str = "tollgate.dev/replicas";
@@ -73,8 +74,13 @@ struct ListenerPort {
     protocol: &'static str,
 }
 
-/// Builds the desired objects of `gateway`.
-pub fn desired(config: &ProvisionConfig, gateway: &Gateway) -> Result<Desired, ProvisionError> {
+/// Builds the desired objects of `gateway`; `extra` are the ports its accepted ListenerSets
+/// add (port, protocol), exposed beside its own listeners'.
+pub fn desired(
+    config: &ProvisionConfig,
+    gateway: &Gateway,
+    extra: &[(u16, Protocol)],
+) -> Result<Desired, ProvisionError> {
     let gw_name = gateway.metadata.name.clone().unwrap_or_default();
     let namespace = gateway.metadata.namespace.clone().unwrap_or_default();
     let invalid = |reason: String| ProvisionError::InvalidGateway {
@@ -89,7 +95,7 @@ pub fn desired(config: &ProvisionConfig, gateway: &Gateway) -> Result<Desired, P
         .ok_or_else(|| invalid("the Gateway has no uid (not read from the API server)".into()))?;
     let service_type = service_type(config)?;
     let replicas = replicas(gateway).map_err(invalid)?;
-    let ports = listener_ports(gateway);
+    let ports = listener_ports(gateway, extra);
     if ports.is_empty() {
         return Err(invalid("the Gateway has no listeners".into()));
     }
@@ -293,22 +299,33 @@ fn replicas(gateway: &Gateway) -> Result<Option<i32>, String> {
 
 /// Distinct (port, L4 protocol) pairs of the listeners, sorted; each named after the first
 /// listener using it, `<protocol>-<port>` (at most 11 characters, a valid port name).
-fn listener_ports(gateway: &Gateway) -> Vec<ListenerPort> {
+fn listener_ports(gateway: &Gateway, extra: &[(u16, Protocol)]) -> Vec<ListenerPort> {
     let mut ports: BTreeMap<(i32, &'static str), String> = BTreeMap::new();
-    for listener in &gateway.spec.listeners {
-        let l4 = if listener.protocol == "UDP" {
-            "UDP"
-        } else {
-            "TCP"
+    let own = gateway
+        .spec
+        .listeners
+        .iter()
+        .map(|l| (l.port, l.protocol.as_str()));
+    let sets = extra.iter().map(|(port, p)| {
+        let name = match p {
+            Protocol::Http => "HTTP",
+            Protocol::Https => "HTTPS",
+            Protocol::Tls => "TLS",
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
         };
-        let prefix = match listener.protocol.as_str() {
-            "HTTP" | "HTTPS" | "TLS" | "TCP" | "UDP" => listener.protocol.to_ascii_lowercase(),
+        (i32::from(*port), name)
+    });
+    for (port, protocol) in own.chain(sets) {
+        let l4 = if protocol == "UDP" { "UDP" } else { "TCP" };
+        let prefix = match protocol {
+            "HTTP" | "HTTPS" | "TLS" | "TCP" | "UDP" => protocol.to_ascii_lowercase(),
             // Implementation-specific protocols (`example.com/x`) are no valid port names.
             _ => l4.to_ascii_lowercase(),
         };
         ports
-            .entry((listener.port, l4))
-            .or_insert_with(|| format!("{prefix}-{}", listener.port));
+            .entry((port, l4))
+            .or_insert_with(|| format!("{prefix}-{port}"));
     }
     ports
         .into_iter()

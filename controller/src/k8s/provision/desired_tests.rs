@@ -36,7 +36,7 @@ spec:
 "#;
 
 fn web() -> Desired {
-    desired(&mk_config(), &mk_gateway(WEB)).unwrap()
+    desired(&mk_config(), &mk_gateway(WEB), &[]).unwrap()
 }
 
 fn pod_spec_of(d: &Desired) -> &PodSpec {
@@ -164,7 +164,7 @@ fn without_infrastructure_there_are_no_annotations() {
         "  infrastructure:\n    labels: {team: payments, app.kubernetes.io/name: hijack}\n    annotations: {example.com/cost-center: \"42\"}\n",
         "",
     ));
-    let d = desired(&mk_config(), &gw).unwrap();
+    let d = desired(&mk_config(), &gw, &[]).unwrap();
     for meta in metas(&d) {
         assert_eq!(meta.annotations, None);
         assert!(!meta.labels.as_ref().unwrap().contains_key("team"));
@@ -200,6 +200,60 @@ fn one_service_port_per_distinct_listener_port_and_protocol() {
 }
 
 #[test]
+fn listener_set_ports_are_exposed_beside_the_gateways() {
+    // What the route table serves: the Gateway's own ports and two a ListenerSet adds.
+    let served = [
+        (80, tollgate_api::Protocol::Http),
+        (8081, tollgate_api::Protocol::Http),
+        (5353, tollgate_api::Protocol::Udp),
+    ];
+    let d = desired(&mk_config(), &mk_gateway(WEB), &served).unwrap();
+    let service: Vec<(String, i32, String)> = d
+        .service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.name.clone().unwrap(), p.port, p.protocol.clone().unwrap()))
+        .collect();
+    let want = |n: &str, port, l4: &str| (n.to_string(), port, l4.to_string());
+    assert_eq!(
+        service,
+        [
+            want("udp-53", 53, "UDP"),
+            want("http-80", 80, "TCP"),
+            want("https-443", 443, "TCP"),
+            want("udp-5353", 5353, "UDP"),
+            want("tcp-8080", 8080, "TCP"),
+            want("http-8081", 8081, "TCP"),
+        ]
+    );
+    let container = d
+        .deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| p.container_port)
+        .collect::<Vec<_>>();
+    assert!(
+        container.contains(&8081) && container.contains(&5353),
+        "{container:?}"
+    );
+}
+
+#[test]
 fn container_ports_cover_every_listener_port_and_the_admin_port() {
     let d = web();
     let ports: Vec<(String, i32)> = pod_spec_of(&d).containers[0]
@@ -232,7 +286,7 @@ fn service_type_comes_from_the_config() {
         service_type: "ClusterIP".into(),
         ..mk_config()
     };
-    let d = desired(&config, &mk_gateway(WEB)).unwrap();
+    let d = desired(&config, &mk_gateway(WEB), &[]).unwrap();
     assert_eq!(
         d.service.spec.as_ref().unwrap().type_.as_deref(),
         Some("ClusterIP")
@@ -241,7 +295,7 @@ fn service_type_comes_from_the_config() {
         service_type: "External".into(),
         ..mk_config()
     };
-    let err = desired(&config, &mk_gateway(WEB)).unwrap_err();
+    let err = desired(&config, &mk_gateway(WEB), &[]).unwrap_err();
     assert!(matches!(err, ProvisionError::InvalidConfig(_)), "{err}");
 }
 
@@ -329,7 +383,7 @@ fn pod_is_non_root_read_only_without_token_or_capabilities() {
             .replace("port: 443,", "port: 8443,")
             .replace("port: 53,", "port: 5353,"),
     );
-    let d = desired(&mk_config(), &gw).unwrap();
+    let d = desired(&mk_config(), &gw, &[]).unwrap();
     let pod = pod_spec_of(&d);
     assert_eq!(pod.automount_service_account_token, Some(false));
     assert_eq!(
@@ -390,7 +444,7 @@ fn replicas_annotation_sets_replicas() {
         let mut gw = mk_gateway(WEB);
         gw.metadata.annotations =
             Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), value.into())]));
-        let d = desired(&mk_config(), &gw).unwrap();
+        let d = desired(&mk_config(), &gw, &[]).unwrap();
         assert_eq!(
             d.deployment.spec.as_ref().unwrap().replicas,
             Some(expected),
@@ -405,7 +459,7 @@ fn invalid_replicas_annotation_rejects_the_gateway() {
         let mut gw = mk_gateway(WEB);
         gw.metadata.annotations =
             Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), value.into())]));
-        let err = desired(&mk_config(), &gw).unwrap_err();
+        let err = desired(&mk_config(), &gw, &[]).unwrap_err();
         assert!(
             matches!(&err, ProvisionError::InvalidGateway { reason, .. } if reason.contains(REPLICAS_ANNOTATION)),
             "{value}: {err}"
@@ -416,7 +470,7 @@ fn invalid_replicas_annotation_rejects_the_gateway() {
 #[test]
 fn listener_on_the_admin_port_rejects_the_gateway() {
     let gw = mk_gateway(&WEB.replace("port: 8080,", "port: 9902,"));
-    let err = desired(&mk_config(), &gw).unwrap_err();
+    let err = desired(&mk_config(), &gw, &[]).unwrap_err();
     assert!(err.to_string().contains("admin port"), "{err}");
 }
 
@@ -425,7 +479,7 @@ fn gateway_without_uid_is_rejected() {
     let mut gw = mk_gateway(WEB);
     gw.metadata.uid = None;
     assert!(matches!(
-        desired(&mk_config(), &gw),
+        desired(&mk_config(), &gw, &[]),
         Err(ProvisionError::InvalidGateway { .. })
     ));
 }
@@ -434,7 +488,7 @@ fn gateway_without_uid_is_rejected() {
 fn long_gateway_names_give_valid_names_and_labels() {
     let long = "g".repeat(100);
     let gw = mk_gateway(&WEB.replace("name: web,", &format!("name: {long},")));
-    let d = desired(&mk_config(), &gw).unwrap();
+    let d = desired(&mk_config(), &gw, &[]).unwrap();
     assert!(d.service.metadata.name.as_ref().unwrap().len() <= 63);
     for meta in metas(&d) {
         assert!(meta.labels.as_ref().unwrap()[GATEWAY_NAME_LABEL].len() <= 63);
@@ -539,7 +593,7 @@ fn a_static_address_is_requested_of_the_load_balancer() {
         "  addresses:\n  - {value: 127.0.1.250}\n  - {type: IPAddress, value: 127.0.1.251}\n  listeners:",
     ));
     assert_eq!(requested_addresses(&gw), ["127.0.1.250", "127.0.1.251"]);
-    let d = desired(&mk_config(), &gw).unwrap();
+    let d = desired(&mk_config(), &gw, &[]).unwrap();
     let spec = d.service.spec.as_ref().unwrap();
     assert_eq!(spec.load_balancer_ip.as_deref(), Some("127.0.1.250"));
     // Without addresses, or with a Service type that has no load balancer, none is asked.
@@ -548,6 +602,6 @@ fn a_static_address_is_requested_of_the_load_balancer() {
         service_type: "ClusterIP".into(),
         ..mk_config()
     };
-    let d = desired(&cfg, &gw).unwrap();
+    let d = desired(&cfg, &gw, &[]).unwrap();
     assert!(d.service.spec.unwrap().load_balancer_ip.is_none());
 }
