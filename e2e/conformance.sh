@@ -53,7 +53,7 @@ die() {
 http_features=(
   Gateway HTTPRoute ReferenceGrant
   GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructure GatewayAddressEmpty
-  GatewayStaticAddresses GatewayHTTPSListenerDetectMisdirectedRequests
+  GatewayStaticAddresses GatewayHTTPSListenerDetectMisdirectedRequests ListenerSet
   GatewayFrontendClientCertificateValidation GatewayFrontendClientCertificateValidationInsecureFallback
   HTTPRouteQueryParamMatching HTTPRouteMethodMatching HTTPRouteResponseHeaderModification
   HTTPRouteBackendRequestHeaderModification HTTPRoutePortRedirect HTTPRouteSchemeRedirect

@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -42,7 +42,7 @@ cleanup() {
   local rc=$? ex
   if ((rc != 0)); then
     for ex in "${EXAMPLES[@]}"; do
-      kubectl -n "$(ns_of "$ex")" get gateway,httproute,grpcroute,tlsroute,tcproute,udproute,pods -o wide >&2 2>/dev/null || true
+      kubectl -n "$(ns_of "$ex")" get gateway,listenerset,httproute,grpcroute,tlsroute,tcproute,udproute,pods -o wide >&2 2>/dev/null || true
     done
     kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
   fi
@@ -126,6 +126,20 @@ if body "${tls_ca[@]}" --resolve "other.example.test:9443:$a" https://other.exam
   die "tls: an SNI no route takes was answered"
 fi
 log "ok: tls: an SNI no route takes is closed"
+
+# --- listenerset -----------------------------------------------------------------------
+a=$(addr listenerset shared)
+expect "listenerset: the Gateway's own listener" '"host": "www.example.test' body \
+  -H 'Host: www.example.test' "http://$a:8080/"
+expect "listenerset: team-a's listener on the Gateway's port" '"x-served-by": "team-a"' body \
+  -H 'Host: api.example.test' "http://$a:8080/v1/items"
+expect "listenerset: a port only team-a has, exposed by the Gateway's Service" '"x-served-by": "team-a"' body \
+  "http://$a:8081/v1/items"
+[[ $(code -H 'Host: api.example.test' "http://$a:8080/") == 404 ]] ||
+  die "listenerset: the Gateway's route answered on team-a's listener"
+sets=$(kubectl -n "$(ns_of listenerset)" get gateway shared -o jsonpath='{.status.attachedListenerSets}')
+[[ $sets == 1 ]] || die "listenerset: Gateway status.attachedListenerSets is '$sets', want 1"
+log "ok: listenerset: the Gateway counts 1 attached ListenerSet"
 
 # --- tcp -------------------------------------------------------------------------------
 a=$(addr tcp tcp)

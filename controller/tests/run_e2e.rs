@@ -24,6 +24,7 @@ fn examples_serve_as_documented() {
     tls();
     tls_examples::backend_tls();
     traffic_split();
+    listenerset();
     grpc();
     policy_examples::rate_limit();
     policy_examples::api_key();
@@ -79,6 +80,45 @@ fn quickstart() {
         "route label missing: {}",
         metrics.body
     );
+}
+
+/// examples/listenerset: a ListenerSet's listeners beside the Gateway's, on its port and on
+/// a port of their own; each parent's routes on its own listeners only.
+fn listenerset() {
+    let logs = temp_dir("listenerset");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/listenerset",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let www = eventually(WAIT, || get(8080, "www.example.test", "/"))
+        .unwrap_or_else(|| panic!("gateway never answered; log:\n{}", tg.log()));
+    assert_eq!(www.status, 200, "{www:?}\n{}", tg.log());
+    assert!(www.json()["headers"]["x-served-by"].is_null(), "{www:?}");
+    for (port, host) in [(8080, "api.example.test"), (8081, "127.0.0.1:8081")] {
+        let api = get(port, host, "/v1/items").unwrap();
+        assert_eq!(api.status, 200, "{host}: {api:?}");
+        let doc = api.json();
+        assert_eq!(doc["path"], "/v1/items");
+        assert_eq!(doc["headers"]["x-served-by"], "team-a", "{doc}");
+    }
+    // The Gateway's route is not on team-a's listeners, nor team-a's on the Gateway's.
+    assert_eq!(get(8080, "api.example.test", "/").unwrap().status, 404);
+    assert_eq!(
+        get(8080, "www.example.test", "/v1/items").unwrap().status,
+        200
+    );
+    assert!(
+        get(8080, "www.example.test", "/v1/items").unwrap().json()["headers"]["x-served-by"]
+            .is_null()
+    );
+    assert_eq!(get(8081, "www.example.test", "/").unwrap().status, 404);
 }
 
 fn https() {
