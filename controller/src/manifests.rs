@@ -162,6 +162,7 @@ impl Counts {
             backend_traffic_policies: _,
             backend_tls_policies: _,
             last_valid: _,
+            reserved_ports: _,
             now: _,
             warnings: _,
         } = inputs;

@@ -240,3 +240,38 @@ fn the_table_serves_listener_set_listeners_beside_the_gateways() {
     let ports: Vec<u16> = t.ports.iter().map(|p| p.port).collect();
     assert_eq!(ports, [80, 443, 8443, 8444]);
 }
+
+#[test]
+fn a_listener_on_the_proxys_admin_port_is_unavailable_not_fatal() {
+    let extra = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: admin-grab, namespace: infra}
+spec:
+  parentRef: {name: same-only}
+  listeners:
+  - {name: grab, port: 9902, protocol: HTTP}
+"#;
+    let mut inputs = inputs(&["listenerset"], extra);
+    inputs.reserved_ports = vec![9902];
+    let out = tollgate::compile::compile(&inputs);
+    let l = set_listener(&out, "infra", "admin-grab", "grab");
+    assert_cond(&l.conditions, "Accepted", "False", "PortUnavailable");
+    assert!(
+        cond(&l.conditions, "Accepted")
+            .message
+            .contains("admin port"),
+        "{:?}",
+        l.conditions
+    );
+    assert_cond(
+        set_conds(&out, "infra", "admin-grab"),
+        "Accepted",
+        "False",
+        "ListenersNotValid",
+    );
+    // The Gateway and its other ListenerSet are served as before.
+    let t = table(&out, "infra", "same-only");
+    let ports: Vec<u16> = t.ports.iter().map(|p| p.port).collect();
+    assert_eq!(ports, [80, 8080]);
+}

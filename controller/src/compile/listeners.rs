@@ -76,6 +76,8 @@ pub struct ListenerModel<'a> {
     pub name: &'a str,
     /// Namespace of the object that declares it: `allowedRoutes` `Same` means this one.
     pub namespace: &'a str,
+    /// Its port is one the proxy keeps for itself ([`super::Inputs::reserved_ports`]).
+    pub reserved: bool,
     /// Port, when in range.
     pub port: Option<u16>,
     /// Protocol, when supported.
@@ -206,6 +208,13 @@ impl GatewayModel<'_> {
 }
 
 impl ListenerModel<'_> {
+    /// Marks the listener's port unusable when it is one of `reserved`.
+    fn reserve(&mut self, reserved: &[u16]) {
+        if self.port.is_some_and(|p| reserved.contains(&p)) {
+            self.reserved = true;
+        }
+    }
+
     /// Whether routes of `kind` may attach, by allowedRoutes.kinds.
     pub fn allows(&self, kind: RouteKind) -> bool {
         self.allowed_kinds.contains(&kind)
@@ -246,6 +255,7 @@ pub fn compile_gateway<'a>(
     sets: &'a [ListenerSetEntry<'a>],
     class_accepted: bool,
     idx: &Index<'_>,
+    reserved: &[u16],
     now: &Time,
 ) -> GatewayModel<'a> {
     let conds = Conds::new(gw.metadata.generation, now);
@@ -256,6 +266,9 @@ pub fn compile_gateway<'a>(
         .iter()
         .map(|l| validate_listener(gw, l, l.name.as_str(), gw_ns, "Gateway", idx))
         .collect();
+    for l in &mut listeners {
+        l.reserve(reserved);
+    }
     let conflicts = find_conflicts(&gw.spec.listeners);
     for (i, l) in listeners.iter_mut().enumerate() {
         let conflict = conflicts.get(&i);
@@ -293,7 +306,7 @@ pub fn compile_gateway<'a>(
             }
         }
     }
-    let listener_sets = add_listener_sets(gw, sets, accepted, idx, now, &mut listeners);
+    let listener_sets = add_listener_sets(gw, sets, accepted, idx, reserved, now, &mut listeners);
     let programmed = accepted && listeners.iter().any(|l| l.programmed);
     let programmed_cond = if programmed {
         conds.yes(PROGRAMMED, reason::PROGRAMMED, "Gateway is programmed")
@@ -412,6 +425,7 @@ fn add_listener_sets<'a>(
     sets: &'a [ListenerSetEntry<'a>],
     gateway_accepted: bool,
     idx: &Index<'_>,
+    reserved: &[u16],
     now: &Time,
     listeners: &mut Vec<ListenerModel<'a>>,
 ) -> Vec<ListenerSetModel<'a>> {
@@ -453,6 +467,7 @@ fn add_listener_sets<'a>(
         for (i, spec) in entry.listeners.iter().enumerate() {
             let mut l = validate_listener(gw, spec, entry.own_name(i), ns, listenersets::KIND, idx);
             l.set = Some(si);
+            l.reserve(reserved);
             let conflict = held_conflict(&l, &held);
             finish_listener(&mut l, conflict.as_ref(), &conds);
             if l.accepted {
@@ -671,6 +686,7 @@ fn validate_listener<'a>(
         set: None,
         name,
         namespace: ns,
+        reserved: false,
         port: u16::try_from(l.port).ok().filter(|p| *p != 0),
         protocol,
         passthrough,
@@ -762,6 +778,12 @@ fn finish_listener(l: &mut ListenerModel<'_>, conflict: Option<&Problem>, conds:
             ACCEPTED,
             reason::PORT_UNAVAILABLE,
             format!("port {} is out of range", l.spec.port),
+        )
+    } else if l.reserved {
+        conds.no(
+            ACCEPTED,
+            reason::PORT_UNAVAILABLE,
+            format!("port {} is the proxy's admin port", l.spec.port),
         )
     } else {
         conds.yes(ACCEPTED, reason::ACCEPTED, "listener is accepted")

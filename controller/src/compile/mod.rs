@@ -119,6 +119,9 @@ pub struct Inputs {
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
     /// empty, an invalid AuthPolicy closes its targets.
     pub last_valid: LastValid,
+    /// Ports no listener may take (the provisioned proxy's admin port): such a listener, the
+    /// Gateway's or a ListenerSet's, is `PortUnavailable` rather than breaking the proxy.
+    pub reserved_ports: Vec<u16>,
     /// Stamped as `lastTransitionTime` on every condition; nothing else reads a clock.
     pub now: Time,
     /// Documents [`inputs_from_yaml`] skipped (kinds the compiler does not read). The compiler
@@ -158,6 +161,7 @@ impl Inputs {
             backend_traffic_policies: Vec::new(),
             backend_tls_policies: Vec::new(),
             last_valid: LastValid::default(),
+            reserved_ports: Vec::new(),
             now,
             warnings: Vec::new(),
         }
@@ -317,6 +321,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
                 sets,
                 class.accepted,
                 &idx,
+                &inputs.reserved_ports,
                 now,
             ))
         })

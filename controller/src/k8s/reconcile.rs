@@ -286,6 +286,12 @@ impl Reconciler {
         let mut unread = false;
         if relevance >= Relevance::Endpoints {
             let mut inputs = self.stores.inputs(Time(Timestamp::now()));
+            if self.settings.provision.is_some() {
+                // A listener there would take the provisioned proxy's admin port.
+                inputs.reserved_ports = u16::try_from(provision::desired::ADMIN_PORT)
+                    .into_iter()
+                    .collect();
+            }
             own_classes(&mut inputs, &self.settings.controller_name);
             let refs = referenced::references(&inputs);
             self.stores.referenced.replace(refs.clone());
