@@ -275,3 +275,37 @@ spec:
     let ports: Vec<u16> = t.ports.iter().map(|p| p.port).collect();
     assert_eq!(ports, [80, 8080]);
 }
+
+#[test]
+fn a_gateway_wide_policy_covers_listener_set_listeners_and_section_names_do_not() {
+    let policy = |section: &str| {
+        format!(
+            r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: gate, namespace: infra, generation: 1}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: open{section}}}]
+  rules:
+    authorization:
+      internal-net: {{predicate: "source.address.startsWith('10.')"}}
+"#
+        )
+    };
+    let policed = |out: &Output, listener: &str, host: &str| {
+        let t = table(out, "infra", "open");
+        vhost(table_listener(t, listener), host)
+            .routes
+            .iter()
+            .all(|r| r.policy.is_some())
+    };
+    // Gateway-wide: a team's listener is behind it as the Gateway's own are.
+    let out = run(&["listenerset"], &policy(""));
+    assert!(policed(&out, "web", "web.example.com"));
+    assert!(policed(&out, "apps/team-a/a", "a.example.com"));
+    // A sectionName names the Gateway's own listeners only, even when a ListenerSet has a
+    // listener of that name.
+    let out = run(&["listenerset"], &policy(", sectionName: web"));
+    assert!(policed(&out, "web", "web.example.com"));
+    assert!(!policed(&out, "apps/team-a/a", "a.example.com"));
+}
