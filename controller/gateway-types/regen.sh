@@ -2,10 +2,11 @@
 # Regenerates (or, with --check, compares) the Gateway API types in src/ from the CRDs of the
 # Gateway API release e2e/k8s/gateway-api pins, with kopium, the generator the gateway-api
 # crate uses, at the version and flags it uses. Only the kinds that crate lacks at that
-# release are generated (KINDS below); see README.md.
+# release are generated (KINDS below); see README.md. The CRDs of every kind the controller
+# reads are copied to crds/ (CRD_FILES), for the schema checks of `tollgate validate`.
 #
-#   controller/gateway-types/regen.sh           write src/*.rs
-#   controller/gateway-types/regen.sh --check   exit 1 when src/ differs from the CRDs
+#   controller/gateway-types/regen.sh           write src/*.rs and crds/
+#   controller/gateway-types/regen.sh --check   exit 1 when either differs from the CRDs
 #
 # kopium is installed once into $HOME/.cache/tollgate/kopium-$KOPIUM_VERSION (crates.io).
 set -euo pipefail
@@ -13,6 +14,15 @@ set -euo pipefail
 KOPIUM_VERSION=0.24.1
 # kind file (CRD file name without the group) : API version to generate
 KINDS=(listenersets:v1 tcproutes:v1 udproutes:v1)
+# CRDs copied to crds/: every Gateway API kind the controller reads.
+CRD_FILES=(
+  gateway.networking.k8s.io_backendtlspolicies.yaml gateway.networking.k8s.io_gatewayclasses.yaml
+  gateway.networking.k8s.io_gateways.yaml gateway.networking.k8s.io_grpcroutes.yaml
+  gateway.networking.k8s.io_httproutes.yaml gateway.networking.k8s.io_listenersets.yaml
+  gateway.networking.k8s.io_referencegrants.yaml gateway.networking.k8s.io_tcproutes.yaml
+  gateway.networking.k8s.io_tlsroutes.yaml gateway.networking.k8s.io_udproutes.yaml
+  gateway.networking.x-k8s.io_xbackendtrafficpolicies.yaml
+)
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -58,5 +68,19 @@ for entry in "${KINDS[@]}"; do
     cp "$out/$kind.rs" "$here/src/$kind.rs"
   fi
 done
-((check)) && ((status == 0)) && echo "gateway-types: src/ matches the Gateway API $version CRDs"
+# The CRDs themselves, for `tollgate validate` and `tollgate run` to check objects as the API
+# server would (the experimental channel e2e/cluster.sh installs by default).
+mkdir -p "$here/crds"
+for f in "${CRD_FILES[@]}"; do
+  if ((check)); then
+    if ! cmp -s "$crds/$f" "$here/crds/$f"; then
+      echo "gateway-types: crds/$f differs from the $version CRD (run controller/gateway-types/regen.sh)" >&2
+      status=1
+    fi
+  else
+    cp "$crds/$f" "$here/crds/$f"
+  fi
+done
+
+((check)) && ((status == 0)) && echo "gateway-types: src/ and crds/ match the Gateway API $version CRDs"
 exit $status

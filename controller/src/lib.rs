@@ -13,4 +13,5 @@ pub mod k8s;
 pub mod manifests;
 pub mod push;
 pub mod run;
+pub mod schema;
 pub mod validate;

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::compile::Inputs;
-use crate::compile::load::{LoadError, inputs_from_yaml};
+use crate::compile::load::{LoadError, inputs_from_manifests};
 use crate::compile::policies::auth::sha256_hex;
 
 /// A problem reading the manifests.
@@ -315,7 +315,7 @@ impl ManifestDir {
         // On a parse error the stamp is not recorded: the next scan reads the file and
         // reports it again.
         let mut inputs =
-            inputs_from_yaml(&text, now.clone()).map_err(|source| ManifestError::Parse {
+            inputs_from_manifests(&text, now.clone()).map_err(|source| ManifestError::Parse {
                 path: path.to_path_buf(),
                 source,
             })?;

@@ -583,6 +583,33 @@ fn validate_names_the_rejected_object_and_fails() {
     assert!(!rejected.contains("default/good"), "{out}");
 }
 
+/// A file the API server would refuse (here a field its CRD does not have) fails `validate`
+/// with the API server's words; the other files are still compiled.
+#[test]
+fn validate_checks_objects_against_their_crd() {
+    let dir = temp_dir("validate-schema");
+    std::fs::write(dir.join("gateway.yaml"), gateway_yaml(8080)).unwrap();
+    std::fs::write(dir.join("backend.yaml"), backend_yaml(9080)).unwrap();
+    std::fs::write(dir.join("a.yaml"), route_yaml("good", "/a")).unwrap();
+    let typo = route_yaml("typo", "/b")
+        .replace("  - matches:", "  - timeoutz: {request: 1s}\n    matches:");
+    assert_ne!(
+        typo,
+        route_yaml("typo", "/b"),
+        "the fixture has no `  - matches:` line"
+    );
+    std::fs::write(dir.join("b.yaml"), typo).unwrap();
+    let (code, out) = validate(&dir);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "b.yaml: document 0 (HTTPRoute typo): unknown field \"spec.rules[0].timeoutz\""
+        ),
+        "{out}"
+    );
+    assert!(out.contains("HTTPRoute default/good"), "{out}");
+}
+
 #[test]
 fn compile_writes_the_table_the_proxy_serves() {
     let out = temp_dir("compile-out");

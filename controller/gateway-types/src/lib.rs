@@ -12,3 +12,19 @@
 pub mod listenersets;
 pub mod tcproutes;
 pub mod udproutes;
+
+/// The Gateway API CRDs (experimental channel) of every kind the controller reads, as the
+/// release ships them: what `tollgate validate` checks objects against.
+pub const CRDS: &[&str] = &[
+    include_str!("../crds/gateway.networking.k8s.io_backendtlspolicies.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_gatewayclasses.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_gateways.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_grpcroutes.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_httproutes.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_listenersets.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_referencegrants.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_tcproutes.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_tlsroutes.yaml"),
+    include_str!("../crds/gateway.networking.k8s.io_udproutes.yaml"),
+    include_str!("../crds/gateway.networking.x-k8s.io_xbackendtrafficpolicies.yaml"),
+];

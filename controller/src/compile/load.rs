@@ -44,6 +44,60 @@ pub enum LoadError {
         #[source]
         source: serde_yaml_ng::Error,
     },
+    /// An object its CRD's schema refuses, as the API server would
+    /// ([`check_schemas`]).
+    #[error("document {index} ({kind} {name}): {violations}")]
+    Schema {
+        /// 0-based document index.
+        index: usize,
+        /// `kind`.
+        kind: String,
+        /// `metadata.name`, when present.
+        name: String,
+        /// What the schema refuses.
+        violations: Violations,
+    },
+}
+
+/// The [`Violation`](crate::schema::Violation)s of one object, shown `; `-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violations(pub Vec<crate::schema::Violation>);
+
+impl std::fmt::Display for Violations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, v) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks one object of a group Tollgate reads against its CRD's schema
+/// ([`crate::schema`]), as the API server would. Objects of other groups (core, apps) are
+/// left to the API server.
+fn check_schema(index: usize, value: &Value) -> Result<(), LoadError> {
+    let Ok(obj) = serde_json::to_value(value) else {
+        // Not representable in JSON (a non-string key): the typed parse reports it.
+        return Ok(());
+    };
+    let Some(violations) = crate::schema::Schemas::embedded()
+        .check(&obj)
+        .filter(|v| !v.is_empty())
+    else {
+        return Ok(());
+    };
+    Err(LoadError::Schema {
+        index,
+        kind: obj["kind"].as_str().unwrap_or_default().to_owned(),
+        name: obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        violations: Violations(violations),
+    })
 }
 
 /// A document that was skipped.
@@ -72,10 +126,20 @@ impl std::fmt::Display for LoadWarning {
 /// Parses multi-document YAML into [`Inputs`] stamped with `now`; skipped documents are
 /// listed in [`Inputs::warnings`].
 pub fn inputs_from_yaml(docs: &str, now: Time) -> Result<Inputs, LoadError> {
+    load(docs, now, false)
+}
+
+/// [`inputs_from_yaml`], refusing as the API server would every object its CRD's schema
+/// refuses ([`LoadError::Schema`]): what `tollgate run` and `tollgate validate` read.
+pub fn inputs_from_manifests(docs: &str, now: Time) -> Result<Inputs, LoadError> {
+    load(docs, now, true)
+}
+
+fn load(docs: &str, now: Time, schemas: bool) -> Result<Inputs, LoadError> {
     let mut loaded = Inputs::new(now);
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(docs).enumerate() {
         let value = Value::deserialize(doc).map_err(|source| LoadError::Yaml { index, source })?;
-        add(&mut loaded, index, value)?;
+        add(&mut loaded, index, value, schemas)?;
     }
     Ok(loaded)
 }
@@ -88,7 +152,7 @@ fn str_field<'v>(v: &'v Value, path: &[&str]) -> Option<&'v str> {
     cur.as_str()
 }
 
-fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError> {
+fn add(loaded: &mut Inputs, index: usize, value: Value, schemas: bool) -> Result<(), LoadError> {
     if value.is_null() {
         return Ok(()); // empty document (`---` at the end)
     }
@@ -124,11 +188,14 @@ fn add(loaded: &mut Inputs, index: usize, value: Value) -> Result<(), LoadError>
             loaded.$field.push(obj);
         }};
     }
+    if schemas && crate::schema::GROUPS.contains(&group) {
+        check_schema(index, &value)?;
+    }
     match (group, kind.as_str()) {
         ("", "List") => {
             if let Some(items) = value.get("items").and_then(Value::as_sequence) {
                 for item in items.clone() {
-                    add(loaded, index, item)?;
+                    add(loaded, index, item, schemas)?;
                 }
             }
         }

@@ -1,0 +1,130 @@
+//! One case per rule class, on the real CRDs.
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn check(yaml: &str) -> Vec<String> {
+    let v: Value = serde_yaml_ng::from_str(yaml).unwrap();
+    Schemas::embedded()
+        .check(&v)
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+const ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: default}
+spec:
+  parentRefs: [{name: gw}]
+  hostnames: [HOST]
+  rules:
+  - matches: [{path: {type: TYPE, value: VALUE}}]
+    backendRefs: [{name: web, port: PORT}]
+"#;
+
+fn route(host: &str, ty: &str, value: &str, port: &str) -> String {
+    ROUTE
+        .replace("HOST", host)
+        .replace("TYPE", ty)
+        .replace("VALUE", value)
+        .replace("PORT", port)
+}
+
+#[test]
+fn a_valid_route_passes() {
+    assert_eq!(
+        check(&route("a.example.com", "PathPrefix", "/x", "80")),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn type_enum_pattern_and_bounds_are_checked() {
+    assert_eq!(
+        check(&route("a.example.com", "PathPrefix", "/x", "eighty")),
+        [
+            "spec.rules[0].backendRefs[0].port: Invalid value: \"string\": spec.rules[0].backendRefs[0].port in body must be of type integer: \"string\""
+        ]
+    );
+    let e = check(&route("a.example.com", "Prefix", "/x", "80"));
+    assert!(
+        e.iter().any(|e| e.starts_with(
+            "spec.rules[0].matches[0].path.type: Unsupported value: \"Prefix\": supported values: \"Exact\", \"PathPrefix\", \"RegularExpression\""
+        )),
+        "{e:?}"
+    );
+    let e = check(&route("Bad_Host", "PathPrefix", "/x", "80"));
+    assert!(
+        e.iter().any(|e| e.starts_with(
+            "spec.hostnames[0]: Invalid value: \"Bad_Host\": spec.hostnames[0] in body should match"
+        )),
+        "{e:?}"
+    );
+    let e = check(&route("a.example.com", "PathPrefix", "/x", "70000"));
+    assert!(
+        e.iter().any(|e| e == "spec.rules[0].backendRefs[0].port: Invalid value: 70000: spec.rules[0].backendRefs[0].port in body should be less than or equal to 65535"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn cel_rules_are_evaluated() {
+    // "value must be an absolute path and start with '/' when type one of ['Exact', 'PathPrefix']"
+    let e = check(&route("a.example.com", "PathPrefix", "x", "80"));
+    assert!(
+        e.iter().any(|e| e.starts_with("spec.rules[0].matches[0].path: Invalid value: \"object\": value must be an absolute path")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn required_fields_and_unknown_fields_are_checked() {
+    let e = check(&route("a.example.com", "PathPrefix", "/x", "80").replace("{name: web, ", "{"));
+    assert!(
+        e.iter()
+            .any(|e| e == "spec.rules[0].backendRefs[0].name: Required value"),
+        "{e:?}"
+    );
+    let e = check(
+        &route("a.example.com", "PathPrefix", "/x", "80")
+            .replace("  - matches:", "  - typo_field: 1\n    matches:"),
+    );
+    assert_eq!(e, ["unknown field \"spec.rules[0].typo_field\""]);
+    let e = check(
+        r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: p, namespace: default}
+spec:
+  targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}
+  limits:
+    per-client:
+      rates: [{limit: 10, window: 1m}]
+      typo_field: true
+"#,
+    );
+    assert!(
+        e.contains(&"unknown field \"spec.limits.per-client.typo_field\"".to_owned()),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn unknown_kinds_of_our_groups_are_named() {
+    let e = check("apiVersion: tollgate.dev/v1alpha1\nkind: BackendPolicyX\nmetadata: {name: x}\n");
+    assert_eq!(
+        e,
+        ["no matches for kind \"BackendPolicyX\" in version \"tollgate.dev/v1alpha1\""]
+    );
+    let e =
+        check("apiVersion: gateway.networking.k8s.io/v9\nkind: TCPRoute\nmetadata: {name: x}\n");
+    assert_eq!(
+        e,
+        ["no matches for kind \"TCPRoute\" in version \"gateway.networking.k8s.io/v9\""]
+    );
+    let other: Value = serde_yaml_ng::from_str("apiVersion: apps/v1\nkind: Deployment\n").unwrap();
+    assert!(Schemas::embedded().check(&other).is_none());
+}
