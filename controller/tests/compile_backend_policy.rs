@@ -218,7 +218,7 @@ spec:
   retryConstraint:
     budget: {percent: 25, interval: 20s}
     minRetryRate: {count: 5, interval: 2s}
-  sessionPersistence: {sessionName: shop, type: Cookie, idleTimeout: 30m}
+  sessionPersistence: {sessionName: shop, type: Cookie, absoluteTimeout: 30m}
 ---
 apiVersion: gateway.networking.x-k8s.io/v1alpha1
 kind: XBackendTrafficPolicy
@@ -262,8 +262,8 @@ fn a_backend_traffic_policy_sets_the_budget_and_session_beside_a_backend_policy(
         Some(Session {
             name: "shop".into(),
             carrier: SessionCarrier::Cookie,
-            absolute_secs: None,
-            idle_secs: Some(1800),
+            absolute_secs: Some(1800),
+            idle_secs: None,
             permanent: false,
         })
     );

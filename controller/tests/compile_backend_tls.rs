@@ -6,7 +6,7 @@
 mod compile_support;
 
 use compile_support::*;
-use gateway_api::backendtlspolicies::BackendTlsPolicyStatus;
+use gateway_types::backendtlspolicies::BackendTlsPolicyStatus;
 use tollgate::compile::Output;
 use tollgate_api::backend_tls::{SubjectAltName, Trust};
 use tollgate_api::{Backend, BackendProtocol, BackendTls, ObjectKey};

@@ -133,7 +133,7 @@ fn session_persistence_compiles_with_its_defaults() {
             name: "shop".into(),
             carrier: SessionCarrier::Cookie,
             absolute_secs: Some(3600),
-            idle_secs: Some(600),
+            idle_secs: None,
             permanent: true,
         })
     );

@@ -10,8 +10,8 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatusAncestors};
-use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_types::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatusAncestors};
+use gateway_types::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};

@@ -8,8 +8,8 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::experimental::httproutes::HttpRoute;
-use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
+use gateway_types::experimental::httproutes::HttpRoute;
+use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};

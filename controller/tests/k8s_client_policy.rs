@@ -15,7 +15,7 @@ mod support;
 
 use std::time::Duration;
 
-use gateway_api::gateways::Gateway;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gateway_api::experimental::httproutes::HttpRoute;
-use gateway_api::gateways::Gateway;
+use gateway_types::experimental::httproutes::HttpRoute;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::discovery::v1::EndpointSlice;

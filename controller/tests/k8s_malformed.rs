@@ -10,7 +10,7 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_types::experimental::httproutes::HttpRoute;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::json;
@@ -99,7 +99,7 @@ async fn a_route_with_an_unserved_filter_is_refused_alone_and_recovers_when_fixe
     // Both are attached (attachment is the listener's allowedRoutes and the parentRef alone,
     // as the spec defines attachedRoutes), though only one is accepted.
     let attached = eventually(WAIT, || async {
-        let g: gateway_api::gateways::Gateway = env.get("gw").await;
+        let g: gateway_types::gateways::Gateway = env.get("gw").await;
         let l = g.status?.listeners?.into_iter().next()?;
         Some(l.attached_routes)
     })

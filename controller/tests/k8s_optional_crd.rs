@@ -213,7 +213,7 @@ async fn a_missing_crd_is_an_empty_store_until_it_is_installed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kind_rbac_forbids_is_an_empty_store_too() {
     // A controller whose ClusterRole predates TLSRoutes: listing them is forbidden (403).
-    let api: Api<Lenient<gateway_api::tlsroutes::TlsRoute>> = forbidden().await;
+    let api: Api<Lenient<gateway_types::tlsroutes::TlsRoute>> = forbidden().await;
     let (store, _watch) = watch(api, Kind::TlsRoute, Optional::Forgiving);
     listed(&store, "a store of a forbidden kind never became ready").await;
     assert!(store.state().is_empty());

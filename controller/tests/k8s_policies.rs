@@ -124,7 +124,7 @@ async fn policies_reach_accepted_and_rejections_carry_their_reasons() {
     );
 
     // The route shows the policy affecting it.
-    let route: gateway_api::experimental::httproutes::HttpRoute = env.get("shop").await;
+    let route: gateway_types::experimental::httproutes::HttpRoute = env.get("shop").await;
     let parent = &route.status.unwrap().parents[0];
     let affected = find(&parent.conditions, "tollgate.dev/RateLimitPolicyAffected").unwrap();
     assert!(affected.message.contains("good"), "{}", affected.message);

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
 
-use gateway_api::gateways::Gateway;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -10,7 +10,7 @@ mod k8s_support;
 
 use std::time::{Duration, Instant};
 
-use gateway_api::gateways::Gateway;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;

@@ -8,7 +8,7 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::gateways::Gateway;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::json;
 

@@ -7,11 +7,11 @@ mod k8s_support;
 
 use std::time::Duration;
 
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
-use gateway_api::gatewayclasses::GatewayClass;
-use gateway_api::gateways::Gateway;
-use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_types::gatewayclasses::GatewayClass;
+use gateway_types::gateways::Gateway;
+use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
+use gateway_types::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};

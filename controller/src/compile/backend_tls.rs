@@ -28,11 +28,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gateway_api::backendtlspolicies::{
+use gateway_types::backendtlspolicies::{
     BackendTlsPolicy, BackendTlsPolicyStatus, BackendTlsPolicyStatusAncestors,
     BackendTlsPolicyStatusAncestorsAncestorRef, BackendTlsPolicyValidationSubjectAltNamesType,
 };
-use gateway_api::gateways::{Gateway, GatewayListenersTlsCertificateRefs};
+use gateway_types::gateways::{Gateway, GatewayListenersTlsCertificateRefs};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tollgate_api::backend_tls::{ALPN_H2, ALPN_HTTP11, SubjectAltName, Trust};

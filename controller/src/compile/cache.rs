@@ -30,10 +30,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
-use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::referencegrants::ReferenceGrant;
-use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatus};
+use gateway_types::grpcroutes::GrpcRoute;
+use gateway_types::referencegrants::ReferenceGrant;
+use gateway_types::tlsroutes::TlsRoute;
 use gateway_types::tcproutes::TcpRoute;
 use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::Service;

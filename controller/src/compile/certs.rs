@@ -9,7 +9,7 @@
 //! ([`check_key_pair`]) and a bad one rejects only its listener. Messages say what is wrong and
 //! never carry key material.
 
-use gateway_api::gateways::GatewayListenersTlsCertificateRefs;
+use gateway_types::gateways::GatewayListenersTlsCertificateRefs;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use rustls::crypto::ring::sign::any_supported_type;

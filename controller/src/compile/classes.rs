@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::gatewayclasses::{
+use gateway_types::gatewayclasses::{
     GatewayClass, GatewayClassStatus, GatewayClassStatusSupportedFeatures,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

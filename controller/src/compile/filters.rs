@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use gateway_api::experimental::httproutes::{
+use gateway_types::experimental::httproutes::{
     HttpRouteRulesBackendRefsFilters, HttpRouteRulesFilters, HttpRouteRulesFiltersCors,
     HttpRouteRulesFiltersRequestMirror, HttpRouteRulesFiltersRequestRedirect,
     HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,

@@ -25,8 +25,8 @@
 //! service (or method) name: a leading `^` and a trailing `$` are implied and removed if
 //! written.
 
-use gateway_api::experimental::httproutes::HttpRouteRules;
-use gateway_api::grpcroutes::{
+use gateway_types::experimental::httproutes::HttpRouteRules;
+use gateway_types::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
     GrpcRouteRulesMatchesMethod, GrpcRouteRulesMatchesMethodType,
 };

@@ -9,11 +9,11 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use gateway_api::experimental::httproutes::HttpRoute;
-use gateway_api::gateways::Gateway;
-use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::referencegrants::ReferenceGrant;
-use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::experimental::httproutes::HttpRoute;
+use gateway_types::gateways::Gateway;
+use gateway_types::grpcroutes::GrpcRoute;
+use gateway_types::referencegrants::ReferenceGrant;
+use gateway_types::tlsroutes::TlsRoute;
 use gateway_types::tcproutes::TcpRoute;
 use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};

@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use gateway_api::gateways::{
+use gateway_types::gateways::{
     Gateway, GatewayAllowedListenersNamespacesFrom, GatewayListeners,
     GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersAllowedRoutesNamespacesSelector,
     GatewayListenersTlsMode, GatewayStatus, GatewayStatusListeners,

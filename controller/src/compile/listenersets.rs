@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::gateways::GatewayListeners;
+use gateway_types::gateways::GatewayListeners;
 use gateway_types::listenersets::{ListenerSet, ListenerSetListeners};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::ObjectKey;

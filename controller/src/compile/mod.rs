@@ -43,13 +43,13 @@ pub mod tlsroute;
 
 use std::collections::BTreeMap;
 
-use gateway_api::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatus};
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatus};
-use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
-use gateway_api::gateways::{Gateway, GatewayStatus};
-use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatus};
-use gateway_api::referencegrants::ReferenceGrant;
-use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatus};
+use gateway_types::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatus};
+use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatus};
+use gateway_types::gatewayclasses::{GatewayClass, GatewayClassStatus};
+use gateway_types::gateways::{Gateway, GatewayStatus};
+use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatus};
+use gateway_types::referencegrants::ReferenceGrant;
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatus};
 use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatus};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatus};
@@ -60,7 +60,7 @@ use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
-use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
+use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;

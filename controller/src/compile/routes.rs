@@ -21,10 +21,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gateway_api::experimental::httproutes::{
+use gateway_types::experimental::httproutes::{
     HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
-use gateway_api::gateways::GatewayListeners;
+use gateway_types::gateways::GatewayListeners;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use tollgate_api::{Backend, ObjectKey};
 

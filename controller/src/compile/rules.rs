@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 
 use gateway_api::Duration;
-use gateway_api::experimental::httproutes::{
+use gateway_types::experimental::httproutes::{
     HttpRoute, HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
     HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesRetry, HttpRouteRulesTimeouts,

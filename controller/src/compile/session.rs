@@ -2,7 +2,7 @@
 //! stanza. Out: the table's [`Session`], or the problem that rejects the route
 //! (`UnsupportedValue` naming the field).
 
-use gateway_api::experimental::httproutes::{
+use gateway_types::experimental::httproutes::{
     HttpRouteRulesSessionPersistence, HttpRouteRulesSessionPersistenceCookieConfigLifetimeType,
     HttpRouteRulesSessionPersistenceType,
 };
@@ -60,7 +60,8 @@ pub fn compile(
         }
     };
     let absolute_secs = secs(sp.absolute_timeout.as_ref(), "absoluteTimeout")?;
-    let idle_secs = secs(sp.idle_timeout.as_ref(), "idleTimeout")?;
+    // Gateway API v1.6 dropped `idleTimeout`: the table's idle expiry stays unset.
+    let idle_secs = None;
     let permanent = matches!(
         sp.cookie_config
             .as_ref()

@@ -23,7 +23,7 @@
 //!   directly impact the Gateway's Accepted or Programmed conditions". TLS backends are then
 //!   dialled without a client certificate (one that requires it refuses the handshake: 502).
 
-use gateway_api::gateways::{
+use gateway_types::gateways::{
     Gateway, GatewayListeners, GatewayTlsFrontendDefaultValidationMode,
     GatewayTlsFrontendPerPortTlsValidationMode,
 };

@@ -13,7 +13,7 @@
 //! (retried from a fresher store) instead of erasing theirs. Our entries for Gateways that no
 //! longer use the policy's targets are dropped.
 
-use gateway_api::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatusAncestors};
+use gateway_types::backendtlspolicies::{BackendTlsPolicy, BackendTlsPolicyStatusAncestors};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;

@@ -126,7 +126,7 @@ impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use gateway_api::experimental::httproutes::HttpRoute;
+    use gateway_types::experimental::httproutes::HttpRoute;
     use k8s_openapi::api::core::v1::Service;
     use kube::core::ObjectList;
     use serde_json::json;

@@ -219,7 +219,7 @@ mod tests {
     #[test]
     fn crd_names_are_plural_dot_group() {
         assert_eq!(
-            crd_name::<gateway_api::tlsroutes::TlsRoute>(),
+            crd_name::<gateway_types::tlsroutes::TlsRoute>(),
             "tlsroutes.gateway.networking.k8s.io"
         );
         assert_eq!(
@@ -235,7 +235,7 @@ mod tests {
             "listenersets.gateway.networking.k8s.io"
         );
         assert_eq!(
-            crd_name::<gateway_api::backendtlspolicies::BackendTlsPolicy>(),
+            crd_name::<gateway_types::backendtlspolicies::BackendTlsPolicy>(),
             "backendtlspolicies.gateway.networking.k8s.io"
         );
         assert_eq!(

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use gateway_api::gateways::{GatewayStatus, GatewayStatusAddresses};
+use gateway_types::gateways::{GatewayStatus, GatewayStatusAddresses};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate_api::ObjectKey;
 

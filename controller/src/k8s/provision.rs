@@ -30,7 +30,7 @@
 //! are removed. Fields other managers own (an autoscaler's replicas, a cloud provider's
 //! annotations) are left alone.
 
-use gateway_api::gateways::{Gateway, GatewayStatusAddresses};
+use gateway_types::gateways::{Gateway, GatewayStatusAddresses};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};

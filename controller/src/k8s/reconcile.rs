@@ -23,7 +23,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use gateway_api::gateways::GatewayStatusAddresses;
+use gateway_types::gateways::GatewayStatusAddresses;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;

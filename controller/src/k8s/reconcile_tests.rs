@@ -5,7 +5,7 @@ use crate::compile::conditions::{Conds, PROGRAMMED};
 use crate::crds::PolicyStatus;
 use crate::crds::common::{AncestorRef, PolicyAncestorStatus};
 use crate::push::SyncState;
-use gateway_api::gateways::GatewayStatus;
+use gateway_types::gateways::GatewayStatus;
 
 fn gateway(programmed_ok: bool) -> GatewayStatus {
     let now = Time(Timestamp::UNIX_EPOCH);
@@ -76,7 +76,7 @@ fn only_classes_with_our_name_are_compiled_as_ours() {
         ("b", CONTROLLER_NAME),
         ("c", "y.dev/other"),
     ] {
-        let mut c = gateway_api::gatewayclasses::GatewayClass::default();
+        let mut c = gateway_types::gatewayclasses::GatewayClass::default();
         c.metadata.name = Some(name.into());
         c.spec.controller_name = cn.into();
         inputs.gateway_classes.push(c);

@@ -9,9 +9,9 @@
 
 use std::fmt::Debug;
 
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
-use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
+use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;

@@ -18,11 +18,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
-use gateway_api::gatewayclasses::{GatewayClass, GatewayClassStatus};
-use gateway_api::gateways::{Gateway, GatewayStatus};
-use gateway_api::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_api::tlsroutes::{TlsRoute, TlsRouteStatusParents};
+use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
+use gateway_types::gatewayclasses::{GatewayClass, GatewayClassStatus};
+use gateway_types::gateways::{Gateway, GatewayStatus};
+use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
@@ -134,7 +134,7 @@ pub enum StatusWrite {
         /// The live resourceVersion the write is based on.
         resource_version: String,
         /// Every ancestor entry: other controllers' as they were, then ours.
-        ancestors: Vec<gateway_api::backendtlspolicies::BackendTlsPolicyStatusAncestors>,
+        ancestors: Vec<gateway_types::backendtlspolicies::BackendTlsPolicyStatusAncestors>,
     },
     /// An XBackendTrafficPolicy status (module `traffic_status`).
     TrafficPolicy {

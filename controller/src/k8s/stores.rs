@@ -37,13 +37,13 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use gateway_api::backendtlspolicies::BackendTlsPolicy;
-use gateway_api::experimental::httproutes::HttpRoute;
-use gateway_api::gatewayclasses::GatewayClass;
-use gateway_api::gateways::Gateway;
-use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::referencegrants::ReferenceGrant;
-use gateway_api::tlsroutes::TlsRoute;
+use gateway_types::backendtlspolicies::BackendTlsPolicy;
+use gateway_types::experimental::httproutes::HttpRoute;
+use gateway_types::gatewayclasses::GatewayClass;
+use gateway_types::gateways::Gateway;
+use gateway_types::grpcroutes::GrpcRoute;
+use gateway_types::referencegrants::ReferenceGrant;
+use gateway_types::tlsroutes::TlsRoute;
 use gateway_types::listenersets::ListenerSet;
 use gateway_types::tcproutes::TcpRoute;
 use gateway_types::udproutes::UdpRoute;
@@ -67,7 +67,7 @@ use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, RateLimitPolicy};
-use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
+use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// The kinds the controller watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -13,7 +13,7 @@
 //! concurrent write by another controller makes ours fail with 409 (retried from a fresher
 //! store) instead of erasing theirs.
 
-use gateway_api::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
+use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;

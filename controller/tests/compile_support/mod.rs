@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use gateway_api::gateways::GatewayStatusListeners;
+use gateway_types::gateways::GatewayStatusListeners;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use tollgate::compile::{Inputs, Output, compile, inputs_from_yaml};

@@ -99,7 +99,7 @@ impl TestEnv {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": env.ns},
         }))
         .await;
-        env.apply_cluster::<gateway_api::gatewayclasses::GatewayClass>(json!({
+        env.apply_cluster::<gateway_types::gatewayclasses::GatewayClass>(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
             "metadata": {"name": env.class},
             "spec": {"controllerName": env.controller_name},
@@ -171,7 +171,7 @@ impl TestEnv {
     }
 
     /// Whether `r` carries a status of this test's controller.
-    pub fn has_our_status(&self, r: &gateway_api::experimental::httproutes::HttpRoute) -> bool {
+    pub fn has_our_status(&self, r: &gateway_types::experimental::httproutes::HttpRoute) -> bool {
         r.status.as_ref().is_some_and(|s| {
             s.parents
                 .iter()
@@ -185,7 +185,7 @@ impl TestEnv {
             .iter()
             .map(|(n, p)| json!({"name": n, "port": p, "protocol": "HTTP"}))
             .collect();
-        self.apply::<gateway_api::gateways::Gateway>(json!({
+        self.apply::<gateway_types::gateways::Gateway>(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": name},
             "spec": {"gatewayClassName": self.class, "listeners": ls},
@@ -213,7 +213,7 @@ impl TestEnv {
     /// An HTTPRoute with the given parentRefs and one rule to `backend:port` (path prefix
     /// `path`).
     pub async fn route(&self, name: &str, parents: Value, backend: &str, port: u16) {
-        self.apply::<gateway_api::experimental::httproutes::HttpRoute>(json!({
+        self.apply::<gateway_types::experimental::httproutes::HttpRoute>(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
             "metadata": {"name": name},
             "spec": {"parentRefs": parents,

@@ -11,8 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::experimental::httproutes::HttpRouteRulesSessionPersistence;
-use gateway_api::experimental::xbackendtrafficpolicies::{
+use gateway_types::experimental::httproutes::HttpRouteRulesSessionPersistence;
+use gateway_types::experimental::xbackendtrafficpolicies::{
     XBackendTrafficPolicy, XBackendTrafficPolicyRetryConstraint, XBackendTrafficPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

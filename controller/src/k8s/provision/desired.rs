@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::gateways::{Gateway, GatewayStatusAddresses};
+use gateway_types::gateways::{Gateway, GatewayStatusAddresses};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::gateways::Gateway;
+use gateway_types::gateways::Gateway;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
