@@ -64,7 +64,7 @@ fn cases() -> Vec<(&'static str, String, &'static str)> {
         ),
         (
             "unknown-field-policy",
-            "apiVersion: tollgate.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: NAME, namespace: default}\nspec:\n  targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}\n  limits:\n    per-client:\n      rates: [{limit: 10, window: 1m}]\n      typo_field: true\n".to_owned(),
+            "apiVersion: tollgate.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: NAME, namespace: default}\nspec:\n  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}]\n  limits:\n    per-client:\n      rates: [{limit: 10, window: 1m}]\n      typo_field: true\n".to_owned(),
             "unknown field \"spec.limits.per-client.typo_field\"",
         ),
         (

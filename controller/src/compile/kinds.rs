@@ -15,9 +15,11 @@ use std::borrow::Cow;
 use gateway_types::experimental::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
-use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef};
-use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
+use gateway_types::grpcroutes::{
+    GrpcRoute, GrpcRouteStatusParents, GrpcRouteStatusParentsParentRef,
+};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents, TcpRouteStatusParentsParentRef};
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents, TlsRouteStatusParentsParentRef};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents, UdpRouteStatusParentsParentRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use tollgate_api::Protocol;

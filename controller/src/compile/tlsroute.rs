@@ -13,8 +13,8 @@
 //! ([`tollgate_api::BackendKey::tcp`]): bytes are copied, whatever the port's `appProtocol`.
 
 use gateway_types::experimental::httproutes::HttpRouteRules;
-use gateway_types::tlsroutes::{TlsRoute, TlsRouteRules};
 use gateway_types::tcproutes::TcpRoute;
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteRules};
 use gateway_types::udproutes::UdpRoute;
 use tollgate_api::{PathMatch, RouteMatch};
 

@@ -11,8 +11,8 @@ use std::fmt::Debug;
 
 use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
 use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

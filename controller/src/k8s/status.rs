@@ -22,9 +22,9 @@ use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents}
 use gateway_types::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_types::gateways::{Gateway, GatewayStatus};
 use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
+use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
