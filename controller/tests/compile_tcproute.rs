@@ -241,6 +241,15 @@ spec:
     );
     let listener = &out.rate_limit_policies[&ObjectKey::new("infra", "on-listener")].conditions;
     assert_cond(listener, "Accepted", "False", "TargetNotFound");
+    // Gateway-wide: accepted for the HTTP listener, and the status says which listeners it
+    // does not reach.
+    let gateway = &out.auth_policies[&ObjectKey::new("infra", "on-gateway")].conditions;
+    assert_cond(gateway, "Accepted", "True", "Accepted");
+    let message = &cond(gateway, "Accepted").message;
+    assert!(
+        message.contains("not enforced on the stream listeners of Gateway infra/tcp (tcp (TCP), tcp-same (TCP), kinds (TCP))"),
+        "{message}"
+    );
     let t = table(&out, "infra", "tcp");
     for p in t.ports.iter().filter(|p| p.protocol == Protocol::Tcp) {
         for r in p

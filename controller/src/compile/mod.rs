@@ -537,23 +537,33 @@ fn policy_gateways(gateways: &[listeners::GatewayModel<'_>]) -> Vec<policies::Ga
     gateways
         .iter()
         .filter(|g| g.accepted)
-        .map(|g| policies::GatewayTarget {
-            key: g.key.clone(),
-            listeners: g
-                .listeners
-                .iter()
-                .filter(|l| {
-                    !matches!(
-                        l.protocol,
-                        Some(
-                            tollgate_api::Protocol::Tls
-                                | tollgate_api::Protocol::Tcp
-                                | tollgate_api::Protocol::Udp
-                        )
+        .map(|g| {
+            let is_stream = |l: &&listeners::ListenerModel<'_>| {
+                matches!(
+                    l.protocol,
+                    Some(
+                        tollgate_api::Protocol::Tls
+                            | tollgate_api::Protocol::Tcp
+                            | tollgate_api::Protocol::Udp
                     )
-                })
-                .map(|l| l.spec.name.clone())
-                .collect(),
+                )
+            };
+            policies::GatewayTarget {
+                key: g.key.clone(),
+                listeners: g
+                    .listeners
+                    .iter()
+                    .filter(|l| !is_stream(l))
+                    .map(|l| l.spec.name.clone())
+                    .collect(),
+                streams: g
+                    .listeners
+                    .iter()
+                    .filter(is_stream)
+                    .filter(|l| l.accepted)
+                    .map(|l| format!("{} ({})", l.spec.name, l.spec.protocol))
+                    .collect(),
+            }
         })
         .collect()
 }

@@ -149,6 +149,9 @@ pub struct GatewayTarget {
     pub key: ObjectKey,
     /// Listener names.
     pub listeners: Vec<String>,
+    /// Listeners no request policy reaches (TLS, TCP, UDP: streams, not requests), shown as
+    /// `name (PROTOCOL)`: a Gateway-wide policy's status names them.
+    pub streams: Vec<String>,
 }
 
 /// A policy named by kind and key.
@@ -210,6 +213,8 @@ struct Resolved<T> {
     /// Per policy: Gateways where an entry survived; Gateways reached.
     enforced_on: Vec<BTreeSet<ObjectKey>>,
     reached: Vec<BTreeSet<ObjectKey>>,
+    /// Per Gateway: its stream listeners ([`GatewayTarget::streams`]), when it has any.
+    streams: BTreeMap<ObjectKey, Vec<String>>,
 }
 
 impl<T: Entries> Resolved<T> {
@@ -239,6 +244,11 @@ impl<T: Entries> Resolved<T> {
             holder: BTreeMap::new(),
             enforced_on: vec![BTreeSet::new(); n],
             reached: vec![BTreeSet::new(); n],
+            streams: gateways
+                .iter()
+                .filter(|g| !g.streams.is_empty())
+                .map(|g| (g.key.clone(), g.streams.clone()))
+                .collect(),
         };
         for (i, (meta, refs, contribution)) in items.into_iter().enumerate() {
             let key = key_of(&meta);

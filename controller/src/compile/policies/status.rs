@@ -78,6 +78,16 @@ impl<T> Resolved<T> {
                             self.missing[i].join(", ")
                         ));
                     }
+                    for (_, kind, gw, section) in &self.found[i] {
+                        let streams = self.streams.get(gw).filter(|_| *kind == "Gateway");
+                        if let (Some(streams), None) = (streams, section) {
+                            msg.push_str(&format!(
+                                "; not enforced on the stream listeners of Gateway {gw} ({}): \
+                                 policies act on HTTP requests",
+                                streams.join(", ")
+                            ));
+                        }
+                    }
                     if !self.lost[i].is_empty() {
                         msg.push_str(&format!(
                             "; targets held by older policies: {}",
