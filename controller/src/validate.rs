@@ -54,6 +54,23 @@ pub fn validate(dir: &std::path::Path, now: Time) -> Result<Report, ManifestErro
     })
 }
 
+/// A Gateway's or ListenerSet's block: its conditions, then each listener's (name,
+/// attachedRoutes, conditions).
+fn with_listeners<'a>(
+    text: &mut String,
+    kind: &str,
+    key: &ObjectKey,
+    conds: Option<&[Condition]>,
+    listeners: impl Iterator<Item = (&'a str, i32, &'a [Condition])>,
+) {
+    let _ = writeln!(text, "{kind} {key}");
+    conditions(text, "  ", conds.unwrap_or_default());
+    for (name, attached, conds) in listeners {
+        let _ = writeln!(text, "  listener {name} (attachedRoutes {attached})");
+        conditions(text, "    ", conds);
+    }
+}
+
 fn conditions(text: &mut String, indent: &str, conds: &[Condition]) {
     for c in conds {
         let _ = writeln!(
@@ -76,36 +93,26 @@ pub fn render(out: &Output) -> String {
         );
     }
     for (key, st) in &out.gateways {
-        let _ = writeln!(text, "Gateway {key}");
-        conditions(
+        let listeners = st.listeners.iter().flatten();
+        let listeners = listeners.map(|l| (l.name.as_str(), l.attached_routes, &l.conditions[..]));
+        with_listeners(
             &mut text,
-            "  ",
-            st.conditions.as_deref().unwrap_or_default(),
+            "Gateway",
+            key,
+            st.conditions.as_deref(),
+            listeners,
         );
-        for l in st.listeners.as_deref().unwrap_or_default() {
-            let _ = writeln!(
-                text,
-                "  listener {} (attachedRoutes {})",
-                l.name, l.attached_routes
-            );
-            conditions(&mut text, "    ", &l.conditions);
-        }
     }
     for (key, st) in &out.listener_sets {
-        let _ = writeln!(text, "ListenerSet {key}");
-        conditions(
+        let listeners = st.listeners.iter().flatten();
+        let listeners = listeners.map(|l| (l.name.as_str(), l.attached_routes, &l.conditions[..]));
+        with_listeners(
             &mut text,
-            "  ",
-            st.conditions.as_deref().unwrap_or_default(),
+            "ListenerSet",
+            key,
+            st.conditions.as_deref(),
+            listeners,
         );
-        for l in st.listeners.as_deref().unwrap_or_default() {
-            let _ = writeln!(
-                text,
-                "  listener {} (attachedRoutes {})",
-                l.name, l.attached_routes
-            );
-            conditions(&mut text, "    ", &l.conditions);
-        }
     }
     for (key, st) in &out.http_routes {
         route(&mut text, RouteKind::Http, key, &st.parents);

@@ -207,6 +207,23 @@ impl GatewayModel<'_> {
     }
 }
 
+/// Label-selector semantics: all matchLabels and all matchExpressions must hold. A macro:
+/// the generated selector types of allowedRoutes and allowedListeners have the same fields
+/// but no trait in common.
+macro_rules! selector_matches {
+    ($sel:expr, $labels:expr) => {{
+        let sel = $sel;
+        super::index::labels_match(
+            sel.match_labels.iter().flatten(),
+            sel.match_expressions
+                .iter()
+                .flatten()
+                .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
+            $labels,
+        )
+    }};
+}
+
 impl ListenerModel<'_> {
     /// Marks the listener's port unusable when it is one of `reserved`.
     fn reserve(&mut self, reserved: &[u16]) {
@@ -227,25 +244,10 @@ impl ListenerModel<'_> {
             AllowedNamespaces::All => true,
             AllowedNamespaces::Selector(None) => false,
             AllowedNamespaces::Selector(Some(sel)) => {
-                selector_matches(sel, &idx.labels_of_namespace(route_ns))
+                selector_matches!(sel, &idx.labels_of_namespace(route_ns))
             }
         }
     }
-}
-
-/// Label-selector semantics: all matchLabels and all matchExpressions must hold.
-fn selector_matches(
-    sel: &GatewayListenersAllowedRoutesNamespacesSelector,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    super::index::labels_match(
-        sel.match_labels.iter().flatten(),
-        sel.match_expressions
-            .iter()
-            .flatten()
-            .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
-        labels,
-    )
 }
 
 /// Validates one Gateway of our class, with the ListenerSets that name it (`sets`, in
@@ -354,18 +356,10 @@ fn admits_set(gw: &Gateway, idx: &Index<'_>, ns: &str) -> bool {
         None | Some(GatewayAllowedListenersNamespacesFrom::None) => false,
         Some(GatewayAllowedListenersNamespacesFrom::Same) => ns == ns_of(&gw.metadata),
         Some(GatewayAllowedListenersNamespacesFrom::All) => true,
-        Some(GatewayAllowedListenersNamespacesFrom::Selector) => {
-            n.selector.as_ref().is_some_and(|sel| {
-                super::index::labels_match(
-                    sel.match_labels.iter().flatten(),
-                    sel.match_expressions
-                        .iter()
-                        .flatten()
-                        .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
-                    &idx.labels_of_namespace(ns),
-                )
-            })
-        }
+        Some(GatewayAllowedListenersNamespacesFrom::Selector) => n
+            .selector
+            .as_ref()
+            .is_some_and(|sel| selector_matches!(sel, &idx.labels_of_namespace(ns))),
     }
 }
 

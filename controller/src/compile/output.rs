@@ -88,40 +88,15 @@ impl Output {
             );
         }
         for (key, s) in &self.gateways {
-            push(
-                &mut out,
-                "Gateway",
-                key,
-                None,
-                s.conditions.as_deref().unwrap_or_default(),
-            );
-            for l in s.listeners.iter().flatten() {
-                push(
-                    &mut out,
-                    "Gateway",
-                    key,
-                    Some(format!("listener {}", l.name)),
-                    &l.conditions,
-                );
-            }
+            let listeners = s.listeners.iter().flatten();
+            let listeners = listeners.map(|l| (l.name.as_str(), &l.conditions[..]));
+            push_with_listeners(&mut out, "Gateway", key, s.conditions.as_deref(), listeners);
         }
         for (key, s) in &self.listener_sets {
-            push(
-                &mut out,
-                "ListenerSet",
-                key,
-                None,
-                s.conditions.as_deref().unwrap_or_default(),
-            );
-            for l in s.listeners.iter().flatten() {
-                push(
-                    &mut out,
-                    "ListenerSet",
-                    key,
-                    Some(format!("listener {}", l.name)),
-                    &l.conditions,
-                );
-            }
+            let listeners = s.listeners.iter().flatten();
+            let listeners = listeners.map(|l| (l.name.as_str(), &l.conditions[..]));
+            let conds = s.conditions.as_deref();
+            push_with_listeners(&mut out, "ListenerSet", key, conds, listeners);
         }
         for (key, s) in &self.http_routes {
             push_route(&mut out, RouteKind::Http, key, &s.parents);
@@ -167,6 +142,20 @@ impl Output {
 }
 
 /// Pushes the rejections of one route's parent entries.
+/// [`push`] for a Gateway or ListenerSet and each of its listeners (name, conditions).
+fn push_with_listeners<'a>(
+    out: &mut Vec<Rejection>,
+    kind: &'static str,
+    key: &ObjectKey,
+    conds: Option<&[Condition]>,
+    listeners: impl Iterator<Item = (&'a str, &'a [Condition])>,
+) {
+    push(out, kind, key, None, conds.unwrap_or_default());
+    for (name, conds) in listeners {
+        push(out, kind, key, Some(format!("listener {name}")), conds);
+    }
+}
+
 fn push_route<P: RouteParent>(
     out: &mut Vec<Rejection>,
     kind: RouteKind,

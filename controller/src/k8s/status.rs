@@ -501,6 +501,28 @@ fn gateway_status(desired: &GatewayStatus, old: &GatewayStatus) -> GatewayStatus
     status
 }
 
+/// An object's conditions and its listeners' (name, conditions).
+type WithListeners<'a> = (Option<&'a [Condition]>, Vec<(String, Vec<Condition>)>);
+
+/// Calls `diff` on an object's own conditions, then on each listener's against the live
+/// listener of that name.
+fn with_listeners(
+    diff: &mut impl FnMut(Option<String>, &[Condition], &[Condition]),
+    (conds, listeners): WithListeners<'_>,
+    (old_conds, old_listeners): WithListeners<'_>,
+) {
+    diff(
+        None,
+        conds.unwrap_or_default(),
+        old_conds.unwrap_or_default(),
+    );
+    for (name, c) in &listeners {
+        let o = old_listeners.iter().find(|(n, _)| n == name);
+        let oc = o.map(|(_, c)| c.as_slice()).unwrap_or_default();
+        diff(Some(format!("listener {name}")), c, oc);
+    }
+}
+
 /// `desired`, with the live `lastTransitionTime`s kept as [`gateway_status`] keeps them.
 fn listener_set_status(desired: &ListenerSetStatus, old: &ListenerSetStatus) -> ListenerSetStatus {
     let mut status = desired.clone();
@@ -600,32 +622,30 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
             let old = live(&stores.gateways, r)
                 .and_then(|o| o.status)
                 .unwrap_or_default();
-            diff(
-                None,
-                status.conditions.as_deref().unwrap_or_default(),
-                old.conditions.as_deref().unwrap_or_default(),
-            );
-            for l in status.listeners.iter().flatten() {
-                let o = old.listeners.iter().flatten().find(|o| o.name == l.name);
-                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
-                diff(Some(format!("listener {}", l.name)), &l.conditions, oc);
-            }
+            let listeners = |s: &GatewayStatus| -> Vec<(String, Vec<Condition>)> {
+                s.listeners
+                    .iter()
+                    .flatten()
+                    .map(|l| (l.name.clone(), l.conditions.clone()))
+                    .collect()
+            };
+            let new = (status.conditions.as_deref(), listeners(status));
+            with_listeners(&mut diff, new, (old.conditions.as_deref(), listeners(&old)));
         }
         StatusWrite::ListenerSet { key, status } => {
             let r = ObjectRef::new(&key.name).within(&key.namespace);
             let old = live(&stores.listener_sets, r)
                 .and_then(|o| o.status)
                 .unwrap_or_default();
-            diff(
-                None,
-                status.conditions.as_deref().unwrap_or_default(),
-                old.conditions.as_deref().unwrap_or_default(),
-            );
-            for l in status.listeners.iter().flatten() {
-                let o = old.listeners.iter().flatten().find(|o| o.name == l.name);
-                let oc = o.map(|o| o.conditions.as_slice()).unwrap_or_default();
-                diff(Some(format!("listener {}", l.name)), &l.conditions, oc);
-            }
+            let listeners = |s: &ListenerSetStatus| -> Vec<(String, Vec<Condition>)> {
+                s.listeners
+                    .iter()
+                    .flatten()
+                    .map(|l| (l.name.clone(), l.conditions.clone()))
+                    .collect()
+            };
+            let new = (status.conditions.as_deref(), listeners(status));
+            with_listeners(&mut diff, new, (old.conditions.as_deref(), listeners(&old)));
         }
         StatusWrite::HttpRoute { key, parents, .. } => {
             route_rejections::<HttpRoute>(stores, key, parents, &mut diff);
