@@ -177,6 +177,46 @@ pub fn references(inputs: &Inputs) -> BTreeSet<RefKey> {
             }
         }
     }
+    out.extend(listener_set_certificates(inputs, &ours));
+    out
+}
+
+/// The certificate Secrets of the listeners of ListenerSets that name a Gateway of ours
+/// (refs without a namespace are in the ListenerSet's).
+fn listener_set_certificates(inputs: &Inputs, ours: &BTreeSet<&str>) -> BTreeSet<RefKey> {
+    let gateways: BTreeSet<(&str, &str)> = inputs
+        .gateways
+        .iter()
+        .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+        .map(|g| {
+            (
+                g.metadata.namespace.as_deref().unwrap_or_default(),
+                g.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut out = BTreeSet::new();
+    for set in &inputs.listener_sets {
+        let ns = set.metadata.namespace.as_deref().unwrap_or_default();
+        let p = &set.spec.parent_ref;
+        if !gateways.contains(&(p.namespace.as_deref().unwrap_or(ns), p.name.as_str())) {
+            continue;
+        }
+        let refs = set
+            .spec
+            .listeners
+            .iter()
+            .flat_map(|l| l.tls.iter())
+            .flat_map(|t| t.certificate_refs.iter().flatten());
+        for r in refs {
+            if r.group.as_deref().unwrap_or("").is_empty()
+                && r.kind.as_deref().unwrap_or("Secret") == "Secret"
+            {
+                let rns = r.namespace.as_deref().unwrap_or(ns);
+                out.insert(("Secret", rns.to_owned(), r.name.clone()));
+            }
+        }
+    }
     out
 }
 
@@ -455,6 +495,64 @@ spec:
         );
         assert!(
             !refs.contains(&("ConfigMap", "b".into(), "other-ca".into())),
+            "{refs:?}"
+        );
+    }
+
+    #[test]
+    fn listener_set_certificates_are_referenced_for_our_gateways_only() {
+        let yaml = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: ours}
+spec: {controllerName: tollgate.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: a}
+spec:
+  gatewayClassName: ours
+  allowedListeners: {namespaces: {from: All}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: team, namespace: t}
+spec:
+  parentRef: {name: gw, namespace: a}
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: own}, {name: shared, namespace: certs}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: elsewhere, namespace: t}
+spec:
+  parentRef: {name: not-ours, namespace: a}
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: theirs}]}
+"#;
+        let inputs = crate::compile::inputs_from_yaml(
+            yaml,
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        )
+        .unwrap();
+        let refs = references(&inputs);
+        for want in [("t", "own"), ("certs", "shared")] {
+            assert!(
+                refs.contains(&("Secret", want.0.into(), want.1.into())),
+                "{want:?} in {refs:?}"
+            );
+        }
+        assert!(
+            !refs.contains(&("Secret", "t".into(), "theirs".into())),
             "{refs:?}"
         );
     }
