@@ -309,3 +309,28 @@ spec:
     assert!(policed(&out, "web", "web.example.com"));
     assert!(!policed(&out, "apps/team-a/a", "a.example.com"));
 }
+
+#[test]
+fn a_listener_set_whose_only_listener_has_no_usable_certificate_is_not_valid() {
+    // ListenerSetReferenceGrant: the certificate's namespace grants nothing to this
+    // ListenerSet's namespace.
+    let extra = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: no-grant, namespace: infra}
+spec:
+  parentRef: {name: same-only}
+  listeners:
+  - name: tls
+    port: 9443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: shared-tls, namespace: certs}]}
+"#;
+    let out = run(&["listenerset"], extra);
+    let c = set_conds(&out, "infra", "no-grant");
+    assert_cond(c, "Accepted", "False", "ListenersNotValid");
+    assert_cond(c, "Programmed", "False", "ListenersNotValid");
+    let l = set_listener(&out, "infra", "no-grant", "tls");
+    assert_cond(&l.conditions, "ResolvedRefs", "False", "RefNotPermitted");
+    assert_eq!(attached_sets(&out, "same-only"), Some(1));
+}

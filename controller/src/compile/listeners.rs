@@ -470,7 +470,9 @@ fn add_listener_sets<'a>(
             listeners.push(l);
         }
         let mine = &listeners[first..];
-        let valid = mine.iter().filter(|l| l.accepted).count();
+        // Valid: served. A listener whose certificates are all refused (a missing
+        // ReferenceGrant) is accepted on a Gateway, but it does not make a ListenerSet valid.
+        let valid = mine.iter().filter(|l| l.programmed).count();
         if valid == 0 {
             out.push(refused(
                 reason::LISTENERS_NOT_VALID,
@@ -491,11 +493,8 @@ fn add_listener_sets<'a>(
         } else {
             conds.yes(ACCEPTED, reason::ACCEPTED, "ListenerSet is accepted")
         };
-        let programmed_cond = if mine.iter().any(|l| l.programmed) {
-            conds.yes(PROGRAMMED, reason::PROGRAMMED, "ListenerSet is programmed")
-        } else {
-            conds.no(PROGRAMMED, reason::INVALID, "no listener can be programmed")
-        };
+        let programmed_cond =
+            conds.yes(PROGRAMMED, reason::PROGRAMMED, "ListenerSet is programmed");
         out.push(ListenerSetModel {
             entry,
             allowed,
