@@ -125,3 +125,35 @@ fn unknown_kinds_of_our_groups_are_named() {
     let other: Value = serde_yaml_ng::from_str("apiVersion: apps/v1\nkind: Deployment\n").unwrap();
     assert!(Schemas::embedded().check(&other).is_none());
 }
+
+/// Every CEL rule of the CRDs parses, transition rules aside (they are skipped by design).
+#[test]
+fn every_rule_of_the_crds_compiles() {
+    fn rules(n: &Value, out: &mut Vec<String>) {
+        match n {
+            Value::Object(m) => {
+                for r in m
+                    .get("x-kubernetes-validations")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    out.push(r["rule"].as_str().unwrap_or_default().to_owned());
+                }
+                m.values().for_each(|v| rules(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| rules(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    for text in gateway_types::CRDS.iter().chain(OWN_CRDS) {
+        rules(&serde_yaml_ng::from_str::<Value>(text).unwrap(), &mut all);
+    }
+    assert!(all.len() > 300, "{} rules", all.len());
+    let failed: Vec<&String> = all
+        .iter()
+        .filter(|r| !r.contains("oldSelf") && cel::Program::compile(r).is_err())
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+}
