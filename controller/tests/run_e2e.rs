@@ -25,6 +25,8 @@ fn examples_serve_as_documented() {
     tls_examples::backend_tls();
     traffic_split();
     listenerset();
+    tcp();
+    udp();
     grpc();
     policy_examples::rate_limit();
     policy_examples::api_key();
@@ -119,6 +121,59 @@ fn listenerset() {
             .is_null()
     );
     assert_eq!(get(8081, "www.example.test", "/").unwrap().status, 404);
+}
+
+/// examples/tcp: bytes copied to the echo backend, no HTTP processing on the way.
+fn tcp() {
+    let logs = temp_dir("tcp");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/tcp",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let hello = eventually(WAIT, || get(9000, "127.0.0.1:9000", "/hello"))
+        .unwrap_or_else(|| panic!("TCP listener never answered; log:\n{}", tg.log()));
+    assert_eq!(hello.status, 200, "{hello:?}");
+    let doc = hello.json();
+    assert_eq!(doc["path"], "/hello");
+    assert!(
+        doc["headers"]["x-forwarded-proto"].is_null() && doc["headers"]["x-request-id"].is_null(),
+        "an HTTP listener's headers on a TCP stream: {doc}"
+    );
+}
+
+/// examples/udp: a datagram through the gateway, answered by the demo backend.
+fn udp() {
+    let logs = temp_dir("udp");
+    let tg = Tollgate::start(
+        &[
+            "run",
+            "examples/udp",
+            "--demo-backend",
+            "127.0.0.1:9080",
+            "--admin",
+            "off",
+        ],
+        &logs,
+    );
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let answer = eventually(WAIT, || {
+        socket.send_to(b"hello udp", "127.0.0.1:5300").ok()?;
+        let mut buf = [0u8; 65536];
+        let n = socket.recv(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+    .unwrap_or_else(|| panic!("UDP listener never answered; log:\n{}", tg.log()));
+    assert!(answer.contains("\"text\": \"hello udp\""), "{answer}");
 }
 
 fn https() {
