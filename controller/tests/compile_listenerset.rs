@@ -334,3 +334,30 @@ spec:
     assert_cond(&l.conditions, "ResolvedRefs", "False", "RefNotPermitted");
     assert_eq!(attached_sets(&out, "same-only"), Some(1));
 }
+
+#[test]
+fn the_same_listener_set_in_two_files_counts_once() {
+    // A second copy of team-a, newer than team-b: sorted by age the two copies are not
+    // neighbours, and the copy must not conflict with its own original.
+    let extra = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: team-a, namespace: apps, generation: 3, creationTimestamp: "2026-01-03T00:00:00Z"}
+spec:
+  parentRef: {name: open, namespace: infra}
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example.com}
+"#;
+    let out = run(&["listenerset"], extra);
+    let c = set_conds(&out, "apps", "team-a");
+    assert_cond(c, "Accepted", "True", "Accepted");
+    let a = set_listener(&out, "apps", "team-a", "a");
+    assert_cond(&a.conditions, "Conflicted", "False", "NoConflicts");
+    let t = table(&out, "infra", "open");
+    let names: Vec<&str> = port(t, 80)
+        .listeners
+        .iter()
+        .map(|l| l.name.as_str())
+        .collect();
+    assert_eq!(names, ["web", "apps/team-a/a"]);
+}

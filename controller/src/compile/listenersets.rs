@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::ObjectKey;
 
 use super::grants::GATEWAY_GROUP;
-use super::index::{key_of, ns_of};
+use super::index::{by_key, key_of, ns_of};
 
 /// The kind routes name in a parentRef, and ReferenceGrants in `from`.
 pub const KIND: &str = "ListenerSet";
@@ -52,7 +52,8 @@ impl ListenerSetEntry<'_> {
 /// ListenerSets by the key of the Gateway they name, each list in precedence order.
 pub fn by_parent(sets: &[ListenerSet]) -> BTreeMap<ObjectKey, Vec<ListenerSetEntry<'_>>> {
     let mut out: BTreeMap<ObjectKey, Vec<ListenerSetEntry<'_>>> = BTreeMap::new();
-    for set in sets {
+    // The same ListenerSet in two files is kept once, as every kind is.
+    for set in by_key(sets, |s| &s.metadata) {
         let p = &set.spec.parent_ref;
         if p.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
             || p.kind.as_deref().unwrap_or("Gateway") != "Gateway"
@@ -80,8 +81,6 @@ pub fn by_parent(sets: &[ListenerSet]) -> BTreeMap<ObjectKey, Vec<ListenerSetEnt
                 .cmp(&created(b.set))
                 .then_with(|| a.key.cmp(&b.key))
         });
-        // The same ListenerSet in two files: keep one.
-        list.dedup_by(|a, b| a.key == b.key);
     }
     out
 }
