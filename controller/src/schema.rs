@@ -450,7 +450,8 @@ fn array_checks(n: &Node, items: &[Value], path: &mut String, out: &mut Vec<Viol
         );
     }
     // list-type map: the key fields identify an item; list-type set: items are unique.
-    let mut seen: Vec<Value> = Vec::new();
+    // Keys as their JSON text, in a set: a long list costs n log n, not n squared.
+    let mut seen: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     for (i, item) in items.iter().enumerate() {
         let key = if !n.list_map_keys.is_empty() {
             Some(Value::Array(
@@ -461,16 +462,14 @@ fn array_checks(n: &Node, items: &[Value], path: &mut String, out: &mut Vec<Viol
         } else {
             None
         };
-        if let Some(key) = key {
-            if seen.contains(&key) {
-                push(
-                    out,
-                    &format!("{path}[{i}]"),
-                    format!("Duplicate value: {}", shown_key(&n.list_map_keys, item)),
-                );
-            } else {
-                seen.push(key);
-            }
+        if let Some(key) = key
+            && !seen.insert(key.to_string())
+        {
+            push(
+                out,
+                &format!("{path}[{i}]"),
+                format!("Duplicate value: {}", shown_key(&n.list_map_keys, item)),
+            );
         }
     }
     if let Some(child) = &n.items {

@@ -157,3 +157,26 @@ fn every_rule_of_the_crds_compiles() {
         .collect();
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+#[test]
+fn list_map_keys_are_unique() {
+    let e = check(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: g, namespace: default}
+spec:
+  gatewayClassName: c
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+  - {name: http, port: 81, protocol: HTTP}
+"#,
+    );
+    assert!(
+        e.contains(
+            &"spec.listeners[1]: Duplicate value: map[string]interface {}{\"name\":\"http\"}"
+                .to_owned()
+        ),
+        "{e:?}"
+    );
+}
