@@ -563,7 +563,11 @@ fn rule_checks(n: &Node, v: &Value, path: &str, out: &mut Vec<Violation>) {
     }
     ROOT.with(|root| {
         let mut ctx = root.new_inner_scope();
-        ctx.add_variable_from_value("self", this);
+        // Converted here, not by `add_variable_from_value`, which unwraps the conversion.
+        let Ok(this) = Box::<dyn cel::common::value::Val>::try_from(this) else {
+            return;
+        };
+        ctx.add_variable_as_val("self", this);
         eval_rules(n, v, &ctx, path, out);
     });
 }
