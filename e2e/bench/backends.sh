@@ -39,7 +39,7 @@ backend_conf "$work" 19080 19081 19082
 spawn 1 nginx -e "$work/backend.err" -c "$work/backend.conf"
 for p in 19080 19081 19082; do wait_200 "http://127.0.0.1:$p/"; done
 
-read -r -a variants <<<"$(python3 "$bench/gen-policies.py" "$work/v" backends)"
+read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v" backends)"
 declare -A admin_of
 admin=19960
 for v in "${variants[@]}"; do

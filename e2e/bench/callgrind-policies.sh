@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per request (user space, valgrind callgrind) of tollgate-proxy for the variants of
-# the policy benchmark (gen-policies.py: bare, rl, apikey, jwt): a figure that does not move with
+# the policy benchmark (`gen.py policies`: bare, rl, apikey, jwt): a figure that does not move with
 # the machine's load, to see what the policy phase costs and where. Each proxy runs under
 # callgrind with instrumentation off, gets a warm-up, then exactly N keep-alive requests
 # (oha -n N -c 10) with instrumentation on. Traffic stays on 127.0.0.1.
@@ -17,7 +17,7 @@ mkdir -p "$out"
 # shellcheck source=e2e/bench/callgrind-lib.sh
 . "$bench/callgrind-lib.sh"
 callgrind_setup
-python3 "$bench/gen-policies.py" "$out/v" >/dev/null
+python3 "$bench/gen.py" policies "$out/v" >/dev/null
 
 admin=19930
 for v in ${VARIANTS:-bare rl apikey jwt}; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per request (user space, valgrind callgrind) for each contender of a scenario
-# of gen-configs.py (`one`, default, or `routes10k`: SCENARIO=routes10k): a figure that does not
+# of `gen.py configs` (`one`, default, or `routes10k`: SCENARIO=routes10k): a figure that does not
 # move with the machine's load, for when wall time is too noisy to decide. Each proxy runs under callgrind with instrumentation off, gets a warm-up,
 # then exactly N keep-alive requests (oha -n N -c 10) with instrumentation on.
 # Needs what run.sh installs, plus valgrind. Writes callgrind.out files to OUT (kept).
@@ -17,7 +17,7 @@ mkdir -p "$out"
 callgrind_setup
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
   -subj /CN=bench.example.test -keyout "$out/key.pem" -out "$out/cert.pem" 2>/dev/null
-python3 "$bench/gen-configs.py" "$scenario" "$out/cfg" --cert "$out/cert.pem" --key "$out/key.pem" >/dev/null
+python3 "$bench/gen.py" configs "$scenario" "$out/cfg" --cert "$out/cert.pem" --key "$out/key.pem" >/dev/null
 # The request the scenario's load sends: Host, path (and a header this script does not use).
 IFS=$'\t' read -r host path _ <"$out/cfg/request"
 "$bin/tollgate" compile "$out/cfg/manifests" --out "$out/cfg/table" >/dev/null

@@ -8,7 +8,7 @@
 # (CONNS/2 connections) on CPU 1 with the backend; a round's ratio is the variant's requests per
 # proxy CPU-second over the bare route's in the same seconds, the figure the median across
 # rounds. Each round also measures the bare route alone, for what sharing the core costs, and
-# the goals are judged with that added back when it is positive. Variants (gen-policies.py
+# the goals are judged with that added back when it is positive. Variants (`gen.py policies`
 # client):
 #   xff                   numTrustedHops: 1, beside the bare route; every request to every proxy
 #                         carries X-Forwarded-For: 203.0.113.7, 198.51.100.9, so both parse the
@@ -53,7 +53,7 @@ for t in curl python3 taskset; do command -v $t >/dev/null || { echo "$t unavail
 sbs_binaries
 BACKEND_XFF_ECHO=1 sbs_backend
 
-read -r -a variants <<<"$(python3 "$bench/gen-policies.py" "$work/v" client "$PROXY_VERSION")"
+read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v" client "$PROXY_VERSION")"
 declare -A proxy_pid proxy_port proxy_admin
 admin=19950
 while IFS=$'\t' read -r p port; do

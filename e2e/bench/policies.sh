@@ -43,7 +43,7 @@ redis_port=19379
 spawn 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$work/redis.log"
 for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
-read -r -a variants <<<"$(python3 "$bench/gen-policies.py" "$work/v")"
+read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v")"
 admin=19910
 for v in "${variants[@]}"; do
   d=$work/v/$v

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where each contender's CPU goes at saturation: the profile behind run.sh's ratios.
 #
-# For one scenario of gen-configs.py (default routes10k), each contender (tollgate, nginx,
+# For one scenario of `gen.py configs` (default routes10k), each contender (tollgate, nginx,
 # HAProxy) runs as in run.sh (CPU 0, one worker; wrk and the backend on CPU 1, 50 keep-alive
 # connections, 127.0.0.1 only) for ROUNDS rounds, interleaved. Per round and contender:
 #   - CPU time per request, user and system apart (utime and stime from /proc), and
@@ -57,7 +57,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -subj /CN=bench.example.test \
   -addext "subjectAltName=DNS:bench.example.test,DNS:*.example.test,DNS:*.example.com" \
   -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-python3 "$bench/gen-configs.py" "$scenario" "$work/cfg" --cert "$work/cert.pem" --key "$work/key.pem" >/dev/null
+python3 "$bench/gen.py" configs "$scenario" "$work/cfg" --cert "$work/cert.pem" --key "$work/key.pem" >/dev/null
 "$bin/tollgate" compile "$work/cfg/manifests" --out "$work/cfg/table" >/dev/null
 IFS=$'\t' read -r req_host req_path req_hdr <"$work/cfg/request"
 scheme=http ports=(18080 18081 18082)

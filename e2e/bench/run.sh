@@ -7,12 +7,12 @@
 # under test runs on CPU 0 with one worker (tollgate-proxy --workers 1, nginx
 # worker_processes 1, haproxy nbthread 1); the load generator and the backend (a second nginx
 # answering a fixed small body) share CPU 1. Every contender gets the same routes, translated
-# by gen-configs.py, and does the same per-request work (X-Forwarded-*, X-Request-Id, no
+# by `gen.py configs`, and does the same per-request work (X-Forwarded-*, X-Request-Id, no
 # access log). All traffic goes to 127.0.0.1.
 #
 # Scenarios (SCENARIOS, space-separated, default all):
 #   one        one catch-all route over HTTP
-#   routes10k  the 10k HTTPRoutes of gen-routes.py (nginx server/location blocks, HAProxy maps)
+#   routes10k  the 10k HTTPRoutes of `gen.py routes` (nginx server/location blocks, HAProxy maps)
 #   https      one route, TLS terminated by the proxy (generated certificate)
 #   control    compile time and memory (table-memory.sh), route change to first served
 #              request with 10k routes under load, failed requests during route and endpoint
@@ -236,7 +236,7 @@ at_half() { # contender round rate
 
 data_plane() { # scenario
   local d=$work/$scenario r c half fixed
-  python3 "$bench/gen-configs.py" "$scenario" "$d" --cert "$work/cert.pem" --key "$work/key.pem" >/dev/null
+  python3 "$bench/gen.py" configs "$scenario" "$d" --cert "$work/cert.pem" --key "$work/key.pem" >/dev/null
   IFS=$'\t' read -r req_host req_path req_hdr <"$d/request"
   start_contenders "$scenario" "$d"
   for r in $(seq 1 "$ROUNDS"); do
@@ -269,7 +269,7 @@ control_plane() {
     record control 1 tollgate "run_rss_${n}_mb" "$(sed -n 's/^tollgate run: *rss=\([0-9.]*\)MB.*/\1/p' <<<"$out")"
   done
 
-  python3 "$bench/gen-routes.py" 10000 "$d" --port 18080 --backend-port 19080 >/dev/null
+  python3 "$bench/gen.py" routes 10000 "$d" --port 18080 --backend-port 19080 >/dev/null
   spawn 0 "$bin/tollgate" run "$d" --admin 127.0.0.1:19911 --access-log false 2>"$work/run.log"
   run_pid=$last_pid
   wait_200 http://127.0.0.1:18080/prefix/5002/item host-2.example.com

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time from creating an HTTPRoute (the POST returned) to the controller's status on it (as a
 watch event), over N new routes created one after another, attached to Gateway `bench` in
-namespace `default` (what gen-routes.py makes) and pointing at Service svc-0.
+namespace `default` (what `gen.py routes` makes) and pointing at Service svc-0.
 
 Usage: status-latency.py N CONTROLLER_NAME
 Env: TOLLGATE_CLUSTER_DIR (default ~/.cache/tollgate/cluster: its pki/ authenticates curl),

@@ -24,7 +24,7 @@ dir=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 port=18080; be=19080; admin=19901
-python3 e2e/bench/gen-routes.py "$n" "$dir/m" --port $port --backend-port $be --endpoints "$e" >/dev/null
+python3 e2e/bench/gen.py routes "$n" "$dir/m" --port $port --backend-port $be --endpoints "$e" >/dev/null
 
 now() { date +%s.%N; }
 wait_served() {

@@ -1,0 +1,670 @@
+#!/usr/bin/env python3
+"""The benchmarks' inputs, one mode each (deterministic: the same arguments give the same files,
+except the JWT of `policies`, signed with the current time):
+
+  gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
+  gen.py configs SCENARIO DIR --cert PEM --key PEM
+  gen.py policies DIR [policies | client [PROXY_VERSION] | backends]
+
+---------------------------------------------------------------------------------- routes
+Writes a manifest directory with one Gateway and N HTTPRoutes for `tollgate run`
+(table-memory.sh, run.sh's control plane, `configs routes10k`).
+
+Routes mix the shapes a real table has: a third match an exact path, a third a path prefix,
+a third a path prefix plus a header; they spread over 100 hostnames, and point at 100
+Services whose EndpointSlices list --endpoints loopback endpoints each (all on the backend
+port, so one demo backend can answer them all). Deterministic: the same N gives the same files.
+
+---------------------------------------------------------------------------------- configs
+Writes the same route configuration for every contender of the benchmark (run.sh, profile.sh,
+callgrind.sh).
+
+SCENARIO is `one` (one catch-all route), `routes10k` (the 10k HTTPRoutes of `routes`)
+or `https` (the one route behind TLS termination). DIR receives:
+  manifests/         Gateway API manifests (compiled with `tollgate compile` for tollgate-proxy)
+  nginx.conf         nginx: server_name per hostname, a location per path match
+  haproxy.cfg (+ .map files)  HAProxy: maps for exact and prefix paths, ACLs for header matches
+  request            the Host header, path and extra header the load generator sends
+
+Every contender listens on 127.0.0.1 only, forwards to the backend on 127.0.0.1:19080 over
+pooled keep-alive connections, and does the same per-request work Tollgate does by default:
+X-Forwarded-For/-Proto/-Host, a fresh X-Request-Id sent upstream and returned to the client,
+no access log.
+
+---------------------------------------------------------------------------------- policies
+Writes the manifests of the policy benchmark: one Gateway and route per variant, each on its
+own port, so every variant runs in its own tollgate-proxy (policies.sh measures each beside the
+bare route); with `client`, those of the client-address benchmark (client.sh); with
+`backends`, those of the backend-settings benchmark (backends.sh).
+
+Variants of `policies` (port):
+  bare      18090  the route alone
+  rl        18091  a local RateLimitPolicy, one counter per client address, never exceeded
+  apikey    18092  an AuthPolicy with an API key (custom header) plus the same local limit
+  jwt       18093  an AuthPolicy with an HS256 JWT (inline JWKS) plus the same local limit;
+                   the same token on every request, so the verified-token cache answers
+  cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
+  twin      18095  the bare route again: measured beside the bare route, a control whose
+                   ratio shows what the measurement itself does (1.0 when it is fair)
+
+DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
+generator sends, tab-separated). Every variant gets the same request, API key and token
+included, so the bare route parses and forwards the same bytes and the ratios measure the
+policies alone. The backend is 127.0.0.1:19080. The token is signed here with the standard
+library. Prints the variants.
+
+`client` writes four proxies, DIR/proxies/<proxy>/manifests/bench.yaml (port):
+  bare            18290  the route alone, no ClientPolicy
+  xff             18291  a ClientPolicy on the Gateway: xForwardedFor {numTrustedHops: 1}
+  proxy-protocol  18292  a ClientPolicy on the Gateway: proxyProtocol {required: true}
+  twin            18293  the bare route again (the control)
+DIR/proxies.tsv (proxy, port), DIR/haproxy.cfg, an L4 relay (HAProxy, mode tcp) on 18390,
+18392 and 18393 in front of bare, proxy-protocol and twin, sending a PROXY header (v1,
+`send-proxy`; PROXY_VERSION 2: v2, `send-proxy-v2`) to proxy-protocol only, and
+DIR/targets.tsv, what the load generator loads: target, proxy, port, the target loaded beside
+it (- for none), then the headers, tab-separated. Every target sends X-Forwarded-For:
+203.0.113.7, 198.51.100.9 (so the bare route parses the same bytes as xff, whose client is
+198.51.100.9); the -close ones also Connection: close (a new connection per request). Prints
+the variants measured beside the bare route: xff (beside bare), proxy-protocol and
+proxy-protocol-close (beside the bare route through the same relay, bare-relay and
+bare-relay-close), and the controls twin and twin-relay.
+
+`backends` writes the variants of the backend-settings benchmark (backends.sh) as `policies`
+does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlice each):
+  bare    18490  the route alone
+  policy  18491  a BackendPolicy with a circuit breaker, outlier detection and an HTTP health
+                 check every second, none of which ever trips
+  retry   18492  the route with a retry rule (attempts 2, codes 502/503/504), never used
+  hash    18493  a BackendPolicy: ConsistentHash on x-user-id (every request carries it)
+  expr    18495  a BackendPolicy: ConsistentHash on the CEL expression
+                 `request.headers['x-user-id']` (the same key, evaluated per request)
+  twin    18494  the bare route again (the control)
+"""
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import os
+import sys
+import time
+
+USAGE = """usage: gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
+       gen.py configs SCENARIO DIR --cert PEM --key PEM
+       gen.py policies DIR [policies | client [PROXY_VERSION] | backends]"""
+
+
+# ================================================================================== routes
+def write_routes(a):
+    """The files of `routes` for a (n, dir, port, backend_port, endpoints)."""
+    os.makedirs(a.dir, exist_ok=True)
+
+    with open(os.path.join(a.dir, "gateway.yaml"), "w") as f:
+        f.write(f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bench, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: {a.port}}}
+""")
+
+    services = 100
+    with open(os.path.join(a.dir, "backends.yaml"), "w") as f:
+        for s in range(services):
+            f.write(f"""---
+apiVersion: v1
+kind: Service
+metadata: {{name: svc-{s}, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: svc-{s}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: svc-{s}}}
+addressType: IPv4
+ports: [{{name: http, port: {a.backend_port}}}]
+endpoints:
+""")
+            for e in range(a.endpoints):
+                # 127.0.0.1 first so a single demo backend answers; the rest are other loopback
+                # addresses (127.x.y.z), never anything off the machine.
+                ip = "127.0.0.1" if e == 0 else f"127.{(e >> 16) & 255}.{(e >> 8) & 255}.{e & 255 or 1}"
+                f.write(f"- addresses: [\"{ip}\"]\n")
+
+    with open(os.path.join(a.dir, "routes.yaml"), "w") as f:
+        for i in range(a.n):
+            host = f"host-{i % 100}.example.com"
+            kind = i % 3
+            if kind == 0:
+                match = f"{{path: {{type: Exact, value: /exact/{i}}}}}"
+            elif kind == 1:
+                match = f"{{path: {{type: PathPrefix, value: /prefix/{i}}}}}"
+            else:
+                match = (f"{{path: {{type: PathPrefix, value: /hdr/{i}}}, "
+                         f"headers: [{{name: x-tenant, value: t{i}}}]}}")
+            f.write(f"""---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: route-{i}, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  hostnames: ["{host}"]
+  rules:
+  - matches: [{match}]
+    backendRefs: [{{name: svc-{i % services}, port: 80}}]
+""")
+
+
+def main_routes(argv):
+    p = argparse.ArgumentParser(prog="gen.py routes")
+    p.add_argument("n", type=int)
+    p.add_argument("dir")
+    p.add_argument("--port", type=int, default=18080)
+    p.add_argument("--backend-port", type=int, default=19080)
+    p.add_argument("--endpoints", type=int, default=1)
+    a = p.parse_args(argv)
+    write_routes(a)
+    print(f"wrote {a.n} routes to {a.dir}")
+
+
+# ================================================================================== configs
+def main_configs(argv):
+    p = argparse.ArgumentParser(prog="gen.py configs")
+    p.add_argument("scenario", choices=["one", "routes10k", "https"])
+    p.add_argument("dir")
+    p.add_argument("--cert", required=True)
+    p.add_argument("--key", required=True)
+    a = p.parse_args(argv)
+    BACKEND = "127.0.0.1:19080"
+    PORTS = {  # contender: (http, https)
+        "tollgate": (18080, 18443),
+        "nginx": (18081, 18444),
+        "haproxy": (18082, 18445),
+    }
+    HOST = "bench.example.test"
+
+    tls = a.scenario == "https"
+    man = os.path.join(a.dir, "manifests")
+    os.makedirs(man, exist_ok=True)
+    cert_pem = open(a.cert).read()
+    key_pem = open(a.key).read()
+
+    def indent(text, n):
+        return "".join(" " * n + line + "\n" for line in text.strip("\n").split("\n"))
+
+    # ---------------------------------------------------------------- routes (one model, three outputs)
+    # Each route: (host or None, kind, path, header value or None, service index)
+    routes = []
+    if a.scenario == "routes10k":
+        n = 10000
+        write_routes(argparse.Namespace(n=n, dir=man, port=PORTS["tollgate"][0],
+                                        backend_port=19080, endpoints=1))
+        for i in range(n):
+            host = f"host-{i % 100}.example.com"
+            kind = ("exact", "prefix", "hdr")[i % 3]
+            path = {"exact": f"/exact/{i}", "prefix": f"/prefix/{i}", "hdr": f"/hdr/{i}"}[kind]
+            routes.append((host, kind, path, f"t{i}" if kind == "hdr" else None, i % 100))
+        services = 100
+        # A prefix route in the middle of the table.
+        request = ("host-2.example.com", "/prefix/5002/item", "")
+    else:
+        routes.append((None, "prefix", "/", None, 0))
+        services = 1
+        request = (HOST, "/", "")
+        listeners = f"  - {{name: http, protocol: HTTP, port: {PORTS['tollgate'][0]}}}\n"
+        if tls:
+            listeners = (f"  - name: https\n    protocol: HTTPS\n    port: {PORTS['tollgate'][1]}\n"
+                         "    tls: {mode: Terminate, certificateRefs: [{kind: Secret, name: bench-cert}]}\n")
+        with open(os.path.join(man, "bench.yaml"), "w") as f:
+            f.write(f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bench, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners:
+{listeners}---
+apiVersion: v1
+kind: Service
+metadata: {{name: svc-0, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: svc-0-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: svc-0}}
+addressType: IPv4
+ports: [{{name: http, port: 19080}}]
+endpoints:
+- addresses: ["127.0.0.1"]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: bench, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+    backendRefs: [{{name: svc-0, port: 80}}]
+""")
+            if tls:
+                f.write(f"""---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bench-cert, namespace: default}}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{indent(cert_pem, 4)}  tls.key: |
+{indent(key_pem, 4)}""")
+
+    with open(os.path.join(a.dir, "request"), "w") as f:
+        f.write("\t".join(request) + "\n")
+
+    # ---------------------------------------------------------------- nginx
+    port, sport = PORTS["nginx"]
+    listen = f"listen 127.0.0.1:{sport} ssl;" if tls else f"listen 127.0.0.1:{port};"
+    ssl = (f"ssl_certificate {os.path.abspath(a.cert)};\n  ssl_certificate_key {os.path.abspath(a.key)};\n"
+           "  ssl_protocols TLSv1.2 TLSv1.3;\n" if tls else "")
+    by_host = {}
+    for host, kind, path, hdr, svc in routes:
+        by_host.setdefault(host, []).append((kind, path, hdr, svc))
+
+    def nginx_locations(rs):
+        out = []
+        for kind, path, hdr, svc in rs:
+            body = f"proxy_pass http://svc-{svc};"
+            if hdr is not None:
+                body = f'if ($http_x_tenant != "{hdr}") {{ return 404; }} {body}'
+            if kind == "exact":
+                out.append(f"location = {path} {{ {body} }}")
+            elif path == "/":
+                out.append(f"location / {{ {body} }}")
+            else:
+                # Gateway API PathPrefix matches whole segments: /p and /p/..., never /pq.
+                out.append(f"location = {path} {{ {body} }}")
+                out.append(f"location {path}/ {{ {body} }}")
+        return "\n    ".join(out)
+
+    servers = []
+    for host, rs in by_host.items():
+        name = f"server_name {host};" if host else "server_name _;"
+        servers.append(f"""  server {{
+    {listen}
+    {name}
+    {nginx_locations(rs)}
+  }}""")
+    if None not in by_host:
+        servers.append(f"  server {{\n    {listen.replace(';', ' default_server;')}\n    return 404;\n  }}")
+    upstreams = "\n".join(f"  upstream svc-{s} {{ server {BACKEND}; keepalive 64; }}"
+                          for s in range(services))
+    with open(os.path.join(a.dir, "nginx.conf"), "w") as f:
+        f.write(f"""worker_processes 1;
+daemon off;
+pid {os.path.abspath(a.dir)}/nginx.pid;
+error_log {os.path.abspath(a.dir)}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  server_names_hash_bucket_size 128;
+  server_names_hash_max_size 4096;
+  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
+  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
+  {ssl}
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  proxy_set_header Host $http_host;
+  proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+  proxy_set_header X-Forwarded-Proto $scheme;
+  proxy_set_header X-Forwarded-Host $http_host;
+  proxy_set_header X-Request-Id $request_id;
+  add_header X-Request-Id $request_id always;
+{upstreams}
+{chr(10).join(servers)}
+}}
+""")
+
+    # ---------------------------------------------------------------- haproxy
+    port, sport = PORTS["haproxy"]
+    bind = (f"bind 127.0.0.1:{sport} ssl crt {os.path.abspath(a.dir)}/haproxy.pem alpn http/1.1"
+            if tls else f"bind 127.0.0.1:{port}")
+    if tls:
+        with open(os.path.join(a.dir, "haproxy.pem"), "w") as f:
+            f.write(cert_pem + key_pem)
+    rules = []
+    if a.scenario == "routes10k":
+        exact = open(os.path.join(a.dir, "exact.map"), "w")
+        prefix = open(os.path.join(a.dir, "prefix.map"), "w")
+        for host, kind, path, hdr, svc in routes:
+            if kind == "exact":
+                exact.write(f"{host}{path} svc-{svc}\n")
+            elif kind == "prefix":
+                exact.write(f"{host}{path} svc-{svc}\n")
+                prefix.write(f"{host}{path}/ svc-{svc}\n")
+        exact.close()
+        prefix.close()
+        d = os.path.abspath(a.dir)
+        rules.append(f"http-request set-var(txn.be) base,map({d}/exact.map)")
+        rules.append(f"http-request set-var(txn.be) base,map_beg({d}/prefix.map) "
+                     "unless { var(txn.be) -m found }")
+        rules.append("use_backend %[var(txn.be)] if { var(txn.be) -m found }")
+        for host, kind, path, hdr, svc in routes:
+            if kind == "hdr":
+                rules.append(f"use_backend svc-{svc} if {{ hdr(host) -i {host} }} "
+                             f"{{ hdr(x-tenant) -m str {hdr} }} {{ path_beg {path}/ }}")
+        rules.append("default_backend not-found")
+    else:
+        rules.append("default_backend svc-0")
+    sections = "\n".join(f"backend svc-{s}\n  server s1 {BACKEND}\n" for s in range(services))
+    sections += "backend not-found\n  http-request deny deny_status 404\n"
+    with open(os.path.join(a.dir, "haproxy.cfg"), "w") as f:
+        f.write(f"""global
+  nbthread 1
+  maxconn 4096
+  tune.ssl.default-dh-param 2048
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  timeout http-keep-alive 30s
+  option forwardfor
+  http-reuse safe
+frontend fe
+  {bind}
+  unique-id-format %[uuid()]
+  unique-id-header X-Request-Id
+  http-request set-header X-Forwarded-Proto {"https" if tls else "http"}
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+  http-response set-header X-Request-Id %[unique-id]
+  {chr(10).join("  " + r for r in rules).lstrip()}
+{sections}""")
+    print(f"wrote {a.scenario} configs to {a.dir}")
+
+
+# ================================================================================== policies
+SECRET = b"tollgate-bench-hs256-secret-0123456789"
+API_KEY = "bench-api-key-0123456789"
+PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094,
+         "twin": 18095}
+# Never reached in a benchmark run: limit × window_ms stays below 2^53 as the limiter requires.
+HUGE_LIMIT = "{rates: [{limit: 1000000000, window: 1h}], counters: [{expression: source.address}]}"
+
+
+def b64url(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def token():
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "bench"}).encode())
+    now = int(time.time())
+    claims = {"iss": "https://id.bench.test", "aud": "bench", "sub": "bench-user",
+              "iat": now, "nbf": now - 60, "exp": now + 86400}
+    payload = b64url(json.dumps(claims).encode())
+    sig = hmac.new(SECRET, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(sig)}"
+
+
+def base(name, port):
+    return f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bench, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners: [{{name: http, protocol: HTTP, port: {port}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: svc-0, namespace: default}}
+spec: {{ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc-0-1, namespace: default, labels: {{kubernetes.io/service-name: svc-0}}}}
+addressType: IPv4
+ports: [{{name: http, port: 19080}}]
+endpoints: [{{addresses: ["127.0.0.1"]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: bench, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+    backendRefs: [{{name: svc-0, port: 80}}]
+"""
+
+
+RL = f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {{name: bench-limit, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  limits:
+    per-client: {HUGE_LIMIT}
+"""
+
+APIKEY = f"""---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bench-key, namespace: default, labels: {{app: bench, tollgate.dev/credential: "true"}}}}
+stringData: {{api_key: {API_KEY}}}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-auth, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authentication:
+      keys:
+        apiKey: {{selector: {{matchLabels: {{app: bench}}}}}}
+        credentials: {{customHeader: {{name: x-api-key}}}}
+"""
+
+jwks = json.dumps({"keys": [{"kty": "oct", "kid": "bench", "alg": "HS256",
+                             "k": b64url(SECRET)}]})
+JWT = f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-auth, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authentication:
+      users:
+        jwt:
+          issuer: https://id.bench.test
+          audiences: [bench]
+          jwks: '{jwks}'
+"""
+
+BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494,
+                 "expr": 18495}
+
+
+def base_three(port, retry=""):
+    """base() over three endpoints, the route's rule with `retry` (YAML) when given."""
+    text = base("bench", port)
+    one = text[text.index("apiVersion: discovery.k8s.io/v1"):text.index("---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute")]
+    slices = "---\n".join(one.replace("svc-0-1", f"svc-0-{p}").replace("port: 19080", f"port: {p}")
+                     for p in (19080, 19081, 19082))
+    text = text.replace(one, slices)
+    if retry:
+        text = text.rstrip("\n") + f"\n    retry: {retry}\n"
+    return text
+
+
+def backend_policy(spec):
+    return f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: BackendPolicy
+metadata: {{name: bench, namespace: default}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: svc-0}}]
+{spec}"""
+
+
+def backends(out):
+    variants = {
+        "bare": base_three(BACKEND_PORTS["bare"]),
+        "policy": base_three(BACKEND_PORTS["policy"]) + backend_policy(
+            "  circuitBreaker: {maxConnections: 4096, maxPendingRequests: 1024, maxRequests: 8192, maxRetries: 64}\n"
+            "  outlierDetection: {consecutive5xx: 5, consecutiveGatewayErrors: 3, interval: 5s, baseEjectionTime: 30s, maxEjectionPercent: 50}\n"
+            "  healthCheck:\n"
+            "    active: {type: HTTP, http: {path: /, expectedStatuses: [200]}, interval: 1s, timeout: 500ms, unhealthyThreshold: 2, healthyThreshold: 1}\n"),
+        "retry": base_three(BACKEND_PORTS["retry"], "{attempts: 2, backoff: 25ms, codes: [502, 503, 504]}"),
+        "hash": base_three(BACKEND_PORTS["hash"]) + backend_policy(
+            "  loadBalancer: {type: ConsistentHash, consistentHash: {header: x-user-id}}\n"),
+        "expr": base_three(BACKEND_PORTS["expr"]) + backend_policy(
+            "  loadBalancer: {type: ConsistentHash, consistentHash: {expression: \"request.headers['x-user-id']\"}}\n"),
+        "twin": base_three(BACKEND_PORTS["twin"]),
+    }
+    for name, text in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(text)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(BACKEND_PORTS[name]), "x-user-id: bench-user-42"]) + "\n")
+    print(" ".join(variants))
+
+
+def policies(out):
+    variants = {
+        "bare": "",
+        "rl": RL,
+        "apikey": RL + APIKEY,
+        "jwt": RL + JWT,
+        "cached": RL,
+        "twin": "",
+    }
+    headers = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
+    for name, extra in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(base(name, PORTS[name]) + extra)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(PORTS[name])] + headers) + "\n")
+    print(" ".join(variants))
+
+
+def client_policy(client_ip):
+    return f"""---
+apiVersion: tollgate.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{name: bench-client, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: bench}}]
+  clientIP: {client_ip}
+"""
+
+
+CLIENT_PROXIES = {  # proxy: (port, relay port or None, ClientPolicy)
+    "bare": (18290, 18390, ""),
+    "xff": (18291, None, client_policy("{xForwardedFor: {numTrustedHops: 1}}")),
+    "proxy-protocol": (18292, 18392, client_policy("{proxyProtocol: {required: true}}")),
+    "twin": (18293, 18393, ""),
+}
+XFF = "X-Forwarded-For: 203.0.113.7, 198.51.100.9"
+CLOSE = "Connection: close"
+
+
+def client(out, pp_version):
+    relay = [
+        "global",
+        "  nbthread 1",
+        "  maxconn 4000",
+        "defaults",
+        "  mode tcp",
+        "  maxconn 4000",
+        "  timeout connect 5s",
+        "  timeout client 60s",
+        "  timeout server 60s",
+    ]
+    send = {"1": " send-proxy", "2": " send-proxy-v2"}[pp_version]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "proxies.tsv"), "w") as f:
+        for name, (port, relay_port, extra) in CLIENT_PROXIES.items():
+            d = os.path.join(out, "proxies", name, "manifests")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "bench.yaml"), "w") as m:
+                m.write(base(name, port) + extra)
+            f.write(f"{name}\t{port}\n")
+            if relay_port:
+                relay += [f"frontend {name}", f"  bind 127.0.0.1:{relay_port}",
+                          f"  default_backend {name}", f"backend {name}",
+                          f"  server {name} 127.0.0.1:{port}"
+                          + (send if name == "proxy-protocol" else "")]
+    with open(os.path.join(out, "haproxy.cfg"), "w") as f:
+        f.write("\n".join(relay) + "\n")
+    relayed = {name: r for name, (_, r, _) in CLIENT_PROXIES.items()}
+    direct = {name: p for name, (p, _, _) in CLIENT_PROXIES.items()}
+    targets = [  # target, proxy, port, partner, headers
+        ("bare", "bare", direct["bare"], "-", [XFF]),
+        ("xff", "xff", direct["xff"], "bare", [XFF]),
+        ("twin", "twin", direct["twin"], "bare", [XFF]),
+        ("bare-relay", "bare", relayed["bare"], "-", [XFF]),
+        ("proxy-protocol", "proxy-protocol", relayed["proxy-protocol"], "bare-relay", [XFF]),
+        ("twin-relay", "twin", relayed["twin"], "bare-relay", [XFF]),
+        ("bare-relay-close", "bare", relayed["bare"], "-", [XFF, CLOSE]),
+        ("proxy-protocol-close", "proxy-protocol", relayed["proxy-protocol"], "bare-relay-close",
+         [XFF, CLOSE]),
+    ]
+    with open(os.path.join(out, "targets.tsv"), "w") as f:
+        for t, proxy, port, partner, headers in targets:
+            f.write("\t".join([t, proxy, str(port), partner] + headers) + "\n")
+    print("xff proxy-protocol proxy-protocol-close twin twin-relay")
+
+
+def main_policies(argv):
+    if not argv:
+        sys.exit(f"{USAGE}\ngen.py policies: DIR missing")
+    which = argv[1] if len(argv) > 1 else "policies"
+    if which == "client":
+        client(argv[0], argv[2] if len(argv) > 2 else "1")
+    elif which == "backends":
+        backends(argv[0])
+    else:
+        policies(argv[0])
+
+
+MODES = {"routes": main_routes, "configs": main_configs, "policies": main_policies}
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0)
+    if len(sys.argv) < 2:
+        sys.exit(USAGE)
+    if sys.argv[1] not in MODES:
+        sys.exit(f"{USAGE}\ngen.py: unknown mode {sys.argv[1]!r} (routes, configs, policies)")
+    MODES[sys.argv[1]](sys.argv[2:])
