@@ -105,7 +105,8 @@ struct ControllerArgs {
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The controller's own namespace (Lease, CA Secret); default $POD_NAMESPACE, else
-    /// tollgate-system.
+    /// tollgate-system. Created at start when missing (needs `create` on namespaces; else
+    /// the controller exits saying so).
     #[arg(long)]
     namespace: Option<String>,
     /// This replica's identity (default: $POD_NAME, else the hostname).
@@ -146,8 +147,8 @@ struct ControllerArgs {
     /// Name of the leader-election Lease (in --namespace).
     #[arg(long, default_value = "tollgate-controller")]
     lease_name: String,
-    /// Seconds after which a status write, Event or provisioning call the API server has not
-    /// answered is given up (and retried).
+    /// Seconds after which a status write, Event, provisioning call or the check of
+    /// --namespace at start the API server has not answered is given up (and retried).
     #[arg(long, default_value_t = tollgate::k8s::reconcile::API_CALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     api_timeout_secs: u64,
     /// Quiet period after a change before recompiling, in milliseconds. Changes that keep
@@ -399,6 +400,12 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     info!(address = %listener.local_addr()?, "metrics listening (/metrics, /healthz, /readyz)");
     tokio::spawn(metrics::serve(listener, metrics.clone()));
 
+    // Before anything is written in it (the Lease, the push CA Secret): a missing namespace
+    // is created, or the controller stops here saying what to do, instead of retrying the
+    // Lease for ever.
+    let api_timeout = Duration::from_secs(args.api_timeout_secs);
+    tollgate::k8s::namespace::ensure(&client, &namespace, api_timeout).await?;
+
     // In a pod of a Deployment (the chart): what we create in our namespace is owned by it.
     let owner = match std::env::var("POD_NAME") {
         Ok(pod) if !pod.is_empty() => {
@@ -428,7 +435,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             push,
             provision,
             pki,
-            api_timeout: Duration::from_secs(args.api_timeout_secs),
+            api_timeout,
         },
         leader: leader::LeaderConfig {
             owner,

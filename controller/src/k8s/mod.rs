@@ -5,7 +5,8 @@
 //! [`optional`] decides whether a kind whose CRD may be missing can be done without) →
 //! [`controller`] (debounce) → [`reconcile`] (compile, publish to the push server, provision,
 //! [`status`] plan and server-side apply, [`route_status`] for both route kinds, Events) with [`leader`] gating every write, and
-//! [`metrics`] served on the admin address.
+//! [`metrics`] served on the admin address. [`namespace`] makes sure, at start, that the
+//! controller's own namespace exists.
 //!
 //! Every replica watches, compiles and publishes tables (so any replica can serve proxies);
 //! only the Lease holder writes status, provisions and records Events. What a change costs:
@@ -26,6 +27,7 @@ pub mod controller;
 pub mod leader;
 pub mod lenient;
 pub mod metrics;
+pub mod namespace;
 pub mod optional;
 pub mod overlay;
 pub mod owner;

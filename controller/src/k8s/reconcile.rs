@@ -50,7 +50,7 @@ pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How a bounded API call failed: its own error, or no answer in time.
 #[derive(Debug, thiserror::Error)]
-enum CallError<E> {
+pub(crate) enum CallError<E> {
     #[error(transparent)]
     Failed(E),
     #[error("no answer within {0:?}")]
@@ -58,7 +58,7 @@ enum CallError<E> {
 }
 
 /// `fut`'s result, or [`CallError::TimedOut`] when it took longer than `limit`.
-async fn bounded<T, E>(
+pub(crate) async fn bounded<T, E>(
     limit: Duration,
     fut: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, CallError<E>> {

@@ -258,9 +258,11 @@ impl ControllerProc {
         if !extra.contains(&"--kubeconfig") {
             args.extend(["--kubeconfig", kubeconfig.as_str()]);
         }
+        // A test may name its own namespace (one that does not exist yet, say).
+        if !extra.contains(&"--namespace") {
+            args.extend(["--namespace", env.ns.as_str()]);
+        }
         args.extend([
-            "--namespace",
-            &env.ns,
             "--id",
             id,
             "--metrics-addr",
@@ -595,6 +597,22 @@ impl TestEnv {
         let _: ClusterRole = self.apply_cluster(cluster_role(name, rules)).await;
         let _: ClusterRoleBinding = self.apply_cluster(cluster_role_binding(name, user)).await;
     }
+}
+
+/// A copy of the test cluster's kubeconfig, written into `env.dir`, that acts as `user`
+/// (`as:`, impersonation): for a `tollgate controller` whose permissions RBAC decides.
+pub fn kubeconfig_as(env: &TestEnv, user: &str) -> PathBuf {
+    let admin = std::fs::read_to_string(kubeconfig()).unwrap();
+    let key_line = admin
+        .lines()
+        .find(|l| l.trim_start().starts_with("client-key:"))
+        .expect("a client-key line in the test kubeconfig")
+        .to_owned();
+    let indent = &key_line[..key_line.len() - key_line.trim_start().len()];
+    let acting = admin.replace(&key_line, &format!("{key_line}\n{indent}as: {user}"));
+    let path = env.dir.join(format!("{user}.kubeconfig"));
+    std::fs::write(&path, acting).unwrap();
+    path
 }
 
 /// A client of the test cluster acting as `user` (impersonation: RBAC decides what it may do).
