@@ -96,6 +96,10 @@ enum Command {
         /// Compare instead of writing.
         #[arg(long)]
         check: bool,
+        /// Also write (with --check, compare) the CRD reference page, Markdown, to this file
+        /// (docs/reference/crds.md in the repository).
+        #[arg(long, value_name = "FILE")]
+        docs: Option<PathBuf>,
     },
 }
 
@@ -189,7 +193,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Crdgen { dir, check } => match crdgen(&dir, check) {
+        Command::Crdgen { dir, check, docs } => match crdgen(&dir, check, docs.as_deref()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -512,29 +516,44 @@ async fn start_push(
 
 /// `tollgate crdgen`: writes (or with `check`, compares) the CRD files. Returns false when
 /// checking found a difference.
-fn crdgen(dir: &std::path::Path, check: bool) -> anyhow::Result<bool> {
+fn crdgen(
+    dir: &std::path::Path,
+    check: bool,
+    docs: Option<&std::path::Path>,
+) -> anyhow::Result<bool> {
     use anyhow::Context as _;
-    let files = tollgate::crds::crd_yaml().context("serializing the CRDs")?;
+    let mut files: Vec<(PathBuf, String)> = tollgate::crds::crd_yaml()
+        .context("serializing the CRDs")?
+        .into_iter()
+        .map(|(name, yaml)| (dir.join(name), yaml))
+        .collect();
+    if let Some(page) = docs {
+        let md = tollgate::crds::reference::markdown().context("writing the CRD reference")?;
+        files.push((page.to_path_buf(), md));
+    }
     if check {
         let mut fresh = true;
-        for (name, yaml) in &files {
-            let path = dir.join(name);
-            let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-            if on_disk != *yaml {
+        for (path, content) in &files {
+            let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+            if on_disk != *content {
                 eprintln!(
-                    "{} is stale: run `tollgate crdgen {}`",
+                    "{} is stale: run `tollgate crdgen {}{}`",
                     path.display(),
-                    dir.display()
+                    dir.display(),
+                    docs.map(|d| format!(" --docs {}", d.display()))
+                        .unwrap_or_default()
                 );
                 fresh = false;
             }
         }
         return Ok(fresh);
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, yaml) in &files {
-        let path = dir.join(name);
-        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+    for (path, content) in &files {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(true)

@@ -47,3 +47,17 @@ fn crds_carry_status_subresource_and_printer_columns() {
         assert!(yaml.contains("name: v1alpha1"), "{name}");
     }
 }
+
+#[test]
+fn crd_reference_page_matches_the_schemas() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = tollgate::crds::reference::markdown().unwrap();
+    let path = root.join("docs/reference/crds.md");
+    let on_disk =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        on_disk == page,
+        "{} is stale: run `cargo run -p tollgate -- crdgen crds --docs docs/reference/crds.md`",
+        path.display()
+    );
+}

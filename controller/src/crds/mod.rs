@@ -10,6 +10,7 @@ pub mod backend;
 pub mod client;
 pub mod common;
 pub mod ratelimit;
+pub mod reference;
 
 pub use auth::{AuthPolicy, AuthPolicySpec};
 pub use backend::{BackendPolicy, BackendPolicySpec};
@@ -22,8 +23,10 @@ use kube::CustomResourceExt;
 /// Group of every Tollgate CRD.
 pub const GROUP: &str = "tollgate.dev";
 
-/// The CRD manifests, one `(file name, YAML)` per kind, sorted by file name.
-pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+/// Every CRD as the API server gets it, sorted by name.
+pub fn crds()
+-> [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; 4]
+{
     let mut crds = [
         AuthPolicy::crd(),
         BackendPolicy::crd(),
@@ -33,7 +36,13 @@ pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
     for crd in &mut crds {
         status_defaults_to_unobserved(crd);
     }
-    crds.iter()
+    crds
+}
+
+/// The CRD manifests, one `(file name, YAML)` per kind, sorted by file name.
+pub fn crd_yaml() -> Result<Vec<(String, String)>, serde_yaml_ng::Error> {
+    crds()
+        .iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("crd"));
             serde_yaml_ng::to_string(crd).map(|y| (name, y))
