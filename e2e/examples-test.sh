@@ -6,7 +6,7 @@
 # reads every applied Gateway API and policy object as Current.
 #
 # The examples are written for `tollgate run`. On a cluster, the test applies them as the
-# README's "Running on Kubernetes" tells users to (e2e/examples-to-cluster.py):
+# docs/kubernetes.md tells users to (e2e/examples-to-cluster.py):
 # without the GatewayClass (the chart creates `tollgate`), the EndpointSlices written by
 # hand and the Gateways' pinned 127.0.0.1 address; the demo backend's Services select the
 # demo backend pod (`tollgate demo-backend`), and the introspection endpoint is that

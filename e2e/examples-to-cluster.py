@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns an example of examples/ (written for `tollgate run`) into what a cluster takes, as
-the README's "Running on Kubernetes" section tells users to, for e2e/examples-test.sh:
+docs/kubernetes.md tells users to, for e2e/examples-test.sh:
 
 - the GatewayClass is dropped (the Helm chart creates `tollgate`);
 - EndpointSlices written by hand are dropped (Kubernetes derives them from Services);

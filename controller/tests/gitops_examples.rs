@@ -336,10 +336,10 @@ fn the_readmes_point_at_the_files() {
             "examples/gitops/README.md never names {f}"
         );
     }
-    let top = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let page = std::fs::read_to_string(workspace().join("docs/gitops.md")).unwrap();
     assert!(
-        top.contains("examples/gitops"),
-        "README.md links examples/gitops"
+        page.contains("../examples/gitops"),
+        "docs/gitops.md links examples/gitops"
     );
     let argocd =
         std::fs::read_to_string(workspace().join("charts/tollgate/argocd/README.md")).unwrap();
