@@ -32,6 +32,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "controller/gateway-types/regen.sh --check (the generated Gateway API types match the CRDs; kopium cached, minutes the first time)"
 controller/gateway-types/regen.sh --check
 
+step "e2e/run check (every step of this script can be run alone through e2e/run)"
+e2e/run check >/dev/null
+
 if ! command -v redis-server >/dev/null 2>&1; then
   step "installing redis-server (Debian) for the rate-limit tests"
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
@@ -79,6 +82,8 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
   step "e2e/examples-test.sh (every example applied with kubectl, served through its Gateway's address, kstatus Current)"
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
+  step "e2e/docs-test.sh (the README's tour on this machine, docs/getting-started.md on the loopback cluster, as a user pastes them)"
+  TOLLGATE_REQUIRE_FULL=1 e2e/docs-test.sh
   step "e2e/conformance.sh (GATEWAY-HTTP, -GRPC, -TLS, -TCP and -UDP; the Gateway API conformance suite; reports to a temporary dir)"
   CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
 else
