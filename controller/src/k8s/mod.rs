@@ -3,8 +3,11 @@
 //!
 //! Flow: [`stores`] (one watcher per kind, per-object deserialization through [`lenient`];
 //! [`optional`] decides whether a kind whose CRD may be missing can be done without) →
-//! [`controller`] (debounce) → [`reconcile`] (compile, publish to the push server, provision,
-//! [`status`] plan and server-side apply, [`route_status`] for both route kinds, Events) with [`leader`] gating every write, and
+//! [`controller`] (debounce) → [`reconcile`] in three parts: its Publisher (snapshot,
+//! compile, publish to the push server), Provisioner (each Gateway's proxy objects) and
+//! StatusWriter (the final status of every object from one pure function, then [`status`]
+//! plan and server-side apply, [`route_status`] for the route kinds, Events), with
+//! [`leader`] gating every write, and
 //! [`metrics`] served on the admin address. [`namespace`] makes sure, at start, that the
 //! controller's own namespace exists.
 //!

@@ -509,3 +509,7 @@ fn non_empty(map: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> 
 #[cfg(test)]
 #[path = "desired_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "addresses_tests.rs"]
+mod addresses_tests;

@@ -1,11 +1,17 @@
-//! Unit tests of the reconcile overlays (Programmed from push sync, class ownership).
+//! Unit tests of the reconcile overlays one by one (Programmed from push sync, addresses,
+//! Enforced), class ownership and the last-valid memory; their combination is tested with
+//! `final_status` in status_writer_tests.rs.
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::compile::conditions::{Conds, PROGRAMMED};
+use crate::compile::{CONTROLLER_NAME, Inputs};
 use crate::crds::PolicyStatus;
 use crate::crds::common::{AncestorRef, PolicyAncestorStatus};
 use crate::push::SyncState;
-use gateway_types::gateways::GatewayStatus;
+use gateway_types::gateways::{GatewayStatus, GatewayStatusAddresses};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use tollgate_api::ObjectKey;
 
 fn gateway(programmed_ok: bool) -> GatewayStatus {
     let now = Time(Timestamp::UNIX_EPOCH);

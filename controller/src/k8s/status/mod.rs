@@ -15,31 +15,26 @@
 //! erasing theirs. Our entry for a Gateway the route no longer references is dropped. Both
 //! route kinds go through the same code ([`super::route_status`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use gateway_types::experimental::httproutes::{HttpRoute, HttpRouteStatusParents};
-use gateway_types::gatewayclasses::{GatewayClass, GatewayClassStatus};
-use gateway_types::gateways::{Gateway, GatewayStatus};
+use gateway_types::gatewayclasses::GatewayClassStatus;
+use gateway_types::gateways::GatewayStatus;
 use gateway_types::grpcroutes::{GrpcRoute, GrpcRouteStatusParents};
-use gateway_types::listenersets::{ListenerSet, ListenerSetStatus};
+use gateway_types::listenersets::ListenerSetStatus;
 use gateway_types::tcproutes::{TcpRoute, TcpRouteStatusParents};
 use gateway_types::tlsroutes::{TlsRoute, TlsRouteStatusParents};
 use gateway_types::udproutes::{UdpRoute, UdpRouteStatusParents};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Patch, PatchParams};
+use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource};
-use serde::Serialize;
-use serde_json::{Value, json};
 use tollgate_api::ObjectKey;
 
 use super::lenient::Lenient;
 pub use super::route_status::RouteStatusKind;
-use super::route_status::{apply_route, plan_routes, route_rejections};
+use super::route_status::plan_routes;
 use super::stores::Stores;
 use crate::compile::Output;
-use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
 
 /// Field manager of status writes of the default controller; every controller writes status
@@ -48,7 +43,7 @@ use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLim
 pub const FIELD_MANAGER: &str = "tollgate.dev/gateway-controller";
 
 /// `apiVersion` of the Gateway API objects we write.
-pub(super) const API_VERSION: &str = "gateway.networking.k8s.io/v1";
+pub(crate) const API_VERSION: &str = "gateway.networking.k8s.io/v1";
 
 /// One status that must be written.
 #[derive(Debug, Clone, PartialEq)]
@@ -313,7 +308,7 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
 }
 
 /// The live object of `r`, if it deserialized.
-pub(super) fn live<K: Resource<DynamicType = ()> + Clone>(
+pub(crate) fn live<K: Resource<DynamicType = ()> + Clone>(
     store: &Store<Lenient<K>>,
     r: ObjectRef<Lenient<K>>,
 ) -> Option<K> {
@@ -470,380 +465,9 @@ impl HasPolicyStatus for AuthPolicy {
     }
 }
 
-/// The desired policy status with the live condition times kept.
-fn policy_status(desired: &PolicyStatus, old: &PolicyStatus) -> PolicyStatus {
-    let mut status = desired.clone();
-    keep_times(&mut status.conditions, &old.conditions);
-    for a in &mut status.ancestors {
-        if let Some(o) = old
-            .ancestors
-            .iter()
-            .find(|o| o.ancestor_ref == a.ancestor_ref)
-        {
-            keep_times(&mut a.conditions, &o.conditions);
-        }
-    }
-    status
-}
+mod apply;
+mod merge;
 
-/// The desired Gateway status with the live condition times kept.
-fn gateway_status(desired: &GatewayStatus, old: &GatewayStatus) -> GatewayStatus {
-    let mut status = desired.clone();
-    keep_times(
-        status.conditions.as_deref_mut().unwrap_or_default(),
-        old.conditions.as_deref().unwrap_or_default(),
-    );
-    for l in status.listeners.iter_mut().flatten() {
-        if let Some(o) = old.listeners.iter().flatten().find(|o| o.name == l.name) {
-            keep_times(&mut l.conditions, &o.conditions);
-        }
-    }
-    status
-}
-
-/// An object's conditions and its listeners' (name, conditions).
-type WithListeners<'a> = (Option<&'a [Condition]>, Vec<(String, Vec<Condition>)>);
-
-/// Calls `diff` on an object's own conditions, then on each listener's against the live
-/// listener of that name.
-fn with_listeners(
-    diff: &mut impl FnMut(Option<String>, &[Condition], &[Condition]),
-    (conds, listeners): WithListeners<'_>,
-    (old_conds, old_listeners): WithListeners<'_>,
-) {
-    diff(
-        None,
-        conds.unwrap_or_default(),
-        old_conds.unwrap_or_default(),
-    );
-    for (name, c) in &listeners {
-        let o = old_listeners.iter().find(|(n, _)| n == name);
-        let oc = o.map(|(_, c)| c.as_slice()).unwrap_or_default();
-        diff(Some(format!("listener {name}")), c, oc);
-    }
-}
-
-/// `desired`, with the live `lastTransitionTime`s kept as [`gateway_status`] keeps them.
-fn listener_set_status(desired: &ListenerSetStatus, old: &ListenerSetStatus) -> ListenerSetStatus {
-    let mut status = desired.clone();
-    keep_times(
-        status.conditions.as_deref_mut().unwrap_or_default(),
-        old.conditions.as_deref().unwrap_or_default(),
-    );
-    for l in status.listeners.iter_mut().flatten() {
-        if let Some(o) = old.listeners.iter().flatten().find(|o| o.name == l.name) {
-            keep_times(&mut l.conditions, &o.conditions);
-        }
-    }
-    status
-}
-
-/// Copies `lastTransitionTime` from the live condition of the same type when its status is
-/// unchanged.
-pub fn keep_times(desired: &mut [Condition], live: &[Condition]) {
-    for c in desired {
-        if let Some(l) = live
-            .iter()
-            .find(|l| l.type_ == c.type_ && l.status == c.status)
-        {
-            c.last_transition_time = l.last_transition_time.clone();
-        }
-    }
-}
-
-/// Equal once serialized, ignoring nulls and empty lists and maps (the API server drops or
-/// keeps those depending on the schema; they mean the same).
-pub fn same<A: Serialize + ?Sized, B: Serialize + ?Sized>(a: &A, b: &B) -> bool {
-    match (serde_json::to_value(a), serde_json::to_value(b)) {
-        (Ok(a), Ok(b)) => prune(a) == prune(b),
-        _ => false,
-    }
-}
-
-fn prune(v: Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.into_iter()
-                .map(|(k, v)| (k, prune(v)))
-                .filter(|(_, v)| !empty(v))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.into_iter().map(prune).collect()),
-        v => v,
-    }
-}
-
-fn empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(m) => m.is_empty(),
-        _ => false,
-    }
-}
-
-/// Negative Accepted/ResolvedRefs/Programmed conditions in `write` that the live object does
-/// not already carry with the same reason: what deserves an Event. `Pending` (waiting for
-/// proxies) is not a rejection.
-pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection> {
-    let mut out = BTreeSet::new();
-    let mut diff = |part: Option<String>, new: &[Condition], old: &[Condition]| {
-        for c in new {
-            let negative = c.status == "False"
-                && [ACCEPTED, RESOLVED_REFS, PROGRAMMED].contains(&c.type_.as_str())
-                && c.reason != "Pending";
-            let known = old
-                .iter()
-                .any(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason);
-            if negative && !known {
-                out.insert(NewRejection {
-                    part: part.clone(),
-                    condition: c.type_.clone(),
-                    reason: c.reason.clone(),
-                    message: c.message.clone(),
-                });
-            }
-        }
-    };
-    match write {
-        StatusWrite::Release { .. } => {}
-        StatusWrite::GatewayClass { name, status } => {
-            let old = live(&stores.gateway_classes, ObjectRef::new(name))
-                .and_then(|o| o.status)
-                .unwrap_or_default();
-            diff(
-                None,
-                status.conditions.as_deref().unwrap_or_default(),
-                old.conditions.as_deref().unwrap_or_default(),
-            );
-        }
-        StatusWrite::Gateway { key, status } => {
-            let r = ObjectRef::new(&key.name).within(&key.namespace);
-            let old = live(&stores.gateways, r)
-                .and_then(|o| o.status)
-                .unwrap_or_default();
-            let listeners = |s: &GatewayStatus| -> Vec<(String, Vec<Condition>)> {
-                s.listeners
-                    .iter()
-                    .flatten()
-                    .map(|l| (l.name.clone(), l.conditions.clone()))
-                    .collect()
-            };
-            let new = (status.conditions.as_deref(), listeners(status));
-            with_listeners(&mut diff, new, (old.conditions.as_deref(), listeners(&old)));
-        }
-        StatusWrite::ListenerSet { key, status } => {
-            let r = ObjectRef::new(&key.name).within(&key.namespace);
-            let old = live(&stores.listener_sets, r)
-                .and_then(|o| o.status)
-                .unwrap_or_default();
-            let listeners = |s: &ListenerSetStatus| -> Vec<(String, Vec<Condition>)> {
-                s.listeners
-                    .iter()
-                    .flatten()
-                    .map(|l| (l.name.clone(), l.conditions.clone()))
-                    .collect()
-            };
-            let new = (status.conditions.as_deref(), listeners(status));
-            with_listeners(&mut diff, new, (old.conditions.as_deref(), listeners(&old)));
-        }
-        StatusWrite::HttpRoute { key, parents, .. } => {
-            route_rejections::<HttpRoute>(stores, key, parents, &mut diff);
-        }
-        StatusWrite::GrpcRoute { key, parents, .. } => {
-            route_rejections::<GrpcRoute>(stores, key, parents, &mut diff);
-        }
-        StatusWrite::TlsRoute { key, parents, .. } => {
-            route_rejections::<TlsRoute>(stores, key, parents, &mut diff);
-        }
-        StatusWrite::TcpRoute { key, parents, .. } => {
-            route_rejections::<TcpRoute>(stores, key, parents, &mut diff);
-        }
-        StatusWrite::UdpRoute { key, parents, .. } => {
-            route_rejections::<UdpRoute>(stores, key, parents, &mut diff);
-        }
-        StatusWrite::BackendTlsPolicy { key, ancestors, .. } => {
-            super::backend_tls_status::rejections(stores, key, ancestors, &mut diff);
-        }
-        StatusWrite::TrafficPolicy { key, ancestors, .. } => {
-            super::traffic_status::rejections(stores, key, ancestors, &mut diff);
-        }
-        StatusWrite::Policy { kind, key, status } => {
-            let old = match *kind {
-                "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
-                "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
-                "BackendPolicy" => policy_statuses(&stores.backend_policies).remove(key),
-                _ => policy_statuses(&stores.auth_policies).remove(key),
-            }
-            .unwrap_or_default();
-            diff(None, &status.conditions, &old.conditions);
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// Sends one write: server-side apply of the status subresource, forced.
-pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Result<(), kube::Error> {
-    let pp = PatchParams::apply(manager).force();
-    match write {
-        StatusWrite::Release { kind, key } => {
-            let mut meta = json!({"name": key.name});
-            if !key.namespace.is_empty() {
-                meta["namespace"] = json!(key.namespace);
-            }
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": kind, "metadata": meta, "status": {},
-            });
-            let patch = Patch::Apply(body);
-            if *kind == "GatewayClass" {
-                Api::<GatewayClass>::all(client.clone())
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            } else {
-                Api::<Gateway>::namespaced(client.clone(), &key.namespace)
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            }
-        }
-        StatusWrite::GatewayClass { name, status } => {
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": "GatewayClass",
-                "metadata": {"name": name},
-                "status": status,
-            });
-            Api::<GatewayClass>::all(client.clone())
-                .patch_status(name, &pp, &Patch::Apply(body))
-                .await?;
-        }
-        StatusWrite::Gateway { key, status } => {
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": "Gateway",
-                "metadata": {"name": key.name, "namespace": key.namespace},
-                "status": status,
-            });
-            Api::<Gateway>::namespaced(client.clone(), &key.namespace)
-                .patch_status(&key.name, &pp, &Patch::Apply(body))
-                .await?;
-        }
-        StatusWrite::ListenerSet { key, status } => {
-            let body = json!({
-                "apiVersion": API_VERSION, "kind": "ListenerSet",
-                "metadata": {"name": key.name, "namespace": key.namespace},
-                "status": status,
-            });
-            Api::<ListenerSet>::namespaced(client.clone(), &key.namespace)
-                .patch_status(&key.name, &pp, &Patch::Apply(body))
-                .await?;
-        }
-        StatusWrite::HttpRoute {
-            key,
-            resource_version,
-            parents,
-        } => apply_route::<HttpRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::GrpcRoute {
-            key,
-            resource_version,
-            parents,
-        } => apply_route::<GrpcRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::TlsRoute {
-            key,
-            resource_version,
-            parents,
-        } => apply_route::<TlsRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::TcpRoute {
-            key,
-            resource_version,
-            parents,
-        } => apply_route::<TcpRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::UdpRoute {
-            key,
-            resource_version,
-            parents,
-        } => apply_route::<UdpRoute>(client, &pp, key, resource_version, parents).await?,
-        StatusWrite::TrafficPolicy {
-            key,
-            resource_version,
-            ancestors,
-        } => {
-            super::traffic_status::apply(client, &pp, key, resource_version, ancestors).await?;
-        }
-        StatusWrite::BackendTlsPolicy {
-            key,
-            resource_version,
-            ancestors,
-        } => {
-            super::backend_tls_status::apply(client, &pp, key, resource_version, ancestors).await?;
-        }
-        StatusWrite::Policy { kind, key, status } => {
-            let body = json!({
-                "apiVersion": "tollgate.dev/v1alpha1", "kind": kind,
-                "metadata": {"name": key.name, "namespace": key.namespace},
-                "status": status,
-            });
-            let patch = Patch::Apply(body);
-            if *kind == "RateLimitPolicy" {
-                Api::<RateLimitPolicy>::namespaced(client.clone(), &key.namespace)
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            } else if *kind == "ClientPolicy" {
-                Api::<ClientPolicy>::namespaced(client.clone(), &key.namespace)
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            } else if *kind == "BackendPolicy" {
-                Api::<BackendPolicy>::namespaced(client.clone(), &key.namespace)
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            } else {
-                Api::<AuthPolicy>::namespaced(client.clone(), &key.namespace)
-                    .patch_status(&key.name, &pp, &patch)
-                    .await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use k8s_openapi::jiff::Timestamp;
-
-    fn cond(t: &str, status: &str, reason: &str, at: i64) -> Condition {
-        Condition {
-            type_: t.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: String::new(),
-            observed_generation: Some(1),
-            last_transition_time: Time(Timestamp::from_second(at).unwrap()),
-        }
-    }
-
-    #[test]
-    fn unchanged_status_keeps_its_transition_time() {
-        let live = vec![cond("Accepted", "True", "Accepted", 100)];
-        let mut desired = vec![
-            cond("Accepted", "True", "Accepted", 200),
-            cond("Programmed", "True", "Programmed", 200),
-        ];
-        keep_times(&mut desired, &live);
-        assert_eq!(desired[0], live[0]);
-        assert_eq!(desired[1].last_transition_time.0.as_second(), 200);
-        let mut flipped = vec![cond("Accepted", "False", "Invalid", 300)];
-        keep_times(&mut flipped, &live);
-        assert_eq!(flipped[0].last_transition_time.0.as_second(), 300);
-    }
-
-    #[test]
-    fn empty_and_missing_compare_equal() {
-        assert!(same(&json!({"a": [], "b": null, "c": 1}), &json!({"c": 1})));
-        assert!(!same(&json!({"c": 1}), &json!({"c": 2})));
-        let s = GatewayClassStatus {
-            conditions: Some(vec![]),
-            supported_features: None,
-        };
-        assert!(same(&s, &GatewayClassStatus::default()));
-    }
-}
+pub use apply::{apply, new_rejections};
+use merge::{gateway_status, listener_set_status, policy_status};
+pub use merge::{keep_times, same};

@@ -1,0 +1,223 @@
+//! One reconcile, in three parts: the [`publisher`] (every replica: snapshot, compile,
+//! publish each Gateway's table to the push server, so a new leader serves proxies at once),
+//! then on the leader the [`provisioner`] (each Gateway's proxy objects: desired, applied,
+//! drift reverted, removed with the Gateway) and the [`status_writer`] (one pure function,
+//! [`final_status`], computes each object's status from the compiled one, the proxies' sync
+//! and provisioning; server-side apply and Events). What is owed afterwards, and how soon the
+//! loop comes back for it, is the [`Outcome`]: the one place retries and backoff are decided.
+//!
+//! In: the [`Stores`], what changed ([`Relevance`]), whether this replica leads. The
+//! compiled output is kept between reconciles, so a status-only change (often the echo of our
+//! own write) costs a comparison, not a compile, and an EndpointSlice-only change skips
+//! statuses and provisioning.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use tracing::debug;
+
+use super::metrics::{Metrics, PathLabel};
+pub use super::overlay::{enforced, programmed, programmed_true, static_addresses};
+use super::provision::ProvisionConfig;
+use super::stores::{Relevance, Stores};
+use crate::compile::Output;
+use crate::push::PushServer;
+use crate::push::pki::Ca;
+
+mod outcome;
+mod provisioner;
+mod publisher;
+mod status_writer;
+
+pub use outcome::{Outcome, REPROVISION_RETRY, STATUS_RETRY, UNREADABLE_GRACE};
+pub use provisioner::PROVISION_BUDGET;
+pub use publisher::{compile_next, name_parents, own_classes};
+pub use status_writer::{GatewayFacts, final_status};
+
+/// Default of [`Settings::api_timeout`].
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How a bounded API call failed: its own error, or no answer in time.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError<E> {
+    #[error(transparent)]
+    Failed(E),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// `fut`'s result, or [`CallError::TimedOut`] when it took longer than `limit`.
+pub(crate) async fn bounded<T, E>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, CallError<E>> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(CallError::Failed),
+        Err(_) => Err(CallError::TimedOut(limit)),
+    }
+}
+
+/// What the reconciler needs besides the stores.
+#[derive(Clone)]
+pub struct Settings {
+    /// `spec.controllerName` of the GatewayClasses this controller owns.
+    pub controller_name: String,
+    /// Push server, when tables are pushed to proxies.
+    pub push: Option<PushServer>,
+    /// Provisioning settings, when proxies are provisioned.
+    pub provision: Option<ProvisionConfig>,
+    /// The push CA, when tables are pushed: each accepted Gateway gets its proxy Secret.
+    pub pki: Option<PushPki>,
+    /// Longest one API call of a reconcile (a status write, an Event, one Gateway's
+    /// provisioning) may take ([`API_CALL_TIMEOUT`]). A request the API server never answers
+    /// would otherwise hold the reconcile loop, and with the first reconcile `/readyz`, for as
+    /// long as the connection lasts; bounded, the call counts as failed and is retried.
+    pub api_timeout: Duration,
+}
+
+/// The current push CA, replaced on rotation. Cheap to clone.
+#[derive(Clone)]
+pub struct PushPki {
+    ca: Arc<RwLock<Ca>>,
+    generation: Arc<AtomicU64>,
+}
+
+impl PushPki {
+    /// Shares `ca`.
+    pub fn new(ca: Ca) -> Self {
+        Self {
+            ca: Arc::new(RwLock::new(ca)),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The current CA.
+    pub fn current(&self) -> Ca {
+        self.ca
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Installs a rotated CA; proxy Secrets are reissued at the next reconcile.
+    pub fn replace(&self, ca: Ca) {
+        *self.ca.write().unwrap_or_else(PoisonError::into_inner) = ca;
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+}
+
+/// The reconciler's state between reconciles: its three parts.
+pub struct Reconciler {
+    publisher: publisher::Publisher,
+    provisioner: provisioner::Provisioner,
+    statuses: status_writer::StatusWriter,
+    push: Option<PushServer>,
+    metrics: Arc<Metrics>,
+}
+
+impl Reconciler {
+    /// A reconciler over `stores`; events are reported as `id`.
+    pub fn new(
+        client: Client,
+        stores: Stores,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        id: &str,
+    ) -> Self {
+        let provisioning = settings.provision.is_some();
+        Self {
+            publisher: publisher::Publisher::new(
+                client.clone(),
+                stores,
+                settings.controller_name.clone(),
+                settings.push.clone(),
+                provisioning,
+            ),
+            provisioner: provisioner::Provisioner::new(
+                client.clone(),
+                settings.provision,
+                settings.pki,
+                settings.api_timeout,
+            ),
+            statuses: status_writer::StatusWriter::new(
+                client,
+                settings.controller_name,
+                settings.api_timeout,
+                id,
+            ),
+            push: settings.push,
+            metrics,
+        }
+    }
+
+    /// The last compiled output (with our controller name).
+    pub fn compiled(&self) -> &Output {
+        self.publisher.compiled()
+    }
+
+    /// Runs one reconcile.
+    pub async fn reconcile(&mut self, relevance: Relevance, leading: bool) -> Outcome {
+        let started = Instant::now();
+        let path = match relevance {
+            Relevance::Full => "full",
+            Relevance::Endpoints => "endpoints",
+            Relevance::Status => "status",
+        };
+        let mut unread = false;
+        if relevance >= Relevance::Endpoints {
+            match self.publisher.run(started, &self.metrics).await {
+                publisher::Published::Held => {
+                    return Outcome {
+                        incomplete: true,
+                        ..Outcome::default()
+                    };
+                }
+                publisher::Published::Yes { unread: u } => unread = u,
+            }
+        }
+        let mut outcome = Outcome::default();
+        if relevance != Relevance::Endpoints && leading {
+            let stores = &self.publisher.stores;
+            let compiled = self.publisher.compiled();
+            let provisioned =
+                relevance != Relevance::Full || self.provisioner.run(compiled, stores).await;
+            let facts = status_writer::gateway_facts(
+                compiled,
+                stores,
+                self.push.as_ref(),
+                self.provisioner.provisions(),
+            );
+            let (connected, in_sync) = facts
+                .values()
+                .filter_map(|f| f.sync.as_ref())
+                .fold((0, 0), |(c, s), sync| {
+                    (c + i64::from(sync.connected), s + i64::from(sync.in_sync))
+                });
+            self.metrics.connected_proxies.set(connected);
+            self.metrics.in_sync_proxies.set(in_sync);
+            let desired = final_status(compiled, &facts, self.push.is_some());
+            outcome = self.statuses.run(&desired, stores, &self.metrics).await;
+            outcome.reprovision = !provisioned;
+        }
+        outcome.unread = unread;
+        self.metrics
+            .reconciles
+            .get_or_create(&PathLabel {
+                path: path.to_owned(),
+            })
+            .inc();
+        let took = started.elapsed();
+        self.metrics.reconcile_duration.observe(took.as_secs_f64());
+        debug!(path, leading, took_ms = took.as_millis(), "reconciled");
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests;
