@@ -5,7 +5,8 @@
 # local processes, each Gateway gets a proxy pod and a LoadBalancer address
 # 127.0.1.N that the suite sends its requests to).
 #
-# What it does, from a fresh machine (root):
+# `e2e/conformance.sh --build` only builds the suite's binary (test-all.sh does that while
+# the unit tests run). What it does, from a fresh machine (root):
 #   1. starts `e2e/cluster.sh up --full` unless one runs (and stops it at the end
 #      only in that case);
 #   2. builds tollgate and tollgate-proxy (debug; the node agent runs these for the
@@ -50,6 +51,28 @@ die() {
 # extended features, each implemented and passing (no test is skipped to get there). One run
 # of the suite covers every profile asked for, so each test runs once and one report lists
 # every profile.
+# build_suite: the suite's test binary, cached in $BIN_DIR by version and a hash of its
+# wrapper module; sets suite_bin.
+build_suite() {
+  local suite_version hash
+  suite_version=$(grep -o 'sigs.k8s.io/gateway-api/conformance v[^ ]*' "$SUITE_DIR/go.mod" | awk '{print $2; exit}')
+  [[ -n $suite_version ]] || die "no sigs.k8s.io/gateway-api/conformance version in $SUITE_DIR/go.mod"
+  hash=$(cat "$SUITE_DIR"/go.mod "$SUITE_DIR"/go.sum "$SUITE_DIR"/*.go | sha256sum | cut -c1-10)
+  suite_bin=$BIN_DIR/conformance-$suite_version-$hash.test
+  if [[ ! -x $suite_bin ]]; then
+    log "building the conformance suite $suite_version (go test -c; a few minutes the first time)"
+    mkdir -p "$BIN_DIR"
+    (cd "$SUITE_DIR" && GOFLAGS=-mod=readonly nice -n 19 go test -c -trimpath -o "$suite_bin.tmp" .)
+    mv "$suite_bin.tmp" "$suite_bin"
+  fi
+}
+
+# `--build`: only build (and cache) the suite, e.g. while other tests run.
+if [[ ${1:-} == --build ]]; then
+  build_suite
+  exit 0
+fi
+
 http_features=(
   Gateway HTTPRoute ReferenceGrant
   GatewayPort8080 GatewayHTTPListenerIsolation GatewayInfrastructure GatewayAddressEmpty
@@ -109,16 +132,7 @@ eval "$("$E2E/cluster.sh" env)"
 log "building tollgate and tollgate-proxy (debug) into $CARGO_TARGET_DIR"
 (cd "$ROOT" && cargo build -q --locked -p tollgate -p tollgate-proxy)
 
-suite_version=$(grep -o 'sigs.k8s.io/gateway-api/conformance v[^ ]*' "$SUITE_DIR/go.mod" | awk '{print $2; exit}')
-[[ -n $suite_version ]] || die "no sigs.k8s.io/gateway-api/conformance version in $SUITE_DIR/go.mod"
-hash=$(cat "$SUITE_DIR"/go.mod "$SUITE_DIR"/go.sum "$SUITE_DIR"/*.go | sha256sum | cut -c1-10)
-suite_bin=$BIN_DIR/conformance-$suite_version-$hash.test
-if [[ ! -x $suite_bin ]]; then
-  log "building the conformance suite $suite_version (go test -c; a few minutes the first time)"
-  mkdir -p "$BIN_DIR"
-  (cd "$SUITE_DIR" && GOFLAGS=-mod=readonly nice -n 19 go test -c -trimpath -o "$suite_bin.tmp" .)
-  mv "$suite_bin.tmp" "$suite_bin"
-fi
+build_suite
 
 # --- Tollgate --------------------------------------------------------------------------
 # shellcheck disable=SC2317 # called as an EXIT trap
