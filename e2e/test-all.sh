@@ -4,7 +4,8 @@
 # (e2e/cluster.sh: etcd + kube-apiserver built from Go modules; ~9 min cold, seconds warm,
 # stopped again on exit), and, as root, the node agent's tests on `e2e/cluster.sh up --full`
 # (kube-controller-manager and pods run as local processes in network namespaces), the Helm
-# test, every example served on that cluster, and the Gateway API conformance suite
+# test, every example served on that cluster, the docs run as written (Flux's walk-through with
+# Flux's own controllers), and the Gateway API conformance suite
 # (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS) there. Works on a fresh machine with Rust and Go installed; builds are
 # cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
@@ -84,6 +85,8 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
   step "e2e/docs-test.sh (the README's tour on this machine, docs/getting-started.md on the loopback cluster, as a user pastes them)"
   TOLLGATE_REQUIRE_FULL=1 e2e/docs-test.sh
+  step "e2e/flux-test.sh (docs/gitops.md's Flux section: Flux's source-controller and kustomize-controller, built from Go modules, syncing a Git repository served on loopback; cached, about 15 minutes the first time)"
+  TOLLGATE_REQUIRE_FULL=1 e2e/flux-test.sh
   step "e2e/conformance.sh (GATEWAY-HTTP, -GRPC, -TLS, -TCP and -UDP; the Gateway API conformance suite; reports to a temporary dir)"
   CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
 else
