@@ -22,7 +22,7 @@
 #
 # Needs a running `up --full` cluster (skips, exit 0, without one; fails then under
 # TOLLGATE_REQUIRE_FULL=1) and git. Builds tollgate and tollgate-proxy (debug) and Flux's two
-# controllers (cached; about 15 minutes cold, see e2e/flux.sh). KEEP=1 leaves everything
+# controllers (cached; about 8 minutes cold, see e2e/flux.sh). KEEP=1 leaves everything
 # running for a look (the controllers' logs are in the work directory it prints).
 # Measured here (2 cores shared with other builds; Flux and Tollgate built): 41 s, of which the
 # page's blocks 25 s.

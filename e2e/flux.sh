@@ -19,14 +19,14 @@
 # the network. Builds run under `nice -n 19` with GOFLAGS="-p=$TOLLGATE_BUILD_JOBS
 # -mod=readonly" (default 1 job), CGO off, as upstream's Dockerfiles build them.
 #
-# Measured here (2 cores shared with another session's cargo builds and tests, load 3 to 5):
-# the first build of both took 8 min 22 s wall (source-controller 268 s, kustomize-controller
-# 234 s; 410 s user, 1.7 GB peak RSS). Not from nothing: the modules were already in Go's
-# module cache (`go mod tidy` of the wrapper modules had fetched them, ~30 s), and Go's build
-# cache held what the other e2e tools share with Flux (golang.org/x, protobuf, gRPC, ...;
-# client-go and apimachinery only at other versions); kustomize-controller's build reused
-# what source-controller's had just compiled (client-go v0.36, controller-runtime). A warm call
-# (both binaries cached) takes 0.06 s. The binaries are 101 MB and 86 MB.
+# Measured here (2 cores, the modules already in Go's module cache: `go mod tidy` of the
+# wrapper modules had fetched them in ~30 s):
+# - with an empty Go build cache (GOCACHE=$(mktemp -d)), load ~1.5: 7 min 46 s wall for both
+#   (source-controller 306 s, kustomize-controller 161 s, reusing what the first compiled:
+#   client-go v0.36, controller-runtime, ...; 474 s user, 1.7 GB peak RSS, 2.9 GB of cache);
+# - with the build cache of this machine (the other e2e tools' builds), under another
+#   session's cargo builds and tests, load 3 to 5: 8 min 22 s (268 s + 234 s; 410 s user).
+# A warm call (both binaries cached) takes 0.06 s. The binaries are 101 MB and 86 MB.
 #
 # Environment (all optional): TOLLGATE_CACHE_DIR, TOLLGATE_BIN_DIR, TOLLGATE_BUILD_JOBS (as
 # for e2e/cluster.sh).

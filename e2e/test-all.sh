@@ -85,7 +85,7 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
   step "e2e/docs-test.sh (the README's tour on this machine, docs/getting-started.md on the loopback cluster, as a user pastes them)"
   TOLLGATE_REQUIRE_FULL=1 e2e/docs-test.sh
-  step "e2e/flux-test.sh (docs/gitops.md's Flux section: Flux's source-controller and kustomize-controller, built from Go modules, syncing a Git repository served on loopback; cached, about 15 minutes the first time)"
+  step "e2e/flux-test.sh (docs/gitops.md's Flux section: Flux's source-controller and kustomize-controller, built from Go modules, syncing a Git repository served on loopback; cached, about 8 minutes the first time)"
   TOLLGATE_REQUIRE_FULL=1 e2e/flux-test.sh
   step "e2e/conformance.sh (GATEWAY-HTTP, -GRPC, -TLS, -TCP and -UDP; the Gateway API conformance suite; reports to a temporary dir)"
   CONFORMANCE_REPORT_DIR=$(mktemp -d /tmp/tollgate-conformance.XXXXXX) e2e/conformance.sh
