@@ -52,7 +52,13 @@ if ! command -v lua5.1 >/dev/null 2>&1 && ! command -v lua >/dev/null 2>&1; then
 fi
 
 step "e2e/cluster.sh up (real etcd + kube-apiserver for the k8s_* tests)"
-trap 'e2e/cluster.sh down || true' EXIT
+PREBUILD_PID=""
+# shellcheck disable=SC2317 # called from the EXIT trap
+cleanup() {
+  [[ -n $PREBUILD_PID ]] && kill -- "-$PREBUILD_PID" 2>/dev/null
+  e2e/cluster.sh down || true
+}
+trap cleanup EXIT
 e2e/cluster.sh up
 eval "$(e2e/cluster.sh env)"
 
@@ -61,6 +67,17 @@ e2e/kstatus.sh build >/dev/null
 
 step "cargo test"
 cargo test --workspace --locked
+
+if [[ $(id -u) -eq 0 ]]; then
+  # The Go builds the loopback-cluster steps below need (kube-controller-manager, echo-basic,
+  # CoreDNS, the node agent, Flux's controllers, the conformance suite: about 25 minutes of one
+  # core on a fresh machine, nothing once cached) run beside the fuzz targets, which keep one
+  # core busy, and the chart test, instead of one after another later.
+  PREBUILD_LOG=$(mktemp /tmp/tollgate-prebuild.XXXXXX)
+  step "building the loopback cluster's parts in the background (log: $PREBUILD_LOG)"
+  setsid bash -c 'e2e/cluster.sh build --full && e2e/flux.sh build && e2e/conformance.sh --build' >"$PREBUILD_LOG" 2>&1 &
+  PREBUILD_PID=$!
+fi
 
 step "e2e/fuzz.sh 30 (every fuzz target 30 s from its seeds; docs/fuzzing.md)"
 e2e/fuzz.sh 30
@@ -75,6 +92,13 @@ if [[ $(id -u) -eq 0 ]]; then
   # otherwise turn into pods restarting for the rest of the run, loading the 2-core host
   # under the timing-sensitive tests below (the conformance run of 2026-12-02 that failed
   # had ten such pods restarting every two seconds and controller lease renewals timing out).
+  step "waiting for the background builds"
+  if ! wait "$PREBUILD_PID"; then
+    cat "$PREBUILD_LOG" >&2
+    echo "the background builds failed (above)" >&2
+    exit 1
+  fi
+  PREBUILD_PID=""
   step "e2e/cluster.sh down, then up --full (a fresh control plane plus kube-controller-manager, the pod bridge and the node agent; minutes cold) and the node-agent tests"
   e2e/cluster.sh down
   e2e/cluster.sh up --full
