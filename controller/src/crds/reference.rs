@@ -86,6 +86,11 @@ fn walk(out: &mut String, path: &str, schema: &Value, required: bool) {
         cell(&type_of(schema, required)),
         cell(&describe(schema))
     );
+    children(out, path, schema);
+}
+
+/// The rows of `schema`'s fields, list items and map values.
+fn children(out: &mut String, path: &str, schema: &Value) {
     if let Some(props) = schema["properties"].as_object() {
         for (name, child) in props {
             walk(
@@ -97,10 +102,10 @@ fn walk(out: &mut String, path: &str, schema: &Value, required: bool) {
         }
     }
     if schema["items"].is_object() {
-        walk_children(out, &format!("{path}[]"), &schema["items"]);
+        walk_item(out, &format!("{path}[]"), &schema["items"]);
     }
     if schema["additionalProperties"].is_object() {
-        walk_children(
+        walk_item(
             out,
             &format!("{path}.<name>"),
             &schema["additionalProperties"],
@@ -110,30 +115,16 @@ fn walk(out: &mut String, path: &str, schema: &Value, required: bool) {
 
 /// An array's items or a map's values: their own row only when they say more than their
 /// container's type does (plain objects get rows for their fields instead).
-fn walk_children(out: &mut String, path: &str, schema: &Value) {
-    let scalar = !schema["properties"].is_object()
-        && !schema["items"].is_object()
-        && !schema["additionalProperties"].is_object();
-    if scalar && describe(schema).is_empty() {
-        return;
+fn walk_item(out: &mut String, path: &str, schema: &Value) {
+    let plain = describe(schema).is_empty();
+    let nested = schema["properties"].is_object()
+        || schema["items"].is_object()
+        || schema["additionalProperties"].is_object();
+    match (plain, nested) {
+        (true, false) => {}
+        (true, true) if schema["properties"].is_object() => children(out, path, schema),
+        _ => walk(out, path, schema, false),
     }
-    if schema["properties"].is_object() && describe(schema).is_empty() {
-        if let Some(props) = schema["properties"].as_object() {
-            for (name, child) in props {
-                walk(
-                    out,
-                    &format!("{path}.{name}"),
-                    child,
-                    is_required(schema, name),
-                );
-            }
-        }
-        if schema["items"].is_object() {
-            walk_children(out, &format!("{path}[]"), &schema["items"]);
-        }
-        return;
-    }
-    walk(out, path, schema, false);
 }
 
 fn type_of(schema: &Value, required: bool) -> String {

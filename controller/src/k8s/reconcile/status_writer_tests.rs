@@ -4,8 +4,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::compile::conditions::{Conds, PROGRAMMED};
-use crate::crds::PolicyStatus;
-use crate::crds::common::{AncestorRef, PolicyAncestorStatus};
+use crate::k8s::reconcile::tests::policy_on;
 use gateway_types::gateways::GatewayStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -29,29 +28,6 @@ fn gateway(programmed_ok: bool) -> GatewayStatus {
             "compiled",
         )]),
         ..GatewayStatus::default()
-    }
-}
-
-fn policy_on(gateways: &[&str]) -> PolicyStatus {
-    let now = now();
-    let c = Conds::new(Some(1), &now);
-    let enforced = c.yes("Enforced", "Enforced", "enforced");
-    PolicyStatus {
-        observed_generation: Some(1),
-        conditions: vec![c.yes("Accepted", "Accepted", "ok"), enforced.clone()],
-        ancestors: gateways
-            .iter()
-            .map(|g| PolicyAncestorStatus {
-                ancestor_ref: AncestorRef {
-                    group: "gateway.networking.k8s.io".into(),
-                    kind: "Gateway".into(),
-                    namespace: "ns".into(),
-                    name: (*g).into(),
-                },
-                controller_name: "x".into(),
-                conditions: vec![enforced.clone()],
-            })
-            .collect(),
     }
 }
 

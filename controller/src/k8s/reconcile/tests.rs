@@ -97,7 +97,9 @@ fn only_classes_with_our_name_are_compiled_as_ours() {
     assert_eq!(ours, vec!["a".to_owned()]);
 }
 
-fn policy_on(gateways: &[&str]) -> PolicyStatus {
+/// A policy status Accepted and Enforced on Gateways `ns/NAME` (shared with
+/// status_writer_tests.rs).
+pub(super) fn policy_on(gateways: &[&str]) -> PolicyStatus {
     let now = Time(Timestamp::UNIX_EPOCH);
     let c = Conds::new(Some(1), &now);
     let enforced = c.yes("Enforced", "Enforced", "enforced");
