@@ -203,16 +203,7 @@ async fn controller_without_secret_reads(env: &TestEnv) -> (ControllerProc, Stri
         ]),
     )
     .await;
-    let admin = std::fs::read_to_string(k8s_support::kubeconfig()).unwrap();
-    let key_line = admin
-        .lines()
-        .find(|l| l.trim_start().starts_with("client-key:"))
-        .expect("a client-key line in the test kubeconfig")
-        .to_owned();
-    let indent = &key_line[..key_line.len() - key_line.trim_start().len()];
-    let acting = admin.replace(&key_line, &format!("{key_line}\n{indent}as: {user}"));
-    let kubeconfig = env.dir.join("no-get-secrets.kubeconfig");
-    std::fs::write(&kubeconfig, acting).unwrap();
+    let kubeconfig = k8s_support::kubeconfig_as(env, &user);
 
     let cert = rcgen::generate_simple_self_signed(vec!["shop.example.com".to_owned()]).unwrap();
     let (crt, key) = (cert.cert.pem(), cert.signing_key.serialize_pem());
