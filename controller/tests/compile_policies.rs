@@ -84,7 +84,7 @@ fn invalid_cel_and_window_and_methods() {
     for (c, needle) in [
         (rlp(&out, "bad-cel"), "invalid CEL expression"),
         (rlp(&out, "bad-window"), "window \"1d\""),
-        (ap(&out, "two-methods"), "exactly one of apiKey, jwt"),
+        (ap(&out, "two-methods"), "exactly one of apiKey, basic, jwt"),
         (ap(&out, "no-creds"), "Secret pol/missing not found"),
     ] {
         assert_cond(c, "Accepted", "False", "Invalid");

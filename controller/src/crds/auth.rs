@@ -78,13 +78,18 @@ pub struct AuthRules {
     pub response: Option<ResponseSpec>,
 }
 
-/// One authentication method: exactly one of `apiKey`, `jwt`, `oauth2Introspection`, `x509`.
+/// One authentication method: exactly one of `apiKey`, `basic`, `jwt`, `oauth2Introspection`,
+/// `x509`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthenticationSpec {
     /// API keys from Secrets (key `api_key`) selected by label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ApiKeySpec>,
+    /// HTTP Basic authentication (RFC 7617) against htpasswd entries from Secrets (key
+    /// `htpasswd`) selected by label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic: Option<BasicSpec>,
     /// JSON Web Tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt: Option<JwtSpec>,
@@ -94,8 +99,8 @@ pub struct AuthenticationSpec {
     /// The client certificate the listener verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x509: Option<X509Spec>,
-    /// Where the credential is read from (default: `Authorization: Bearer`, or
-    /// `Authorization: APIKEY` for API keys).
+    /// Where the credential is read from (default: `Authorization: Bearer`,
+    /// `Authorization: APIKEY` for API keys, `Authorization: Basic` for basic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<CredentialsSpec>,
     /// The method is tried only when every predicate holds.
@@ -109,6 +114,20 @@ pub struct AuthenticationSpec {
 pub struct ApiKeySpec {
     /// Labels of the Secrets holding the keys (each Secret's `api_key` entry). Secrets must
     /// also carry the label `tollgate.dev/credential` for the controller to see them.
+    pub selector: LabelSelector,
+    /// Also look outside the policy's namespace.
+    #[serde(default)]
+    pub all_namespaces: bool,
+}
+
+/// htpasswd Secrets.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicSpec {
+    /// Labels of the Secrets holding the users (each Secret's `htpasswd` entry: lines of
+    /// `user:hash`, bcrypt `$2y$`/`$2b$`/`$2a$`, SHA-256 crypt `$5$` or SHA-512 crypt `$6$`;
+    /// MD5, SHA-1, DES crypt and plain text are refused). Secrets must also carry the label
+    /// `tollgate.dev/credential` for the controller to see them.
     pub selector: LabelSelector,
     /// Also look outside the policy's namespace.
     #[serde(default)]

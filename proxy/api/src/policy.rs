@@ -7,8 +7,9 @@
 //! when an invalid policy closes the rule. The proxy compiles the CEL once per table and enforces in
 //! the order authentication, authorization, rate limit.
 //!
-//! Secrets never appear in clear: API keys travel as SHA-256 digests; the only secret material
-//! is an introspection client's credentials, which the proxy needs to call the endpoint.
+//! Secrets never appear in clear: API keys travel as SHA-256 digests, basic-auth passwords as
+//! the salted slow hashes of their htpasswd entries; the only secret material is an
+//! introspection client's credentials, which the proxy needs to call the endpoint.
 
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +170,8 @@ pub enum Credentials {
 pub enum Method {
     /// API keys from Secrets.
     ApiKey(ApiKeys),
+    /// HTTP Basic authentication against htpasswd entries.
+    Basic(BasicUsers),
     /// A signed JWT.
     Jwt(Jwt),
     /// OAuth 2.0 token introspection (RFC 7662).
@@ -199,6 +202,37 @@ pub struct ApiKey {
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiKey")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Basic-auth users, from htpasswd entries in Secrets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicUsers {
+    /// One entry per htpasswd line, sorted by Secret then line.
+    pub users: Vec<BasicUser>,
+}
+
+/// One htpasswd entry.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicUser {
+    /// The user name.
+    pub username: String,
+    /// Its password hash in modular crypt format: `$2a$`, `$2b$`, `$2y$` (bcrypt), `$5$`
+    /// (SHA-256 crypt) or `$6$` (SHA-512 crypt); the compiler refuses every other format.
+    pub hash: String,
+    /// The identity a caller with this user gets: `{"username", "metadata": {"name",
+    /// "namespace", "labels", "annotations"}}` of the Secret, as JSON (never the hash).
+    pub identity: serde_json::Value,
+}
+
+impl std::fmt::Debug for BasicUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicUser")
+            .field("username", &self.username)
             .field("identity", &self.identity)
             .finish_non_exhaustive()
     }

@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod authn;
+mod basic;
 mod client_ip;
 mod closed;
 #[path = "../common/mod.rs"]

@@ -4,7 +4,8 @@
 //! [`AuthEntries`] (methods, authorization rules and success headers by name, deny answers,
 //! the policy's `when`), or the `Invalid` problem: a method with zero or several kinds, a
 //! credentials block with zero or several sources, a CEL expression that does not compile, a
-//! JWT without keys, an introspection `credentialsRef` that does not resolve. `x509` takes the
+//! JWT without keys, a basic-auth htpasswd entry that is malformed or weakly hashed
+//! ([`basic`]), an introspection `credentialsRef` that does not resolve. `x509` takes the
 //! certificate the listener verified (Gateway `spec.tls.frontend`).
 //!
 //! Secrets a policy reads must carry the label [`CREDENTIAL_LABEL`]: the controller watches
@@ -15,13 +16,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tollgate_api::ObjectKey;
 use tollgate_api::policy::{
     ApiKey, ApiKeys, AuthnMethod, AuthzRule, Credentials, DenyResponse, Introspection, Jwt, Method,
 };
 
 use super::ratelimit::{check, predicates};
-use super::{Contribution, Problem, invalid};
+use super::{Contribution, Problem, basic, invalid};
 use crate::compile::index::{labels_match, name_of, ns_of};
 use crate::crds::auth::{AuthPolicy, AuthRules, AuthenticationSpec, CredentialsSpec, DenySpec};
 use crate::crds::common::Strategy;
@@ -141,53 +143,48 @@ fn method(
     let field = format!("authentication.{name}");
     let kinds = [
         m.api_key.is_some(),
+        m.basic.is_some(),
         m.jwt.is_some(),
         m.oauth2_introspection.is_some(),
         m.x509.is_some(),
     ];
     if kinds.iter().filter(|k| **k).count() != 1 {
         return Err(invalid(format!(
-            "{field}: set exactly one of apiKey, jwt, oauth2Introspection, x509"
+            "{field}: set exactly one of apiKey, basic, jwt, oauth2Introspection, x509"
         )));
     }
     let (method, default_prefix) = if let Some(a) = &m.api_key {
-        let mut keys: Vec<(ObjectKey, ApiKey)> =
-            secrets
-                .iter()
-                .filter(|s| a.all_namespaces || ns_of(&s.metadata) == key.namespace)
-                .filter(|s| {
-                    let labels = s.metadata.labels.clone().unwrap_or_default();
-                    labels.contains_key(CREDENTIAL_LABEL)
-                        && labels_match(
-                            a.selector.match_labels.iter().flatten(),
-                            a.selector.match_expressions.iter().flatten().map(|e| {
-                                (e.key.as_str(), e.operator.as_str(), e.values.as_deref())
-                            }),
-                            &labels,
-                        )
-                })
-                .filter_map(|s| {
-                    let value = secret_value(s, API_KEY_FIELD)?;
-                    Some((
-                        ObjectKey::new(ns_of(&s.metadata), name_of(&s.metadata)),
-                        ApiKey {
-                            sha256: sha256_hex(&value),
-                            identity: serde_json::json!({"metadata": {
-                                "name": name_of(&s.metadata),
-                                "namespace": ns_of(&s.metadata),
-                                "labels": s.metadata.labels.clone().unwrap_or_default(),
-                                "annotations": s.metadata.annotations.clone().unwrap_or_default(),
-                            }}),
-                        },
-                    ))
-                })
-                .collect();
+        let mut keys: Vec<(ObjectKey, ApiKey)> = secrets
+            .iter()
+            .filter(|s| a.all_namespaces || ns_of(&s.metadata) == key.namespace)
+            .filter(|s| selected(s, &a.selector))
+            .filter_map(|s| {
+                let value = secret_value(s, API_KEY_FIELD)?;
+                Some((
+                    ObjectKey::new(ns_of(&s.metadata), name_of(&s.metadata)),
+                    ApiKey {
+                        sha256: sha256_hex(&value),
+                        identity: serde_json::json!({"metadata": {
+                            "name": name_of(&s.metadata),
+                            "namespace": ns_of(&s.metadata),
+                            "labels": s.metadata.labels.clone().unwrap_or_default(),
+                            "annotations": s.metadata.annotations.clone().unwrap_or_default(),
+                        }}),
+                    },
+                ))
+            })
+            .collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0));
         (
             Method::ApiKey(ApiKeys {
                 keys: keys.into_iter().map(|(_, k)| k).collect(),
             }),
             "APIKEY",
+        )
+    } else if let Some(b) = &m.basic {
+        (
+            Method::Basic(basic::users(b, key, secrets, &field)?),
+            "Basic",
         )
     } else if let Some(j) = &m.jwt {
         if j.issuer.is_empty() {
@@ -316,8 +313,23 @@ fn url(u: &str, field: &str) -> Result<(), Problem> {
     }
 }
 
+/// Whether `s` carries [`CREDENTIAL_LABEL`] and matches `selector`.
+pub(crate) fn selected(s: &Secret, selector: &LabelSelector) -> bool {
+    let labels = s.metadata.labels.clone().unwrap_or_default();
+    labels.contains_key(CREDENTIAL_LABEL)
+        && labels_match(
+            selector.match_labels.iter().flatten(),
+            selector
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|e| (e.key.as_str(), e.operator.as_str(), e.values.as_deref())),
+            &labels,
+        )
+}
+
 /// A Secret value from `data` (already base64-decoded) or `stringData` (manifests).
-fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
+pub(crate) fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
     s.data
         .as_ref()
         .and_then(|d| d.get(k))

@@ -23,6 +23,7 @@
 
 pub mod auth;
 pub mod backend;
+pub mod basic;
 pub mod client;
 pub mod last_valid;
 pub mod ratelimit;

@@ -21,6 +21,8 @@ use prometheus_client::registry::Registry;
 pub enum MethodKind {
     /// API key.
     ApiKey,
+    /// HTTP Basic (htpasswd).
+    Basic,
     /// Signed JWT.
     Jwt,
     /// OAuth 2.0 token introspection.
@@ -37,6 +39,7 @@ impl MethodKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ApiKey => "apiKey",
+            Self::Basic => "basic",
             Self::Jwt => "jwt",
             Self::Introspection => "introspection",
             Self::X509 => "x509",
@@ -46,7 +49,7 @@ impl MethodKind {
 }
 
 impl MethodKind {
-    const COUNT: usize = 5;
+    const COUNT: usize = 6;
 
     fn index(self) -> usize {
         match self {
@@ -55,6 +58,7 @@ impl MethodKind {
             Self::Introspection => 2,
             Self::X509 => 3,
             Self::None => 4,
+            Self::Basic => 5,
         }
     }
 }
@@ -89,7 +93,7 @@ impl Outcome {
 }
 
 impl Outcome {
-    const COUNT: usize = 5;
+    const COUNT: usize = 6;
 
     fn index(self) -> usize {
         match self {
@@ -157,12 +161,21 @@ pub struct AuthMetrics {
 
 /// Series of [`AuthMetrics`] already looked up in their family (a [`Counter`] shares its value
 /// with the family's).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Kept {
     /// By `MethodKind::index() * Outcome::COUNT + Outcome::index()`.
     outcomes: [OnceLock<Counter>; MethodKind::COUNT * Outcome::COUNT],
     /// By `Cache::index() * 2 + hit`.
     cache_lookups: [OnceLock<Counter>; 4],
+}
+
+impl Default for Kept {
+    fn default() -> Self {
+        Self {
+            outcomes: std::array::from_fn(|_| OnceLock::new()),
+            cache_lookups: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
 }
 
 impl AuthMetrics {

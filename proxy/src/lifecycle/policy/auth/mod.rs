@@ -25,14 +25,15 @@
 //!
 //! `WWW-Authenticate` carries one challenge per distinct scheme of the configured methods, in
 //! order: the `Authorization` prefix of the method when it reads that header, else `Bearer`
-//! for JWT and introspection and `APIKEY` for API keys, each as `<scheme> realm="<realm>"`.
+//! for JWT and introspection, `APIKEY` for API keys and `Basic` for basic auth, each as `<scheme> realm="<realm>"`.
 //! X.509 adds no challenge (it happens in the TLS handshake).
 //!
 //! Identities (`auth.identity`): JWT claims; the introspection answer; the API key Secret's
-//! metadata JSON from the table; for X.509 see [`x509::identity`]. Anonymous (no methods):
+//! metadata JSON from the table; for basic auth the user name and its Secret's metadata; for X.509 see [`x509::identity`]. Anonymous (no methods):
 //! `null`.
 
 mod apikey;
+mod basic;
 mod credentials;
 mod http;
 mod introspect;
@@ -51,6 +52,7 @@ use bytes::Bytes;
 use tollgate_api::policy::{Auth, AuthnMethod, DenyResponse, Method};
 
 use self::apikey::ApiKeyVerifier;
+use self::basic::BasicVerifier;
 use self::credentials::Source;
 use self::introspect::Introspector;
 use self::jwt::JwtVerifier;
@@ -227,6 +229,7 @@ impl DenyTemplate {
 #[derive(Debug, Clone)]
 enum Verifier {
     ApiKey(ApiKeyVerifier),
+    Basic(BasicVerifier),
     Jwt(JwtVerifier),
     Introspection(Introspector),
     X509,
@@ -425,6 +428,7 @@ impl CompiledAuth {
                         Verifier::ApiKey(v) => v
                             .verify(&credential)
                             .ok_or(Failure::Invalid("unknown API key")),
+                        Verifier::Basic(v) => v.verify(&credential).await,
                         Verifier::Jwt(v) => v.verify(&credential, &self.shared).await,
                         Verifier::Introspection(v) => v.verify(&credential, &self.shared).await,
                         Verifier::X509 => continue,
@@ -468,6 +472,10 @@ fn compile_method(
             MethodKind::ApiKey,
             Verifier::ApiKey(ApiKeyVerifier::compile(keys, &m.name)?),
         ),
+        Method::Basic(users) => (
+            MethodKind::Basic,
+            Verifier::Basic(BasicVerifier::compile(users)?),
+        ),
         Method::Jwt(j) => {
             if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
                 return Err(AuthBuildError::NoCryptoProvider);
@@ -500,6 +508,7 @@ fn challenges(methods: &[CompiledMethod], realm: &str) -> Vec<HeaderValue> {
         let scheme = match m.kind {
             MethodKind::Jwt | MethodKind::Introspection => m.source.scheme().unwrap_or("Bearer"),
             MethodKind::ApiKey => m.source.scheme().unwrap_or("APIKEY"),
+            MethodKind::Basic => m.source.scheme().unwrap_or("Basic"),
             MethodKind::X509 | MethodKind::None => continue,
         };
         if !schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
