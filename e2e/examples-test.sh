@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key jwt introspection mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key basic-auth jwt introspection mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -194,6 +194,14 @@ expect "api-key: no key is refused" '401' code "http://$a:8085/orders"
 expect "api-key: carol's key (Secret without the credential label) is refused" '401' code -H 'X-API-Key: carol-demo-key' "http://$a:8085/orders"
 expect "api-key: alice's key passes, X-User set" '"x-user": "alice"' body -H 'X-API-Key: alice-demo-key' "http://$a:8085/orders"
 expect "api-key: bob may not call /admin" '403' code -H 'X-API-Key: bob-demo-key' "http://$a:8085/admin/stats"
+
+# --- basic-auth ------------------------------------------------------------------------
+a=$(addr basic-auth basic-auth)
+expect "basic-auth: no password is refused with the Basic challenge" 'www-authenticate: Basic realm="tollgate"' heads "http://$a:8090/users"
+expect "basic-auth: a wrong password is refused" '401' code -u alice:wrong "http://$a:8090/users"
+expect "basic-auth: alice (bcrypt) passes, X-User set" '"x-user": "alice"' body -u alice:alice-password "http://$a:8090/users"
+expect "basic-auth: carol (support) may not write" '403' code -u carol:carol-password -X DELETE "http://$a:8090/users/7"
+expect "basic-auth: bob (SHA-512 crypt, ops) may" '200' code -u bob:bob-password -X DELETE "http://$a:8090/users/7"
 
 # --- jwt -------------------------------------------------------------------------------
 a=$(addr jwt jwt)

@@ -30,6 +30,7 @@ fn examples_serve_as_documented() {
     grpc();
     policy_examples::rate_limit();
     policy_examples::api_key();
+    policy_examples::basic_auth();
     policy_examples::jwt();
     policy_examples::introspection();
     policy_examples::mtls();
@@ -600,6 +601,7 @@ fn validate_prints_policy_status() {
             "RateLimitPolicy default/reports-fixed-window",
         ),
         ("examples/api-key", "AuthPolicy default/orders-auth"),
+        ("examples/basic-auth", "AuthPolicy default/admin-auth"),
         ("examples/introspection", "AuthPolicy default/accounts-auth"),
         ("examples/mtls", "AuthPolicy default/api-auth"),
     ] {

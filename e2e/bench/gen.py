@@ -46,6 +46,9 @@ Variants of `policies` (port):
   cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
   twin      18095  the bare route again: measured beside the bare route, a control whose
                    ratio shows what the measurement itself does (1.0 when it is fair)
+  basic     18096  an AuthPolicy with basic auth (a SHA-512 crypt htpasswd entry) plus the
+                   same local limit; the same credential on every request, so the memo of
+                   checked passwords answers (its Authorization header replaces the token)
 
 DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
 generator sends, tab-separated). Every variant gets the same request, API key and token
@@ -405,7 +408,11 @@ frontend fe
 SECRET = b"tollgate-bench-hs256-secret-0123456789"
 API_KEY = "bench-api-key-0123456789"
 PORTS = {"bare": 18090, "rl": 18091, "apikey": 18092, "jwt": 18093, "cached": 18094,
-         "twin": 18095}
+         "twin": 18095, "basic": 18096}
+BASIC_USER, BASIC_PASSWORD = "bench", "bench-password"
+# `openssl passwd -6 -salt benchsaltbenchsa bench-password` (SHA-512 crypt, 5,000 rounds).
+BASIC_HASH = ("$6$benchsaltbenchsa$nbRlu6nxQH4/V2j5At6Hj2QmA09b0k1taVuj0ATGan5wupScb8uAUwOSHMk"
+              "UQFMMpvQCFRNzp2j4bYLI6P0no/")
 # Never reached in a benchmark run: limit × window_ms stays below 2^53 as the limiter requires.
 HUGE_LIMIT = "{rates: [{limit: 1000000000, window: 1h}], counters: [{expression: source.address}]}"
 
@@ -506,6 +513,23 @@ spec:
           jwks: '{jwks}'
 """
 
+BASIC = f"""---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bench-users, namespace: default, labels: {{app: bench, tollgate.dev/credential: "true"}}}}
+stringData: {{htpasswd: "{BASIC_USER}:{BASIC_HASH}"}}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-auth, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authentication:
+      users:
+        basic: {{selector: {{matchLabels: {{app: bench}}}}}}
+"""
+
 BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494,
                  "expr": 18495}
 
@@ -565,15 +589,20 @@ def policies(out):
         "jwt": RL + JWT,
         "cached": RL,
         "twin": "",
+        "basic": RL + BASIC,
     }
     headers = [f"x-api-key: {API_KEY}", f"authorization: Bearer {token()}"]
+    basic = base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()).decode()
+    # One Authorization header per request: the basic variant's carries its credential
+    # instead of the bearer token (the same length within a few bytes of the token's).
+    basic_headers = [f"x-api-key: {API_KEY}", f"authorization: Basic {basic}"]
     for name, extra in variants.items():
         d = os.path.join(out, name)
         os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
         with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
             f.write(base(name, PORTS[name]) + extra)
         with open(os.path.join(d, "request"), "w") as f:
-            f.write("\t".join([str(PORTS[name])] + headers) + "\n")
+            f.write("\t".join([str(PORTS[name])] + (basic_headers if name == "basic" else headers)) + "\n")
     print(" ".join(variants))
 
 

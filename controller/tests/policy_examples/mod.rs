@@ -1,11 +1,13 @@
-//! The policy examples (examples/rate-limit, examples/api-key, examples/jwt,
+//! The policy examples (examples/rate-limit, examples/api-key, examples/basic-auth, examples/jwt,
 //! examples/introspection, examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
 //! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
 //! demo backend's port.
 use crate::WAIT;
-use crate::support::{self, Tollgate, eventually, get, get_mtls, get_with, temp_dir, workspace};
+use crate::support::{
+    self, Tollgate, eventually, get, get_mtls, get_with, send_with, temp_dir, workspace,
+};
 
 /// `tollgate run` on a policy example with the demo backend and no admin server.
 fn run_example(name: &str) -> Tollgate {
@@ -223,6 +225,51 @@ pub fn api_key() {
         call("/../admin", &[("X-API-Key", "alice-demo-key")]).status,
         400
     );
+}
+
+/// examples/basic-auth, as its README says.
+pub fn basic_auth() {
+    use base64::Engine as _;
+    let tg = run_example("basic-auth");
+    let basic = |user_pass: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(user_pass)
+        )
+    };
+    let call = |method: &str, path: &str, user_pass: &str| {
+        send_with(
+            8090,
+            method,
+            "127.0.0.1:8090",
+            path,
+            &[("Authorization", &basic(user_pass))],
+        )
+        .unwrap()
+    };
+    let none = eventually(WAIT, || {
+        get(8090, "127.0.0.1:8090", "/users").filter(|r| r.status != 404)
+    })
+    .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+    assert_eq!(none.status, 401, "{none:?}");
+    assert_eq!(
+        none.header("www-authenticate"),
+        Some("Basic realm=\"tollgate\"")
+    );
+    assert_eq!(call("GET", "/users", "alice:wrong").status, 401);
+    assert_eq!(call("GET", "/users", "mallory:alice-password").status, 401);
+    let alice = call("GET", "/users", "alice:alice-password");
+    assert_eq!(alice.status, 200, "{alice:?}");
+    let doc = alice.json();
+    assert_eq!(doc["headers"]["x-user"], "alice");
+    assert!(doc["headers"].get("authorization").is_none(), "{doc}");
+    assert_eq!(call("GET", "/users", "carol:carol-password").status, 200);
+    assert_eq!(
+        call("DELETE", "/users/7", "carol:carol-password").status,
+        403,
+        "support may read, not write"
+    );
+    assert_eq!(call("DELETE", "/users/7", "bob:bob-password").status, 200);
 }
 
 /// A `NAME=value` line of examples/jwt/README.md (the test tokens).

@@ -291,9 +291,20 @@ pub fn get_mtls(
 
 /// Sends one `GET /` with extra headers over plain HTTP/1.1.
 pub fn get_with(port: u16, host: &str, path: &str, headers: &[(&str, &str)]) -> Option<Resp> {
+    send_with(port, "GET", host, path, headers)
+}
+
+/// Sends one bodiless `method path` with extra headers over plain HTTP/1.1.
+pub fn send_with(
+    port: u16,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<Resp> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
