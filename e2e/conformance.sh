@@ -203,7 +203,11 @@ for uid in $(kubectl -n "$NS" get pods -o jsonpath='{.items[*].metadata.uid}' 2>
   [[ -f $f ]] && controller_logs+=("$f")
 done
 if ((${#controller_logs[@]} > 0)); then
-  log "controller replicas in $NS: $(cat "${controller_logs[@]}" | grep -c 'lease update timed out') lease renewals timed out, $(cat "${controller_logs[@]}" | grep -c 'leadership changed') leadership changes"
+  all=$(cat "${controller_logs[@]}")
+  # Rounds slower than the 2 s renew period log their duration (took_ms); the slowest says how
+  # close a renewal came to the 6 s deadline.
+  slowest=$(grep -o 'took_ms[^0-9]*[0-9]*' <<<"$all" | grep -o '[0-9]*$' | sort -n | tail -1)
+  log "controller replicas in $NS: $(grep -c 'lease update timed out' <<<"$all") lease renewals timed out, $(grep -c 'slow lease round' <<<"$all") rounds slower than 2 s (slowest ${slowest:-none} ms), $(grep -c 'leadership changed' <<<"$all") leadership changes ($(grep 'leadership changed' <<<"$all" | grep -c 'leading.*false') lost)"
 fi
 if ((rc != 0)); then
   # What a failure needs to be understood, before the cleanup removes it (the cluster's state

@@ -377,6 +377,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             .await
             .context("no in-cluster config and no kubeconfig")?,
     };
+    // The leader elector builds a client of its own from this (its own connection).
+    let lease_config = config.clone();
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let namespace = args
         .namespace
@@ -445,6 +447,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             owner,
             ..leader::LeaderConfig::new(&namespace, &args.lease_name, &id)
         },
+        lease_config: Some(lease_config),
         debounce: Duration::from_millis(args.debounce_ms),
     };
     info!(id = %id, namespace = %namespace, controller_name = %args.controller_name, "controller starting");

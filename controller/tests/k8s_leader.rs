@@ -634,6 +634,70 @@ async fn the_lease_carries_our_owner_from_creation_or_from_the_next_renewal() {
     assert!(*e.subscribe().borrow(), "did not keep leading");
 }
 
+/// A controller whose runtime is busy (a compile of thousands of routes holding a worker, as
+/// on a loaded 2-core host) keeps renewing its Lease: the elector runs on a thread and a
+/// connection of its own. The control shows the same elector as a task of the busy runtime,
+/// as it was before: its Lease is not renewed while the runtime is blocked.
+#[tokio::test(flavor = "current_thread")]
+async fn a_busy_runtime_does_not_starve_lease_renewals() {
+    use tollgate::k8s::leader::{self, Elector, LeaderConfig, LeaseClient};
+    let env = TestEnv::new("leasebusy").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let metrics = Arc::new(tollgate::k8s::metrics::Metrics::new());
+    let cfg = |name: &str| LeaderConfig {
+        lease_duration: Duration::from_secs(4),
+        renew_period: Duration::from_millis(500),
+        renew_deadline: Duration::from_millis(1500),
+        ..LeaderConfig::new(&env.ns, name, "me")
+    };
+    let renewed = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.renew_time.clone())
+            .expect("renewTime")
+            .0
+    };
+    let block = Duration::from_secs(6);
+
+    let running = leader::spawn(
+        LeaseClient::Own(Box::new(k8s_support::config().await)),
+        cfg("own-thread"),
+        metrics.clone(),
+    )
+    .unwrap();
+    let mut leading = running.leading.clone();
+    tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|l| *l))
+        .await
+        .expect("did not lead")
+        .unwrap();
+    // Blocks the runtime (this test's only thread) for longer than the Lease lasts.
+    std::thread::sleep(block);
+    let lease = leases.get("own-thread").await.unwrap();
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed(&lease));
+    assert!(
+        age.as_secs_f64() < 2.0,
+        "renewed {age:?} ago while the runtime was blocked"
+    );
+    assert!(*running.leading.borrow(), "stepped down");
+    running.stop().await;
+
+    // The control: an elector task of the blocked runtime.
+    let mut task = Elector::new(env.client.clone(), cfg("same-runtime"), metrics);
+    let task_leading = task.subscribe();
+    task.tick().await;
+    assert!(*task_leading.borrow(), "the control did not lead");
+    let handle = tokio::spawn(async move { task.run().await });
+    tokio::task::yield_now().await;
+    std::thread::sleep(block);
+    let lease = leases.get("same-runtime").await.unwrap();
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed(&lease));
+    assert!(
+        age.as_secs_f64() >= 5.0,
+        "the control renewed {age:?} ago: the blocked runtime still ran it"
+    );
+    handle.abort();
+}
+
 /// A leader whose requests stop being answered (a stalled connection, an API server that
 /// hangs) steps down instead of waiting on the request and believing it leads after its Lease
 /// ran out and another replica took it.

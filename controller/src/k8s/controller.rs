@@ -22,7 +22,7 @@ use kube::Client;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{error, info};
 
-use super::leader::{Elector, LeaderConfig};
+use super::leader::{self, LeaderConfig, LeaseClient};
 use super::metrics::Metrics;
 use super::reconcile::{Outcome, Reconciler, Settings};
 use super::stores::{Change, Relevance, Stores};
@@ -62,6 +62,9 @@ pub enum ControllerError {
     /// The watches stopped before every kind was listed.
     #[error("the watches stopped before the first list completed")]
     WatchesStopped,
+    /// The leader elector could not start.
+    #[error(transparent)]
+    Elector(#[from] leader::SpawnError),
 }
 
 /// Settings of `tollgate controller`.
@@ -71,6 +74,9 @@ pub struct ControllerConfig {
     pub settings: Settings,
     /// Leader election.
     pub leader: LeaderConfig,
+    /// The API server configuration the elector builds a client of its own from (its own
+    /// connection, on its own thread); `None`: it shares the controller's client.
+    pub lease_config: Option<kube::Config>,
     /// Quiet period after a change before reconciling.
     pub debounce: Duration,
 }
@@ -86,12 +92,24 @@ pub async fn run(
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let (stores, watch_tasks) = Stores::spawn(&client, &tx, &metrics);
     drop(tx);
-    let mut elector = Elector::new(client.clone(), cfg.leader.clone(), metrics.clone());
-    let mut leading = elector.subscribe();
+    let lease_client = match cfg.lease_config.clone() {
+        Some(config) => LeaseClient::Own(Box::new(config)),
+        None => LeaseClient::Shared(client.clone()),
+    };
+    let elector = match leader::spawn(lease_client, cfg.leader.clone(), metrics.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            for t in watch_tasks {
+                t.abort();
+            }
+            return Err(e.into());
+        }
+    };
+    let mut leading = elector.leading.clone();
     if let Some(push) = cfg.settings.push.clone() {
         // Only the leader serves proxies: it alone writes `Programmed`, from the proxies it
         // sees. A replica that loses the lease ends its streams; the proxies reconnect.
-        let mut follow = elector.subscribe();
+        let mut follow = elector.leading.clone();
         tokio::spawn(async move {
             loop {
                 push.set_accepting(*follow.borrow_and_update());
@@ -101,14 +119,6 @@ pub async fn run(
             }
         });
     }
-    let (stop_elector, mut elector_stopped) = tokio::sync::oneshot::channel::<()>();
-    let elector_task = tokio::spawn(async move {
-        tokio::select! {
-            () = elector.run() => {}
-            _ = &mut elector_stopped => {}
-        }
-        elector.release().await;
-    });
     let mut push_changes = cfg.settings.push.as_ref().map(|p| p.changes());
     let mut reconciler = Reconciler::new(
         client,
@@ -122,12 +132,12 @@ pub async fn run(
     let result = tokio::select! {
         r = stores.wait_until_ready() => r.map_err(|_| ControllerError::WatchesStopped),
         () = &mut shutdown => {
-            stop(watch_tasks, stop_elector, elector_task).await;
+            stop(watch_tasks, elector).await;
             return Ok(());
         }
     };
     if let Err(e) = result {
-        stop(watch_tasks, stop_elector, elector_task).await;
+        stop(watch_tasks, elector).await;
         return Err(e);
     }
     // Changes queued during the lists are covered by the first full reconcile.
@@ -143,7 +153,7 @@ pub async fn run(
         o = reconciler.reconcile(Relevance::Full, is_leading) => o,
         () = &mut shutdown => {
             info!("shutting down during the first reconcile");
-            stop(watch_tasks, stop_elector, elector_task).await;
+            stop(watch_tasks, elector).await;
             return Ok(());
         }
         () = stepped_down(&leading), if is_leading => {
@@ -222,7 +232,7 @@ pub async fn run(
         }
     }
     info!("shutting down");
-    stop(watch_tasks, stop_elector, elector_task).await;
+    stop(watch_tasks, elector).await;
     Ok(())
 }
 
@@ -269,16 +279,11 @@ async fn debounced(
     relevance
 }
 
-async fn stop(
-    watch_tasks: Vec<tokio::task::JoinHandle<()>>,
-    stop_elector: tokio::sync::oneshot::Sender<()>,
-    elector_task: tokio::task::JoinHandle<()>,
-) {
+async fn stop(watch_tasks: Vec<tokio::task::JoinHandle<()>>, elector: leader::Running) {
     for t in watch_tasks {
         t.abort();
     }
-    let _ = stop_elector.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), elector_task).await;
+    elector.stop().await;
 }
 
 #[cfg(test)]

@@ -10,6 +10,14 @@
 //! when renewals have failed for longer than `renew_deadline`, before the others may take
 //! over. With 10 s / 2 s a dead leader is replaced within about 12 s; one that shuts down
 //! cleanly releases the Lease ([`Elector::release`]) and is replaced within `renew_period`.
+//!
+//! [`spawn`] runs the elector on a thread of its own, with its own single-threaded runtime and,
+//! given a [`kube::Config`], its own client and connection: a renewal never waits for a worker
+//! thread busy compiling, for the client's request queue, or behind the reconciler's status
+//! writes on a shared connection (on a busy 2-core host they did, and leaders lost their Lease
+//! mid-run). Every round's duration is measured
+//! (`tollgate_controller_lease_round_duration_seconds`), with failed rounds and leadership
+//! changes counted, so slow renewals show before they cost a leadership.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
 use super::metrics::Metrics;
@@ -74,6 +82,15 @@ impl Elector {
     /// An elector; [`Elector::run`] drives it.
     pub fn new(client: Client, cfg: LeaderConfig, metrics: Arc<Metrics>) -> Self {
         let (tx, _) = watch::channel(false);
+        Self::with_sender(client, cfg, tx, metrics)
+    }
+
+    fn with_sender(
+        client: Client,
+        cfg: LeaderConfig,
+        tx: watch::Sender<bool>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             api: Api::namespaced(client, &cfg.namespace),
             cfg,
@@ -104,10 +121,20 @@ impl Elector {
         // a leader that can no longer renew believing it leads after its Lease ran out (a
         // renewal at t, the next tick from t + renew_period gives up by t + renew_period +
         // renew_deadline, before t + lease_duration with the defaults).
+        let started = Instant::now();
         let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew());
-        let now_leading = match attempt.await {
+        let result = attempt.await;
+        let took = started.elapsed();
+        self.metrics
+            .lease_round_duration
+            .observe(took.as_secs_f64());
+        if took > self.cfg.renew_period {
+            warn!(lease = %self.cfg.name, took_ms = took.as_millis(), leading, "slow lease round");
+        }
+        let now_leading = match result {
             Ok(Ok(l)) => l,
             failed => {
+                self.metrics.lease_round_failures.inc();
                 let stale = self
                     .last_renewal
                     .is_none_or(|t| t.elapsed() > self.cfg.renew_deadline);
@@ -125,6 +152,7 @@ impl Elector {
         }
         if now_leading != leading {
             info!(lease = %self.cfg.name, id = %self.cfg.id, leading = now_leading, "leadership changed");
+            self.metrics.leadership_changes.inc();
             self.metrics.leader.set(i64::from(now_leading));
             self.tx.send_replace(now_leading);
         }
@@ -228,6 +256,85 @@ impl Elector {
             Err(e) => warn!(lease = %self.cfg.name, error = %e, "lease not released"),
         }
     }
+}
+
+/// The client the elector talks to the API server with.
+pub enum LeaseClient {
+    /// A client of its own, built from this configuration on the elector's thread: its own
+    /// connection and request queue. What `tollgate controller` uses.
+    Own(Box<kube::Config>),
+    /// The controller's client (shares its connection and queue).
+    Shared(Client),
+}
+
+/// A running elector ([`spawn`]): whether this replica leads, and how to stop it.
+pub struct Running {
+    /// `true` while this replica leads.
+    pub leading: watch::Receiver<bool>,
+    stop: oneshot::Sender<()>,
+    done: oneshot::Receiver<()>,
+}
+
+impl Running {
+    /// Stops the elector, which releases the Lease if it holds it; waits up to 5 s for that.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.done).await;
+    }
+}
+
+/// Why the elector could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// No thread or runtime for it.
+    #[error("starting the leader-election thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// Runs an elector on a thread of its own with a single-threaded runtime (see the module
+/// docs), until [`Running::stop`].
+pub fn spawn(
+    client: LeaseClient,
+    cfg: LeaderConfig,
+    metrics: Arc<Metrics>,
+) -> Result<Running, SpawnError> {
+    let (tx, leading) = watch::channel(false);
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let (finished, done) = oneshot::channel::<()>();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("leader-election".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let client = match client {
+                    LeaseClient::Shared(c) => c,
+                    LeaseClient::Own(config) => match Client::try_from(*config) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            // Never leads: the other replicas do, and this one serves as a
+                            // follower; the error says why.
+                            warn!(error = %e, "no client for leader election; this replica will not lead");
+                            let _ = stopped.await;
+                            return;
+                        }
+                    },
+                };
+                let mut elector = Elector::with_sender(client, cfg, tx, metrics);
+                tokio::select! {
+                    () = elector.run() => {}
+                    _ = &mut stopped => {}
+                }
+                elector.release().await;
+            });
+            let _ = finished.send(());
+        })?;
+    Ok(Running {
+        leading,
+        stop,
+        done,
+    })
 }
 
 /// A 409 (someone else wrote first) means "not leader"; other errors propagate.

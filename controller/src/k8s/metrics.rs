@@ -70,6 +70,12 @@ pub struct Metrics {
     pub in_sync_proxies: Gauge,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge,
+    /// Time of one Lease round (read, then create, renew or take over).
+    pub lease_round_duration: Histogram,
+    /// Lease rounds that failed or timed out.
+    pub lease_round_failures: Counter,
+    /// Times this replica gained or lost the leadership.
+    pub leadership_changes: Counter,
     /// Gateways with a route table.
     pub gateways: Gauge,
     ready: AtomicBool,
@@ -137,6 +143,24 @@ impl Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let lease_round_duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "lease_round_duration_seconds",
+            "Time of one leader-election round on the Lease (read, then create, renew or take over)",
+            lease_round_duration.clone(),
+        );
+        let lease_round_failures = Counter::default();
+        registry.register(
+            "lease_round_failures",
+            "Leader-election rounds that failed or timed out",
+            lease_round_failures.clone(),
+        );
+        let leadership_changes = Counter::default();
+        registry.register(
+            "leadership_changes",
+            "Times this replica gained or lost the leadership",
+            leadership_changes.clone(),
+        );
         let gateways = Gauge::default();
         registry.register("gateways", "Gateways with a route table", gateways.clone());
         Self {
@@ -151,6 +175,9 @@ impl Metrics {
             connected_proxies,
             in_sync_proxies,
             leader,
+            lease_round_duration,
+            lease_round_failures,
+            leadership_changes,
             gateways,
             ready: AtomicBool::new(false),
         }

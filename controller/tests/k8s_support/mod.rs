@@ -53,11 +53,15 @@ pub fn kubeconfig() -> &'static Path {
 
 /// A client for the test cluster.
 pub async fn client() -> Client {
+    Client::try_from(config().await).unwrap()
+}
+
+/// The client configuration of the test cluster.
+pub async fn config() -> kube::Config {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
-        .unwrap();
-    Client::try_from(cfg).unwrap()
+        .unwrap()
 }
 
 /// A random lowercase suffix.
