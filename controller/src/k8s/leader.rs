@@ -6,7 +6,8 @@
 //! its record (holder, renewTime, resourceVersion) has not changed for `lease_duration` as
 //! measured by this replica's own clock (client-go's rule, immune to clock skew between
 //! replicas). Every write carries the read `resourceVersion`, so two candidates cannot both
-//! win. A leader steps down at once when a renewal conflicts (someone else took the Lease) and
+//! win; a leader renews with one write from the Lease its last write returned, without
+//! reading it first (a 409 then says someone else wrote since). A leader steps down at once when a renewal conflicts (someone else took the Lease) and
 //! when renewals have failed for longer than `renew_deadline`, before the others may take
 //! over. With 10 s / 2 s a dead leader is replaced within about 12 s; one that shuts down
 //! cleanly releases the Lease ([`Elector::release`]) and is replaced within `renew_period`.
@@ -76,6 +77,9 @@ pub struct Elector {
     /// The last Lease record seen and when it was first seen.
     observed: Option<(String, Instant)>,
     last_renewal: Option<Instant>,
+    /// The Lease as our last successful write left it: a leader renews with one write from
+    /// it, without reading first (a 409 says someone else wrote since).
+    held: Option<Lease>,
 }
 
 impl Elector {
@@ -98,6 +102,7 @@ impl Elector {
             metrics,
             observed: None,
             last_renewal: None,
+            held: None,
         }
     }
 
@@ -161,6 +166,18 @@ impl Elector {
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let secs = i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        if let Some(mut lease) = self.held.take() {
+            // Renewal: one request instead of a read and a write.
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(now);
+                spec.lease_duration_seconds = Some(secs);
+            }
+            let written = self
+                .api
+                .replace(&self.cfg.name, &PostParams::default(), &lease)
+                .await;
+            return self.wrote(written);
+        }
         let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -178,7 +195,8 @@ impl Elector {
                     ..LeaseSpec::default()
                 }),
             };
-            return conflict_is_false(self.api.create(&PostParams::default(), &lease).await);
+            let written = self.api.create(&PostParams::default(), &lease).await;
+            return self.wrote(written);
         };
         let record = lease.metadata.resource_version.clone().unwrap_or_default();
         if self.observed.as_ref().is_none_or(|(r, _)| *r != record) {
@@ -198,11 +216,11 @@ impl Elector {
         if holder == self.cfg.id {
             spec.renew_time = Some(now);
             spec.lease_duration_seconds = Some(secs);
-            return conflict_is_false(
-                self.api
-                    .replace(&self.cfg.name, &PostParams::default(), &lease)
-                    .await,
-            );
+            let written = self
+                .api
+                .replace(&self.cfg.name, &PostParams::default(), &lease)
+                .await;
+            return self.wrote(written);
         }
         let duration = spec
             .lease_duration_seconds
@@ -222,11 +240,24 @@ impl Elector {
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(secs);
         spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        conflict_is_false(
-            self.api
-                .replace(&self.cfg.name, &PostParams::default(), &lease)
-                .await,
-        )
+        let written = self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await;
+        self.wrote(written)
+    }
+
+    /// Keeps the Lease a write returned for the next renewal; a 409 (someone else wrote
+    /// first) means "not leader"; other errors propagate (the next round reads again).
+    fn wrote(&mut self, r: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+        match r {
+            Ok(lease) => {
+                self.held = Some(lease);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Gives the Lease up if this replica holds it, so another takes over at once.
@@ -335,13 +366,4 @@ pub fn spawn(
         stop,
         done,
     })
-}
-
-/// A 409 (someone else wrote first) means "not leader"; other errors propagate.
-fn conflict_is_false<T>(r: Result<T, kube::Error>) -> Result<bool, kube::Error> {
-    match r {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
 }
