@@ -5,7 +5,8 @@
 //! the policy's `when`), or the `Invalid` problem: a method with zero or several kinds, a
 //! credentials block with zero or several sources, a CEL expression that does not compile, a
 //! JWT without keys, an introspection `credentialsRef` that does not resolve. `x509` takes the
-//! certificate the listener verified (Gateway `spec.tls.frontend`).
+//! certificate the listener verified (Gateway `spec.tls.frontend`); `oidc` is compiled by
+//! [`super::oidc`].
 //!
 //! Secrets a policy reads must carry the label [`CREDENTIAL_LABEL`]: the controller watches
 //! only those (and TLS Secrets), so the compiler ignores unlabelled ones too and `tollgate run`
@@ -144,11 +145,15 @@ fn method(
         m.jwt.is_some(),
         m.oauth2_introspection.is_some(),
         m.x509.is_some(),
+        m.oidc.is_some(),
     ];
     if kinds.iter().filter(|k| **k).count() != 1 {
         return Err(invalid(format!(
-            "{field}: set exactly one of apiKey, jwt, oauth2Introspection, x509"
+            "{field}: set exactly one of apiKey, jwt, oauth2Introspection, x509, oidc"
         )));
+    }
+    if let Some(o) = &m.oidc {
+        return super::oidc::method(name, o, m, key, secrets);
     }
     let (method, default_prefix) = if let Some(a) = &m.api_key {
         let mut keys: Vec<(ObjectKey, ApiKey)> =
@@ -307,7 +312,7 @@ fn credentials(
     }
 }
 
-fn url(u: &str, field: &str) -> Result<(), Problem> {
+pub(super) fn url(u: &str, field: &str) -> Result<(), Problem> {
     match u.parse::<http::Uri>() {
         Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
             Ok(())
@@ -317,7 +322,7 @@ fn url(u: &str, field: &str) -> Result<(), Problem> {
 }
 
 /// A Secret value from `data` (already base64-decoded) or `stringData` (manifests).
-fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
+pub(super) fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
     s.data
         .as_ref()
         .and_then(|d| d.get(k))
@@ -328,6 +333,22 @@ fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
                 .and_then(|d| d.get(k))
                 .map(|v| v.as_bytes().to_vec())
         })
+}
+
+/// The labelled Secret `name` of `namespace` (see [`CREDENTIAL_LABEL`]).
+pub(super) fn credential_secret<'s>(
+    secrets: &[&'s Secret],
+    namespace: &str,
+    name: &str,
+) -> Option<&'s Secret> {
+    secrets.iter().copied().find(|s| {
+        ns_of(&s.metadata) == namespace
+            && name_of(&s.metadata) == name
+            && s.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(CREDENTIAL_LABEL))
+    })
 }
 
 /// Lower-case hex SHA-256.

@@ -25,6 +25,7 @@ pub mod auth;
 pub mod backend;
 pub mod client;
 pub mod last_valid;
+pub mod oidc;
 pub mod ratelimit;
 pub mod services;
 mod status;

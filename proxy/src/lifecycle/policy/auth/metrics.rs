@@ -27,6 +27,8 @@ pub enum MethodKind {
     Introspection,
     /// TLS client certificate.
     X509,
+    /// OpenID Connect session cookie.
+    Oidc,
     /// No method decided: the policy has no authentication methods (anonymous), or every
     /// method was skipped by its `when` predicates.
     None,
@@ -40,13 +42,14 @@ impl MethodKind {
             Self::Jwt => "jwt",
             Self::Introspection => "introspection",
             Self::X509 => "x509",
+            Self::Oidc => "oidc",
             Self::None => "none",
         }
     }
 }
 
 impl MethodKind {
-    const COUNT: usize = 5;
+    const COUNT: usize = 6;
 
     fn index(self) -> usize {
         match self {
@@ -55,6 +58,7 @@ impl MethodKind {
             Self::Introspection => 2,
             Self::X509 => 3,
             Self::None => 4,
+            Self::Oidc => 5,
         }
     }
 }
@@ -315,6 +319,7 @@ mod tests {
             MethodKind::Jwt,
             MethodKind::Introspection,
             MethodKind::X509,
+            MethodKind::Oidc,
             MethodKind::None,
         ];
         let outcomes = [
