@@ -21,6 +21,8 @@ async fn an_expired_session_is_refreshed_transparently_and_never_passed_when_ref
     let Some(op) = provider("2s") else { return };
     let app = echo_backend("app").await;
     let (_p, url) = oidc_proxy(&app, &op.issuer, &[OLD_KEY]).await;
+    // A second replica: same policy and keys, its own memory.
+    let (_p2, replica) = oidc_proxy(&app, &op.issuer, &[OLD_KEY]).await;
     let mut b = logged_in(&url).await;
     let before = b.jar[COOKIE].value.clone();
     assert_eq!(
@@ -32,7 +34,17 @@ async fn an_expired_session_is_refreshed_transparently_and_never_passed_when_ref
     // Waiting for the token to expire is the point here (no assertion on time).
     tokio::time::sleep(std::time::Duration::from_millis(3100)).await;
 
-    // Expired: refreshed on the way, the backend answers, the new session is set.
+    // Expired: refreshed on the way, the backend answers, the new session is set. The
+    // requests a page makes at once all carry the expired cookie: they share one refresh (the
+    // provider accepts each refresh token once).
+    let (asset1, asset2) = (format!("{url}/assets/1"), format!("{url}/assets/2"));
+    let (xhr1, xhr2) = tokio::join!(api_get(&b, &asset1), api_get(&b, &asset2));
+    assert_eq!((xhr1.status, xhr2.status), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(
+        xhr1.headers.get("set-cookie"),
+        xhr2.headers.get("set-cookie"),
+        "one refresh, one new session"
+    );
     let page = b.request(Method::GET, &format!("{url}/b"), None).await;
     assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
     assert_eq!(
@@ -48,8 +60,9 @@ async fn an_expired_session_is_refreshed_transparently_and_never_passed_when_ref
         StatusCode::OK
     );
 
-    // The old cookie's refresh token was rotated away by the provider: that session is not
-    // refreshed again, and never passed: an API client gets 401, a browser goes to log in.
+    // The old cookie's refresh token was rotated away by the provider: another replica (which
+    // did not refresh it) cannot refresh it again, and never passes it: an API client gets
+    // 401, a browser goes to log in.
     let mut stale = Browser::new();
     stale.jar.insert(
         COOKIE.into(),
@@ -60,10 +73,12 @@ async fn an_expired_session_is_refreshed_transparently_and_never_passed_when_ref
     );
     let hits = app.hits();
     assert_eq!(
-        api_get(&stale, &format!("{url}/d")).await.status,
+        api_get(&stale, &format!("{replica}/d")).await.status,
         StatusCode::UNAUTHORIZED
     );
-    let nav = stale.request(Method::GET, &format!("{url}/d"), None).await;
+    let nav = stale
+        .request(Method::GET, &format!("{replica}/d"), None)
+        .await;
     assert_eq!(nav.status, StatusCode::FOUND);
     assert!(
         nav.headers["location"]

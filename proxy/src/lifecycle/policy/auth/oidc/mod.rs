@@ -35,11 +35,14 @@ mod flow;
 mod seal;
 mod session;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http::header::{ACCEPT, HOST};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method};
+use sha2::{Digest, Sha256};
 use tollgate_api::policy::Oidc;
 
 use self::discovery::Discovery;
@@ -69,7 +72,38 @@ struct Inner {
     session_aad: Vec<u8>,
     login_aad: Vec<u8>,
     discovery: Discovery,
+    /// Refreshes in flight or done lately, by SHA-256 of the expired session cookie.
+    refreshes: Mutex<HashMap<[u8; 32], Flight>>,
+    /// Sessions opened lately, by their sealed value (compared in full): a repeat request
+    /// costs a hash and a comparison of the cookie instead of opening it and parsing the
+    /// claims. Per compiled method, so a table with other keys starts empty.
+    opened: quick_cache::sync::Cache<Box<str>, Opened>,
 }
+
+/// A session opened and found well-formed.
+#[derive(Clone)]
+struct Opened {
+    claims: Arc<serde_json::Value>,
+    exp: u64,
+}
+
+/// What a refresh gives: the identity and the new session's `Set-Cookie` values.
+type Refreshed = Result<(Arc<serde_json::Value>, Vec<HeaderValue>), Failure>;
+
+/// One refresh, shared by every request carrying the same expired cookie meanwhile.
+struct Flight {
+    started: Instant,
+    result: Arc<tokio::sync::OnceCell<Refreshed>>,
+}
+
+/// Opened sessions kept per method.
+const OPENED_CAPACITY: usize = 10_000;
+
+/// How long a refresh's result answers requests with the cookie it replaced: the requests a
+/// page makes at once (its scripts, images, API calls) all carry the expired cookie, and the
+/// issuer may accept its refresh token only once (rotation), so they share the first
+/// refresh instead of failing after it.
+const REFRESH_SHARED_FOR: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for OidcVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,6 +148,8 @@ impl OidcVerifier {
                 login_aad: aad("tollgate oidc login"),
                 keys,
                 discovery: Discovery::new(&o.issuer, &o.client_id, method)?,
+                refreshes: Mutex::new(HashMap::new()),
+                opened: quick_cache::sync::Cache::new(OPENED_CAPACITY),
             }),
         })
     }
@@ -138,16 +174,51 @@ impl OidcVerifier {
     ) -> Option<Result<(Arc<serde_json::Value>, Vec<HeaderValue>), Failure>> {
         let cookies = request_cookies(headers, &self.inner.cookie_name);
         let sealed = cookies.session?;
+        let now = unix_now();
+        if let Some(hit) = self.inner.opened.get(sealed.as_str())
+            && now < hit.exp
+        {
+            return Some(Ok((hit.claims, Vec::new())));
+        }
         let Some(session) = self.open_session(&sealed) else {
             return Some(Err(Failure::Invalid("session cookie does not open")));
         };
-        if unix_now() < session.exp {
+        if now < session.exp {
+            self.inner.opened.insert(
+                sealed.into_boxed_str(),
+                Opened {
+                    claims: session.claims.clone(),
+                    exp: session.exp,
+                },
+            );
             return Some(Ok((session.claims, Vec::new())));
         }
         if session.refresh_token.is_none() {
             return Some(Err(Failure::Invalid("session expired")));
         }
-        Some(self.refresh(session, cookies.chunks, shared).await)
+        let key: [u8; 32] = Sha256::digest(sealed.as_bytes()).into();
+        let flight = {
+            let mut m = self
+                .inner
+                .refreshes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            m.retain(|_, f| f.started.elapsed() < REFRESH_SHARED_FOR);
+            m.entry(key)
+                .or_insert_with(|| Flight {
+                    started: Instant::now(),
+                    result: Arc::new(tokio::sync::OnceCell::new()),
+                })
+                .result
+                .clone()
+        };
+        let chunks = cookies.chunks;
+        Some(
+            flight
+                .get_or_init(|| self.refresh(session, chunks, shared))
+                .await
+                .clone(),
+        )
     }
 
     fn open_session(&self, sealed: &str) -> Option<Session> {
