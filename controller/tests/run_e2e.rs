@@ -603,6 +603,7 @@ fn validate_prints_policy_status() {
         ("examples/api-key", "AuthPolicy default/orders-auth"),
         ("examples/basic-auth", "AuthPolicy default/admin-auth"),
         ("examples/introspection", "AuthPolicy default/accounts-auth"),
+        ("examples/oidc", "AuthPolicy default/shop-login"),
         ("examples/mtls", "AuthPolicy default/api-auth"),
     ] {
         let (code, out) = validate(&workspace().join(dir));

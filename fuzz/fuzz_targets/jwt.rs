@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
     });
     let outcome = fx
         .runtime
-        .block_on(fx.policy.check(&mut parts, None, &mut act));
+        .block_on(fx.policy.check(&mut parts, None, "https", &mut act));
     if let AuthOutcome::Allowed(who) = outcome {
         // Only with the right claims (a raw token passes only when it is signed with the
         // HMAC key, as the seed `valid_token` is).

@@ -79,7 +79,7 @@ pub struct AuthRules {
 }
 
 /// One authentication method: exactly one of `apiKey`, `basic`, `jwt`, `oauth2Introspection`,
-/// `x509`.
+/// `x509`, `oidc`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthenticationSpec {
@@ -99,6 +99,9 @@ pub struct AuthenticationSpec {
     /// The client certificate the listener verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x509: Option<X509Spec>,
+    /// OpenID Connect login for browsers (authorization code flow with PKCE, session cookie).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcSpec>,
     /// Where the credential is read from (default: `Authorization: Bearer`,
     /// `Authorization: APIKEY` for API keys, `Authorization: Basic` for basic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,6 +165,35 @@ pub struct IntrospectionSpec {
     /// How long answers are cached, in seconds (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_seconds: Option<u32>,
+}
+
+/// OpenID Connect login. The proxy answers `redirectPath` and `logoutPath` itself; a browser
+/// without a valid session is sent to the issuer to log in.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OidcSpec {
+    /// Issuer URL (its `/.well-known/openid-configuration` is read).
+    pub issuer: String,
+    /// Client id registered at the issuer.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// Secret in the policy's namespace with the client secret under `clientSecret`.
+    pub client_secret_ref: LocalRef,
+    /// Path of the redirect URI registered at the issuer (e.g. `/oauth2/callback`).
+    pub redirect_path: String,
+    /// Path that ends the session (e.g. `/logout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logout_path: Option<String>,
+    /// Secret in the policy's namespace with the session cookie keys under `keys`, one per
+    /// line, each at least 32 bytes: the first seals new cookies, every one opens them.
+    pub cookie_key_ref: LocalRef,
+    /// Scopes to request (default `openid`, `profile`, `email`; `openid` is always added).
+    /// Add `offline_access` where the issuer needs it for a refresh token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// Session cookie name (default `tollgate_session`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cookie_name: Option<String>,
 }
 
 /// A reference to an object in the same namespace.

@@ -8,8 +8,9 @@
 //! the order authentication, authorization, rate limit.
 //!
 //! Secrets never appear in clear: API keys travel as SHA-256 digests, basic-auth passwords as
-//! the salted slow hashes of their htpasswd entries; the only secret material is an
-//! introspection client's credentials, which the proxy needs to call the endpoint.
+//! the salted slow hashes of their htpasswd entries; the secret material are an introspection
+//! client's credentials and an OIDC client's secret and cookie keys, which the proxy needs to
+//! call the endpoints and seal sessions (kept out of `Debug`).
 
 use serde::{Deserialize, Serialize};
 
@@ -178,6 +179,8 @@ pub enum Method {
     Introspection(Introspection),
     /// The client certificate the listener verified.
     X509,
+    /// OpenID Connect login with a session cookie ([`Oidc`]).
+    Oidc(Oidc),
 }
 
 /// API keys, held as SHA-256 digests.
@@ -282,6 +285,48 @@ impl std::fmt::Debug for Introspection {
         f.debug_struct("Introspection")
             .field("endpoint", &self.endpoint)
             .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// OpenID Connect login: authorization code flow with PKCE against the issuer's discovery
+/// document, the session in an encrypted cookie. The credentials of an `oidc` method are
+/// `Cookie { name: cookie_name }`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Oidc {
+    /// Issuer URL; the discovery document is `<issuer>/.well-known/openid-configuration` and
+    /// must name this issuer.
+    pub issuer: String,
+    /// Client id; the ID token's `aud` must contain it.
+    pub client_id: String,
+    /// Client secret (from the `clientSecretRef` Secret's `clientSecret`).
+    pub client_secret: String,
+    /// Path of the redirect URI (`<scheme>://<host><redirect_path>`), answered by the proxy.
+    pub redirect_path: String,
+    /// Path that logs out, answered by the proxy; `None` = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logout_path: Option<String>,
+    /// Scopes requested (`openid` first).
+    pub scopes: Vec<String>,
+    /// Name of the session cookie (chunks `<name>_1`, `<name>_2`, ...; the login in progress
+    /// `<name>_login`).
+    pub cookie_name: String,
+    /// Cookie keys (from the `cookieKeyRef` Secret's `keys`, one per line): the first seals,
+    /// every one opens. At least one, each at least 32 bytes.
+    pub cookie_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for Oidc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oidc")
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .field("redirect_path", &self.redirect_path)
+            .field("logout_path", &self.logout_path)
+            .field("scopes", &self.scopes)
+            .field("cookie_name", &self.cookie_name)
+            .field("cookie_keys", &self.cookie_keys.len())
             .finish_non_exhaustive()
     }
 }

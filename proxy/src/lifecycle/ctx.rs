@@ -80,6 +80,8 @@ pub(crate) struct RequestCtx<'s> {
     /// `auth.identity` of a request an AuthPolicy admitted, shared with the authenticator (not
     /// copied): a consistent-hash expression of its backend may read it (phase 4).
     pub identity: Option<Arc<serde_json::Value>>,
+    /// `Set-Cookie` values authentication adds to the answer (a refreshed OIDC session).
+    pub auth_cookies: Vec<HeaderValue>,
     /// Reported when the answer's body ends.
     pub done: Completion,
 }
@@ -208,6 +210,7 @@ impl<'s> RequestCtx<'s> {
             plan: Plan::default(),
             rate_limit: None,
             identity: None,
+            auth_cookies: Vec::new(),
             done: Completion {
                 shared: shared.clone(),
                 start,

@@ -198,6 +198,7 @@ async fn proxy<'s>(
             Ok(admitted) => {
                 ctx.rate_limit = admitted.decision;
                 ctx.identity = admitted.identity;
+                ctx.auth_cookies = admitted.set_cookies;
             }
             Err(resp) => {
                 // A gRPC client reads the policy's message in `grpc-message` (copied only
@@ -350,6 +351,9 @@ async fn proxy<'s>(
     }
     if let Some(decision) = &ctx.rate_limit {
         decision.insert_headers(resp.headers_mut());
+    }
+    for cookie in std::mem::take(&mut ctx.auth_cookies) {
+        resp.headers_mut().append(http::header::SET_COOKIE, cookie);
     }
     resp
 }

@@ -337,7 +337,7 @@ async fn the_check_future_is_send() {
         headers: &parts.headers,
         source: "127.0.0.1:1".parse().unwrap(),
     });
-    let fut = p.check(&mut parts, None, &mut act);
+    let fut = p.check(&mut parts, None, "https", &mut act);
     assert_send(&fut);
     assert!(matches!(fut.await, AuthOutcome::Allowed(_)));
     assert_eq!(parts.headers["x-user"], "svc");

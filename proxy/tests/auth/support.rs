@@ -188,7 +188,7 @@ pub async fn check_with(a: &CompiledAuth, mut parts: Parts, cert: Option<&[u8]>)
         headers: &client_headers,
         source: "127.0.0.1:40000".parse().unwrap(),
     });
-    let outcome = a.check(&mut parts, cert, &mut act).await;
+    let outcome = a.check(&mut parts, cert, "https", &mut act).await;
     let sub = Expr::compile("auth.identity.sub")
         .unwrap()
         .eval_string(&act);

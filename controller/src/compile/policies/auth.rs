@@ -6,7 +6,8 @@
 //! credentials block with zero or several sources, a CEL expression that does not compile, a
 //! JWT without keys, a basic-auth htpasswd entry that is malformed or weakly hashed
 //! ([`basic`]), an introspection `credentialsRef` that does not resolve. `x509` takes the
-//! certificate the listener verified (Gateway `spec.tls.frontend`).
+//! certificate the listener verified (Gateway `spec.tls.frontend`); `oidc` is compiled by
+//! [`super::oidc`].
 //!
 //! Secrets a policy reads must carry the label [`CREDENTIAL_LABEL`]: the controller watches
 //! only those (and TLS Secrets), so the compiler ignores unlabelled ones too and `tollgate run`
@@ -147,11 +148,15 @@ fn method(
         m.jwt.is_some(),
         m.oauth2_introspection.is_some(),
         m.x509.is_some(),
+        m.oidc.is_some(),
     ];
     if kinds.iter().filter(|k| **k).count() != 1 {
         return Err(invalid(format!(
-            "{field}: set exactly one of apiKey, basic, jwt, oauth2Introspection, x509"
+            "{field}: set exactly one of apiKey, basic, jwt, oauth2Introspection, x509, oidc"
         )));
+    }
+    if let Some(o) = &m.oidc {
+        return super::oidc::method(name, o, m, key, secrets);
     }
     let (method, default_prefix) = if let Some(a) = &m.api_key {
         let mut keys: Vec<(ObjectKey, ApiKey)> = secrets
@@ -304,7 +309,7 @@ fn credentials(
     }
 }
 
-fn url(u: &str, field: &str) -> Result<(), Problem> {
+pub(super) fn url(u: &str, field: &str) -> Result<(), Problem> {
     match u.parse::<http::Uri>() {
         Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
             Ok(())
@@ -340,6 +345,22 @@ pub(crate) fn secret_value(s: &Secret, k: &str) -> Option<Vec<u8>> {
                 .and_then(|d| d.get(k))
                 .map(|v| v.as_bytes().to_vec())
         })
+}
+
+/// The labelled Secret `name` of `namespace` (see [`CREDENTIAL_LABEL`]).
+pub(super) fn credential_secret<'s>(
+    secrets: &[&'s Secret],
+    namespace: &str,
+    name: &str,
+) -> Option<&'s Secret> {
+    secrets.iter().copied().find(|s| {
+        ns_of(&s.metadata) == namespace
+            && name_of(&s.metadata) == name
+            && s.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(CREDENTIAL_LABEL))
+    })
 }
 
 /// Lower-case hex SHA-256.

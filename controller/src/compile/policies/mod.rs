@@ -26,6 +26,7 @@ pub mod backend;
 pub mod basic;
 pub mod client;
 pub mod last_valid;
+pub mod oidc;
 pub mod ratelimit;
 pub mod services;
 mod status;

@@ -98,6 +98,8 @@ pub struct Admitted {
     /// `auth.identity` (null when anonymous), shared with the authenticator; `None` when the
     /// set has no authentication.
     pub identity: Option<Arc<serde_json::Value>>,
+    /// `Set-Cookie` values for the answer (an OIDC session refreshed on the way).
+    pub set_cookies: Vec<HeaderValue>,
 }
 
 /// What a request carries into the policy phase besides its head.
@@ -196,9 +198,16 @@ impl Enforcer {
             act.set_source_address(address);
         }
         let mut identity = None;
+        let mut set_cookies = Vec::new();
         if let Some(auth) = &self.auth {
-            match auth.check(parts, info.peer_cert, &mut act).await {
-                AuthOutcome::Allowed(who) => identity = Some(who.identity),
+            match auth
+                .check(parts, info.peer_cert, info.scheme, &mut act)
+                .await
+            {
+                AuthOutcome::Allowed(who) => {
+                    identity = Some(who.identity);
+                    set_cookies = who.set_cookies;
+                }
                 AuthOutcome::Denied(d) => return Err(d.into_response()),
             }
         }
@@ -206,18 +215,21 @@ impl Enforcer {
             return Ok(Admitted {
                 decision: None,
                 identity,
+                set_cookies,
             });
         }
         let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
             return Ok(Admitted {
                 decision: None,
                 identity,
+                set_cookies,
             });
         };
         if decision.allowed {
             return Ok(Admitted {
                 decision: Some(decision),
                 identity,
+                set_cookies,
             });
         }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));

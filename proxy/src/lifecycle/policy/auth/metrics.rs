@@ -29,6 +29,8 @@ pub enum MethodKind {
     Introspection,
     /// TLS client certificate.
     X509,
+    /// OpenID Connect session cookie.
+    Oidc,
     /// No method decided: the policy has no authentication methods (anonymous), or every
     /// method was skipped by its `when` predicates.
     None,
@@ -43,13 +45,14 @@ impl MethodKind {
             Self::Jwt => "jwt",
             Self::Introspection => "introspection",
             Self::X509 => "x509",
+            Self::Oidc => "oidc",
             Self::None => "none",
         }
     }
 }
 
 impl MethodKind {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 
     fn index(self) -> usize {
         match self {
@@ -59,6 +62,7 @@ impl MethodKind {
             Self::X509 => 3,
             Self::None => 4,
             Self::Basic => 5,
+            Self::Oidc => 6,
         }
     }
 }
@@ -328,6 +332,8 @@ mod tests {
             MethodKind::Jwt,
             MethodKind::Introspection,
             MethodKind::X509,
+            MethodKind::Basic,
+            MethodKind::Oidc,
             MethodKind::None,
         ];
         let outcomes = [

@@ -29,8 +29,14 @@
 //! X.509 adds no challenge (it happens in the TLS handshake).
 //!
 //! Identities (`auth.identity`): JWT claims; the introspection answer; the API key Secret's
-//! metadata JSON from the table; for basic auth the user name and its Secret's metadata; for X.509 see [`x509::identity`]. Anonymous (no methods):
-//! `null`.
+//! metadata JSON from the table; for basic auth the user name and its Secret's metadata; for
+//! X.509 see [`x509::identity`]; for OIDC the ID token's claims kept in the session cookie.
+//! Anonymous (no methods): `null`.
+//!
+//! An `oidc` method also answers requests itself (module `oidc`): its redirect and logout
+//! paths before anything else, and, for a browser navigation no method authenticated, the
+//! redirect to the issuer in place of the `unauthenticated` answer. A refreshed session's
+//! cookies leave in [`Authenticated::set_cookies`].
 
 mod apikey;
 mod basic;
@@ -40,6 +46,7 @@ mod introspect;
 mod jwks;
 mod jwt;
 pub mod metrics;
+mod oidc;
 mod state;
 pub mod x509;
 
@@ -56,6 +63,7 @@ use self::basic::BasicVerifier;
 use self::credentials::Source;
 use self::introspect::Introspector;
 use self::jwt::JwtVerifier;
+use self::oidc::OidcVerifier;
 use crate::lifecycle::policy::cel::{Activation, CelError, Expr};
 
 pub use self::jwt::LEEWAY_SECS;
@@ -150,6 +158,8 @@ pub struct Authenticated {
     pub kind: MethodKind,
     /// `auth.identity`.
     pub identity: Arc<serde_json::Value>,
+    /// `Set-Cookie` values for the answer: an OIDC session that was refreshed.
+    pub set_cookies: Vec<HeaderValue>,
 }
 
 impl Authenticated {
@@ -158,6 +168,7 @@ impl Authenticated {
             method: None,
             kind: MethodKind::None,
             identity: Arc::new(serde_json::Value::Null),
+            set_cookies: Vec::new(),
         }
     }
 }
@@ -233,6 +244,7 @@ enum Verifier {
     Jwt(JwtVerifier),
     Introspection(Introspector),
     X509,
+    Oidc(OidcVerifier),
 }
 
 #[derive(Debug, Clone)]
@@ -347,16 +359,21 @@ impl CompiledAuth {
     }
 
     /// Authenticates and authorizes one request. `peer_cert` is the DER of the client
-    /// certificate the TLS layer verified (`None` without one). On
+    /// certificate the TLS layer verified (`None` without one); `scheme` (`http` or
+    /// `https`) makes the OIDC redirect URI. On
     /// [`AuthOutcome::Allowed`], `act` carries `auth.identity` and `parts` the success
     /// headers; the client's values of those headers are removed in every case.
     pub async fn check(
         &self,
         parts: &mut Parts,
         peer_cert: Option<&[u8]>,
+        scheme: &str,
         act: &mut Activation<'_>,
     ) -> AuthOutcome {
         self.strip_success_headers(&mut parts.headers);
+        if let Some(answer) = self.oidc_endpoint(parts, scheme).await {
+            return AuthOutcome::Denied(answer);
+        }
         if !self.when.iter().all(|w| w.eval_bool(act)) {
             self.shared
                 .metrics
@@ -366,6 +383,9 @@ impl CompiledAuth {
         let who = match self.authenticate(parts, peer_cert, act).await {
             Ok(who) => who,
             Err((kind, outcome)) => {
+                if let Some(login) = self.oidc_login(parts, scheme, outcome, act).await {
+                    return AuthOutcome::Denied(login);
+                }
                 self.shared.metrics.outcome(kind, outcome);
                 return AuthOutcome::Denied(self.unauthenticated.denial(outcome));
             }
@@ -408,6 +428,7 @@ impl CompiledAuth {
         let mut error: Option<MethodKind> = None;
         let mut presented: Option<MethodKind> = None;
         let mut tried: Option<MethodKind> = None;
+        let mut set_cookies = Vec::new();
         for m in &self.methods {
             if !m.when.iter().all(|w| w.eval_bool(act)) {
                 continue;
@@ -420,6 +441,13 @@ impl CompiledAuth {
                         .map(Arc::new)
                         .map_err(|_| Failure::Invalid("unreadable client certificate")),
                 },
+                Verifier::Oidc(v) => match v.session(&parts.headers, &self.shared).await {
+                    None => continue,
+                    Some(r) => r.map(|(identity, cookies)| {
+                        set_cookies = cookies;
+                        identity
+                    }),
+                },
                 verifier => {
                     let Some(credential) = m.source.extract(&parts.headers, query) else {
                         continue;
@@ -431,7 +459,7 @@ impl CompiledAuth {
                         Verifier::Basic(v) => v.verify(&credential).await,
                         Verifier::Jwt(v) => v.verify(&credential, &self.shared).await,
                         Verifier::Introspection(v) => v.verify(&credential, &self.shared).await,
-                        Verifier::X509 => continue,
+                        Verifier::X509 | Verifier::Oidc(_) => continue,
                     }
                 }
             };
@@ -442,6 +470,7 @@ impl CompiledAuth {
                         method: Some(m.name.clone()),
                         kind: m.kind,
                         identity,
+                        set_cookies,
                     });
                 }
                 Err(Failure::Invalid(reason)) => {
@@ -490,6 +519,10 @@ fn compile_method(
             Verifier::Introspection(Introspector::compile(i, &m.name)?),
         ),
         Method::X509 => (MethodKind::X509, Verifier::X509),
+        Method::Oidc(o) => (
+            MethodKind::Oidc,
+            Verifier::Oidc(OidcVerifier::compile(o, &m.name)?),
+        ),
     };
     Ok(CompiledMethod {
         name: m.name.as_str().into(),
@@ -509,7 +542,8 @@ fn challenges(methods: &[CompiledMethod], realm: &str) -> Vec<HeaderValue> {
             MethodKind::Jwt | MethodKind::Introspection => m.source.scheme().unwrap_or("Bearer"),
             MethodKind::ApiKey => m.source.scheme().unwrap_or("APIKEY"),
             MethodKind::Basic => m.source.scheme().unwrap_or("Basic"),
-            MethodKind::X509 | MethodKind::None => continue,
+            // OIDC sends browsers to log in; other clients get no scheme to answer.
+            MethodKind::X509 | MethodKind::Oidc | MethodKind::None => continue,
         };
         if !schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
             schemes.push(scheme);
