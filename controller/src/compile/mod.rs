@@ -334,6 +334,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let policies = if any_policy {
         policies::compile_policies(
             inputs,
+            &idx,
             &policy_gateways(&gateways),
             &policy_routes(&gateways, &routes),
             &existing_targets(inputs),
@@ -356,6 +357,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         &client.routes,
         cache.as_deref_mut(),
     );
+    policies::external::add_backends(&mut tables, &policies.external_backends);
     for ((gw, port), settings) in std::mem::take(&mut client.ports) {
         if let Some(p) = tables
             .get_mut(&gw)

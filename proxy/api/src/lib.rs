@@ -18,6 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub mod backend;
 pub mod backend_tls;
 pub mod client;
+pub mod external;
 pub mod policy;
 
 pub use backend::BackendSettings;

@@ -80,6 +80,8 @@ pub(crate) struct RequestCtx<'s> {
     /// `auth.identity` of a request an AuthPolicy admitted, shared with the authenticator (not
     /// copied): a consistent-hash expression of its backend may read it (phase 4).
     pub identity: Option<Arc<serde_json::Value>>,
+    /// Headers an external authorization service added to the answer.
+    pub auth_response_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// Reported when the answer's body ends.
     pub done: Completion,
 }
@@ -208,6 +210,7 @@ impl<'s> RequestCtx<'s> {
             plan: Plan::default(),
             rate_limit: None,
             identity: None,
+            auth_response_headers: Vec::new(),
             done: Completion {
                 shared: shared.clone(),
                 start,

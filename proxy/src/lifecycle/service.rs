@@ -48,6 +48,7 @@ use crate::lifecycle::ctx::{Plan, RequestCtx};
 use crate::lifecycle::filters::{self, RequestView};
 use crate::lifecycle::grpc;
 use crate::lifecycle::mirror;
+use crate::lifecycle::policy::auth::external::ExternalIo;
 use crate::lifecycle::policy::cel::Attrs;
 use crate::lifecycle::policy::enforce::RequestInfo;
 use crate::metrics::UpstreamErrorKind;
@@ -134,7 +135,7 @@ async fn proxy<'s>(
 ) -> Response<ProxyBody> {
     let shared = ctx.shared;
     let conn = ctx.conn;
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
     if let Err(code) = ctx.verdict {
         return close_after(status(code));
     }
@@ -182,6 +183,17 @@ async fn proxy<'s>(
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
+        // An external authorization rule that forwards the body reads it whole first.
+        let held = match enforcer.external_body_limit() {
+            Some(limit) => match hold_body(body, limit, ctx.declared_len).await {
+                Ok(b) => {
+                    body = ClientBody::Held(Some(b.clone()));
+                    Some(b)
+                }
+                Err(code) => return close_after(status(code)),
+            },
+            None => None,
+        };
         // Normalized (module `intake`): the host routing matched, in one spelling.
         let (peer, peer_value) = ctx.source();
         let info = RequestInfo {
@@ -193,11 +205,14 @@ async fn proxy<'s>(
                 .and_then(|v| v.to_str().ok())
                 .filter(|a| !a.is_empty()),
             peer_cert: conn.peer_cert.as_deref(),
+            body: held.as_ref(),
+            external: Some(ExternalIo::new(&snapshot.backends, &shared.upstream)),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(admitted) => {
                 ctx.rate_limit = admitted.decision;
                 ctx.identity = admitted.identity;
+                ctx.auth_response_headers = admitted.response_headers;
             }
             Err(resp) => {
                 // A gRPC client reads the policy's message in `grpc-message` (copied only
@@ -351,7 +366,33 @@ async fn proxy<'s>(
     if let Some(decision) = &ctx.rate_limit {
         decision.insert_headers(resp.headers_mut());
     }
+    for (name, value) in std::mem::take(&mut ctx.auth_response_headers) {
+        resp.headers_mut().append(name, value);
+    }
     resp
+}
+
+/// Reads a request body whole for an external authorization check: at most `limit` bytes
+/// (a larger one, declared or sent, is refused with 413, as Envoy's ext_authz does without
+/// `allow_partial_message`); a body that breaks off is a bad request.
+async fn hold_body(
+    body: ClientBody,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<bytes::Bytes, StatusCode> {
+    use http_body_util::BodyExt;
+    if declared.is_some_and(|n| n > limit) {
+        return Err(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    if body.is_end_stream() {
+        return Ok(bytes::Bytes::new());
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(StatusCode::PAYLOAD_TOO_LARGE),
+        Err(_) => Err(StatusCode::BAD_REQUEST),
+    }
 }
 
 /// True for a CORS preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`)
