@@ -26,7 +26,7 @@ pub struct ExternalAuthSpec {
     pub fail_open: bool,
     /// Reuse a decision for requests with the same forwarded attributes (method, host, path,
     /// forwarded headers, body) for this long, like `30s`. Unset: every request is checked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "cacheTTL", skip_serializing_if = "Option::is_none")]
     pub cache_ttl: Option<String>,
 }
 

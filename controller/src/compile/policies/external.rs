@@ -141,10 +141,11 @@ pub fn compile(
         (None, Some(h)) => {
             let f = format!("{field}.http");
             let path_prefix = h.path.clone().unwrap_or_default();
-            if !(path_prefix.is_empty() || path_prefix.starts_with('/'))
-                || path_prefix.parse::<http::uri::PathAndQuery>().is_err()
-                || path_prefix.contains(['?', '#'])
-            {
+            let valid = path_prefix.is_empty()
+                || (path_prefix.starts_with('/')
+                    && !path_prefix.contains(['?', '#'])
+                    && path_prefix.parse::<http::uri::PathAndQuery>().is_ok());
+            if !valid {
                 return Err(invalid(format!(
                     "{f}.path: {path_prefix:?} is not an absolute path without a query"
                 )));
