@@ -32,6 +32,7 @@ fn examples_serve_as_documented() {
     policy_examples::api_key();
     policy_examples::jwt();
     policy_examples::introspection();
+    policy_examples::ext_authz();
     policy_examples::mtls();
     policy_examples::client_ip();
     policy_examples::resilience();
@@ -601,6 +602,7 @@ fn validate_prints_policy_status() {
         ),
         ("examples/api-key", "AuthPolicy default/orders-auth"),
         ("examples/introspection", "AuthPolicy default/accounts-auth"),
+        ("examples/ext-authz", "AuthPolicy default/orders-auth"),
         ("examples/mtls", "AuthPolicy default/api-auth"),
     ] {
         let (code, out) = validate(&workspace().join(dir));
