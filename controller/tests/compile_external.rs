@@ -7,6 +7,7 @@
 mod compile_support;
 
 use compile_support::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate::compile::Output;
 use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
 use tollgate_api::policy::{Closed, PolicySet};
@@ -78,6 +79,7 @@ fn an_http_rule_compiles_with_its_settings_and_backend() {
                 path_prefix: "/check".into(),
                 headers_to_upstream: vec!["x-user".into()],
                 headers_to_client: vec!["x-auth-info".into()],
+                all_headers_to_upstream: false,
             }),
             forward_headers: vec!["authorization".into(), "x-tenant".into()],
             max_body_bytes: Some(8192),
@@ -201,4 +203,94 @@ fn tables_without_external_rules_get_no_authorization_backends() {
         "{names:?}"
     );
     assert!(!names.iter().any(|k| k.contains("nope")), "{names:?}");
+}
+
+// ---- the HTTPRoute ExternalAuth filter (GEP-1494) ----
+
+/// The ExternalAuth filter of the route of `<name>.test`.
+fn filter_of(out: &Output, name: &str) -> ExternalAuthz {
+    let host = format!("{name}.test");
+    vhost(table_listener(gw(out), "http"), &host).routes[0]
+        .filters
+        .iter()
+        .find_map(|f| match f {
+            tollgate_api::Filter::ExternalAuth(e) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no ExternalAuth filter on {host}"))
+}
+
+fn route_conds(out: &Output, name: &str) -> Vec<Condition> {
+    out.http_routes[&ObjectKey::new("ext", name)].parents[0]
+        .conditions
+        .clone()
+}
+
+#[test]
+fn an_http_external_auth_filter_compiles_to_the_same_check() {
+    let out = out();
+    assert_cond(
+        &route_conds(&out, "filter-http"),
+        "Accepted",
+        "True",
+        "Accepted",
+    );
+    assert_eq!(
+        filter_of(&out, "filter-http"),
+        ExternalAuthz {
+            id: "ext/spec.rules[0].filters[0]".into(),
+            backend: "ext/authz:8080".into(),
+            protocol: ExternalProtocol::Http(HttpCheck {
+                path_prefix: "/verify".into(),
+                headers_to_upstream: vec![],
+                headers_to_client: vec![],
+                // allowedResponseHeaders unset: every header of the answer goes upstream.
+                all_headers_to_upstream: true,
+            }),
+            // Authorization always, plus allowedHeaders.
+            forward_headers: vec!["authorization".into(), "x-tenant".into()],
+            max_body_bytes: Some(1024),
+            timeout_ms: 200,
+            fail_open: false,
+            cache_ttl_ms: None,
+        }
+    );
+    assert!(gw(&out).backends.contains_key("ext/authz:8080"));
+}
+
+#[test]
+fn a_grpc_external_auth_filter_speaks_h2() {
+    let out = out();
+    let e = filter_of(&out, "filter-grpc");
+    assert_eq!(e.protocol, ExternalProtocol::Grpc);
+    assert_eq!(e.backend, "ext/opa:9191#h2c");
+    assert_eq!(e.forward_headers, ["authorization"]);
+    assert_eq!(
+        gw(&out).backends["ext/opa:9191#h2c"].protocol,
+        BackendProtocol::H2c
+    );
+}
+
+#[test]
+fn an_unresolvable_external_auth_backend_is_a_resolved_refs_problem_and_denies() {
+    let out = out();
+    let c = route_conds(&out, "filter-missing");
+    assert_cond(&c, "ResolvedRefs", "False", "BackendNotFound");
+    assert_eq!(
+        cond(&c, "ResolvedRefs").message,
+        "spec.rules[0].filters[0].externalAuth.backendRef: Service ext/nope not found"
+    );
+    // Kept with no backend: the proxy cannot reach it and answers 403.
+    assert_eq!(filter_of(&out, "filter-missing").backend, "");
+}
+
+#[test]
+fn an_external_auth_filter_on_a_backend_ref_is_refused() {
+    let out = out();
+    let c = route_conds(&out, "filter-on-backend");
+    assert_cond(&c, "Accepted", "False", "UnsupportedValue");
+    assert_eq!(
+        cond(&c, "Accepted").message,
+        "spec.rules[0].backendRefs[0].filters[0]: ExternalAuth filters are supported on rules, not on backendRefs"
+    );
 }

@@ -22,6 +22,7 @@ pub mod certs;
 pub mod classes;
 pub mod conditions;
 pub mod crossserve;
+pub mod ext_auth_filter;
 pub mod filters;
 pub mod grants;
 pub mod grpc;

@@ -1,7 +1,8 @@
 //! External authorization in the route table: what an AuthPolicy `external` authorization
 //! rule compiles into.
 //!
-//! In: nothing. Out: plain serde types, held by [`crate::policy::AuthzRule::external`]. The
+//! In: nothing. Out: plain serde types, held by [`crate::policy::AuthzRule::external`] and by
+//! the HTTPRoute ExternalAuth filter ([`crate::Filter::ExternalAuth`]). The
 //! compiler resolves the rule's backendRef to a key of [`crate::RouteTable::backends`] (so the
 //! proxy reaches the service through the same balancers, pools and BackendTLSPolicy as a
 //! route's backends), lower-cases header names and turns durations into milliseconds.
@@ -60,4 +61,9 @@ pub struct HttpCheck {
     /// Headers of an allowing (2xx) answer copied to the client's response (lower-case).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers_to_client: Vec<String>,
+    /// Copy every header of an allowing answer to the upstream request (but `Host`, framing,
+    /// hop-by-hop and content headers), as the HTTPRoute ExternalAuth filter does without
+    /// `allowedResponseHeaders`; `headers_to_upstream` is then empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all_headers_to_upstream: bool,
 }

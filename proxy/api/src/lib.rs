@@ -383,6 +383,9 @@ pub enum Filter {
     RequestMirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Ask an external authorization service first (GEP-1494; runs after the policies,
+    /// before the other filters).
+    ExternalAuth(crate::external::ExternalAuthz),
 }
 
 /// Header edits: set replaces, add appends, remove deletes. Names lower-case.

@@ -11,7 +11,8 @@
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
 //!    the route's policies (module `policy::enforce`): authentication (X.509 with the
 //!    connection's verified client certificate) → 401, authorization → 403, rate limit →
-//!    429 (CORS preflights on a CORS route skip them).
+//!    429, then the rule's ExternalAuth filter (module `ext_auth`; CORS preflights on a CORS
+//!    route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503),
@@ -41,10 +42,11 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::BodyPace;
 use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
-use crate::lifecycle::body::{BodyFault, ProxyBody, full};
+use crate::lifecycle::body::{BodyFault, ProxyBody};
 use crate::lifecycle::call::{Call, Failure, failure_response};
 pub(crate) use crate::lifecycle::ctx::ProxyResponse;
 use crate::lifecycle::ctx::{Plan, RequestCtx};
+use crate::lifecycle::ext_auth;
 use crate::lifecycle::filters::{self, RequestView};
 use crate::lifecycle::grpc;
 use crate::lifecycle::mirror;
@@ -123,6 +125,8 @@ fn request_filter<'s>(
             }
             plan.cors.push(c);
         }
+        // Run in phase 2b (module `ext_auth`), from the compiled route.
+        Filter::ExternalAuth(_) => {}
     }
     None
 }
@@ -174,26 +178,25 @@ async fn proxy<'s>(
         return close_after(status(StatusCode::PAYLOAD_TOO_LARGE));
     }
 
-    // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
-    // preflight the route answers itself (browsers send those without credentials).
+    // Phase 2b: policies (authentication, authorization, rate limit), then the rule's
+    // ExternalAuth filter, unless this is a CORS preflight the route answers itself (browsers
+    // send those without credentials).
+    let preflight = is_cors_preflight(&route.filters, &parts);
+    let mut held = None;
     if let Some(key) = route.policy.as_deref()
-        && !is_cors_preflight(&route.filters, &parts)
+        && !preflight
     {
         let Some(enforcer) = snapshot.policies.get(key) else {
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
         // An external authorization rule that forwards the body reads it whole first.
-        let held = match enforcer.external_body_limit() {
-            Some(limit) => match hold_body(body, limit, ctx.declared_len).await {
-                Ok(b) => {
-                    body = ClientBody::Held(Some(b.clone()));
-                    Some(b)
-                }
+        if let Some(limit) = enforcer.external_body_limit() {
+            match ext_auth::hold(&mut body, &mut held, limit, ctx.declared_len).await {
+                Ok(()) => {}
                 Err(code) => return close_after(status(code)),
-            },
-            None => None,
-        };
+            }
+        }
         // Normalized (module `intake`): the host routing matched, in one spelling.
         let (peer, peer_value) = ctx.source();
         let info = RequestInfo {
@@ -214,27 +217,19 @@ async fn proxy<'s>(
                 ctx.identity = admitted.identity;
                 ctx.auth_response_headers = admitted.response_headers;
             }
-            Err(resp) => {
-                // A gRPC client reads the policy's message in `grpc-message` (copied only
-                // for one: a flood of denials to HTTP clients allocates nothing more).
-                let reply = ctx.grpc.then(|| grpc::Override {
-                    code: None,
-                    message: Some(String::from_utf8_lossy(resp.body()).into_owned().into()),
-                });
-                // A browser must be able to read the denial (status, Retry-After): decorate it
-                // as the route's CORS filters would decorate an upstream answer.
-                let mut resp = resp.map(full);
-                if let Some(reply) = reply {
-                    resp.extensions_mut().insert(reply);
-                }
-                let origin = parts.headers.get(ORIGIN);
-                for f in &route.filters {
-                    if let Filter::Cors(c) = f {
-                        filters::cors_decorate(c, origin, resp.headers_mut());
-                    }
-                }
-                return resp;
-            }
+            Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
+        }
+    }
+    if let Some(check) = &hit.route.external
+        && !preflight
+    {
+        match ext_auth::filter(
+            snapshot, ctx, check, &mut parts, &mut body, &mut held, bare_host, target,
+        )
+        .await
+        {
+            Ok(client) => ctx.auth_response_headers.extend(client),
+            Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
         }
     }
 
@@ -370,29 +365,6 @@ async fn proxy<'s>(
         resp.headers_mut().append(name, value);
     }
     resp
-}
-
-/// Reads a request body whole for an external authorization check: at most `limit` bytes
-/// (a larger one, declared or sent, is refused with 413, as Envoy's ext_authz does without
-/// `allow_partial_message`); a body that breaks off is a bad request.
-async fn hold_body(
-    body: ClientBody,
-    limit: u64,
-    declared: Option<u64>,
-) -> Result<bytes::Bytes, StatusCode> {
-    use http_body_util::BodyExt;
-    if declared.is_some_and(|n| n > limit) {
-        return Err(StatusCode::PAYLOAD_TOO_LARGE);
-    }
-    if body.is_end_stream() {
-        return Ok(bytes::Bytes::new());
-    }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(StatusCode::PAYLOAD_TOO_LARGE),
-        Err(_) => Err(StatusCode::BAD_REQUEST),
-    }
 }
 
 /// True for a CORS preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`)

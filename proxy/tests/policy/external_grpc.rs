@@ -215,3 +215,27 @@ async fn a_stopped_grpc_service_denies() {
     assert_eq!(app.hits(), 0);
     assert_eq!(m.auth().external_count("grpc", "error"), 1);
 }
+
+#[tokio::test]
+async fn the_external_auth_filter_asks_the_ext_authz_service() {
+    let Some(svc) = ExtAuthz::start().await else {
+        return;
+    };
+    let app = echo_backend("app").await;
+    let mut b = backend_at(svc.addr);
+    b.protocol = BackendProtocol::H2c;
+    let (_p, url) = crate::external_http::proxy_with_filter(&app, b, grpc_rule(None)).await;
+    let client = h1_client();
+    let a = send(
+        &client,
+        get_with(&format!("{url}/orders"), &[("x-allow", "yes")]),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.upstream_header("x-ext-user").as_deref(), Some("alice"));
+    assert_eq!(a.headers["x-ext-client"], "hello");
+    let a = send(&client, get_with(&format!("{url}/orders"), &[])).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    assert_eq!(&a.body[..], b"denied by extauthz\n");
+    assert_eq!(svc.count().await, 2);
+}

@@ -128,6 +128,7 @@ pub fn http_rule(timeout_ms: u64, fail_open: bool, cache_ttl_ms: Option<u64>) ->
             path_prefix: "/check".into(),
             headers_to_upstream: vec!["x-auth-user".into()],
             headers_to_client: vec!["x-auth-client".into()],
+            all_headers_to_upstream: false,
         }),
         forward_headers: vec!["authorization".into(), "x-slow".into()],
         max_body_bytes: None,
@@ -421,4 +422,92 @@ async fn an_h2c_service_is_asked_over_http2() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.upstream_header("x-auth-user").as_deref(), Some("alice"));
     assert_eq!(svc.last().path, "/check/orders");
+}
+
+// ---- the HTTPRoute ExternalAuth filter (GEP-1494): the same check, from the route ----
+
+/// A proxy whose `/orders` route carries an ExternalAuth filter `rule` (no policy).
+pub async fn proxy_with_filter(
+    app: &EchoBackend,
+    service: Backend,
+    rule: ExternalAuthz,
+) -> (Proxy, String) {
+    let r = with_filters(
+        route("orders", "/orders", vec![wb("app", 1)]),
+        vec![tollgate_api::Filter::ExternalAuth(rule)],
+    );
+    proxy_with(
+        vec![r],
+        vec![("app", backend_of(&[app])), ("authz", service)],
+    )
+    .await
+}
+
+/// The filter's HTTP form without `allowedResponseHeaders`: every header of the answer goes
+/// upstream.
+fn filter_rule() -> ExternalAuthz {
+    let mut r = http_rule(2_000, false, None);
+    r.protocol = ExternalProtocol::Http(HttpCheck {
+        path_prefix: "/check".into(),
+        headers_to_upstream: vec![],
+        headers_to_client: vec![],
+        all_headers_to_upstream: true,
+    });
+    r.forward_headers = vec!["authorization".into()];
+    r
+}
+
+#[tokio::test]
+async fn the_external_auth_filter_copies_the_allowing_answer_upstream() {
+    let app = echo_backend("app").await;
+    let svc = AuthService::start().await;
+    let (_p, url) = proxy_with_filter(&app, backend_at(svc.addr), filter_rule()).await;
+    let a = send(
+        &h1_client(),
+        get_with(
+            &format!("{url}/orders"),
+            &[("authorization", "Bearer good")],
+        ),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    for (name, value) in [
+        ("x-auth-user", "alice"),
+        ("x-auth-client", "hi"),
+        ("x-unlisted", "nope"),
+    ] {
+        assert_eq!(a.upstream_header(name).as_deref(), Some(value), "{name}");
+    }
+    // Not the answer's own framing or content headers.
+    assert_eq!(a.json()["method"], "GET");
+    assert_eq!(svc.last().path, "/check/orders");
+}
+
+#[tokio::test]
+async fn the_external_auth_filter_denies_with_the_answer_and_fails_closed() {
+    let app = echo_backend("app").await;
+    let svc = AuthService::start().await;
+    let (_p, url) = proxy_with_filter(&app, backend_at(svc.addr), filter_rule()).await;
+    let a = send(
+        &h1_client(),
+        get_with(&format!("{url}/orders"), &[("authorization", "Bearer bad")]),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(&a.body[..], b"go away\n");
+
+    // A backend the compiler could not resolve (empty key): 403, never open.
+    let mut unresolved = filter_rule();
+    unresolved.backend = String::new();
+    let (_p2, url2) = proxy_with_filter(&app, backend_at(svc.addr), unresolved).await;
+    let a = send(
+        &h1_client(),
+        get_with(
+            &format!("{url2}/orders"),
+            &[("authorization", "Bearer good")],
+        ),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    assert_eq!(app.hits(), 0);
 }

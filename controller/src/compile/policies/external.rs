@@ -168,6 +168,7 @@ pub fn compile(
                         &h.headers_to_client,
                         &format!("{f}.headersToClient"),
                     )?,
+                    all_headers_to_upstream: false,
                 }),
                 forward_headers: header_names(&h.forward_headers, &format!("{f}.forwardHeaders"))?,
                 max_body_bytes: h.forward_body.as_ref().map(|b| u64::from(b.max_bytes)),

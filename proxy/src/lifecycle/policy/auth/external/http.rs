@@ -8,7 +8,9 @@
 //! its `Content-Length`; otherwise none, and `Content-Length: 0` where the method has one).
 //!
 //! A 2xx answer allows: the headers the rule lists in `headersToUpstream` are set on the
-//! upstream request and those in `headersToClient` added to the client's response. A 5xx
+//! upstream request (every header but Host, framing, hop-by-hop, `Content-*`, `Date` and
+//! `Server` for the HTTPRoute filter without `allowedResponseHeaders`) and those in
+//! `headersToClient` added to the client's response. A 5xx
 //! answer is a failure of the service (denied with 403, or let through with `failOpen`).
 //! Any other answer denies with the service's status, body and headers (less hop-by-hop and
 //! framing ones), so a `WWW-Authenticate` challenge or a login redirect reaches the client.
@@ -33,6 +35,9 @@ pub(super) struct HttpSettings {
     pub path_prefix: String,
     pub to_upstream: Vec<HeaderName>,
     pub to_client: Vec<HeaderName>,
+    /// Every header of an allowing answer goes upstream (the ExternalAuth filter without
+    /// `allowedResponseHeaders`), but Host, framing, hop-by-hop and content headers.
+    pub all_to_upstream: bool,
 }
 
 const FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -113,8 +118,18 @@ pub(super) async fn decision(
                 })
                 .collect()
         };
+        let upstream = if s.all_to_upstream {
+            parts
+                .headers
+                .iter()
+                .filter(|(n, _)| !is_framing(n) && !is_content(n) && *n != HOST)
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect()
+        } else {
+            pick(&s.to_upstream)
+        };
         return Ok(Decision::Allow(Arc::new(Grant {
-            upstream: pick(&s.to_upstream),
+            upstream,
             client: pick(&s.to_client),
             ..Grant::default()
         })));
@@ -130,6 +145,11 @@ pub(super) async fn decision(
         headers,
         body: Bytes::from(body),
     })))
+}
+
+/// Headers describing the answer's own body (and its date): never copied to the request.
+fn is_content(n: &HeaderName) -> bool {
+    n.as_str().starts_with("content-") || n == ::http::header::DATE || n == ::http::header::SERVER
 }
 
 /// Hop-by-hop and framing headers, which the gateway sets for its own answer.

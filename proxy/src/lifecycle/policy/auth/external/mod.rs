@@ -253,6 +253,7 @@ impl ExternalCheck {
                 path_prefix: h.path_prefix.trim_end_matches('/').to_owned(),
                 to_upstream: names(&h.headers_to_upstream)?,
                 to_client: names(&h.headers_to_client)?,
+                all_to_upstream: h.all_headers_to_upstream,
             }),
             ExternalProtocol::Grpc => Protocol::Grpc,
         };
