@@ -20,7 +20,6 @@ use std::sync::Arc;
 use ::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use ::http::uri::Authority;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
-use bytes::Bytes;
 use tollgate_api::BackendProtocol;
 
 use super::{CheckInput, Decision, ExternalError, Grant, Refusal, read_body};
@@ -143,7 +142,7 @@ pub(super) async fn decision(
     Ok(Decision::Deny(Arc::new(Refusal {
         status: parts.status,
         headers,
-        body: Bytes::from(body),
+        body,
     })))
 }
 
