@@ -59,7 +59,10 @@ pub(super) fn key(id: &str, input: &CheckInput<'_>, names: &[HeaderName]) -> [u8
     part(input.scheme.as_bytes());
     part(input.host.as_bytes());
     part(input.target.as_bytes());
-    part(input.peer.ip().to_string().as_bytes());
+    match input.peer.ip() {
+        std::net::IpAddr::V4(a) => part(&a.octets()),
+        std::net::IpAddr::V6(a) => part(&a.octets()),
+    }
     let mut headers = |map: &HeaderMap, name: &HeaderName| {
         for v in map.get_all(name) {
             part(name.as_str().as_bytes());
