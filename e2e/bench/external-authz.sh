@@ -28,6 +28,13 @@ command -v nginx >/dev/null || apt_install nginx-light
 command -v wrk >/dev/null || apt_install wrk
 for t in curl python3 taskset; do command -v $t >/dev/null || { echo "$t unavailable" >&2; exit 1; }; done
 extauthz=$("$root/e2e/extauthz.sh" build)
+# Another benchmark's backend on the same port would answer (and vanish) in ours: refuse.
+for p in 19080 19191 19192 18590 18591 18592 18593; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "127.0.0.1:$p is in use (another benchmark running?); not measuring" >&2
+    exit 1
+  fi
+done
 sbs_binaries
 sbs_backend
 
