@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key basic-auth jwt introspection mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key basic-auth jwt introspection ext-authz mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -220,6 +220,14 @@ expect "introspection: alice's token passes (answered by the demo endpoint in th
   -H 'Authorization: Bearer demo-token-alice' "http://$a:8087/accounts"
 expect "introspection: only admins on /admin" '403' code -H 'Authorization: Bearer demo-token-alice' "http://$a:8087/admin/users"
 expect "introspection: the admin token on /admin" '200' code -H 'Authorization: Bearer demo-token-admin' "http://$a:8087/admin/users"
+
+# --- ext-authz -------------------------------------------------------------------------
+a=$(addr ext-authz ext-authz)
+expect "ext-authz: no token: the service's 401" '401' code "http://$a:8092/orders"
+expect "ext-authz: alice passes, X-Auth-User from the service (the demo backend pod)" '"x-auth-user": "alice"' body \
+  -H 'Authorization: Bearer demo-token-alice' "http://$a:8092/orders"
+expect "ext-authz: the service's 403 on /admin" '403' code -H 'Authorization: Bearer demo-token-alice' "http://$a:8092/admin/users"
+expect "ext-authz: the admin token on /admin" '200' code -H 'Authorization: Bearer demo-token-admin' "http://$a:8092/admin/users"
 
 # --- mtls ------------------------------------------------------------------------------
 a=$(addr mtls mtls)

@@ -64,6 +64,8 @@ eval "$(e2e/cluster.sh env)"
 
 step "e2e/kstatus.sh build (kstatus-check for k8s_kstatus; cached, minutes the first time)"
 e2e/kstatus.sh build >/dev/null
+step "e2e/extauthz.sh build (extauthz-grpc, Envoy ext_authz service for the policy tests; cached, ~35 s cold)"
+e2e/extauthz.sh build >/dev/null
 
 step "e2e/oidc-provider.sh build (the OpenID Provider of proxy/tests/oidc; cached, about 25 s the first time)"
 e2e/oidc-provider.sh build >/dev/null

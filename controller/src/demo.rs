@@ -5,7 +5,9 @@
 //! backend's name, so a user can see what the gateway forwarded and where.
 //!
 //! `POST /introspect` is answered instead by a DEMO token introspection endpoint
-//! ([`introspect`]), so that examples/introspection needs nothing but `tollgate run`.
+//! ([`introspect`]), so that examples/introspection needs nothing but `tollgate run`; any
+//! request under `/authz/` by a DEMO external authorization service ([`authz`]), for
+//! examples/ext-authz.
 //!
 //! The same port number answers UDP too (examples/udp): each datagram gets a JSON document
 //! with the backend's name, the sender's address and the datagram's text. When that UDP port
@@ -24,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, UdpSocket};
 
+pub mod authz;
 pub mod introspect;
 
 /// Binds `addr` and serves the echo backend until the task is dropped.
@@ -96,6 +99,22 @@ async fn echo(
         .unwrap_or_default();
     if parts.method == http::Method::POST && parts.uri.path() == introspect::PATH {
         return Ok(introspection(&parts, &body));
+    }
+    if parts.uri.path().starts_with(authz::PREFIX) {
+        let (status, headers, body) = authz::answer(
+            parts.uri.path(),
+            parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .map(http::HeaderValue::as_bytes),
+        );
+        let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *resp.status_mut() = status;
+        for (k, v) in headers {
+            resp.headers_mut()
+                .insert(k, http::HeaderValue::from_static(v));
+        }
+        return Ok(resp);
     }
     let headers: serde_json::Map<String, serde_json::Value> = parts
         .headers

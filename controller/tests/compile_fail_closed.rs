@@ -46,7 +46,7 @@ fn edit_auth(inputs: &mut Inputs, predicate: &str, generation: i64) {
     let p = &mut inputs.auth_policies[0];
     p.metadata.generation = Some(generation);
     let rules = p.spec.rules.as_mut().unwrap();
-    rules.authorization.get_mut("no-delete").unwrap().predicate = predicate.to_owned();
+    rules.authorization.get_mut("no-delete").unwrap().predicate = Some(predicate.to_owned());
 }
 
 fn message<'a>(conds: &'a [Condition], type_: &str) -> &'a str {

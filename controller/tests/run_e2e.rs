@@ -33,6 +33,7 @@ fn examples_serve_as_documented() {
     policy_examples::basic_auth();
     policy_examples::jwt();
     policy_examples::introspection();
+    policy_examples::ext_authz();
     policy_examples::mtls();
     policy_examples::client_ip();
     policy_examples::resilience();
@@ -604,6 +605,7 @@ fn validate_prints_policy_status() {
         ("examples/basic-auth", "AuthPolicy default/admin-auth"),
         ("examples/introspection", "AuthPolicy default/accounts-auth"),
         ("examples/oidc", "AuthPolicy default/shop-login"),
+        ("examples/ext-authz", "AuthPolicy default/orders-auth"),
         ("examples/mtls", "AuthPolicy default/api-auth"),
     ] {
         let (code, out) = validate(&workspace().join(dir));

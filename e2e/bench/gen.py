@@ -4,7 +4,7 @@ except the JWT of `policies`, signed with the current time):
 
   gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
   gen.py configs SCENARIO DIR --cert PEM --key PEM
-  gen.py policies DIR [policies | client [PROXY_VERSION] | backends]
+  gen.py policies DIR [policies | client [PROXY_VERSION] | backends | external]
 
 ---------------------------------------------------------------------------------- routes
 Writes a manifest directory with one Gateway and N HTTPRoutes for `tollgate run`
@@ -82,6 +82,13 @@ does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlic
   expr    18495  a BackendPolicy: ConsistentHash on the CEL expression
                  `request.headers['x-user-id']` (the same key, evaluated per request)
   twin    18494  the bare route again (the control)
+
+`external` writes the variants of the external authorization benchmark (external-authz.sh), as
+`policies` does; the authorization service is extauthz-grpc on 127.0.0.1:19191 (gRPC, h2c):
+  bare      18590  the route alone
+  cached    18591  an AuthPolicy `external` gRPC rule with cacheTTL 1h (a hit after the first)
+  uncached  18592  the same rule without a cache: one Check call per request
+  twin      18593  the bare route again (the control)
 """
 import argparse
 import base64
@@ -94,7 +101,7 @@ import time
 
 USAGE = """usage: gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
        gen.py configs SCENARIO DIR --cert PEM --key PEM
-       gen.py policies DIR [policies | client [PROXY_VERSION] | backends]"""
+       gen.py policies DIR [policies | client [PROXY_VERSION] | backends | external]"""
 
 
 # ================================================================================== routes
@@ -674,6 +681,58 @@ def client(out, pp_version):
     print("xff proxy-protocol proxy-protocol-close twin twin-relay")
 
 
+EXTERNAL_PORTS = {"bare": 18590, "cached": 18591, "uncached": 18592, "twin": 18593}
+# extauthz-grpc (e2e/extauthz.sh) listens here: an Envoy ext_authz service allowing `x-allow: yes`.
+EXTAUTHZ_PORT = 19191
+
+
+def external_policy(cache_ttl):
+    ttl = f", cacheTTL: {cache_ttl}" if cache_ttl else ""
+    return f"""---
+apiVersion: v1
+kind: Service
+metadata: {{name: authz, namespace: default}}
+spec: {{ports: [{{name: grpc, port: 9191, appProtocol: kubernetes.io/h2c}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: authz-1, namespace: default, labels: {{kubernetes.io/service-name: authz}}}}
+addressType: IPv4
+ports: [{{name: grpc, port: {EXTAUTHZ_PORT}}}]
+endpoints: [{{addresses: ["127.0.0.1"]}}]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {{name: bench-ext, namespace: default}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
+  rules:
+    authorization:
+      opa:
+        external: {{grpc: {{backendRef: {{name: authz, port: 9191}}}}, timeout: 1s{ttl}}}
+"""
+
+
+def external(out):
+    """The variants of external-authz.sh: the bare route, the route asking extauthz-grpc with a
+    decision cache (1h: every request after the first is a hit) and without one."""
+    variants = {
+        "bare": "",
+        "cached": external_policy("1h"),
+        "uncached": external_policy(None),
+        "twin": "",
+    }
+    for name, extra in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(base(name, EXTERNAL_PORTS[name]) + extra)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(EXTERNAL_PORTS[name]), "x-allow: yes",
+                               "authorization: Bearer bench-user"]) + "\n")
+    print(" ".join(variants))
+
+
 def main_policies(argv):
     if not argv:
         sys.exit(f"{USAGE}\ngen.py policies: DIR missing")
@@ -682,6 +741,8 @@ def main_policies(argv):
         client(argv[0], argv[2] if len(argv) > 2 else "1")
     elif which == "backends":
         backends(argv[0])
+    elif which == "external":
+        external(argv[0])
     else:
         policies(argv[0])
 

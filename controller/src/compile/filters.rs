@@ -7,6 +7,9 @@
 //! the filter cannot be honoured (which rejects the route). An unresolvable mirror backend does
 //! not reject: it is recorded as a ResolvedRefs problem and the mirror is skipped at runtime.
 //!
+//! ExternalAuth (GEP-1494) is converted by [`super::ext_auth_filter`]; its unresolvable
+//! backend is a ResolvedRefs problem too, and the check then denies (fails closed).
+//!
 //! Rejected: ExtensionRef (we implement none), a filter type without its config, the same
 //! filter type twice (except RequestMirror), RequestRedirect together with URLRewrite,
 //! ReplacePrefixMatch in a rule with a non-PathPrefix match, blank or duplicate header names.
@@ -135,6 +138,17 @@ pub fn convert_backend_filters(
     let as_rule: Vec<HttpRouteRulesFilters> = serde_json::to_value(filters)
         .and_then(serde_json::from_value)
         .map_err(|e| unsupported(field, e))?;
+    // The proxy asks authorization services per rule, before any backend is picked: a
+    // backendRef's ExternalAuth would never run, so it is refused rather than ignored.
+    if let Some(i) = as_rule
+        .iter()
+        .position(|f| f.r#type == HttpRouteRulesFiltersType::ExternalAuth)
+    {
+        return Err(unsupported(
+            &format!("{field}[{i}]"),
+            "ExternalAuth filters are supported on rules, not on backendRefs",
+        ));
+    }
     convert_all(&as_rule, field, ctx)
 }
 
@@ -192,7 +206,17 @@ fn convert(
             let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
             Ok(Filter::Cors(cors(c, field)?))
         }
-        T::ExtensionRef | T::ExternalAuth => Err(unsupported(
+        T::ExternalAuth => {
+            let e = f
+                .external_auth
+                .as_ref()
+                .ok_or_else(|| missing("externalAuth"))?;
+            let id = format!("{}/{}", ctx.route_ns, field);
+            Ok(Filter::ExternalAuth(super::ext_auth_filter::convert(
+                e, field, id, ctx,
+            )?))
+        }
+        T::ExtensionRef => Err(unsupported(
             field,
             format!(
                 "{} filters are not supported by this implementation",

@@ -22,6 +22,7 @@ pub mod certs;
 pub mod classes;
 pub mod conditions;
 pub mod crossserve;
+pub mod ext_auth_filter;
 pub mod filters;
 pub mod grants;
 pub mod grpc;
@@ -334,6 +335,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     let policies = if any_policy {
         policies::compile_policies(
             inputs,
+            &idx,
             &policy_gateways(&gateways),
             &policy_routes(&gateways, &routes),
             &existing_targets(inputs),
@@ -356,6 +358,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         &client.routes,
         cache.as_deref_mut(),
     );
+    policies::external::add_backends(&mut tables, &policies.external_backends);
     for ((gw, port), settings) in std::mem::take(&mut client.ports) {
         if let Some(p) = tables
             .get_mut(&gw)

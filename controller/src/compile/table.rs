@@ -315,6 +315,11 @@ fn note_backends<'r>(
         {
             used.insert(k);
         }
+        if let Filter::ExternalAuth(e) = f
+            && !e.backend.is_empty()
+        {
+            used.insert(&e.backend);
+        }
     }
     for b in backends {
         if let Some(k) = &b.backend {

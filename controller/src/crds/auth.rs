@@ -239,11 +239,15 @@ pub struct NameSpec {
     pub name: String,
 }
 
-/// One authorization rule.
+/// One authorization rule: exactly one of `predicate` and `external`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AuthorizationSpec {
     /// CEL predicate that must hold.
-    pub predicate: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicate: Option<String>,
+    /// Ask an external authorization service (HTTP or Envoy ext_authz gRPC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<super::external::ExternalAuthSpec>,
     /// The rule applies only when every predicate holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub when: Vec<Predicate>,

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod backend;
 pub mod client;
 pub mod common;
+pub mod external;
 pub mod ratelimit;
 pub mod reference;
 

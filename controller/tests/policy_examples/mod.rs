@@ -1,5 +1,5 @@
 //! The policy examples (examples/rate-limit, examples/api-key, examples/basic-auth, examples/jwt,
-//! examples/introspection, examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
+//! examples/introspection, examples/ext-authz, examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
 //! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
@@ -366,6 +366,46 @@ pub fn introspection() {
     let admin = call("/admin/users", Some("demo-token-admin"));
     assert_eq!(admin.status, 200, "{admin:?}");
     assert_eq!(admin.json()["headers"]["x-user"], "admin");
+}
+
+/// examples/ext-authz, with the demo backend as its HTTP authorization service and the demo
+/// tokens its README lists.
+pub fn ext_authz() {
+    let tg = run_example("ext-authz");
+    let call = |path: &str, token: &str| {
+        let auth = format!("Bearer {token}");
+        get_with(
+            8092,
+            "127.0.0.1:8092",
+            path,
+            &[("Authorization", auth.as_str()), ("X-Auth-User", "root")],
+        )
+        .unwrap()
+    };
+    let none = eventually(WAIT, || {
+        get(8092, "127.0.0.1:8092", "/orders").filter(|r| r.status != 404)
+    })
+    .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+    // The service's own denial, challenge included.
+    assert_eq!(none.status, 401, "{none:?}\n{}", tg.log());
+    assert_eq!(
+        none.header("www-authenticate"),
+        Some("Bearer realm=\"demo-authz\"")
+    );
+
+    let alice = call("/orders", "demo-token-alice");
+    assert_eq!(alice.status, 200, "{alice:?}\n{}", tg.log());
+    assert_eq!(alice.header("x-auth-plan"), Some("free"));
+    let doc = alice.json();
+    assert_eq!(doc["headers"]["x-auth-user"], "alice", "{doc}");
+    assert_eq!(doc["path"], "/orders", "{doc}");
+
+    let forbidden = call("/admin/users", "demo-token-alice");
+    assert_eq!(forbidden.status, 403, "{forbidden:?}");
+    assert_eq!(forbidden.body, "alice may not call /admin\n");
+    let admin = call("/admin/users", "demo-token-admin");
+    assert_eq!(admin.status, 200, "{admin:?}");
+    assert_eq!(admin.json()["headers"]["x-auth-user"], "admin");
 }
 
 /// Whether `e` is a TLS alert the server sent: how a refused client certificate shows up.

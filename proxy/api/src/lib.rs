@@ -18,6 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub mod backend;
 pub mod backend_tls;
 pub mod client;
+pub mod external;
 pub mod policy;
 
 pub use backend::BackendSettings;
@@ -382,6 +383,9 @@ pub enum Filter {
     RequestMirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Ask an external authorization service first (GEP-1494; runs after the policies,
+    /// before the other filters).
+    ExternalAuth(crate::external::ExternalAuthz),
 }
 
 /// Header edits: set replaces, add appends, remove deletes. Names lower-case.

@@ -337,8 +337,12 @@ impl std::fmt::Debug for Oidc {
 pub struct AuthzRule {
     /// Name in the policy.
     pub name: String,
-    /// CEL predicate that must hold.
+    /// CEL predicate that must hold; empty for an [`Self::external`] rule.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub predicate: String,
+    /// Ask an external authorization service instead of a predicate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<crate::external::ExternalAuthz>,
     /// CEL predicates; the rule applies only when all hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub when: Vec<String>,

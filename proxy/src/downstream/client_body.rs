@@ -16,6 +16,9 @@ use crate::error::BoxError;
 pub(crate) enum ClientBody {
     Hyper(Incoming),
     H1(crate::downstream::h1_body::RequestBody),
+    /// Read whole before the upstream call (an external authorization rule forwards it);
+    /// `None` once sent.
+    Held(Option<Bytes>),
     Empty,
 }
 
@@ -34,6 +37,7 @@ impl Body for ClientBody {
             Self::H1(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(Into::into))),
+            Self::Held(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Self::Empty => Poll::Ready(None),
         }
     }
@@ -42,6 +46,7 @@ impl Body for ClientBody {
         match self {
             Self::Hyper(b) => b.is_end_stream(),
             Self::H1(b) => b.is_end_stream(),
+            Self::Held(b) => b.as_ref().is_none_or(Bytes::is_empty),
             Self::Empty => true,
         }
     }
@@ -50,6 +55,7 @@ impl Body for ClientBody {
         match self {
             Self::Hyper(b) => b.size_hint(),
             Self::H1(b) => b.size_hint(),
+            Self::Held(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Self::Empty => SizeHint::with_exact(0),
         }
     }

@@ -82,6 +82,8 @@ pub(crate) struct RequestCtx<'s> {
     pub identity: Option<Arc<serde_json::Value>>,
     /// `Set-Cookie` values authentication adds to the answer (a refreshed OIDC session).
     pub auth_cookies: Vec<HeaderValue>,
+    /// Headers an external authorization service added to the answer.
+    pub auth_response_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// Reported when the answer's body ends.
     pub done: Completion,
 }
@@ -211,6 +213,7 @@ impl<'s> RequestCtx<'s> {
             rate_limit: None,
             identity: None,
             auth_cookies: Vec::new(),
+            auth_response_headers: Vec::new(),
             done: Completion {
                 shared: shared.clone(),
                 start,

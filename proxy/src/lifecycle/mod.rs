@@ -14,6 +14,7 @@ pub(crate) mod body;
 pub(crate) mod call;
 pub(crate) mod client;
 pub(crate) mod ctx;
+pub(crate) mod ext_auth;
 pub mod filters;
 pub(crate) mod forward;
 pub(crate) mod grpc;

@@ -11,7 +11,8 @@
 //! 2. `route`: the router over (listener port, host, method, target, headers) → 404; then
 //!    the route's policies (module `policy::enforce`): authentication (X.509 with the
 //!    connection's verified client certificate) → 401, authorization → 403, rate limit →
-//!    429 (CORS preflights on a CORS route skip them).
+//!    429, then the rule's ExternalAuth filter (module `ext_auth`; CORS preflights on a CORS
+//!    route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
 //! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503),
@@ -41,13 +42,15 @@ use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::BodyPace;
 use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
-use crate::lifecycle::body::{BodyFault, ProxyBody, full};
+use crate::lifecycle::body::{BodyFault, ProxyBody};
 use crate::lifecycle::call::{Call, Failure, failure_response};
 pub(crate) use crate::lifecycle::ctx::ProxyResponse;
 use crate::lifecycle::ctx::{Plan, RequestCtx};
+use crate::lifecycle::ext_auth;
 use crate::lifecycle::filters::{self, RequestView};
 use crate::lifecycle::grpc;
 use crate::lifecycle::mirror;
+use crate::lifecycle::policy::auth::external::ExternalIo;
 use crate::lifecycle::policy::cel::Attrs;
 use crate::lifecycle::policy::enforce::RequestInfo;
 use crate::metrics::UpstreamErrorKind;
@@ -122,6 +125,8 @@ fn request_filter<'s>(
             }
             plan.cors.push(c);
         }
+        // Run in phase 2b (module `ext_auth`), from the compiled route.
+        Filter::ExternalAuth(_) => {}
     }
     None
 }
@@ -134,7 +139,7 @@ async fn proxy<'s>(
 ) -> Response<ProxyBody> {
     let shared = ctx.shared;
     let conn = ctx.conn;
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
     if let Err(code) = ctx.verdict {
         return close_after(status(code));
     }
@@ -173,15 +178,25 @@ async fn proxy<'s>(
         return close_after(status(StatusCode::PAYLOAD_TOO_LARGE));
     }
 
-    // Phase 2b: policies (authentication, authorization, rate limit), unless this is a CORS
-    // preflight the route answers itself (browsers send those without credentials).
+    // Phase 2b: policies (authentication, authorization, rate limit), then the rule's
+    // ExternalAuth filter, unless this is a CORS preflight the route answers itself (browsers
+    // send those without credentials).
+    let preflight = is_cors_preflight(&route.filters, &parts);
+    let mut held = None;
     if let Some(key) = route.policy.as_deref()
-        && !is_cors_preflight(&route.filters, &parts)
+        && !preflight
     {
         let Some(enforcer) = snapshot.policies.get(key) else {
             // A table whose route names a missing policy set: never serve it open.
             return status(StatusCode::INTERNAL_SERVER_ERROR);
         };
+        // An external authorization rule that forwards the body reads it whole first.
+        if let Some(limit) = enforcer.external_body_limit() {
+            match ext_auth::hold(&mut body, &mut held, limit, ctx.declared_len).await {
+                Ok(()) => {}
+                Err(code) => return close_after(status(code)),
+            }
+        }
         // Normalized (module `intake`): the host routing matched, in one spelling.
         let (peer, peer_value) = ctx.source();
         let info = RequestInfo {
@@ -193,34 +208,29 @@ async fn proxy<'s>(
                 .and_then(|v| v.to_str().ok())
                 .filter(|a| !a.is_empty()),
             peer_cert: conn.peer_cert.as_deref(),
+            body: held.as_ref(),
+            external: Some(ExternalIo::new(&snapshot.backends, &shared.upstream)),
         };
         match enforcer.enforce(&shared.policy, &mut parts, info).await {
             Ok(admitted) => {
                 ctx.rate_limit = admitted.decision;
                 ctx.identity = admitted.identity;
                 ctx.auth_cookies = admitted.set_cookies;
+                ctx.auth_response_headers = admitted.response_headers;
             }
-            Err(resp) => {
-                // A gRPC client reads the policy's message in `grpc-message` (copied only
-                // for one: a flood of denials to HTTP clients allocates nothing more).
-                let reply = ctx.grpc.then(|| grpc::Override {
-                    code: None,
-                    message: Some(String::from_utf8_lossy(resp.body()).into_owned().into()),
-                });
-                // A browser must be able to read the denial (status, Retry-After): decorate it
-                // as the route's CORS filters would decorate an upstream answer.
-                let mut resp = resp.map(full);
-                if let Some(reply) = reply {
-                    resp.extensions_mut().insert(reply);
-                }
-                let origin = parts.headers.get(ORIGIN);
-                for f in &route.filters {
-                    if let Filter::Cors(c) = f {
-                        filters::cors_decorate(c, origin, resp.headers_mut());
-                    }
-                }
-                return resp;
-            }
+            Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
+        }
+    }
+    if let Some(check) = &hit.route.external
+        && !preflight
+    {
+        match ext_auth::filter(
+            snapshot, ctx, check, &mut parts, &mut body, &mut held, bare_host, target,
+        )
+        .await
+        {
+            Ok(client) => ctx.auth_response_headers.extend(client),
+            Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
         }
     }
 
@@ -354,6 +364,9 @@ async fn proxy<'s>(
     }
     for cookie in std::mem::take(&mut ctx.auth_cookies) {
         resp.headers_mut().append(http::header::SET_COOKIE, cookie);
+    }
+    for (name, value) in std::mem::take(&mut ctx.auth_response_headers) {
+        resp.headers_mut().append(name, value);
     }
     resp
 }

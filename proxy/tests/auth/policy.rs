@@ -20,6 +20,7 @@ fn rule(name: &str, predicate: &str, when: &[&str]) -> AuthzRule {
     AuthzRule {
         name: name.into(),
         predicate: predicate.into(),
+        external: None,
         when: when.iter().map(|w| w.to_string()).collect(),
     }
 }

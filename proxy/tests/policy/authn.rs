@@ -152,6 +152,7 @@ async fn an_authorization_rule_that_does_not_hold_is_403_without_a_challenge() {
     a.authorization = vec![AuthzRule {
         name: "admins-only".into(),
         predicate: "auth.identity.role == 'admin'".into(),
+        external: None,
         when: vec!["request.url_path.startsWith('/admin')".into()],
     }];
     let (_p, url) = proxy_with_policies(
@@ -207,6 +208,7 @@ fn admins_only() -> Auth {
     a.authorization = vec![AuthzRule {
         name: "admins".into(),
         predicate: "auth.identity.metadata.labels.group == 'admins'".into(),
+        external: None,
         when: vec![],
     }];
     a
@@ -313,6 +315,7 @@ async fn cel_sees_method_host_path_scheme_headers_and_source() {
             "auth.identity == null",
         ]
         .join(" && "),
+        external: None,
         when: vec![],
     }];
     a.success_headers = vec![(

@@ -17,6 +17,8 @@ mod client_ip;
 mod closed;
 #[path = "../common/mod.rs"]
 mod common;
+mod external_grpc;
+mod external_http;
 mod front_door;
 mod limits;
 mod order;

@@ -18,6 +18,7 @@ async fn denied_requests_do_not_consume_the_rate_limit() {
     a.authorization = vec![AuthzRule {
         name: "no-delete".into(),
         predicate: "request.method != 'DELETE'".into(),
+        external: None,
         when: vec![],
     }];
     let set = PolicySet {

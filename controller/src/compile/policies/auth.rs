@@ -23,6 +23,7 @@ use tollgate_api::policy::{
     ApiKey, ApiKeys, AuthnMethod, AuthzRule, Credentials, DenyResponse, Introspection, Jwt, Method,
 };
 
+use super::external;
 use super::ratelimit::{check, predicates};
 use super::{Contribution, Problem, basic, invalid};
 use crate::compile::index::{labels_match, name_of, ns_of};
@@ -56,6 +57,7 @@ pub fn contribution(
     policy: &AuthPolicy,
     key: &ObjectKey,
     secrets: &[&Secret],
+    externals: &external::ExternalBackends<'_, '_>,
 ) -> Result<Contribution<AuthEntries>, Problem> {
     let spec = &policy.spec;
     let empty = AuthRules::default();
@@ -94,11 +96,24 @@ pub fn contribution(
             .insert(name.clone(), method(name, m, key, secrets)?);
     }
     for (name, r) in &rules.authorization {
+        let (predicate, external) = match (&r.predicate, &r.external) {
+            (Some(p), None) => (check(p, &format!("authorization.{name}.predicate"))?, None),
+            (None, Some(e)) => (
+                String::new(),
+                Some(external::compile(name, e, key, externals)?),
+            ),
+            _ => {
+                return Err(invalid(format!(
+                    "authorization.{name}: set exactly one of predicate, external"
+                )));
+            }
+        };
         entries.authorization.insert(
             name.clone(),
             AuthzRule {
                 name: name.clone(),
-                predicate: check(&r.predicate, &format!("authorization.{name}.predicate"))?,
+                predicate,
+                external,
                 when: predicates(&r.when, &format!("authorization.{name}.when"))?,
             },
         );

@@ -25,6 +25,7 @@ pub mod auth;
 pub mod backend;
 pub mod basic;
 pub mod client;
+pub mod external;
 pub mod last_valid;
 pub mod oidc;
 pub mod ratelimit;
@@ -183,6 +184,9 @@ pub struct Policies {
     pub affecting_routes: BTreeMap<(&'static str, ObjectKey, ObjectKey), BTreeSet<PolicyRef>>,
     /// Policies (kind, key) affecting each Gateway.
     pub affecting_gateways: BTreeMap<ObjectKey, BTreeSet<PolicyRef>>,
+    /// The authorization services of `external` rules, by backend key: the tables that
+    /// use them get them ([`external::add_backends`]).
+    pub external_backends: crate::compile::index::LookupMap<String, tollgate_api::Backend>,
 }
 
 /// Target levels, least specific first.
@@ -453,6 +457,7 @@ fn resolve(
 /// policy whose targets all exist but are another controller's gets no status from us.
 pub fn compile_policies(
     inputs: &crate::compile::Inputs,
+    idx: &crate::compile::index::Index<'_>,
     gateways: &[GatewayTarget],
     routes: &[RouteTarget],
     existing: &BTreeSet<(&str, ObjectKey)>,
@@ -474,11 +479,13 @@ pub fn compile_policies(
     }
     let mut rl = Resolved::new("RateLimitPolicy", items, gateways, routes, existing);
     let mut items = Vec::with_capacity(inputs.auth_policies.len());
+    let externals = external::ExternalBackends::new(idx);
     for p in &inputs.auth_policies {
         let key = key_of(&p.metadata);
         let last = inputs.last_valid.auth_policies.get(&key);
-        let (state, refs, keep) =
-            last_valid::resolve(p, last, true, |v| auth::contribution(v, &key, &secrets));
+        let (state, refs, keep) = last_valid::resolve(p, last, true, |v| {
+            auth::contribution(v, &key, &secrets, &externals)
+        });
         if let Some(keep) = keep {
             last_valid.auth_policies.insert(key, keep);
         }
@@ -487,6 +494,7 @@ pub fn compile_policies(
     let mut ap = Resolved::new("AuthPolicy", items, gateways, routes, existing);
     let mut out = Policies {
         last_valid,
+        external_backends: externals.into_backends(),
         ..Policies::default()
     };
     for route in routes {

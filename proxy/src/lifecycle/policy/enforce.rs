@@ -27,6 +27,7 @@ use http::{HeaderValue, Response, StatusCode};
 use tollgate_api::PolicySet;
 use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 
+use super::auth::external::{self, CheckInput, ExternalIo, ExternalRule};
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
 use super::ratelimit::{CompiledLimit, Decision, LimitError, RateLimiter};
@@ -67,6 +68,8 @@ pub struct Enforcer {
     /// Closed by invalid policies: every request answers 500, nothing else runs.
     closed: bool,
     auth: Option<CompiledAuth>,
+    /// The auth rules' external authorization checks (after the CEL rules).
+    external: Vec<ExternalRule>,
     limits: Vec<CompiledLimit>,
     /// What the expressions of the set read from a request.
     needs: Needs,
@@ -100,6 +103,8 @@ pub struct Admitted {
     pub identity: Option<Arc<serde_json::Value>>,
     /// `Set-Cookie` values for the answer (an OIDC session refreshed on the way).
     pub set_cookies: Vec<HeaderValue>,
+    /// Headers an external authorization service asked to add to the response.
+    pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
 }
 
 /// What a request carries into the policy phase besides its head.
@@ -119,6 +124,11 @@ pub struct RequestInfo<'a> {
     /// DER of the client certificate the TLS layer verified against the port's CAs; `None`
     /// without one (X.509 authentication then fails).
     pub peer_cert: Option<&'a [u8]>,
+    /// The request body, held whole when an external rule forwards bodies
+    /// ([`Enforcer::external_body_limit`]).
+    pub body: Option<&'a Bytes>,
+    /// How external authorization rules reach their services; `None` denies them.
+    pub external: Option<ExternalIo<'a>>,
 }
 
 impl Enforcer {
@@ -142,6 +152,16 @@ impl Enforcer {
                 key: key.to_owned(),
                 source,
             })?;
+        let external = set
+            .auth
+            .as_ref()
+            .map(ExternalRule::build_all)
+            .transpose()
+            .map_err(|source| PolicyError::Auth {
+                key: key.to_owned(),
+                source,
+            })?
+            .unwrap_or_default();
         let mut needs: Needs = limits.iter().flat_map(CompiledLimit::expressions).collect();
         if let Some(auth) = &set.auth {
             auth_needs(auth, &mut needs);
@@ -149,6 +169,7 @@ impl Enforcer {
         Ok(Self {
             closed: false,
             auth,
+            external,
             limits,
             needs,
         })
@@ -159,9 +180,19 @@ impl Enforcer {
         Self {
             closed: true,
             auth: None,
+            external: Vec::new(),
             limits: Vec::new(),
             needs: Needs::default(),
         }
+    }
+
+    /// The largest body an external authorization rule forwards: the caller holds a body up
+    /// to this size whole in [`RequestInfo::body`] (and refuses a larger one, 413).
+    pub fn external_body_limit(&self) -> Option<u64> {
+        self.external
+            .iter()
+            .filter_map(|r| r.check.max_body_bytes())
+            .max()
     }
 
     /// Runs authentication, authorization and rate limits for one request, in that order.
@@ -199,6 +230,7 @@ impl Enforcer {
         }
         let mut identity = None;
         let mut set_cookies = Vec::new();
+        let mut response_headers = Vec::new();
         if let Some(auth) = &self.auth {
             match auth
                 .check(parts, info.peer_cert, info.scheme, &mut act)
@@ -210,12 +242,16 @@ impl Enforcer {
                 }
                 AuthOutcome::Denied(d) => return Err(d.into_response()),
             }
+            if !self.external.is_empty() && auth.applies(&act) {
+                response_headers = self.external(rt, parts, &info, &act).await?;
+            }
         }
         if self.limits.is_empty() {
             return Ok(Admitted {
                 decision: None,
                 identity,
                 set_cookies,
+                response_headers,
             });
         }
         let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
@@ -223,6 +259,7 @@ impl Enforcer {
                 decision: None,
                 identity,
                 set_cookies,
+                response_headers,
             });
         };
         if decision.allowed {
@@ -230,6 +267,7 @@ impl Enforcer {
                 decision: Some(decision),
                 identity,
                 set_cookies,
+                response_headers,
             });
         }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
@@ -240,6 +278,52 @@ impl Enforcer {
         );
         decision.insert_headers(resp.headers_mut());
         Err(resp)
+    }
+}
+
+impl Enforcer {
+    /// The external rules whose `when` holds, in order: the first denial answers; each
+    /// allowing answer's upstream headers are applied to `parts`, its client headers returned.
+    async fn external(
+        &self,
+        rt: &PolicyRuntime,
+        parts: &mut Parts,
+        info: &RequestInfo<'_>,
+        act: &Activation<'_>,
+    ) -> Result<Vec<(http::HeaderName, HeaderValue)>, Response<Bytes>> {
+        let mut client = Vec::new();
+        let metrics = rt.auth.metrics();
+        for rule in &self.external {
+            if !rule.applies(act) {
+                continue;
+            }
+            let Some(io) = &info.external else {
+                // Not reached from the proxy's own lifecycle: never let a request through.
+                let mut resp = Response::new(Bytes::from_static(b"Forbidden\n"));
+                *resp.status_mut() = StatusCode::FORBIDDEN;
+                return Err(resp);
+            };
+            let input = CheckInput {
+                method: &parts.method,
+                host: info.host,
+                target: info.target,
+                scheme: info.scheme,
+                headers: &parts.headers,
+                peer: info.peer,
+                body: info.body,
+            };
+            match rule.check.check(io, &input, metrics).await {
+                external::Decision::Allow(grant) => {
+                    grant.apply(&mut parts.headers);
+                    client.extend(grant.client.iter().cloned());
+                }
+                external::Decision::Deny(refusal) => {
+                    tracing::debug!(rule = %rule.check.id(), status = %refusal.status, "auth: external authorization denied");
+                    return Err(refusal.to_response());
+                }
+            }
+        }
+        Ok(client)
     }
 }
 
@@ -268,9 +352,12 @@ fn auth_needs(auth: &Auth, needs: &mut Needs) {
         let AuthzRule {
             name: _,
             predicate,
+            external: _,
             when,
         } = r;
-        when.iter().chain(std::iter::once(predicate))
+        // An external rule has no predicate.
+        when.iter()
+            .chain(std::iter::once(predicate).filter(|p| !p.is_empty()))
     });
     let headers = success_headers.iter().map(|(_, e)| e);
     for src in when.iter().chain(methods).chain(rules).chain(headers) {

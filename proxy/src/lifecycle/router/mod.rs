@@ -43,6 +43,7 @@ pub use host::host_without_port;
 pub use matcher::split_path_and_query;
 
 use crate::FastMap;
+use crate::lifecycle::policy::auth::external::{ExternalBuildError, ExternalCheck};
 use crate::metrics::{Metrics, RouteMetrics};
 use host::{HostIndex, normalize_host};
 use index::{Entry, RouteSet};
@@ -60,6 +61,14 @@ pub enum RouterError {
         pattern: String,
         /// Why.
         message: String,
+    },
+    /// An ExternalAuth filter the compiler should have refused.
+    #[error("route {route}: {source}")]
+    ExternalAuth {
+        /// Route `namespace/name`.
+        route: String,
+        /// Why.
+        source: ExternalBuildError,
     },
 }
 
@@ -97,6 +106,9 @@ pub struct CompiledRoute {
     /// The metric handles of that label: found once when the virtual host is built (not per
     /// request), and kept with it when a later table reuses the virtual host.
     pub(crate) metrics: Arc<RouteMetrics>,
+    /// The rule's ExternalAuth filter (GEP-1494), compiled once per table; the proxy runs it
+    /// after the route's policies.
+    pub external: Option<Arc<ExternalCheck>>,
 }
 
 /// The outcome of a successful match.
@@ -227,11 +239,25 @@ fn build_set<'t>(
             (label, handles)
         });
         let matcher = Matcher::compile(&r.matcher, label)?;
+        let external = r
+            .filters
+            .iter()
+            .find_map(|f| match f {
+                tollgate_api::Filter::ExternalAuth(e) => Some(ExternalCheck::build(e)),
+                _ => None,
+            })
+            .transpose()
+            .map_err(|source| RouterError::ExternalAuth {
+                route: label.to_string(),
+                source,
+            })?
+            .map(Arc::new);
         entries.push(Entry {
             route: CompiledRoute {
                 api: r.clone(),
                 label: label.clone(),
                 metrics: handles.clone(),
+                external,
             },
             matcher,
         });

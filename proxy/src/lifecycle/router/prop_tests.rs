@@ -90,6 +90,7 @@ fn index_agrees_with_linear_scan() {
                         label: format!("ns/r{i}").into(),
                         metrics: metrics.route(&format!("ns/r{i}")),
                         api,
+                        external: None,
                     },
                     matcher,
                 }

@@ -148,6 +148,12 @@ struct CacheLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExternalLabels {
+    protocol: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -159,6 +165,9 @@ pub struct AuthMetrics {
     jwks_fetches: Family<ResultLabels, Counter>,
     introspections: Family<ResultLabels, Counter>,
     cache_lookups: Family<CacheLabels, Counter>,
+    /// External authorization checks, by protocol (`http`, `grpc`) and result (see
+    /// the module `external`).
+    external: Family<ExternalLabels, Counter>,
     /// The per-request series, each kept once looked up (shared by clones, like the families).
     kept: Arc<Kept>,
 }
@@ -213,6 +222,11 @@ impl AuthMetrics {
             "auth_cache_lookups",
             "Lookups in the verified-token and introspection caches, by cache and result",
             self.cache_lookups.clone(),
+        );
+        registry.register(
+            "auth_external_checks",
+            "External authorization checks, by protocol and result (allowed, denied, error, fail_open, cache_hit)",
+            self.external.clone(),
         );
     }
 
@@ -274,6 +288,21 @@ impl AuthMetrics {
             // Not reached: the index is below the array's length by construction.
             None => lookup().inc(),
         };
+    }
+
+    /// Counts one external authorization check (`protocol`: `http` or `grpc`; `result`:
+    /// `allowed`, `denied`, `error`, `fail_open` or `cache_hit`).
+    pub(crate) fn external(&self, protocol: &'static str, result: &'static str) {
+        self.external
+            .get_or_create(&ExternalLabels { protocol, result })
+            .inc();
+    }
+
+    /// External authorization checks counted with these labels (for tests and diagnostics).
+    pub fn external_count(&self, protocol: &'static str, result: &'static str) -> u64 {
+        self.external
+            .get(&ExternalLabels { protocol, result })
+            .map_or(0, |c| c.get())
     }
 
     pub(crate) fn jwks_fetch(&self, ok: bool) {

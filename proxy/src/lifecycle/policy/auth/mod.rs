@@ -41,6 +41,7 @@
 mod apikey;
 mod basic;
 mod credentials;
+pub mod external;
 mod http;
 mod introspect;
 mod jwks;
@@ -125,6 +126,9 @@ pub enum AuthBuildError {
     /// A deny response code is not an HTTP status.
     #[error("deny response code {0} is not a valid HTTP status")]
     DenyCode(u16),
+    /// An external authorization rule.
+    #[error(transparent)]
+    External(#[from] external::ExternalBuildError),
     /// The JWT library has no crypto backend (a build misconfiguration).
     #[error("no JWT crypto provider is available")]
     NoCryptoProvider,
@@ -301,9 +305,12 @@ impl CompiledAuth {
             .iter()
             .map(|m| compile_method(m, shared))
             .collect::<Result<Vec<_>, _>>()?;
+        // External rules run in the enforcer (module `external`): they need the snapshot's
+        // backends and the request body.
         let rules = auth
             .authorization
             .iter()
+            .filter(|r| r.external.is_none())
             .map(|r| {
                 let ctx = format!("authorization.{}", r.name);
                 Ok(CompiledRule {
@@ -347,6 +354,12 @@ impl CompiledAuth {
             unauthenticated,
             unauthorized,
         })
+    }
+
+    /// Whether the policy's own `when` holds for the request (else it neither authenticates
+    /// nor denies, and its external rules do not run either).
+    pub fn applies(&self, act: &Activation<'_>) -> bool {
+        self.when.iter().all(|w| w.eval_bool(act))
     }
 
     /// Removes every success header name from `headers`. [`Self::check`] does this itself;
