@@ -29,6 +29,7 @@
 mod activation;
 mod fast;
 mod net;
+mod response;
 #[cfg(test)]
 mod tests;
 
@@ -41,6 +42,7 @@ use cel::{Context, Env, IdedExpr, Program, Value};
 use http::HeaderName;
 
 pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
+pub use self::response::{RESPONSE_VARIABLES, ResponseExpr, check_response};
 use self::fast::{Fast, Tri, Val};
 
 /// Top-level variables an expression may use.
@@ -80,6 +82,16 @@ pub enum CelError {
         "CEL expression `{expr}` uses unknown variable `{variable}` (known: request, source, auth)"
     )]
     UnknownVariable {
+        /// The expression.
+        expr: String,
+        /// The variable.
+        variable: String,
+    },
+    /// A response expression names a variable other than `response`.
+    #[error(
+        "CEL expression `{expr}` uses unknown variable `{variable}` (a response expression knows only: response)"
+    )]
+    UnknownResponseVariable {
         /// The expression.
         expr: String,
         /// The variable.

@@ -29,7 +29,7 @@ use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
-use super::ratelimit::{CompiledLimit, Decision, LimitError, RateLimiter};
+use super::ratelimit::{CompiledLimit, Decision, LimitError, Pending, RateLimiter};
 
 /// Why a table's policies could not be compiled (the compiler validates the same things).
 #[derive(Debug, thiserror::Error)]
@@ -92,12 +92,17 @@ pub fn build_all(
 
 /// What the policy phase lets a request go on with.
 #[derive(Debug, Default)]
-pub struct Admitted {
-    /// The rate-limit decision whose headers go on the response; `None` when no limit applied.
+pub struct Admitted<'e> {
+    /// The rate-limit decision whose headers go on the response; `None` when no enforced
+    /// limit applied.
     pub decision: Option<Decision>,
     /// `auth.identity` (null when anonymous), shared with the authenticator; `None` when the
     /// set has no authentication.
     pub identity: Option<Arc<serde_json::Value>>,
+    /// The shadow limits that would have refused the request.
+    pub shadow_refused: Vec<&'e CompiledLimit>,
+    /// Costs to count once the response is known (`cost.response`).
+    pub pending: Vec<Pending<'e>>,
 }
 
 /// What a request carries into the policy phase besides its head.
@@ -169,7 +174,7 @@ impl Enforcer {
         rt: &PolicyRuntime,
         parts: &mut Parts,
         info: RequestInfo<'_>,
-    ) -> Result<Admitted, Response<Bytes>> {
+    ) -> Result<Admitted<'_>, Response<Bytes>> {
         if self.closed {
             let mut resp = Response::new(Bytes::from_static(b"Internal Server Error\n"));
             *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -204,22 +209,22 @@ impl Enforcer {
         }
         if self.limits.is_empty() {
             return Ok(Admitted {
-                decision: None,
                 identity,
+                ..Admitted::default()
             });
         }
-        let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
-            return Ok(Admitted {
-                decision: None,
-                identity,
-            });
+        let checked = rt.limiter.check_request(&self.limits, &act).await;
+        let decision = match checked.decision {
+            Some(d) if !d.allowed => d,
+            decision => {
+                return Ok(Admitted {
+                    decision,
+                    identity,
+                    shadow_refused: checked.shadow_refused,
+                    pending: checked.pending,
+                });
+            }
         };
-        if decision.allowed {
-            return Ok(Admitted {
-                decision: Some(decision),
-                identity,
-            });
-        }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         resp.headers_mut().insert(
