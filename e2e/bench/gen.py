@@ -4,7 +4,7 @@ except the JWT of `policies`, signed with the current time):
 
   gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
   gen.py configs SCENARIO DIR --cert PEM --key PEM
-  gen.py policies DIR [policies | client [PROXY_VERSION] | backends]
+  gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends]
 
 ---------------------------------------------------------------------------------- routes
 Writes a manifest directory with one Gateway and N HTTPRoutes for `tollgate run`
@@ -46,6 +46,16 @@ Variants of `policies` (port):
   cached    18094  the rl variant, its counters shared through Redis in redis-cached mode
   twin      18095  the bare route again: measured beside the bare route, a control whose
                    ratio shows what the measurement itself does (1.0 when it is fair)
+
+With `costs`, the variants of the cost and shadow limit benchmark (costs.sh), each limit
+the `rl` one (one counter per client address, never exceeded) but for what it counts:
+  bare      18590  the route alone
+  rl        18591  the plain limit, as in `policies`
+  reqcost   18592  cost.request: int(request.headers['x-cost']) (every request sends 1)
+  respcost  18593  cost.response: int(response.headers['content-length']) (the backend's
+                   body, counted after each response)
+  shadow    18594  the plain limit in mode: Shadow
+  twin      18595  the bare route again (the control)
 
 DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
 generator sends, tab-separated). Every variant gets the same request, API key and token
@@ -91,7 +101,7 @@ import time
 
 USAGE = """usage: gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
        gen.py configs SCENARIO DIR --cert PEM --key PEM
-       gen.py policies DIR [policies | client [PROXY_VERSION] | backends]"""
+       gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends]"""
 
 
 # ================================================================================== routes
@@ -577,6 +587,34 @@ def policies(out):
     print(" ".join(variants))
 
 
+COST_PORTS = {"bare": 18590, "rl": 18591, "reqcost": 18592, "respcost": 18593, "shadow": 18594,
+              "twin": 18595}
+
+
+def limit_with(extra):
+    """RL with `extra` (flow-mapping entries) added to the limit."""
+    return RL.replace(HUGE_LIMIT, HUGE_LIMIT[:-1] + ", " + extra + "}")
+
+
+def costs(out):
+    variants = {
+        "bare": "",
+        "rl": RL,
+        "reqcost": limit_with("cost: {request: \"int(request.headers['x-cost'])\"}"),
+        "respcost": limit_with("cost: {response: \"int(response.headers['content-length'])\"}"),
+        "shadow": limit_with("mode: Shadow"),
+        "twin": "",
+    }
+    for name, extra in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(base(name, COST_PORTS[name]) + extra)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(COST_PORTS[name]), "x-cost: 1"]) + "\n")
+    print(" ".join(variants))
+
+
 def client_policy(client_ip):
     return f"""---
 apiVersion: tollgate.dev/v1alpha1
@@ -653,6 +691,8 @@ def main_policies(argv):
         client(argv[0], argv[2] if len(argv) > 2 else "1")
     elif which == "backends":
         backends(argv[0])
+    elif which == "costs":
+        costs(argv[0])
     else:
         policies(argv[0])
 
