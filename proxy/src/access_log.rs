@@ -228,7 +228,10 @@ mod tests {
         assert!(plain.get("shadow_limited").is_none(), "{plain}");
         rec.shadow_limited = vec!["shop/tokens/per-user".into()];
         let shadow = serde_json::to_value(&rec).unwrap();
-        assert_eq!(shadow["shadow_limited"][0], "shop/tokens/per-user", "{shadow}");
+        assert_eq!(
+            shadow["shadow_limited"][0], "shop/tokens/per-user",
+            "{shadow}"
+        );
     }
 
     #[test]

@@ -453,7 +453,10 @@ async fn a_request_a_shadow_limit_would_have_refused_names_the_limit() {
     assert!(up, "the proxy never answered");
     for (path, shadow_limited) in [
         ("/limited/1", None),
-        ("/limited/2", Some(serde_json::json!(["default/limits/try"]))),
+        (
+            "/limited/2",
+            Some(serde_json::json!(["default/limits/try"])),
+        ),
     ] {
         assert_eq!(
             get(&c, &format!("{base}{path}")).await.status,

@@ -47,7 +47,9 @@ fn request_cost() -> Option<Cost> {
 }
 
 fn response_cost() -> Option<Cost> {
-    Some(Cost::Response("int(response.headers['x-tokens-used'])".into()))
+    Some(Cost::Response(
+        "int(response.headers['x-tokens-used'])".into(),
+    ))
 }
 
 /// The three storages on one clock (the Redis ones on `redis`); the cached one flushes only
@@ -176,15 +178,24 @@ async fn a_request_cost_is_admitted_when_it_fits_on_every_storage() {
         let d = decide(&rl, &limits, &cost("7")).await.decision.unwrap();
         assert!(!d.allowed && d.remaining == 6, "{name}: 4 + 7 > 10: {d:?}");
         // A missing or malformed cost counts 1, never 0.
-        let d = decide(&rl, &limits, &HeaderMap::new()).await.decision.unwrap();
+        let d = decide(&rl, &limits, &HeaderMap::new())
+            .await
+            .decision
+            .unwrap();
         assert!(d.allowed && d.remaining == 5, "{name}: {d:?}");
         let d = decide(&rl, &limits, &cost("-3")).await.decision.unwrap();
         assert!(d.allowed && d.remaining == 4, "{name}: {d:?}");
         assert_eq!(rl.metrics().cost_errors(&format!("api/bytes")), 2, "{name}");
         let d = decide(&rl, &limits, &cost("4")).await.decision.unwrap();
-        assert!(d.allowed && d.remaining == 0, "{name}: exactly the limit: {d:?}");
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{name}: exactly the limit: {d:?}"
+        );
         let d = decide(&rl, &limits, &cost("0")).await.decision.unwrap();
-        assert!(!d.allowed, "{name}: a full counter refuses even a free request");
+        assert!(
+            !d.allowed,
+            "{name}: a full counter refuses even a free request"
+        );
     }
 }
 

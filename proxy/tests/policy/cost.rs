@@ -115,7 +115,11 @@ async fn a_response_cost_refuses_the_request_after_the_one_that_crossed_the_limi
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
     assert_eq!(limit_headers(&refused), (Some("1000"), Some("0")));
     seconds(&refused, "retry-after", 1..=120);
-    assert_eq!(hits.load(Ordering::SeqCst), 3, "the fourth never reached the upstream");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        3,
+        "the fourth never reached the upstream"
+    );
     // Another user has a counter of its own.
     let bob = get_with(&c, &url, &[("x-user", "bob")]).await;
     assert_eq!(limit_headers(&bob), (Some("1000"), Some("600")));

@@ -42,8 +42,8 @@ use cel::{Context, Env, IdedExpr, Program, Value};
 use http::HeaderName;
 
 pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
-pub use self::response::{RESPONSE_VARIABLES, ResponseExpr, check_response};
 use self::fast::{Fast, Tri, Val};
+pub use self::response::{RESPONSE_VARIABLES, ResponseExpr, check_response};
 
 /// Top-level variables an expression may use.
 pub const VARIABLES: [&str; 3] = ["request", "source", "auth"];

@@ -129,7 +129,10 @@ mod tests {
     #[test]
     fn reads_the_status_and_headers() {
         let e = ResponseExpr::compile("int(response.headers['x-tokens-used'])").unwrap();
-        assert_eq!(e.eval_int(200, &headers(&[("x-tokens-used", "400")])), Ok(400));
+        assert_eq!(
+            e.eval_int(200, &headers(&[("x-tokens-used", "400")])),
+            Ok(400)
+        );
         let e = ResponseExpr::compile("response.status == 200 ? 10 : 1").unwrap();
         assert_eq!(e.eval_int(200, &headers(&[])), Ok(10));
         assert_eq!(e.eval_int(503, &headers(&[])), Ok(1));

@@ -189,9 +189,7 @@ impl Spec {
         let (n, w) = (i128::from(n), i128::from(self.window));
         match self.alg {
             Algorithm::FixedWindow => i128::from(s.b) + n <= i128::from(self.limit),
-            Algorithm::SlidingWindow => {
-                self.weighted(s, now) + n * w <= i128::from(self.limit) * w
-            }
+            Algorithm::SlidingWindow => self.weighted(s, now) + n * w <= i128::from(self.limit) * w,
             Algorithm::TokenBucket => i128::from(s.a) >= n * w,
         }
     }
@@ -270,8 +268,7 @@ impl Spec {
             Algorithm::TokenBucket => {
                 let retry = if self.limit > 0 {
                     let missing = i128::from(need) * i128::from(w) - i128::from(s.a);
-                    i64::try_from(missing)
-                        .map_or(i64::MAX, |m| ceil_div(m, self.limit))
+                    i64::try_from(missing).map_or(i64::MAX, |m| ceil_div(m, self.limit))
                 } else {
                     w
                 };

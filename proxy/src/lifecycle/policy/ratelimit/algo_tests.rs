@@ -335,7 +335,10 @@ fn retry_after_of_a_cost_is_the_wait_until_the_whole_cost_fits() {
     // Fixed window: the window's end, whatever the cost that fits a fresh window.
     let mut c = counter(Algorithm::FixedWindow, &[(10, 1_000)], 0);
     assert!(c.pay(9, 9, 200).allowed);
-    assert_eq!(c.pay(5, 5, 200).retry_after, Some(Duration::from_millis(800)));
+    assert_eq!(
+        c.pay(5, 5, 200).retry_after,
+        Some(Duration::from_millis(800))
+    );
 
     // Sliding window of 10 per 1 s: 8 in the window [0, 1000). At 1000 they become the
     // previous window; a request of 5 fits once 8 × (1000 − e) / 1000 + 5 ≤ 10, so
@@ -354,7 +357,10 @@ fn a_zero_cost_needs_room_for_one_and_counts_nothing() {
     assert!(c.pay(1, 0, 0).allowed);
     assert!(c.pay(1, 0, 0).allowed);
     assert_eq!(c.hits(3, 0), 2, "free requests left the counter as it was");
-    assert!(!c.pay(1, 0, 0).allowed, "a full counter refuses even a free one");
+    assert!(
+        !c.pay(1, 0, 0).allowed,
+        "a full counter refuses even a free one"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@
 use super::limit::RequestCost;
 use super::{Activation, CompiledLimit, Decision, KeyBuffers};
 
-/// What [`RateLimiter::check_request`] found for a request.
+/// What [`RateLimiter::check_request`](super::RateLimiter::check_request) found for a request.
 #[derive(Debug, Default)]
 pub struct Checked<'l> {
     /// The enforced limits' decisions merged ([`Decision::merge`]): refused if one refused,
@@ -20,7 +20,8 @@ pub struct Checked<'l> {
     /// The shadow limits that would have refused the request (for the access log).
     pub shadow_refused: Vec<&'l CompiledLimit>,
     /// The limits that admitted the request and count its cost once the response is known
-    /// ([`RateLimiter::add_response_costs`]), each with its counter's key.
+    /// ([`RateLimiter::add_response_costs`](super::RateLimiter::add_response_costs)), each
+    /// with its counter's key.
     pub pending: Vec<Pending<'l>>,
 }
 
@@ -46,7 +47,10 @@ impl<'l> Checked<'l> {
         }
         if limit.is_shadow() {
             if !d.allowed {
-                tracing::debug!(limit = limit.id(), "rate limit: shadow limit would have refused");
+                tracing::debug!(
+                    limit = limit.id(),
+                    "rate limit: shadow limit would have refused"
+                );
                 self.shadow_refused.push(limit);
             }
             return false;
@@ -56,8 +60,9 @@ impl<'l> Checked<'l> {
     }
 }
 
-/// The synchronous loop of [`RateLimiter::check_request`]: `decide` on each applicable
-/// limit's key (and its hash) and cost until an enforced one refuses.
+/// The synchronous loop of
+/// [`RateLimiter::check_request`](super::RateLimiter::check_request): `decide` on each
+/// applicable limit's key (and its hash) and cost until an enforced one refuses.
 pub(super) fn fold_decisions<'l>(
     limits: &'l [CompiledLimit],
     act: &Activation<'_>,

@@ -8,6 +8,12 @@
 //! [`Decision`] per applicable limit (admitted or not, with the numbers for the
 //! `X-RateLimit-*` and `Retry-After` headers), and [metrics](RateLimitMetrics).
 //!
+//! A limit counts 1 per request, or a cost: read from the request (`cost.request`,
+//! admitted when the whole cost fits), or from the response
+//! ([`RateLimiter::check_request`] leaves it [`Pending`]; [`RateLimiter::add_response_costs`]
+//! counts it once the response head is known). A `mode: Shadow` limit counts as it would
+//! enforced and never refuses: [`Checked`] names it instead.
+//!
 //! ```no_run
 //! # async fn per_request(
 //! #     table_limits: &[tollgate_api::policy::RateLimit],
@@ -55,8 +61,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use decision::{Decision, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use checked::{Checked, Pending};
+pub use decision::{Decision, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use limit::{CompiledLimit, LimitError};
 pub use metrics::RateLimitMetrics;
 pub use redis::{KEY_PREFIX, RedisOptions};
@@ -388,7 +394,10 @@ impl RateLimiter {
             };
             if failed {
                 self.inner.metrics.cost_error(p.limit.policy_label());
-                tracing::debug!(limit = p.limit.id(), "rate limit: cost.response did not give a non-negative integer; counted 1");
+                tracing::debug!(
+                    limit = p.limit.id(),
+                    "rate limit: cost.response did not give a non-negative integer; counted 1"
+                );
             }
             let d = self.add(p.limit, &p.key, units).await;
             if !p.limit.is_shadow() {
