@@ -162,10 +162,10 @@ spec:
   targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: llm}]
   limits: {tokens: {rates: [{limit: 5, window: 1s}], mode: DryRun}}
 "#;
-    let err = tollgate::compile::inputs_from_yaml(yaml, now())
-        .err()
-        .expect("an unknown mode does not load")
-        .to_string();
+    let Err(err) = tollgate::compile::inputs_from_yaml(yaml, now()) else {
+        panic!("an unknown mode does not load");
+    };
+    let err = err.to_string();
     assert!(
         err.contains("unknown variant `DryRun`, expected `Enforce` or `Shadow`"),
         "{err}"

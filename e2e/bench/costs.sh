@@ -31,7 +31,7 @@ sbs_binaries
 sbs_backend
 
 read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v" costs)"
-admin=19930
+admin=19960
 declare -A admin_of=()
 for v in "${variants[@]}"; do
   d=$work/v/$v

@@ -49,13 +49,13 @@ Variants of `policies` (port):
 
 With `costs`, the variants of the cost and shadow limit benchmark (costs.sh), each limit
 the `rl` one (one counter per client address, never exceeded) but for what it counts:
-  bare      18590  the route alone
-  rl        18591  the plain limit, as in `policies`
-  reqcost   18592  cost.request: int(request.headers['x-cost']) (every request sends 1)
-  respcost  18593  cost.response: int(response.headers['content-length']) (the backend's
+  bare      18690  the route alone
+  rl        18691  the plain limit, as in `policies`
+  reqcost   18692  cost.request: int(request.headers['x-cost']) (every request sends 1)
+  respcost  18693  cost.response: int(response.headers['content-length']) (the backend's
                    body, counted after each response)
-  shadow    18594  the plain limit in mode: Shadow
-  twin      18595  the bare route again (the control)
+  shadow    18694  the plain limit in mode: Shadow
+  twin      18695  the bare route again (the control)
 
 DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
 generator sends, tab-separated). Every variant gets the same request, API key and token
@@ -587,8 +587,8 @@ def policies(out):
     print(" ".join(variants))
 
 
-COST_PORTS = {"bare": 18590, "rl": 18591, "reqcost": 18592, "respcost": 18593, "shadow": 18594,
-              "twin": 18595}
+COST_PORTS = {"bare": 18690, "rl": 18691, "reqcost": 18692, "respcost": 18693, "shadow": 18694,
+              "twin": 18695}
 
 
 def limit_with(extra):

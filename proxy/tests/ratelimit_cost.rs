@@ -185,7 +185,7 @@ async fn a_request_cost_is_admitted_when_it_fits_on_every_storage() {
         assert!(d.allowed && d.remaining == 5, "{name}: {d:?}");
         let d = decide(&rl, &limits, &cost("-3")).await.decision.unwrap();
         assert!(d.allowed && d.remaining == 4, "{name}: {d:?}");
-        assert_eq!(rl.metrics().cost_errors(&format!("api/bytes")), 2, "{name}");
+        assert_eq!(rl.metrics().cost_errors("api/bytes"), 2, "{name}");
         let d = decide(&rl, &limits, &cost("4")).await.decision.unwrap();
         assert!(
             d.allowed && d.remaining == 0,
