@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit api-key basic-auth jwt introspection ext-authz mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit llm-tokens api-key basic-auth jwt introspection ext-authz mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -187,6 +187,18 @@ log "ok: rate-limit: alice's 4th request is refused"
 bob=$(heads -H 'x-client-id: bob' "http://$a:8084/api")
 [[ $bob == *'x-ratelimit-remaining: 2'* ]] || die "rate-limit: bob's first request: ${bob:0:400}"
 log "ok: rate-limit: bob has a counter of his own"
+
+# --- llm-tokens ------------------------------------------------------------------------
+a=$(addr llm-tokens llm-tokens)
+expect "llm-tokens: /v1 answers with the tokens it used" 'x-tokens-used: 400' heads -H 'x-user: carol' "http://$a:8090/v1/chat/completions"
+# 400 tokens an answer, 1,000 a minute: the third crosses the limit, the fourth is refused.
+alice=$(for _ in 1 2 3 4; do code -H 'x-user: alice' "http://$a:8090/v1/chat/completions"; echo -n ' '; done)
+[[ $alice == '200 200 200 429 ' ]] || die "llm-tokens: alice's 4 requests answered '$alice', not '200 200 200 429'"
+log "ok: llm-tokens: the request after the one that crossed the budget is refused"
+# The shadow limit on prompt bytes (1,000 a minute) never refuses.
+bob=$(for _ in 1 2; do head -c 600 /dev/zero | tr '\0' x | code -H 'x-user: bob' --data-binary @- "http://$a:8090/v1/chat/completions"; echo -n ' '; done)
+[[ $bob == '200 200 ' ]] || die "llm-tokens: bob's prompts over the shadow limit answered '$bob', not '200 200'"
+log "ok: llm-tokens: the shadow limit never refuses"
 
 # --- api-key ---------------------------------------------------------------------------
 a=$(addr api-key api-key)

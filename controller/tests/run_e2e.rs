@@ -29,6 +29,7 @@ fn examples_serve_as_documented() {
     udp();
     grpc();
     policy_examples::rate_limit();
+    policy_examples::llm_tokens();
     policy_examples::api_key();
     policy_examples::basic_auth();
     policy_examples::jwt();
@@ -601,6 +602,7 @@ fn validate_prints_policy_status() {
             "examples/rate-limit",
             "RateLimitPolicy default/reports-fixed-window",
         ),
+        ("examples/llm-tokens", "RateLimitPolicy default/llm-budget"),
         ("examples/api-key", "AuthPolicy default/orders-auth"),
         ("examples/basic-auth", "AuthPolicy default/admin-auth"),
         ("examples/introspection", "AuthPolicy default/accounts-auth"),

@@ -4,7 +4,7 @@ except the JWT of `policies`, signed with the current time):
 
   gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
   gen.py configs SCENARIO DIR --cert PEM --key PEM
-  gen.py policies DIR [policies | client [PROXY_VERSION] | backends | external]
+  gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external]
 
 ---------------------------------------------------------------------------------- routes
 Writes a manifest directory with one Gateway and N HTTPRoutes for `tollgate run`
@@ -49,6 +49,16 @@ Variants of `policies` (port):
   basic     18096  an AuthPolicy with basic auth (a SHA-512 crypt htpasswd entry) plus the
                    same local limit; the same credential on every request, so the memo of
                    checked passwords answers (its Authorization header replaces the token)
+
+With `costs`, the variants of the cost and shadow limit benchmark (costs.sh), each limit
+the `rl` one (one counter per client address, never exceeded) but for what it counts:
+  bare      18690  the route alone
+  rl        18691  the plain limit, as in `policies`
+  reqcost   18692  cost.request: int(request.headers['x-cost']) (every request sends 1)
+  respcost  18693  cost.response: int(response.headers['content-length']) (the backend's
+                   body, counted after each response)
+  shadow    18694  the plain limit in mode: Shadow
+  twin      18695  the bare route again (the control)
 
 DIR/<variant>/manifests.yaml and DIR/<variant>/request (its port, then the headers the load
 generator sends, tab-separated). Every variant gets the same request, API key and token
@@ -101,7 +111,7 @@ import time
 
 USAGE = """usage: gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
        gen.py configs SCENARIO DIR --cert PEM --key PEM
-       gen.py policies DIR [policies | client [PROXY_VERSION] | backends | external]"""
+       gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external]"""
 
 
 # ================================================================================== routes
@@ -613,6 +623,34 @@ def policies(out):
     print(" ".join(variants))
 
 
+COST_PORTS = {"bare": 18690, "rl": 18691, "reqcost": 18692, "respcost": 18693, "shadow": 18694,
+              "twin": 18695}
+
+
+def limit_with(extra):
+    """RL with `extra` (flow-mapping entries) added to the limit."""
+    return RL.replace(HUGE_LIMIT, HUGE_LIMIT[:-1] + ", " + extra + "}")
+
+
+def costs(out):
+    variants = {
+        "bare": "",
+        "rl": RL,
+        "reqcost": limit_with("cost: {request: \"int(request.headers['x-cost'])\"}"),
+        "respcost": limit_with("cost: {response: \"int(response.headers['content-length'])\"}"),
+        "shadow": limit_with("mode: Shadow"),
+        "twin": "",
+    }
+    for name, extra in variants.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(base(name, COST_PORTS[name]) + extra)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join([str(COST_PORTS[name]), "x-cost: 1"]) + "\n")
+    print(" ".join(variants))
+
+
 def client_policy(client_ip):
     return f"""---
 apiVersion: tollgate.dev/v1alpha1
@@ -743,6 +781,8 @@ def main_policies(argv):
         backends(argv[0])
     elif which == "external":
         external(argv[0])
+    elif which == "costs":
+        costs(argv[0])
     else:
         policies(argv[0])
 

@@ -51,6 +51,10 @@ pub(crate) struct AccessRecord {
     /// of the attempt that failed (`upstream` is the last attempt's); absent without retries.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub retried: Vec<String>,
+    /// The `mode: Shadow` rate limits (`namespace/policy/limit`) that would have refused the
+    /// request, had they been enforced; absent when none would.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadow_limited: Vec<String>,
 }
 
 /// Sender side of the access log.
@@ -213,7 +217,21 @@ mod tests {
             grpc_status: None,
             client_timeout: None,
             retried: Vec::new(),
+            shadow_limited: Vec::new(),
         }
+    }
+
+    #[test]
+    fn shadow_limited_is_written_only_when_a_shadow_limit_would_have_refused() {
+        let mut rec = record();
+        let plain = serde_json::to_value(&rec).unwrap();
+        assert!(plain.get("shadow_limited").is_none(), "{plain}");
+        rec.shadow_limited = vec!["shop/tokens/per-user".into()];
+        let shadow = serde_json::to_value(&rec).unwrap();
+        assert_eq!(
+            shadow["shadow_limited"][0], "shop/tokens/per-user",
+            "{shadow}"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! trailers, the upstream's Trailers-Only head, or the gateway's own answer); other lines
 //! have none. A request whose body was cut as too slow carries why (`client_timeout`),
 //! which the metrics count too. A request retried under its route's retry rule names each
-//! retried attempt (`retried`).
+//! retried attempt (`retried`). A request a shadow rate limit would have refused names the
+//! limit (`shadow_limited`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -395,5 +396,75 @@ async fn a_retried_request_names_each_failed_attempt() {
     );
     let l = line_for(&lines, "/plain");
     assert!(l.get("retried").is_none(), "{l}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_request_a_shadow_limit_would_have_refused_names_the_limit() {
+    let echo = echo_backend("app").await;
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-shadow-log-{}-{port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut r = route("r", "/", vec![wb("app", 1)]);
+    r.policy = Some("p".into());
+    let mut t = table(
+        1,
+        vec![http_port(port, vec![r])],
+        vec![("app", backend_of(&[&echo]))],
+    );
+    // One request a minute on /limited, in shadow mode.
+    let limit = tollgate_api::policy::RateLimit {
+        id: "default/limits/try".into(),
+        rates: vec![tollgate_api::policy::Rate {
+            limit: 1,
+            window_ms: 60_000,
+        }],
+        algorithm: Default::default(),
+        counters: vec![],
+        when: vec!["request.url_path.startsWith('/limited')".into()],
+        cost: None,
+        mode: tollgate_api::policy::LimitMode::Shadow,
+    };
+    t.policies.insert(
+        "p".into(),
+        tollgate_api::PolicySet {
+            auth: None,
+            rate_limits: vec![limit],
+        },
+    );
+    let (_proxy, lines) = start_binary(&dir.join("table.json"), &t, free_port(), &[]);
+    let c = h1_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut up = false;
+    for _ in 0..300 {
+        let req = Request::get(format!("{base}/ready"))
+            .body(Full::default())
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
+            assert_eq!(r.status(), StatusCode::OK);
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the proxy never answered");
+    for (path, shadow_limited) in [
+        ("/limited/1", None),
+        (
+            "/limited/2",
+            Some(serde_json::json!(["default/limits/try"])),
+        ),
+    ] {
+        assert_eq!(
+            get(&c, &format!("{base}{path}")).await.status,
+            StatusCode::OK,
+            "shadow limits never refuse"
+        );
+        let l = line_for(&lines, path);
+        assert_eq!(l.get("shadow_limited").cloned(), shadow_limited, "{l}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -62,6 +62,8 @@ async fn proxy_trusting(
                 algorithm: Default::default(),
                 counters: vec!["source.address".into()],
                 when: vec![],
+                cost: None,
+                mode: Default::default(),
             }],
         },
     );

@@ -78,6 +78,39 @@ pub struct Limit {
     /// The limit applies only when every predicate holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub when: Vec<Predicate>,
+    /// What one request counts (default: 1): a CEL expression on the request, or on the
+    /// response for a cost known only after it (counted then: the next request pays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostSpec>,
+    /// `Enforce` (default): requests over the limit are refused with 429. `Shadow`: counted
+    /// exactly as `Enforce` would, reported in metrics and the access log, never refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ModeSpec>,
+}
+
+/// The cost of a request: exactly one of `request` or `response`, a CEL expression giving a
+/// non-negative integer (one that fails or gives anything else counts 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.request) != has(self.response)", "message": "set exactly one of cost.request or cost.response"}]))]
+pub struct CostSpec {
+    /// On the request (the variables of `counters`): admitted when the counter has room
+    /// for the whole cost, which it then counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// On the response (`response.status`, `response.headers` with lower-case names):
+    /// admitted when the counter has room for one; the cost is counted once the response
+    /// head is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+}
+
+/// Whether a limit refuses requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ModeSpec {
+    /// Refuse requests over the limit (429).
+    Enforce,
+    /// Count and report only.
+    Shadow,
 }
 
 /// At most `limit` requests per `window`.

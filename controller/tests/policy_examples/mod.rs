@@ -1,9 +1,14 @@
-//! The policy examples (examples/rate-limit, examples/api-key, examples/basic-auth, examples/jwt,
-//! examples/introspection, examples/ext-authz, examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
+//! The policy examples (examples/rate-limit, examples/llm-tokens, examples/api-key,
+//! examples/basic-auth, examples/jwt, examples/introspection, examples/ext-authz, examples/mtls,
+//! examples/client-ip) served by `tollgate run`, checked against what
 //! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
 //! demo backend's port.
+mod llm_tokens;
+
+pub use llm_tokens::llm_tokens;
+
 use crate::WAIT;
 use crate::support::{
     self, Tollgate, eventually, get, get_mtls, get_with, send_with, temp_dir, workspace,

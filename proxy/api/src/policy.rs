@@ -67,6 +67,43 @@ pub struct RateLimit {
     /// CEL predicates; the limit applies only when all hold (policy-level `when` included).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub when: Vec<String>,
+    /// What a request counts; `None`: 1 per request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+    /// Whether a refusal is enforced or only reported.
+    #[serde(default, skip_serializing_if = "LimitMode::is_enforce")]
+    pub mode: LimitMode,
+}
+
+/// What one request of a limit counts, from a CEL expression evaluating to an integer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Cost {
+    /// Evaluated on the request (the variables of `counters`): the request is admitted when
+    /// the counter has room for the whole cost, and counts it.
+    Request(String),
+    /// Evaluated on the response (`response.status`, `response.headers`): the request is
+    /// admitted when the counter has room for one, and the cost is counted once the response
+    /// head is known, so the request after the one that crossed the limit is refused.
+    Response(String),
+}
+
+/// Whether a limit refuses requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LimitMode {
+    /// Requests over the limit are refused with 429 (the default).
+    #[default]
+    Enforce,
+    /// Counted exactly as `Enforce` would count, reported (metrics, access log), never
+    /// refused.
+    Shadow,
+}
+
+impl LimitMode {
+    /// True for [`LimitMode::Enforce`].
+    pub fn is_enforce(&self) -> bool {
+        matches!(self, Self::Enforce)
+    }
 }
 
 /// At most `limit` requests per `window_ms`.

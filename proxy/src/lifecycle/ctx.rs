@@ -39,7 +39,7 @@ use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
 use crate::lifecycle::normalize::PathOptions;
-use crate::lifecycle::policy::ratelimit::Decision;
+use crate::lifecycle::policy::ratelimit::{Decision, Pending};
 use crate::limits::Limits;
 use crate::metrics::RouteMetrics;
 use crate::state::Shared;
@@ -77,6 +77,8 @@ pub(crate) struct RequestCtx<'s> {
     pub plan: Plan<'s>,
     /// The rate limit that counted the request: its headers go on the answer.
     pub rate_limit: Option<Decision>,
+    /// Rate-limit costs read from the answer (`cost.response`), counted before it leaves.
+    pub rate_pending: Vec<Pending<'s>>,
     /// `auth.identity` of a request an AuthPolicy admitted, shared with the authenticator (not
     /// copied): a consistent-hash expression of its backend may read it (phase 4).
     pub identity: Option<Arc<serde_json::Value>>,
@@ -118,6 +120,8 @@ pub(crate) struct Completion {
     pub retried: Vec<Retried>,
     /// The answer is the upstream's (every other one is the gateway's own).
     pub upstream_answered: bool,
+    /// Ids of the `mode: Shadow` rate limits that would have refused the request.
+    pub shadow_limited: Vec<Arc<str>>,
     /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
     log: Option<Box<LogFields>>,
 }
@@ -211,6 +215,7 @@ impl<'s> RequestCtx<'s> {
             client_upgrade,
             plan: Plan::default(),
             rate_limit: None,
+            rate_pending: Vec::new(),
             identity: None,
             auth_cookies: Vec::new(),
             auth_response_headers: Vec::new(),
@@ -225,6 +230,7 @@ impl<'s> RequestCtx<'s> {
                 admission: None,
                 retried: Vec::new(),
                 upstream_answered: false,
+                shadow_limited: Vec::new(),
                 log,
             },
         }
@@ -399,6 +405,7 @@ impl OnComplete for Completion {
                     .iter()
                     .map(|r| format!("{} {}", r.upstream, r.reason.as_str()))
                     .collect(),
+                shadow_limited: self.shadow_limited.iter().map(|l| l.to_string()).collect(),
             });
         }
     }

@@ -67,11 +67,35 @@ pub(crate) async fn handle(
     let snapshot = shared.snapshot.load_full();
     let port = snapshot.as_deref().and_then(|s| s.client(conn.table_port));
     let mut ctx = RequestCtx::arrive(&shared, &conn, port, &mut req);
-    let resp = match snapshot.as_deref() {
+    let mut resp = match snapshot.as_deref() {
         Some(snapshot) => proxy(snapshot, &mut ctx, req).await,
         None => status(StatusCode::NOT_FOUND),
     };
+    if !ctx.rate_pending.is_empty() {
+        count_response_costs(&mut ctx, &mut resp).await;
+    }
     Ok(ctx.finish(resp))
+}
+
+/// Counts the rate-limit costs read from the answer (`cost.response`) before it leaves, so
+/// the client's next request sees them; whatever answered (the upstream, or the gateway
+/// itself after the policy phase admitted the request). An answer that carries
+/// `X-RateLimit-*` gets the numbers after the count.
+async fn count_response_costs(ctx: &mut RequestCtx<'_>, resp: &mut Response<ProxyBody>) {
+    let pending = std::mem::take(&mut ctx.rate_pending);
+    let after = ctx
+        .shared
+        .policy
+        .limiter
+        .add_response_costs(&pending, resp.status().as_u16(), resp.headers())
+        .await;
+    if let (Some(after), Some(before)) = (after, ctx.rate_limit)
+        && resp
+            .headers()
+            .contains_key(&crate::lifecycle::policy::ratelimit::X_RATELIMIT_LIMIT)
+    {
+        before.merge(after).insert_headers(resp.headers_mut());
+    }
 }
 
 /// `host[:port]` → `host` (IPv6 literals keep their brackets).
@@ -217,6 +241,12 @@ async fn proxy<'s>(
                 ctx.identity = admitted.identity;
                 ctx.auth_cookies = admitted.set_cookies;
                 ctx.auth_response_headers = admitted.response_headers;
+                ctx.rate_pending = admitted.pending;
+                ctx.done.shadow_limited = admitted
+                    .shadow_refused
+                    .iter()
+                    .map(|l| l.id_shared().clone())
+                    .collect();
             }
             Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
         }

@@ -2,8 +2,8 @@
 //! serving a table whose routes carry AuthPolicy and RateLimitPolicy sets, real clients and
 //! an echo backend on 127.0.0.1. What a client gets (401 with `WWW-Authenticate`, 403, 429
 //! with `Retry-After`, `X-RateLimit-*` on admitted answers), what the upstream sees (success
-//! headers set, spoofed ones gone), the order of the checks, and rules closed by invalid
-//! policies (500).
+//! headers set, spoofed ones gone), the order of the checks, rules closed by invalid
+//! policies (500), and cost and shadow limits.
 //!
 //! Rate limits here count per minute in the default sliding window, so the numbers asserted
 //! hold whatever the wall clock: a test that crosses a minute boundary carries the previous
@@ -17,6 +17,7 @@ mod client_ip;
 mod closed;
 #[path = "../common/mod.rs"]
 mod common;
+mod cost;
 mod external_grpc;
 mod external_http;
 mod front_door;

@@ -129,6 +129,8 @@ pub fn per_minute(id: &str, limit: u64, counter: &str) -> RateLimit {
         algorithm: Default::default(),
         counters: vec![counter.into()],
         when: vec![],
+        cost: None,
+        mode: Default::default(),
     }
 }
 

@@ -178,6 +178,8 @@ pub fn limit(id: &str, alg: Algorithm, rates: &[(u64, u64)]) -> CompiledLimit {
         algorithm: alg,
         counters: vec![],
         when: vec![],
+        cost: None,
+        mode: Default::default(),
     })
     .unwrap()
 }

@@ -2,17 +2,19 @@
 //!
 //! In: one policy. Out: its defaults or overrides as named [`RateLimit`]s (ids
 //! `namespace/policy/limit`, the policy's `when` folded into every limit), or the `Invalid`
-//! problem: a window that does not parse, a CEL expression that does not compile, no limits.
+//! problem: a window that does not parse, a CEL expression that does not compile (a
+//! `cost.request` on the request's variables, a `cost.response` on `response` alone), a
+//! `cost` with both or neither of `request` and `response`, no limits.
 
 use std::collections::BTreeMap;
 
 use tollgate_api::ObjectKey;
-use tollgate_api::policy::{Algorithm, Rate, RateLimit};
+use tollgate_api::policy::{Algorithm, Cost, LimitMode, Rate, RateLimit};
 use tollgate_proxy::policy::cel;
 
 use super::{Contribution, Problem, invalid};
 use crate::crds::common::{Predicate, Strategy};
-use crate::crds::ratelimit::{AlgorithmSpec, Limit, RateLimitPolicy};
+use crate::crds::ratelimit::{AlgorithmSpec, CostSpec, Limit, ModeSpec, RateLimitPolicy};
 
 /// Named limits of one policy.
 pub type Limits = BTreeMap<String, RateLimit>;
@@ -106,6 +108,11 @@ fn convert(
         .collect::<Result<Vec<_>, _>>()?;
     let mut when = policy_when.to_vec();
     when.extend(predicates(&limit.when, &format!("limits.{name}.when"))?);
+    let cost = limit
+        .cost
+        .as_ref()
+        .map(|c| convert_cost(name, c))
+        .transpose()?;
     Ok(RateLimit {
         id: format!("{}/{}/{name}", key.namespace, key.name),
         rates,
@@ -116,7 +123,34 @@ fn convert(
         },
         counters,
         when,
+        cost,
+        mode: match limit.mode {
+            None | Some(ModeSpec::Enforce) => LimitMode::Enforce,
+            Some(ModeSpec::Shadow) => LimitMode::Shadow,
+        },
     })
+}
+
+/// `limits.NAME.cost`: exactly one expression, each checked against the variables it is
+/// evaluated with.
+fn convert_cost(name: &str, cost: &CostSpec) -> Result<Cost, Problem> {
+    match (&cost.request, &cost.response) {
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "limits.{name}.cost: set request or response, not both (a request is counted once)"
+        ))),
+        (None, None) => Err(invalid(format!(
+            "limits.{name}.cost: set request (CEL on the request) or response (CEL on the response)"
+        ))),
+        (Some(src), None) => Ok(Cost::Request(check(
+            src,
+            &format!("limits.{name}.cost.request"),
+        )?)),
+        (None, Some(src)) => {
+            cel::check_response(src)
+                .map_err(|e| invalid(format!("limits.{name}.cost.response: {e}")))?;
+            Ok(Cost::Response(src.clone()))
+        }
+    }
 }
 
 /// Checks every predicate compiles; returns their sources.

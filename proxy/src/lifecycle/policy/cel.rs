@@ -29,6 +29,7 @@
 mod activation;
 mod fast;
 mod net;
+mod response;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +43,7 @@ use http::HeaderName;
 
 pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
 use self::fast::{Fast, Tri, Val};
+pub use self::response::{RESPONSE_VARIABLES, ResponseExpr, check_response};
 
 /// Top-level variables an expression may use.
 pub const VARIABLES: [&str; 3] = ["request", "source", "auth"];
@@ -80,6 +82,16 @@ pub enum CelError {
         "CEL expression `{expr}` uses unknown variable `{variable}` (known: request, source, auth)"
     )]
     UnknownVariable {
+        /// The expression.
+        expr: String,
+        /// The variable.
+        variable: String,
+    },
+    /// A response expression names a variable other than `response`.
+    #[error(
+        "CEL expression `{expr}` uses unknown variable `{variable}` (a response expression knows only: response)"
+    )]
+    UnknownResponseVariable {
         /// The expression.
         expr: String,
         /// The variable.

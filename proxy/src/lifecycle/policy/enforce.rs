@@ -30,7 +30,7 @@ use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 use super::auth::external::{self, CheckInput, ExternalIo, ExternalRule};
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
-use super::ratelimit::{CompiledLimit, Decision, LimitError, RateLimiter};
+use super::ratelimit::{CompiledLimit, Decision, LimitError, Pending, RateLimiter};
 
 /// Why a table's policies could not be compiled (the compiler validates the same things).
 #[derive(Debug, thiserror::Error)]
@@ -95,8 +95,9 @@ pub fn build_all(
 
 /// What the policy phase lets a request go on with.
 #[derive(Debug, Default)]
-pub struct Admitted {
-    /// The rate-limit decision whose headers go on the response; `None` when no limit applied.
+pub struct Admitted<'e> {
+    /// The rate-limit decision whose headers go on the response; `None` when no enforced
+    /// limit applied.
     pub decision: Option<Decision>,
     /// `auth.identity` (null when anonymous), shared with the authenticator; `None` when the
     /// set has no authentication.
@@ -105,6 +106,10 @@ pub struct Admitted {
     pub set_cookies: Vec<HeaderValue>,
     /// Headers an external authorization service asked to add to the response.
     pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// The shadow limits that would have refused the request.
+    pub shadow_refused: Vec<&'e CompiledLimit>,
+    /// Costs to count once the response is known (`cost.response`).
+    pub pending: Vec<Pending<'e>>,
 }
 
 /// What a request carries into the policy phase besides its head.
@@ -202,7 +207,7 @@ impl Enforcer {
         rt: &PolicyRuntime,
         parts: &mut Parts,
         info: RequestInfo<'_>,
-    ) -> Result<Admitted, Response<Bytes>> {
+    ) -> Result<Admitted<'_>, Response<Bytes>> {
         if self.closed {
             let mut resp = Response::new(Bytes::from_static(b"Internal Server Error\n"));
             *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -248,28 +253,26 @@ impl Enforcer {
         }
         if self.limits.is_empty() {
             return Ok(Admitted {
-                decision: None,
                 identity,
                 set_cookies,
                 response_headers,
+                ..Admitted::default()
             });
         }
-        let Some(decision) = rt.limiter.check_applicable(&self.limits, &act).await else {
-            return Ok(Admitted {
-                decision: None,
-                identity,
-                set_cookies,
-                response_headers,
-            });
+        let checked = rt.limiter.check_request(&self.limits, &act).await;
+        let decision = match checked.decision {
+            Some(d) if !d.allowed => d,
+            decision => {
+                return Ok(Admitted {
+                    decision,
+                    identity,
+                    set_cookies,
+                    response_headers,
+                    shadow_refused: checked.shadow_refused,
+                    pending: checked.pending,
+                });
+            }
         };
-        if decision.allowed {
-            return Ok(Admitted {
-                decision: Some(decision),
-                identity,
-                set_cookies,
-                response_headers,
-            });
-        }
         let mut resp = Response::new(Bytes::from_static(b"Too Many Requests\n"));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         resp.headers_mut().insert(

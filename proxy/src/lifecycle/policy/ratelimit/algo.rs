@@ -1,11 +1,17 @@
 //! The counting algorithms, pure: a state, a rate and a time in, a state and a verdict out.
 //!
 //! In: a [`Spec`] (algorithm, limit, window), a [`RateState`] and the time `now` in unix
-//! milliseconds. Out: the advanced state, whether one more request fits, and the numbers a
-//! [`Decision`] reports. No clock, no I/O, no allocation: the memory store, the Redis script
-//! (`ratelimit.lua`, which mirrors [`Spec::fresh`], [`Spec::advance`], [`Spec::admits`],
-//! [`Spec::consume`], [`Spec::record`] and [`Spec::idle_ttl`] line by line) and the cached
-//! store all run these same rules, so a counter means the same thing wherever it lives.
+//! milliseconds. Out: the advanced state, whether a request of some cost fits, and the numbers
+//! a [`Decision`] reports. No clock, no I/O, no allocation: the memory store, the Redis script
+//! (`ratelimit.lua`, which mirrors [`Spec::fresh`], [`Spec::advance`], [`Spec::admits_n`],
+//! [`Spec::consume`], [`Spec::record`], [`add`] and [`Spec::idle_ttl`] line by line) and the
+//! cached store all run these same rules, so a counter means the same thing wherever it lives.
+//!
+//! A request asks a counter for room for `need` units and, admitted, counts `take`
+//! ([`Cost`]): a plain request 1 and 1; a `cost.request` of `n` asks `max(n, 1)` and counts
+//! `n` (a free request still needs a counter that is not full); a `cost.response` asks 1
+//! and counts nothing, its cost being [added](add) once the response is known, whether it
+//! fits or not (the request was served: the next one pays).
 //!
 //! Every state is three integers (`a`, `b`, `c`) so that it round-trips through one Redis hash
 //! unchanged:
@@ -177,23 +183,22 @@ impl Spec {
         i128::from(s.c) * i128::from(self.window - e) + i128::from(s.b) * i128::from(self.window)
     }
 
-    /// Whether one more request fits in `s` (already advanced to `now`).
-    pub fn admits(&self, s: &RateState, now: i64) -> bool {
+    /// Whether `n` more units (a request's cost, at least 1; a plain request is 1) fit in
+    /// `s` (already advanced to `now`).
+    pub fn admits_n(&self, s: &RateState, now: i64, n: i64) -> bool {
+        let (n, w) = (i128::from(n), i128::from(self.window));
         match self.alg {
-            Algorithm::FixedWindow => s.b < self.limit,
-            Algorithm::SlidingWindow => {
-                self.weighted(s, now) + i128::from(self.window)
-                    <= i128::from(self.limit) * i128::from(self.window)
-            }
-            Algorithm::TokenBucket => s.a >= self.window,
+            Algorithm::FixedWindow => i128::from(s.b) + n <= i128::from(self.limit),
+            Algorithm::SlidingWindow => self.weighted(s, now) + n * w <= i128::from(self.limit) * w,
+            Algorithm::TokenBucket => i128::from(s.a) >= n * w,
         }
     }
 
     /// Counts `n` requests, whether they fit or not (the caller decided).
     pub fn consume(&self, s: &mut RateState, n: i64) {
         match self.alg {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => s.b += n,
-            Algorithm::TokenBucket => s.a -= n * self.window,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => s.b = s.b.saturating_add(n),
+            Algorithm::TokenBucket => s.a = s.a.saturating_sub(n.saturating_mul(self.window)),
         }
     }
 
@@ -235,8 +240,10 @@ impl Spec {
         ttl.max(0)
     }
 
-    /// The numbers of `s` at `now` (`s` advanced to `now`, consumed if admitted).
-    pub fn report(&self, s: &RateState, now: i64) -> Report {
+    /// The numbers of `s` at `now` (`s` advanced to `now`, consumed if admitted), for a
+    /// request that needs room for `need` units: `retry_ms` is the wait until `need` fit
+    /// (the window length when they never will).
+    pub fn report_n(&self, s: &RateState, now: i64, need: i64) -> Report {
         let w = self.window;
         match self.alg {
             Algorithm::FixedWindow => {
@@ -244,7 +251,7 @@ impl Spec {
                 Report {
                     remaining: to_u64(self.limit - s.b),
                     reset_ms: to_u64(reset),
-                    retry_ms: (!self.admits(s, now)).then(|| to_u64(reset.max(1))),
+                    retry_ms: (!self.admits_n(s, now, need)).then(|| to_u64(reset.max(1))),
                 }
             }
             Algorithm::SlidingWindow => {
@@ -254,44 +261,47 @@ impl Spec {
                 Report {
                     remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
                     reset_ms: to_u64(reset),
-                    retry_ms: (!self.admits(s, now)).then(|| to_u64(self.sliding_retry(s, now))),
+                    retry_ms: (!self.admits_n(s, now, need))
+                        .then(|| to_u64(self.sliding_retry(s, now, need))),
                 }
             }
             Algorithm::TokenBucket => {
                 let retry = if self.limit > 0 {
-                    ceil_div(w - s.a, self.limit)
+                    let missing = i128::from(need) * i128::from(w) - i128::from(s.a);
+                    i64::try_from(missing).map_or(i64::MAX, |m| ceil_div(m, self.limit))
                 } else {
                     w
                 };
                 Report {
                     remaining: to_u64(s.a / w),
                     reset_ms: to_u64(ceil_div(self.capacity() - s.a, self.limit.max(1))),
-                    retry_ms: (!self.admits(s, now)).then(|| to_u64(retry.max(1))),
+                    retry_ms: (!self.admits_n(s, now, need)).then(|| to_u64(retry.max(1))),
                 }
             }
         }
     }
 
-    /// Sliding window, a request denied at `now`: the wait until the weighted count leaves
-    /// room for one. Exact: [`Self::admits`] holds at `now + result` and not one ms earlier
-    /// (unless that falls in a later window, where it holds at the window start).
-    fn sliding_retry(&self, s: &RateState, now: i64) -> i64 {
+    /// Sliding window, a request needing `n` units denied at `now`: the wait until the
+    /// weighted count leaves room for them. Exact: [`Self::admits_n`] holds at
+    /// `now + result` and not one ms earlier (unless that falls in a later window, where it
+    /// holds at the window start). `n` over the limit never fits: the window length.
+    fn sliding_retry(&self, s: &RateState, now: i64, n: i64) -> i64 {
         let (w, l) = (i128::from(self.window), i128::from(self.limit));
         let e = i128::from(self.elapsed(s, now));
-        let (b, c) = (i128::from(s.b), i128::from(s.c));
-        if l <= 0 {
+        let (b, c, n) = (i128::from(s.b), i128::from(s.c), i128::from(n));
+        if l <= 0 || n > l {
             return self.window;
         }
-        let wait = if b < l && c > 0 {
+        let wait = if b + n <= l && c > 0 {
             // Room comes within this window, once enough of the previous one slid out:
-            // c × (w − e') ≤ (l − b − 1) × w.
-            let slack = (l - b - 1) * w / c;
+            // c × (w − e') ≤ (l − b − n) × w.
+            let slack = (l - b - n) * w / c;
             (w - slack - e).max(1)
         } else {
             // Not before the next window, where the current count becomes the previous one:
-            // b × (w − t) ≤ (l − 1) × w.
+            // b × (w − t) ≤ (l − n) × w.
             let t = if b > 0 {
-                (w - (l - 1) * w / b).max(0)
+                (w - (l - n) * w / b).max(0)
             } else {
                 0
             };
@@ -316,29 +326,71 @@ fn to_u64(v: i64) -> u64 {
 /// request is admitted only if every rate has room, and only then is it counted, in every
 /// rate. A denied request consumes nothing anywhere, so a long window that refuses does not
 /// drain a short one that would have admitted.
+#[cfg(test)]
 pub(crate) fn decide(specs: &[Spec], states: &mut [RateState], now: i64) -> bool {
+    decide_cost(specs, states, now, Cost::ONE)
+}
+
+/// What one request asks of a counter: room for `need` units (at least 1) to be admitted,
+/// then `take` units counted (0 when its cost is known only after the response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cost {
+    pub need: i64,
+    pub take: i64,
+}
+
+impl Cost {
+    /// A plain request: room for one, counts one.
+    pub const ONE: Cost = Cost { need: 1, take: 1 };
+}
+
+/// [`decide`] for a request of cost `cost`: admitted when every rate has room for
+/// `cost.need` units, and then `cost.take` units are counted in every rate.
+pub(crate) fn decide_cost(specs: &[Spec], states: &mut [RateState], now: i64, cost: Cost) -> bool {
     for (spec, state) in specs.iter().zip(states.iter_mut()) {
         spec.advance(state, now);
     }
     let allowed = specs
         .iter()
         .zip(states.iter())
-        .all(|(spec, state)| spec.admits(state, now));
+        .all(|(spec, state)| spec.admits_n(state, now, cost.need));
     if allowed {
         for (spec, state) in specs.iter().zip(states.iter_mut()) {
-            spec.consume(state, 1);
+            spec.consume(state, cost.take);
         }
     }
     allowed
+}
+
+/// Counts `n` units at `now` in every rate, after the fact (a cost known from the
+/// response): advanced to `now`, then consumed whether they fit or not (the request was
+/// served already; the next one pays).
+pub(crate) fn add(specs: &[Spec], states: &mut [RateState], now: i64, n: i64) {
+    for (spec, state) in specs.iter().zip(states.iter_mut()) {
+        spec.advance(state, now);
+        spec.consume(state, n);
+    }
 }
 
 /// The [`Decision`] after [`decide`]: the most restrictive rate speaks. Admitted: the rate
 /// with the fewest requests left (the longest reset on a tie). Denied: among the rates that
 /// refused, the one that makes the client wait longest.
 pub(crate) fn decision(specs: &[Spec], states: &[RateState], now: i64, allowed: bool) -> Decision {
+    decision_n(specs, states, now, allowed, 1)
+}
+
+/// [`decision`] for a request that needed room for `need` units (its `Retry-After` is the
+/// wait until they fit).
+pub(crate) fn decision_n(
+    specs: &[Spec],
+    states: &[RateState],
+    now: i64,
+    allowed: bool,
+    need: i64,
+) -> Decision {
     let mut best: Option<(Spec, Report)> = None;
     for (spec, state) in specs.iter().zip(states) {
-        let r = spec.report(state, now);
+        let r = spec.report_n(state, now, need);
         if !allowed && r.retry_ms.is_none() {
             continue;
         }

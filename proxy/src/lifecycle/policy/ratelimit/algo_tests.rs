@@ -281,3 +281,114 @@ fn rates_too_large_to_count_exactly_are_refused() {
         "100 M a day is fine"
     );
 }
+
+// ---- costs ----
+
+impl Counter {
+    /// A request that needs room for `need` units and counts `take`.
+    fn pay(&mut self, need: i64, take: i64, now: i64) -> Decision {
+        let cost = Cost { need, take };
+        let allowed = decide_cost(&self.specs, &mut self.states, now, cost);
+        decision_n(&self.specs, &self.states, now, allowed, need)
+    }
+}
+
+#[test]
+fn a_request_cost_is_admitted_only_when_the_whole_cost_fits() {
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let mut c = counter(alg, &[(10, 60_000)], 0);
+        // 4 + 4 = 8 of 10: both fit; 8 + 4 = 12 does not, 8 + 2 = 10 does.
+        assert!(c.pay(4, 4, 0).allowed, "{alg:?}");
+        let d = c.pay(4, 4, 0);
+        assert!(d.allowed && d.remaining == 2, "{alg:?}: {d:?}");
+        let d = c.pay(4, 4, 0);
+        assert!(!d.allowed, "{alg:?}: 12 > 10");
+        assert_eq!(d.remaining, 2, "{alg:?}: a refusal counts nothing");
+        assert!(c.pay(2, 2, 0).allowed, "{alg:?}: exactly the limit fits");
+        assert!(!c.pay(1, 1, 0).allowed, "{alg:?}: and nothing more");
+    }
+}
+
+#[test]
+fn a_cost_over_the_limit_never_fits_and_retries_after_a_window() {
+    let mut c = counter(Algorithm::SlidingWindow, &[(10, 1_000)], 0);
+    let d = c.pay(11, 11, 0);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(1_000)));
+    assert_eq!(d.remaining, 10, "nothing counted");
+}
+
+#[test]
+fn retry_after_of_a_cost_is_the_wait_until_the_whole_cost_fits() {
+    // Token bucket of 10 per 10 s (1 per second): 10 spent, a request of 3 waits 3 s.
+    let mut c = counter(Algorithm::TokenBucket, &[(10, 10_000)], 0);
+    assert!(c.pay(10, 10, 0).allowed);
+    let d = c.pay(3, 3, 0);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(3_000)));
+    assert!(!c.pay(3, 3, 2_999).allowed);
+    assert!(c.pay(3, 3, 3_000).allowed, "admitted when Retry-After said");
+
+    // Fixed window: the window's end, whatever the cost that fits a fresh window.
+    let mut c = counter(Algorithm::FixedWindow, &[(10, 1_000)], 0);
+    assert!(c.pay(9, 9, 200).allowed);
+    assert_eq!(
+        c.pay(5, 5, 200).retry_after,
+        Some(Duration::from_millis(800))
+    );
+
+    // Sliding window of 10 per 1 s: 8 in the window [0, 1000). At 1000 they become the
+    // previous window; a request of 5 fits once 8 × (1000 − e) / 1000 + 5 ≤ 10, so
+    // e ≥ 375: at 1375.
+    let mut c = counter(Algorithm::SlidingWindow, &[(10, 1_000)], 0);
+    assert!(c.pay(8, 8, 0).allowed);
+    let d = c.pay(5, 5, 1_000);
+    assert_eq!(d.retry_after, Some(Duration::from_millis(375)));
+    assert!(!c.pay(5, 5, 1_374).allowed);
+    assert!(c.pay(5, 5, 1_375).allowed);
+}
+
+#[test]
+fn a_zero_cost_needs_room_for_one_and_counts_nothing() {
+    let mut c = counter(Algorithm::FixedWindow, &[(2, 1_000)], 0);
+    assert!(c.pay(1, 0, 0).allowed);
+    assert!(c.pay(1, 0, 0).allowed);
+    assert_eq!(c.hits(3, 0), 2, "free requests left the counter as it was");
+    assert!(
+        !c.pay(1, 0, 0).allowed,
+        "a full counter refuses even a free one"
+    );
+}
+
+#[test]
+fn a_response_cost_is_counted_after_the_fact_so_the_next_request_pays() {
+    // 1000 tokens a minute, each answer costing 400: the third request is admitted at 800
+    // and crosses the limit (1200); the fourth is refused.
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let mut c = counter(alg, &[(1_000, 60_000)], 0);
+        for i in 0..3 {
+            assert!(c.pay(1, 0, i).allowed, "{alg:?}: request {}", i + 1);
+            add(&c.specs, &mut c.states, i, 400);
+        }
+        let d = c.pay(1, 0, 3);
+        assert!(!d.allowed, "{alg:?}: the fourth is refused");
+        assert_eq!(d.remaining, 0, "{alg:?}");
+    }
+}
+
+#[test]
+fn added_units_land_in_the_current_window() {
+    let mut c = counter(Algorithm::FixedWindow, &[(10, 1_000)], 0);
+    add(&c.specs, &mut c.states, 500, 10);
+    assert!(!c.hit(999).allowed);
+    // A new window: the units added in the previous one are gone.
+    add(&c.specs, &mut c.states, 1_000, 3);
+    assert_eq!(c.hits(10, 1_000), 7);
+}

@@ -39,7 +39,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::Clock;
-use super::algo::{self, RateState, Segment, Spec};
+use super::algo::{self, Cost, RateState, Segment, Spec};
 use super::decision::Decision;
 use super::memory::SHARDS;
 use super::redis::{Op, RedisBackend};
@@ -71,11 +71,17 @@ impl View {
         }
     }
 
-    fn push_hit(&mut self, now: i64) {
+    /// Notes `hits` units counted at `now` for the next flush.
+    fn push_hits(&mut self, now: i64, hits: i64) {
+        if hits <= 0 {
+            return;
+        }
         match self.pending.last_mut() {
-            Some(last) if algo::same_segment(&self.specs, last.at, now) => last.hits += 1,
+            Some(last) if algo::same_segment(&self.specs, last.at, now) => {
+                last.hits = last.hits.saturating_add(hits)
+            }
             _ => {
-                self.pending.push(Segment { at: now, hits: 1 });
+                self.pending.push(Segment { at: now, hits });
                 if self.pending.len() > MAX_SEGMENTS {
                     self.pending.remove(0);
                 }
@@ -160,8 +166,40 @@ impl CachedStore {
         i64::try_from(2 * self.flush_interval.as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Decides one request on the counter `key`.
-    pub async fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
+    /// Decides one request of cost `cost` on the counter `key`.
+    pub async fn check_cost(&self, specs: &[Spec], key: &str, now: i64, cost: Cost) -> Decision {
+        let entry = self.live_entry(specs, key, now).await;
+        let mut view = entry.view();
+        let view = &mut *view;
+        if view.specs != specs {
+            // Reconfigured again meanwhile (two tables in flight): decide on a new counter.
+            *view = View::new(specs, now);
+        }
+        let allowed = algo::decide_cost(&view.specs, &mut view.states, now, cost);
+        if allowed {
+            view.push_hits(now, cost.take);
+        }
+        view.expires_at = view.expiry(now);
+        algo::decision_n(&view.specs, &view.states, now, allowed, cost.need)
+    }
+
+    /// Counts `units` on the counter `key` after the fact (see [`algo::add`]), in the view
+    /// and in the hits the next flush sends; the numbers after.
+    pub async fn add(&self, specs: &[Spec], key: &str, now: i64, units: i64) -> Decision {
+        let entry = self.live_entry(specs, key, now).await;
+        let mut view = entry.view();
+        let view = &mut *view;
+        if view.specs != specs {
+            *view = View::new(specs, now);
+        }
+        algo::add(&view.specs, &mut view.states, now, units);
+        view.push_hits(now, units);
+        view.expires_at = view.expiry(now);
+        algo::decision(&view.specs, &view.states, now, true)
+    }
+
+    /// The entry of `key`, synced first when this replica never synced it or not lately.
+    async fn live_entry(&self, specs: &[Spec], key: &str, now: i64) -> Arc<Entry> {
         self.start_flusher();
         let entry = {
             let mut shard = self.shard(key);
@@ -192,18 +230,7 @@ impl CachedStore {
                 self.sync(key, &entry, now).await;
             }
         }
-        let mut view = entry.view();
-        let view = &mut *view;
-        if view.specs != specs {
-            // Reconfigured again meanwhile (two tables in flight): decide on a new counter.
-            *view = View::new(specs, now);
-        }
-        let allowed = algo::decide(&view.specs, &mut view.states, now);
-        if allowed {
-            view.push_hit(now);
-        }
-        view.expires_at = view.expiry(now);
-        algo::decision(&view.specs, &view.states, now, allowed)
+        entry
     }
 
     fn needs_sync(&self, entry: &Entry, now: i64) -> bool {

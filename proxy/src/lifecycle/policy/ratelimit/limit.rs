@@ -16,17 +16,18 @@
 
 use std::sync::Arc;
 
-use tollgate_api::policy::RateLimit;
+use http::HeaderMap;
+use tollgate_api::policy::{Cost as CostSpec, LimitMode, RateLimit};
 
 use super::KeyHasher;
-use super::algo::{MAX_EXACT, Spec};
+use super::algo::{Cost, MAX_EXACT, Spec};
 use super::metrics::DecisionCache;
-use crate::lifecycle::policy::cel::{Activation, CelError, Expr};
+use crate::lifecycle::policy::cel::{Activation, CelError, Expr, ResponseExpr};
 
 /// Why a limit could not be compiled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
-    /// A `when` or `counters` expression does not compile.
+    /// A `when`, `counters` or `cost` expression does not compile.
     #[error("rate limit `{id}`: {source}")]
     Cel {
         /// The limit id.
@@ -67,8 +68,35 @@ pub struct CompiledLimit {
     specs: Arc<[Spec]>,
     counters: Vec<Expr>,
     when: Vec<Expr>,
+    /// What a request counts.
+    cost: CostExpr,
+    /// The most units one request counts: the largest limit of its rates.
+    max_cost: i64,
+    /// `mode: Shadow`: counted, reported, never refused.
+    shadow: bool,
     /// This limit's decision counters.
     metrics: DecisionCache,
+}
+
+/// A limit's compiled `cost`.
+#[derive(Debug, Clone)]
+enum CostExpr {
+    /// One per request.
+    One,
+    /// From the request.
+    Request(Expr),
+    /// From the response, counted after it.
+    Response(ResponseExpr),
+}
+
+/// What a request's `cost.request` came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestCost {
+    /// What the counter is asked for.
+    pub cost: Cost,
+    /// The expression failed or gave a negative number: the cost is 1 (see
+    /// [`CompiledLimit::request_cost`]).
+    pub failed: bool,
 }
 
 impl CompiledLimit {
@@ -97,6 +125,19 @@ impl CompiledLimit {
             .collect::<Result<Arc<[Spec]>, _>>()?;
         let mut key_prefix = String::with_capacity(id.len());
         escape_into(&mut key_prefix, id);
+        let cost = match &limit.cost {
+            None => CostExpr::One,
+            Some(CostSpec::Request(src)) => CostExpr::Request(compile(src)?),
+            Some(CostSpec::Response(src)) => {
+                CostExpr::Response(ResponseExpr::compile(src).map_err(|source| {
+                    LimitError::Cel {
+                        id: id.to_owned(),
+                        source,
+                    }
+                })?)
+            }
+        };
+        let max_cost = specs.iter().map(|s| s.limit).max().unwrap_or(1);
         Ok(Self {
             id: id.into(),
             key_hasher: KeyHasher::after_prefix(&key_prefix),
@@ -109,12 +150,83 @@ impl CompiledLimit {
                 .map(compile)
                 .collect::<Result<_, _>>()?,
             when: limit.when.iter().map(compile).collect::<Result<_, _>>()?,
+            cost,
+            max_cost,
+            shadow: limit.mode == LimitMode::Shadow,
             metrics: DecisionCache::default(),
+        })
+    }
+
+    /// `mode: Shadow`: the limit counts and reports, and never refuses.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// True when the limit's cost is read from the response
+    /// ([`Self::response_cost`]), to be counted after it.
+    pub fn costs_after_response(&self) -> bool {
+        matches!(self.cost, CostExpr::Response(_))
+    }
+
+    /// What the request of `act` asks of the counter. A plain limit: room for 1, counts 1.
+    /// `cost.request`: room for its cost (at least 1: a free request still needs a counter
+    /// that is not over its limit), counts its cost; an expression that fails, or gives a
+    /// negative number or no integer, costs 1, never 0 (a client that makes it fail must
+    /// not go unlimited). `cost.response`: room for 1, counts nothing now. A cost is at
+    /// most the limit's largest rate.
+    pub(crate) fn request_cost(&self, act: &Activation<'_>) -> RequestCost {
+        match &self.cost {
+            CostExpr::One => RequestCost {
+                cost: Cost::ONE,
+                failed: false,
+            },
+            CostExpr::Response(_) => RequestCost {
+                cost: Cost { need: 1, take: 0 },
+                failed: false,
+            },
+            CostExpr::Request(e) => {
+                let n = e.eval_str_with(act, |v| v.and_then(|s| s.trim().parse::<i64>().ok()));
+                match n.filter(|n| *n >= 0) {
+                    Some(n) => {
+                        let n = n.min(self.max_cost);
+                        RequestCost {
+                            cost: Cost {
+                                need: n.max(1),
+                                take: n,
+                            },
+                            failed: false,
+                        }
+                    }
+                    None => RequestCost {
+                        cost: Cost::ONE,
+                        failed: true,
+                    },
+                }
+            }
+        }
+    }
+
+    /// What the response of a request counted by this limit costs (`cost.response`), and
+    /// whether the expression failed: as for [`Self::request_cost`], a failure or a
+    /// negative number costs 1. At most the limit's largest rate. `None` for a limit whose
+    /// cost is not read from the response.
+    pub(crate) fn response_cost(&self, status: u16, headers: &HeaderMap) -> Option<(i64, bool)> {
+        let CostExpr::Response(e) = &self.cost else {
+            return None;
+        };
+        Some(match e.eval_int(status, headers) {
+            Ok(n) if n >= 0 => (n.min(self.max_cost), false),
+            Ok(_) | Err(_) => (1, true),
         })
     }
 
     /// The limit id (`namespace/policy/limit-name`).
     pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The id, shared.
+    pub fn id_shared(&self) -> &Arc<str> {
         &self.id
     }
 
@@ -168,9 +280,13 @@ impl CompiledLimit {
         self.key_hasher.hash(key)
     }
 
-    /// Its CEL expressions (`when`, then `counters`).
+    /// Its request CEL expressions (`when`, `counters`, then `cost.request`).
     pub fn expressions(&self) -> impl Iterator<Item = &Expr> {
-        self.when.iter().chain(&self.counters)
+        let cost = match &self.cost {
+            CostExpr::Request(e) => Some(e),
+            CostExpr::One | CostExpr::Response(_) => None,
+        };
+        self.when.iter().chain(&self.counters).chain(cost)
     }
 }
 
@@ -249,6 +365,8 @@ mod tests {
             algorithm: Algorithm::default(),
             counters: counters.iter().map(|s| s.to_string()).collect(),
             when: when.iter().map(|s| s.to_string()).collect(),
+            cost: None,
+            mode: Default::default(),
         }
     }
 

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::algo::{self, RateState, Spec};
+use super::algo::{self, Cost, RateState, Spec};
 use super::decision::Decision;
 
 /// Number of shards (a power of two).
@@ -180,14 +180,51 @@ impl MemoryStore {
     }
 
     /// Decides one request on the counter `key`.
+    #[cfg(test)]
     pub fn check(&self, specs: &[Spec], key: &str, now: i64) -> Decision {
-        self.check_hashed(specs, key, self.hasher.hash(key), now)
+        self.check_hashed(specs, key, self.hasher.hash(key), now, Cost::ONE)
     }
 
-    /// [`Self::check`] with the key's hash computed already (a limit's
+    /// [`Self::check`] for a request of cost `cost`.
+    pub fn check_cost(&self, specs: &[Spec], key: &str, now: i64, cost: Cost) -> Decision {
+        self.check_hashed(specs, key, self.hasher.hash(key), now, cost)
+    }
+
+    /// Counts `units` on the counter `key` after the fact (see [`algo::add`]); the numbers
+    /// after.
+    pub fn add(&self, specs: &[Spec], key: &str, now: i64, units: i64) -> Decision {
+        let hash = self.hasher.hash(key);
+        self.with_entry(specs, key, hash, now, |entry| {
+            algo::add(&entry.specs, &mut entry.states, now, units);
+            entry.expires_at = now + algo::idle_ttl(&entry.specs, &entry.states, now);
+            algo::decision(&entry.specs, &entry.states, now, true)
+        })
+    }
+
+    /// [`Self::check_cost`] with the key's hash computed already (a limit's
     /// [`CompiledLimit::key_hash`](super::CompiledLimit::key_hash)): `hash` must be
     /// `KeyHasher::new().hash(key)`.
-    pub fn check_hashed(&self, specs: &[Spec], key: &str, hash: u64, now: i64) -> Decision {
+    pub fn check_hashed(
+        &self,
+        specs: &[Spec],
+        key: &str,
+        hash: u64,
+        now: i64,
+        cost: Cost,
+    ) -> Decision {
+        self.with_entry(specs, key, hash, now, |entry| decide(entry, now, cost))
+    }
+
+    /// Runs `f` on the live entry of `key` (created fresh when missing, reconfigured or
+    /// expired) under its shard's lock.
+    fn with_entry(
+        &self,
+        specs: &[Spec],
+        key: &str,
+        hash: u64,
+        now: i64,
+        f: impl FnOnce(&mut Entry) -> Decision,
+    ) -> Decision {
         debug_assert_eq!(hash, self.hasher.hash(key), "not the key's hash");
         let mut shard = self.shard(hash);
         shard.sweep_if_due(now);
@@ -198,11 +235,11 @@ impl MemoryStore {
                 if entry.specs != specs || entry.expires_at <= now {
                     *entry = fresh_entry(specs, now);
                 }
-                decide(entry, now)
+                f(entry)
             }
             None => {
                 let mut entry = fresh_entry(specs, now);
-                let d = decide(&mut entry, now);
+                let d = f(&mut entry);
                 shard.map.insert(
                     Key {
                         hash,
@@ -233,10 +270,10 @@ impl MemoryStore {
     }
 }
 
-fn decide(entry: &mut Entry, now: i64) -> Decision {
-    let allowed = algo::decide(&entry.specs, &mut entry.states, now);
+fn decide(entry: &mut Entry, now: i64, cost: Cost) -> Decision {
+    let allowed = algo::decide_cost(&entry.specs, &mut entry.states, now, cost);
     entry.expires_at = now + algo::idle_ttl(&entry.specs, &entry.states, now);
-    algo::decision(&entry.specs, &entry.states, now, allowed)
+    algo::decision_n(&entry.specs, &entry.states, now, allowed, cost.need)
 }
 
 fn fresh_entry(specs: &[Spec], now: i64) -> Entry {
@@ -276,7 +313,7 @@ mod tests {
         let mut shard = m.shard(7);
         for key in ["a", "b"] {
             let mut e = fresh_entry(&s, 0);
-            decide(&mut e, 0);
+            decide(&mut e, 0, Cost::ONE);
             shard.map.insert(
                 Key {
                     hash: 7,

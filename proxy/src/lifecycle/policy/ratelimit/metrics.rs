@@ -4,7 +4,10 @@
 //! [`RateLimitMetrics::register`] adds to a registry (the proxy's, prefixed `tollgate`):
 //!
 //! - `tollgate_ratelimit_decisions_total{policy, outcome}`: decisions by `namespace/policy`
-//!   (bounded by the configuration, never by traffic) and `allowed` / `limited`;
+//!   (bounded by the configuration, never by traffic) and `allowed` / `limited` /
+//!   `shadow_limited` (a `mode: Shadow` limit that would have refused: the request went on);
+//! - `tollgate_ratelimit_cost_errors_total{policy}`: `cost` expressions that gave no
+//!   non-negative integer (the request then counted 1);
 //! - `tollgate_ratelimit_redis_duration_seconds`: latency of Redis calls that answered;
 //! - `tollgate_ratelimit_redis_errors_total{kind}`: failed Redis calls, `kind` one of
 //!   `timeout`, `error` (connection, protocol or script), `connect`;
@@ -34,6 +37,12 @@ struct DecisionLabels {
 pub(crate) struct DecisionCache {
     allowed: OnceLock<(u64, Counter)>,
     limited: OnceLock<(u64, Counter)>,
+}
+
+/// Labels of `ratelimit_cost_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: Arc<str>,
 }
 
 /// Labels of `ratelimit_redis_errors_total`.
@@ -69,6 +78,7 @@ pub struct RateLimitMetrics {
     /// Tells instances apart (for [`DecisionCache`]).
     id: u64,
     decisions: Family<DecisionLabels, Counter>,
+    cost_errors: Family<PolicyLabels, Counter>,
     redis_duration: Histogram,
     redis_errors: Family<ErrorLabels, Counter>,
     fallback: Gauge,
@@ -87,6 +97,7 @@ impl RateLimitMetrics {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             decisions: Family::default(),
+            cost_errors: Family::default(),
             // 0.1 ms .. ~0.8 s: a healthy call is well under a millisecond on a LAN, and the
             // call timeout caps it anyway.
             redis_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 14)),
@@ -100,8 +111,13 @@ impl RateLimitMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "ratelimit_decisions",
-            "Rate limit decisions, by policy and outcome (allowed, limited)",
+            "Rate limit decisions, by policy and outcome (allowed, limited, shadow_limited)",
             self.decisions.clone(),
+        );
+        registry.register(
+            "ratelimit_cost_errors",
+            "Rate-limit cost expressions that gave no non-negative integer (counted 1), by policy",
+            self.cost_errors.clone(),
         );
         registry.register(
             "ratelimit_redis_duration_seconds",
@@ -120,20 +136,58 @@ impl RateLimitMetrics {
         );
     }
 
-    /// Counts one decision.
-    pub(crate) fn decision(&self, policy: &Arc<str>, allowed: bool) {
+    /// Counts one decision (of a shadow limit when `shadow`).
+    pub(crate) fn decision(&self, policy: &Arc<str>, allowed: bool, shadow: bool) {
         self.decisions
             .get_or_create(&DecisionLabels {
                 policy: policy.clone(),
-                outcome: if allowed { "allowed" } else { "limited" },
+                outcome: outcome(allowed, shadow),
             })
             .inc();
+    }
+
+    /// Counts a cost expression that gave no non-negative integer.
+    pub(crate) fn cost_error(&self, policy: &Arc<str>) {
+        self.cost_errors
+            .get_or_create(&PolicyLabels {
+                policy: policy.clone(),
+            })
+            .inc();
+    }
+
+    /// Cost expressions of `policy` that failed, for tests and diagnostics.
+    pub fn cost_errors(&self, policy: &str) -> u64 {
+        self.cost_errors
+            .get(&PolicyLabels {
+                policy: policy.into(),
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// Shadow refusals counted for `policy`, for tests and diagnostics.
+    pub fn shadow_refusals(&self, policy: &str) -> u64 {
+        self.decisions
+            .get(&DecisionLabels {
+                policy: policy.into(),
+                outcome: outcome(false, true),
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     /// [`Self::decision`] through the counters `cache` kept from an earlier call: a
     /// decision then costs one atomic increment, not a label lookup. A cache filled by
     /// another instance is not used.
-    pub(crate) fn decision_cached(&self, cache: &DecisionCache, policy: &Arc<str>, allowed: bool) {
+    /// A limit is shadow or not for its whole life, so its cache's `limited` slot holds
+    /// one outcome.
+    pub(crate) fn decision_cached(
+        &self,
+        cache: &DecisionCache,
+        policy: &Arc<str>,
+        allowed: bool,
+        shadow: bool,
+    ) {
         let slot = if allowed {
             &cache.allowed
         } else {
@@ -142,14 +196,14 @@ impl RateLimitMetrics {
         let (id, counter) = slot.get_or_init(|| {
             let labels = DecisionLabels {
                 policy: policy.clone(),
-                outcome: if allowed { "allowed" } else { "limited" },
+                outcome: outcome(allowed, shadow),
             };
             (self.id, self.decisions.get_or_create(&labels).clone())
         });
         if *id == self.id {
             counter.inc();
         } else {
-            self.decision(policy, allowed);
+            self.decision(policy, allowed, shadow);
         }
     }
 
@@ -174,7 +228,8 @@ impl RateLimitMetrics {
         self.fallback.get()
     }
 
-    /// Decisions counted for `policy` with `allowed`, for tests and diagnostics.
+    /// Decisions counted for `policy` with `allowed` (enforced refusals when false), for
+    /// tests and diagnostics.
     pub fn decisions(&self, policy: &str, allowed: bool) -> u64 {
         self.decisions
             .get(&DecisionLabels {
@@ -183,6 +238,15 @@ impl RateLimitMetrics {
             })
             .map(|c| c.get())
             .unwrap_or(0)
+    }
+}
+
+/// The `outcome` label.
+fn outcome(allowed: bool, shadow: bool) -> &'static str {
+    match (allowed, shadow) {
+        (true, _) => "allowed",
+        (false, false) => "limited",
+        (false, true) => "shadow_limited",
     }
 }
 
@@ -195,10 +259,10 @@ mod tests {
         let (a, b) = (RateLimitMetrics::new(), RateLimitMetrics::new());
         let policy: Arc<str> = "shop/per-user".into();
         let cache = DecisionCache::default();
-        a.decision_cached(&cache, &policy, true);
-        a.decision_cached(&cache, &policy, true);
-        b.decision_cached(&cache, &policy, true);
-        a.decision_cached(&cache, &policy, false);
+        a.decision_cached(&cache, &policy, true, false);
+        a.decision_cached(&cache, &policy, true, false);
+        b.decision_cached(&cache, &policy, true, false);
+        a.decision_cached(&cache, &policy, false, false);
         assert_eq!(a.decisions("shop/per-user", true), 2);
         assert_eq!(a.decisions("shop/per-user", false), 1);
         assert_eq!(b.decisions("shop/per-user", true), 1);
@@ -211,9 +275,11 @@ mod tests {
         let mut registry = Registry::with_prefix("tollgate");
         m.register(&mut registry);
         let policy: Arc<str> = "shop/per-user".into();
-        m.decision(&policy, true);
-        m.decision(&policy, true);
-        m.decision(&policy, false);
+        m.decision(&policy, true, false);
+        m.decision(&policy, true, false);
+        m.decision(&policy, false, false);
+        m.decision(&policy, false, true);
+        m.cost_error(&policy);
         m.redis_latency(Duration::from_micros(300));
         m.redis_error(RedisErrorKind::Timeout);
         m.set_fallback(true);
@@ -222,6 +288,8 @@ mod tests {
         for want in [
             r#"tollgate_ratelimit_decisions_total{policy="shop/per-user",outcome="allowed"} 2"#,
             r#"tollgate_ratelimit_decisions_total{policy="shop/per-user",outcome="limited"} 1"#,
+            r#"tollgate_ratelimit_decisions_total{policy="shop/per-user",outcome="shadow_limited"} 1"#,
+            r#"tollgate_ratelimit_cost_errors_total{policy="shop/per-user"} 1"#,
             "tollgate_ratelimit_redis_duration_seconds_count 1",
             r#"tollgate_ratelimit_redis_errors_total{kind="timeout"} 1"#,
             "tollgate_ratelimit_redis_fallback 1",

@@ -8,6 +8,12 @@
 //! [`Decision`] per applicable limit (admitted or not, with the numbers for the
 //! `X-RateLimit-*` and `Retry-After` headers), and [metrics](RateLimitMetrics).
 //!
+//! A limit counts 1 per request, or a cost: read from the request (`cost.request`,
+//! admitted when the whole cost fits), or from the response
+//! ([`RateLimiter::check_request`] leaves it [`Pending`]; [`RateLimiter::add_response_costs`]
+//! counts it once the response head is known). A `mode: Shadow` limit counts as it would
+//! enforced and never refuses: [`Checked`] names it instead.
+//!
 //! ```no_run
 //! # async fn per_request(
 //! #     table_limits: &[tollgate_api::policy::RateLimit],
@@ -42,6 +48,7 @@
 
 mod algo;
 mod cached;
+mod checked;
 mod decision;
 mod limit;
 mod memory;
@@ -54,12 +61,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use checked::{Checked, Pending};
 pub use decision::{Decision, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use limit::{CompiledLimit, LimitError};
 pub use metrics::RateLimitMetrics;
 pub use redis::{KEY_PREFIX, RedisOptions};
 
+use algo::Cost;
 use cached::CachedStore;
+use checked::fold_decisions;
 use memory::MemoryStore;
 use redis::{Op, RedisBackend};
 
@@ -278,17 +288,32 @@ impl RateLimiter {
 
     /// [`Self::check`] at an explicit time (unix ms), for tests and replays.
     pub async fn check_at(&self, limit: &CompiledLimit, key: &str, now_ms: u64) -> Decision {
+        self.check_cost_at(limit, key, now_ms, Cost::ONE).await
+    }
+
+    /// [`Self::check_at`] for a request of cost `cost`.
+    async fn check_cost_at(
+        &self,
+        limit: &CompiledLimit,
+        key: &str,
+        now_ms: u64,
+        cost: Cost,
+    ) -> Decision {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let specs = limit.specs();
         let decision = match &self.inner.store {
-            Store::Memory(memory) => return self.check_memory(memory, limit, key, None, now_ms),
+            Store::Memory(memory) => {
+                return self.check_memory(memory, limit, key, None, now_ms, cost);
+            }
             Store::Redis { backend, fallback } => {
-                match backend.call(key, specs, now, Op::Check).await {
-                    Some(reply) => algo::decision(specs, &reply.states, now, reply.allowed),
-                    None => fallback.check(specs, key, now),
+                match backend.call(key, specs, now, Op::Check(cost)).await {
+                    Some(reply) => {
+                        algo::decision_n(specs, &reply.states, now, reply.allowed, cost.need)
+                    }
+                    None => fallback.check_cost(specs, key, now, cost),
                 }
             }
-            Store::Cached(cached) => cached.check(specs, key, now).await,
+            Store::Cached(cached) => cached.check_cost(specs, key, now, cost).await,
         };
         self.record(limit, decision);
         decision
@@ -303,11 +328,12 @@ impl RateLimiter {
         key: &str,
         hash: Option<u64>,
         now_ms: u64,
+        cost: Cost,
     ) -> Decision {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let decision = match hash {
-            Some(hash) => memory.check_hashed(limit.specs(), key, hash, now),
-            None => memory.check(limit.specs(), key, now),
+            Some(hash) => memory.check_hashed(limit.specs(), key, hash, now, cost),
+            None => memory.check_cost(limit.specs(), key, now, cost),
         };
         self.record(limit, decision);
         decision
@@ -318,7 +344,67 @@ impl RateLimiter {
             limit.metrics_cache(),
             limit.policy_label(),
             decision.allowed,
+            limit.is_shadow(),
         );
+    }
+
+    /// Counts `units` on the counter `key` of `limit` now, after the fact (a cost read from
+    /// the response): whether they fit or not, the request was served; the next one pays.
+    /// The numbers after. Never fails: without Redis, on local counters.
+    pub async fn add(&self, limit: &CompiledLimit, key: &str, units: i64) -> Decision {
+        let now = self.inner.clock.now_ms();
+        self.add_at(limit, key, units, now).await
+    }
+
+    /// [`Self::add`] at an explicit time (unix ms).
+    pub async fn add_at(
+        &self,
+        limit: &CompiledLimit,
+        key: &str,
+        units: i64,
+        now_ms: u64,
+    ) -> Decision {
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        let specs = limit.specs();
+        match &self.inner.store {
+            Store::Memory(memory) => memory.add(specs, key, now, units),
+            Store::Redis { backend, fallback } => {
+                match backend.call(key, specs, now, Op::Add(units)).await {
+                    Some(reply) => algo::decision(specs, &reply.states, now, true),
+                    None => fallback.add(specs, key, now, units),
+                }
+            }
+            Store::Cached(cached) => cached.add(specs, key, now, units).await,
+        }
+    }
+
+    /// Counts the response costs of the request [`Self::check_request`] left `pending`,
+    /// read from its response's `status` and `headers`. The numbers after, merged as
+    /// [`Checked::decision`] is (enforced limits only); `None` when there is none.
+    pub async fn add_response_costs(
+        &self,
+        pending: &[Pending<'_>],
+        status: u16,
+        headers: &http::HeaderMap,
+    ) -> Option<Decision> {
+        let mut out: Option<Decision> = None;
+        for p in pending {
+            let Some((units, failed)) = p.limit.response_cost(status, headers) else {
+                continue;
+            };
+            if failed {
+                self.inner.metrics.cost_error(p.limit.policy_label());
+                tracing::debug!(
+                    limit = p.limit.id(),
+                    "rate limit: cost.response did not give a non-negative integer; counted 1"
+                );
+            }
+            let d = self.add(p.limit, &p.key, units).await;
+            if !p.limit.is_shadow() {
+                out = Some(out.map_or(d, |prev| prev.merge(d)));
+            }
+        }
+        out
     }
 
     /// Decides one request against every applicable limit, in order, stopping at the first
@@ -342,39 +428,74 @@ impl RateLimiter {
         out
     }
 
-    /// [`Self::check_all`] on those of `limits` that [apply](CompiledLimit::applies) to the
-    /// request of `act`, each on its [key](CompiledLimit::key): what the policy phase calls.
-    /// A limit after a refusal is not evaluated. With in-memory storage nothing awaits and
-    /// keys are built in a buffer the thread reuses; otherwise in one buffer per call.
+    /// [`Self::check_request`]'s decision alone.
     pub async fn check_applicable(
         &self,
         limits: &[CompiledLimit],
         act: &Activation<'_>,
     ) -> Option<Decision> {
+        self.check_request(limits, act).await.decision
+    }
+
+    /// Decides the request of `act` on those of `limits` that
+    /// [apply](CompiledLimit::applies), each on its [key](CompiledLimit::key) and at its
+    /// [cost](CompiledLimit::request_cost): what the policy phase calls. Enforced limits
+    /// are decided in order until one refuses (a limit after a refusal is not evaluated);
+    /// a shadow limit is counted exactly as it would be enforced, its refusal only noted,
+    /// and never stops the limits after it. With in-memory storage nothing awaits and keys
+    /// are built in a buffer the thread reuses; otherwise in one buffer per call.
+    pub async fn check_request<'l>(
+        &self,
+        limits: &'l [CompiledLimit],
+        act: &Activation<'_>,
+    ) -> Checked<'l> {
         if let Store::Memory(memory) = &self.inner.store {
             return KEY_BUFFERS.with_borrow_mut(|buffers| {
-                let out = fold_decisions(limits, act, buffers, |limit, key, hash| {
-                    self.check_memory(memory, limit, key, Some(hash), self.inner.clock.now_ms())
+                let out = fold_decisions(limits, act, buffers, |limit, key, hash, cost| {
+                    if cost.failed {
+                        self.cost_failed(limit);
+                    }
+                    let now = self.inner.clock.now_ms();
+                    self.check_memory(memory, limit, key, Some(hash), now, cost.cost)
                 });
                 buffers.trim();
                 out
             });
         }
         let mut key = String::with_capacity(64);
-        let mut out: Option<Decision> = None;
+        let mut out = Checked::default();
         for limit in limits {
             if !limit.applies(act) {
                 continue;
             }
             key.clear();
             limit.key_into(act, &mut key);
-            let d = self.check(limit, &key).await;
-            out = Some(out.map_or(d, |prev| prev.merge(d)));
-            if !d.allowed {
+            let cost = self.request_cost(limit, act);
+            let now = self.inner.clock.now_ms();
+            let d = self.check_cost_at(limit, &key, now, cost).await;
+            if out.fold(limit, &key, d) {
                 break;
             }
         }
         out
+    }
+
+    /// The request's cost on `limit`, a failed expression counted in the metrics.
+    fn request_cost(&self, limit: &CompiledLimit, act: &Activation<'_>) -> Cost {
+        let c = limit.request_cost(act);
+        if c.failed {
+            self.cost_failed(limit);
+        }
+        c.cost
+    }
+
+    /// A `cost.request` of `limit` did not give a non-negative integer (it counted 1).
+    fn cost_failed(&self, limit: &CompiledLimit) {
+        self.inner.metrics.cost_error(limit.policy_label());
+        tracing::debug!(
+            limit = limit.id(),
+            "rate limit: cost.request did not give a non-negative integer; counted 1"
+        );
     }
 
     /// Cached storage: pushes pending counts to Redis and pulls global ones now (the
@@ -499,29 +620,6 @@ impl KeyBuffers {
             *self = Self::default();
         }
     }
-}
-
-/// The synchronous loop of [`RateLimiter::check_applicable`]: `decide` on each applicable
-/// limit's key (and its hash) until one refuses, the decisions merged.
-fn fold_decisions(
-    limits: &[CompiledLimit],
-    act: &Activation<'_>,
-    buffers: &mut KeyBuffers,
-    mut decide: impl FnMut(&CompiledLimit, &str, u64) -> Decision,
-) -> Option<Decision> {
-    let mut out: Option<Decision> = None;
-    for limit in limits {
-        if !limit.applies(act) {
-            continue;
-        }
-        let (key, hash) = buffers.key_of(limit, act);
-        let d = decide(limit, key, hash);
-        out = Some(out.map_or(d, |prev| prev.merge(d)));
-        if !d.allowed {
-            break;
-        }
-    }
-    out
 }
 
 #[cfg(test)]

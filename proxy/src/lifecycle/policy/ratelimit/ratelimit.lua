@@ -1,15 +1,19 @@
 -- Tollgate rate limit: one atomic decision (or one cached replica's sync) on one counter.
 --
--- This mirrors proxy/src/policy/ratelimit/algo.rs (fresh, advance, admits, consume, record,
--- idle_ttl) line by line; keep the two in step. A test runs the same request sequences
+-- This mirrors proxy/src/lifecycle/policy/ratelimit/algo.rs (fresh, advance, admits_n,
+-- consume, record, add, idle_ttl) line by line; keep the two in step. A test runs the same request sequences
 -- through both and compares every decision.
 --
 -- KEYS[1]  the counter: a hash with fields <alg><limit>/<window>:a|b|c, one triple per rate
 --          (so a reconfigured rate starts a new counter instead of misreading an old one).
--- ARGV     now_ms, mode ('c': decide one request | 's': record a replica's hits),
+-- ARGV     now_ms, mode ('c': decide one request | 's': record a replica's hits |
+--          'a': add a cost known after the response),
 --          n_rates, n_rates x (alg 'f'|'s'|'t', limit, window_ms),
---          n_segments, n_segments x (at_ms, hits)            (segments: mode 's' only)
--- Returns  {allowed (1|0, always 1 in mode 's'), a1, b1, c1, ..., an, bn, cn}: the states
+--          then in mode 'c': need, take (admitted when every rate has room for `need`
+--          units; `take` units are then counted),
+--          in mode 's': n_segments, n_segments x (at_ms, hits),
+--          in mode 'a': units (counted at now_ms whether they fit or not)
+-- Returns  {allowed (1|0, always 1 in modes 's' and 'a'), a1, b1, c1, ..., an, bn, cn}: the states
 --          after the call, from which the caller computes the numbers it reports.
 local now = tonumber(ARGV[1])
 local mode = ARGV[2]
@@ -26,11 +30,16 @@ for i = 1, n do
 end
 
 local segs = {}
+local base = 4 + 3 * n
+local need, take, units = 1, 1, 0
 if mode == 's' then
-  local base = 4 + 3 * n
   for k = 1, tonumber(ARGV[base]) do
     segs[k] = { tonumber(ARGV[base + 2 * k - 1]), tonumber(ARGV[base + 2 * k]) }
   end
+elseif mode == 'c' then
+  need, take = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
+else
+  units = tonumber(ARGV[base])
 end
 
 local function align(t, w)
@@ -63,14 +72,14 @@ local function advance(sp, s, t)
   end
 end
 
-local function admits(sp, s, t)
+local function admits_n(sp, s, t, k)
   if sp.alg == 'f' then
-    return s[2] < sp.l
+    return s[2] + k <= sp.l
   elseif sp.alg == 's' then
     local e = math.max(0, math.min(sp.w, t - s[1]))
-    return s[3] * (sp.w - e) + s[2] * sp.w + sp.w <= sp.l * sp.w
+    return s[3] * (sp.w - e) + s[2] * sp.w + k * sp.w <= sp.l * sp.w
   end
-  return s[1] >= sp.w
+  return s[1] >= k * sp.w
 end
 
 local function consume(sp, s, k)
@@ -130,14 +139,19 @@ if mode == 'c' then
     advance(specs[i], states[i], now)
   end
   for i = 1, n do
-    if not admits(specs[i], states[i], now) then
+    if not admits_n(specs[i], states[i], now, need) then
       allowed = 0
     end
   end
   if allowed == 1 then
     for i = 1, n do
-      consume(specs[i], states[i], 1)
+      consume(specs[i], states[i], take)
     end
+  end
+elseif mode == 'a' then
+  for i = 1, n do
+    advance(specs[i], states[i], now)
+    consume(specs[i], states[i], units)
   end
 else
   for _, seg in ipairs(segs) do

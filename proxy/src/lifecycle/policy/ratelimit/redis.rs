@@ -21,7 +21,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use super::RateLimitError;
-use super::algo::{RateState, Segment, Spec};
+use super::algo::{Cost, RateState, Segment, Spec};
 use super::metrics::{RateLimitMetrics, RedisErrorKind};
 use super::redis_url::{self, Target};
 
@@ -90,10 +90,13 @@ impl ConnectionLike for Conn {
 /// What a call does to the counter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Op<'a> {
-    /// Decide one request: admit and count it if every rate has room.
-    Check,
+    /// Decide one request: admit it if every rate has room for `need` units, then count
+    /// `take` ([`Cost::ONE`] for a plain request).
+    Check(Cost),
     /// Record hits admitted by a cached replica, then read the counter back.
     Sync(&'a [Segment]),
+    /// Count units after the fact (a cost known from the response), whether they fit or not.
+    Add(i64),
 }
 
 /// The answer of a call.
@@ -175,17 +178,26 @@ impl RedisBackend {
         let mut inv = SCRIPT.prepare_invoke();
         inv.key(redis_key(key)).arg(now);
         inv.arg(match op {
-            Op::Check => "c",
+            Op::Check(_) => "c",
             Op::Sync(_) => "s",
+            Op::Add(_) => "a",
         });
         inv.arg(specs.len());
         for s in specs {
             inv.arg(s.alg_code()).arg(s.limit).arg(s.window);
         }
-        if let Op::Sync(segments) = op {
-            inv.arg(segments.len());
-            for seg in segments {
-                inv.arg(seg.at).arg(seg.hits);
+        match op {
+            Op::Check(cost) => {
+                inv.arg(cost.need).arg(cost.take);
+            }
+            Op::Sync(segments) => {
+                inv.arg(segments.len());
+                for seg in segments {
+                    inv.arg(seg.at).arg(seg.hits);
+                }
+            }
+            Op::Add(units) => {
+                inv.arg(units);
             }
         }
         let started = Instant::now();
@@ -406,11 +418,11 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(b.call("k", &[spec], 0, Op::Check).await, None);
+        assert_eq!(b.call("k", &[spec], 0, Op::Check(Cost::ONE)).await, None);
         assert!(b.is_down());
         assert_eq!(metrics.fallback(), 1);
         assert_eq!(
-            b.call("k", &[spec], 0, Op::Check).await,
+            b.call("k", &[spec], 0, Op::Check(Cost::ONE)).await,
             None,
             "down: no wait"
         );

@@ -13,6 +13,8 @@ fn limit(id: &str, alg: Algorithm, limit: u64, window_ms: u64) -> CompiledLimit 
         algorithm: alg,
         counters: vec![],
         when: vec![],
+        cost: None,
+        mode: Default::default(),
     })
     .unwrap()
 }
@@ -32,6 +34,8 @@ fn limit_by(id: &str, counter: &str) -> CompiledLimit {
         algorithm: Algorithm::FixedWindow,
         counters: vec![counter.into()],
         when: vec![],
+        cost: None,
+        mode: Default::default(),
     })
     .unwrap()
 }

@@ -1,0 +1,172 @@
+//! CEL on a response: the `cost.response` expressions of rate limits.
+//!
+//! In: the expression source (at table build) and, per response of a request such a limit
+//! counted, the response's status and headers. Out: the integer the expression evaluates to,
+//! or why it did not give one. The one variable is `response`: `status` (an int) and
+//! `headers` (lower-case names; several values of one name joined with `,`, as for
+//! `request.headers`). Request variables are not offered: the request's snapshot is gone by
+//! the time the response arrives, and a cost read from the request belongs in
+//! `cost.request`.
+//!
+//! These run once per response of a cost-limited route, through the interpreter (no fast
+//! path): the context is built per response, from the headers the expression names when it
+//! names them all literally, else from every header.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cel::{Context, Program, Value};
+use http::HeaderMap;
+
+use super::{CelError, ENV, Names};
+
+/// The variable of response expressions.
+pub const RESPONSE_VARIABLES: [&str; 1] = ["response"];
+
+/// A compiled response expression. Cheap to clone.
+#[derive(Clone)]
+pub struct ResponseExpr {
+    program: Arc<Program>,
+    source: Arc<str>,
+}
+
+impl std::fmt::Debug for ResponseExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ResponseExpr").field(&self.source).finish()
+    }
+}
+
+/// Checks that `source` compiles as a response expression (what the compiler calls).
+pub fn check_response(source: &str) -> Result<(), CelError> {
+    ResponseExpr::compile(source).map(|_| ())
+}
+
+impl ResponseExpr {
+    /// Compiles `source`, refusing variables other than `response` and unknown functions.
+    pub fn compile(source: &str) -> Result<Self, CelError> {
+        let program = ENV.compile(source).map_err(|e| CelError::Parse {
+            expr: source.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut names = Names::new();
+        names.walk(program.expression());
+        // The least unknown one, so an expression always gets the same message.
+        if let Some(v) = names
+            .variables
+            .iter()
+            .find(|v| !RESPONSE_VARIABLES.contains(v))
+        {
+            return Err(CelError::UnknownResponseVariable {
+                expr: source.to_owned(),
+                variable: (*v).to_owned(),
+            });
+        }
+        if let Some(f) = names.unknown_functions.first() {
+            return Err(CelError::UnknownFunction {
+                expr: source.to_owned(),
+                function: (*f).to_owned(),
+            });
+        }
+        Ok(Self {
+            program: Arc::new(program),
+            source: source.into(),
+        })
+    }
+
+    /// The source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Evaluates on a response to an integer: an int, a uint that fits, or a string of
+    /// decimal digits (a header's value as it is). Anything else is an error.
+    pub fn eval_int(&self, status: u16, headers: &HeaderMap) -> Result<i64, CelError> {
+        let mut map: HashMap<String, String> = HashMap::with_capacity(headers.keys_len());
+        for name in headers.keys() {
+            let mut joined = String::new();
+            for v in headers.get_all(name).iter().filter_map(|v| v.to_str().ok()) {
+                if !joined.is_empty() {
+                    joined.push(',');
+                }
+                joined.push_str(v);
+            }
+            map.insert(name.as_str().to_owned(), joined);
+        }
+        let mut response: HashMap<String, Value> = HashMap::with_capacity(2);
+        response.insert("status".into(), Value::Int(i64::from(status)));
+        response.insert("headers".into(), map.into());
+        let mut context = Context::with_env(ENV.clone());
+        context.add_variable_from_value("response", response);
+        let fail = |message: String| CelError::Eval {
+            expr: self.source.to_string(),
+            message,
+        };
+        match self.program.execute(&context) {
+            Ok(Value::Int(i)) => Ok(i),
+            Ok(Value::UInt(u)) => i64::try_from(u).map_err(|_| fail(format!("{u} is too large"))),
+            Ok(Value::String(s)) => s
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| fail(format!("{s:?} is not an integer"))),
+            Ok(other) => Err(fail(format!("{other:?} is not an integer"))),
+            Err(e) => Err(fail(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn reads_the_status_and_headers() {
+        let e = ResponseExpr::compile("int(response.headers['x-tokens-used'])").unwrap();
+        assert_eq!(
+            e.eval_int(200, &headers(&[("x-tokens-used", "400")])),
+            Ok(400)
+        );
+        let e = ResponseExpr::compile("response.status == 200 ? 10 : 1").unwrap();
+        assert_eq!(e.eval_int(200, &headers(&[])), Ok(10));
+        assert_eq!(e.eval_int(503, &headers(&[])), Ok(1));
+        let e = ResponseExpr::compile("response.headers['x-cost']").unwrap();
+        assert_eq!(e.eval_int(200, &headers(&[("x-cost", " 7 ")])), Ok(7));
+    }
+
+    #[test]
+    fn anything_but_an_integer_is_an_error() {
+        let e = ResponseExpr::compile("int(response.headers['x-tokens-used'])").unwrap();
+        assert!(e.eval_int(200, &headers(&[])).is_err(), "missing header");
+        assert!(
+            e.eval_int(200, &headers(&[("x-tokens-used", "lots")]))
+                .is_err()
+        );
+        let e = ResponseExpr::compile("response.headers['x-cost']").unwrap();
+        assert!(e.eval_int(200, &headers(&[("x-cost", "1.5")])).is_err());
+        let e = ResponseExpr::compile("1.5").unwrap();
+        assert!(e.eval_int(200, &headers(&[])).is_err());
+    }
+
+    #[test]
+    fn only_the_response_variable_is_known() {
+        assert!(matches!(
+            ResponseExpr::compile("int(request.headers['x'])"),
+            Err(CelError::UnknownResponseVariable { variable, .. }) if variable == "request"
+        ));
+        assert!(matches!(
+            ResponseExpr::compile("sise(response.headers)"),
+            Err(CelError::UnknownFunction { .. })
+        ));
+        assert!(matches!(
+            ResponseExpr::compile("response.headers["),
+            Err(CelError::Parse { .. })
+        ));
+    }
+}
