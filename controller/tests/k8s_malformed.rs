@@ -1,7 +1,6 @@
-//! A route Tollgate cannot serve, on the real kube-apiserver: valid for the API server (the
-//! cluster runs the experimental Gateway API CRDs, which allow an `ExternalAuth` HTTPRoute
-//! filter), which the controller reads with the experimental channel's types and refuses
-//! alone: `Accepted=False` with `UnsupportedValue` naming the filter, while every other route
+//! A route Tollgate cannot serve, on the real kube-apiserver: valid for the API server (an
+//! `ExtensionRef` filter to a kind Tollgate implements none of), which the controller reads
+//! with the experimental channel's types and refuses alone: `Accepted=False` with `UnsupportedValue` naming the filter, while every other route
 //! keeps its status and its place in the table; fixing it brings it back. (Objects that do
 //! not deserialize at all, as a newer CRD's could, are skipped alone: `k8s::lenient`'s tests.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -62,15 +61,17 @@ async fn a_route_with_an_unserved_filter_is_refused_alone_and_recovers_when_fixe
                                 "backendRefs": [{"name": "echo", "port": 8080}]}]},
         })
     };
-    // Applied untyped: the standard-channel type cannot even read the API server's answer.
+    // Applied untyped, as a client knowing no Gateway API types would.
     let routes: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
         &env.ns,
         &ApiResource::erase::<HttpRoute>(&()),
     );
+    // An ExtensionRef: a filter this implementation serves none of (ExternalAuth, which this
+    // test used before, is served since issue 33).
     let mut obj = weird(json!([{
-        "type": "ExternalAuth",
-        "externalAuth": {"protocol": "HTTP", "http": {}, "backendRef": {"name": "echo", "port": 8080}},
+        "type": "ExtensionRef",
+        "extensionRef": {"group": "example.com", "kind": "Thing", "name": "thing"},
     }]));
     obj["metadata"]["namespace"] = json!(env.ns);
     routes
@@ -95,7 +96,7 @@ async fn a_route_with_an_unserved_filter_is_refused_alone_and_recovers_when_fixe
         .then_some(())
     })
     .await
-    .unwrap_or_else(|| panic!("the ExternalAuth route is not refused:\n{}", ctl.log()));
+    .unwrap_or_else(|| panic!("the ExtensionRef route is not refused:\n{}", ctl.log()));
     // Both are attached (attachment is the listener's allowedRoutes and the parentRef alone,
     // as the spec defines attachedRoutes), though only one is accepted.
     let attached = eventually(WAIT, || async {
