@@ -144,29 +144,42 @@ impl BasicVerifier {
 async fn hashing<T: Send + 'static>(
     check: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Failure> {
-    struct Waiting;
+    hashing_on(&HASHING, &WAITING, check).await
+}
+
+/// [`hashing`] on the given permits and queue count. The permit moves into the blocking task
+/// and is released when the hash is done, not when the request is: a client that sends a
+/// password and hangs up at once must not free a permit while its hash still runs (each
+/// such hang-up would otherwise start one more hash, up to the whole blocking pool).
+async fn hashing_on<T: Send + 'static>(
+    permits: &'static Semaphore,
+    waiting_count: &'static AtomicUsize,
+    check: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    struct Waiting(&'static AtomicUsize);
     impl Drop for Waiting {
         fn drop(&mut self) {
-            WAITING.fetch_sub(1, Ordering::Relaxed);
+            self.0.fetch_sub(1, Ordering::Relaxed);
         }
     }
-    if WAITING.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING {
-        WAITING.fetch_sub(1, Ordering::Relaxed);
+    if waiting_count.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING {
+        waiting_count.fetch_sub(1, Ordering::Relaxed);
         return Err(Failure::Unavailable(
             "too many password checks waiting".to_owned(),
         ));
     }
-    let waiting = Waiting;
-    let permit = HASHING
+    let waiting = Waiting(waiting_count);
+    let permit = permits
         .acquire()
         .await
         .map_err(|_| Failure::Unavailable("password hashing stopped".to_owned()))?;
     drop(waiting);
-    let out = tokio::task::spawn_blocking(check)
-        .await
-        .map_err(|e| Failure::Unavailable(format!("password check failed: {e}")));
-    drop(permit);
-    out
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        check()
+    })
+    .await
+    .map_err(|e| Failure::Unavailable(format!("password check failed: {e}")))
 }
 
 /// Whether `password` matches `hash` (a format the compiler accepted; anything else never
@@ -236,6 +249,43 @@ mod tests {
         assert!(v.verify(&basic("six:secret")).await.is_ok());
         assert!(v.verify(&basic("six:wrong")).await.is_err());
         assert_eq!(v.memo.answers.len(), 2);
+    }
+
+    /// A request dropped while its hash runs (the client hung up) keeps the permit until the
+    /// hash ends, so hang-ups cannot start more hashes than there are permits.
+    #[tokio::test]
+    async fn a_dropped_check_holds_its_permit_until_the_hash_ends() {
+        static PERMITS: Semaphore = Semaphore::const_new(1);
+        static QUEUED: AtomicUsize = AtomicUsize::new(0);
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let check = hashing_on(&PERMITS, &QUEUED, move || {
+            let _ = started_tx.send(());
+            let _ = finish_rx.recv();
+            let _ = done_tx.send(());
+        });
+        let task = tokio::spawn(check);
+        tokio::task::spawn_blocking(move || started_rx.recv())
+            .await
+            .expect("join")
+            .expect("the hash started");
+        task.abort();
+        let _ = task.await;
+        assert_eq!(
+            PERMITS.available_permits(),
+            0,
+            "the hash still runs: its permit is still taken"
+        );
+        finish_tx.send(()).expect("release the hash");
+        tokio::task::spawn_blocking(move || done_rx.recv())
+            .await
+            .expect("join")
+            .expect("the hash ended");
+        let permit = tokio::time::timeout(std::time::Duration::from_secs(5), PERMITS.acquire())
+            .await
+            .expect("the permit came back once the hash ended");
+        drop(permit);
     }
 
     #[tokio::test]
