@@ -469,7 +469,7 @@ impl SubscribedProxy {
 pub struct Relay {
     /// Where clients connect.
     pub addr: std::net::SocketAddr,
-    frozen: tokio::sync::watch::Sender<bool>,
+    state: tokio::sync::watch::Sender<RelayState>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -479,10 +479,13 @@ impl Relay {
         let target = api_server_addr();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let frozen = tokio::sync::watch::channel(false).0;
-        let rx = frozen.subscribe();
+        let state = tokio::sync::watch::channel(RelayState::Open).0;
+        let rx = state.subscribe();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *rx.borrow() == RelayState::Cut {
+                    continue;
+                }
                 let rx = rx.clone();
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(target).await else {
@@ -494,17 +497,23 @@ impl Relay {
                 });
             }
         });
-        Self { addr, frozen, task }
+        Self { addr, state, task }
     }
 
     /// Stops passing bytes; connections stay open.
     pub fn freeze(&self) {
-        self.frozen.send_replace(true);
+        self.state.send_replace(RelayState::Frozen);
     }
 
-    /// Passes bytes again.
+    /// Closes every connection and closes new ones at once: requests fail fast, as against
+    /// an API server that is down or refusing.
+    pub fn cut(&self) {
+        self.state.send_replace(RelayState::Cut);
+    }
+
+    /// Passes bytes (and connections) again.
     pub fn thaw(&self) {
-        self.frozen.send_replace(false);
+        self.state.send_replace(RelayState::Open);
     }
 
     /// A copy of the test cluster's kubeconfig, written to `path`, whose server is this relay.
@@ -537,23 +546,47 @@ impl Drop for Relay {
     }
 }
 
-/// Copies `from` to `to`, holding each chunk while the relay is frozen.
+/// What a [`Relay`] does with its connections.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RelayState {
+    Open,
+    Frozen,
+    Cut,
+}
+
+/// Copies `from` to `to`, holding each chunk while the relay is frozen; ends (closing both
+/// halves) when it is cut.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: tokio::sync::watch::Receiver<bool>,
+    mut state: tokio::sync::watch::Receiver<RelayState>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if frozen.wait_for(|f| !*f).await.is_err() {
+        if !matches!(
+            state
+                .wait_for(|s| *s != RelayState::Frozen)
+                .await
+                .as_deref(),
+            Ok(RelayState::Open)
+        ) {
             return;
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = state.wait_for(|s| *s == RelayState::Cut) => return,
         };
-        if frozen.wait_for(|f| !*f).await.is_err() {
+        if !matches!(
+            state
+                .wait_for(|s| *s != RelayState::Frozen)
+                .await
+                .as_deref(),
+            Ok(RelayState::Open)
+        ) {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
