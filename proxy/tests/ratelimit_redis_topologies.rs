@@ -5,15 +5,12 @@
 
 mod ratelimit_support;
 
-use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ratelimit_support::{Redis, T0, TempDir, admitted, free_port, limit, options, temp_dir};
+use ratelimit_support::{Redis, T0, admitted, free_port, limit, options, start_cluster, temp_dir};
 use tollgate_api::policy::Algorithm;
 use tollgate_proxy::policy::ratelimit::{KEY_PREFIX, ManualClock, RateLimiter, Storage};
-
-const REDIS_CLI: &str = "/usr/bin/redis-cli";
 
 fn redis_at(url: &str, clock: &Arc<ManualClock>) -> RateLimiter {
     let storage = Storage::Redis {
@@ -21,56 +18,6 @@ fn redis_at(url: &str, clock: &Arc<ManualClock>) -> RateLimiter {
         options: options(5_000),
     };
     RateLimiter::with_clock(storage, clock.clone()).unwrap()
-}
-
-/// Three masters, slots spread by `redis-cli --cluster create`, state ok on every node (and
-/// the directory of their cluster files, removed when dropped after them).
-fn start_cluster() -> (Vec<Redis>, TempDir) {
-    assert!(
-        std::path::Path::new(REDIS_CLI).exists(),
-        "{REDIS_CLI} is missing: install Debian's redis-tools"
-    );
-    let tmp = temp_dir("cluster");
-    let dir = tmp.path();
-    let nodes: Vec<Redis> = (0..3)
-        .map(|i| {
-            Redis::start_with(
-                &[
-                    "--cluster-enabled".into(),
-                    "yes".into(),
-                    "--cluster-config-file".into(),
-                    dir.join(format!("nodes-{i}.conf")).display().to_string(),
-                    "--dir".into(),
-                    dir.display().to_string(),
-                ],
-                true,
-            )
-        })
-        .collect();
-    let status = Command::new(REDIS_CLI)
-        .arg("--cluster")
-        .arg("create")
-        .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "redis-cli --cluster create failed");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for n in &nodes {
-        loop {
-            let info: String = redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query(&mut n.conn())
-                .unwrap();
-            if info.contains("cluster_state:ok") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "cluster never became ok: {info}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    (nodes, tmp)
 }
 
 /// The hash slot of `key`, asked of a node.
@@ -84,7 +31,7 @@ fn slot(node: &Redis, key: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_shares_counters_whatever_node_holds_them() {
-    let (nodes, _tmp) = start_cluster();
+    let (nodes, _tmp) = start_cluster(0);
     let clock = Arc::new(ManualClock::new(T0));
     let a = redis_at(
         &format!(

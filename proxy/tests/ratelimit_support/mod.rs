@@ -217,3 +217,159 @@ pub fn encoded(rl: &RateLimiter) -> String {
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
     out
 }
+
+pub const REDIS_CLI: &str = "/usr/bin/redis-cli";
+
+/// A Redis Cluster of three masters, slots spread by `redis-cli --cluster create`, each with
+/// `replicas` replicas (failure noticed after 1 s without an answer), state ok on every node
+/// and every replica's link up; the nodes (masters first, as `--cluster create` assigns
+/// them) and the directory of their cluster files, removed when dropped after them.
+pub fn start_cluster(replicas: usize) -> (Vec<Redis>, TempDir) {
+    assert!(
+        std::path::Path::new(REDIS_CLI).exists(),
+        "{REDIS_CLI} is missing: install Debian's redis-tools"
+    );
+    let tmp = temp_dir("cluster");
+    let dir = tmp.path();
+    let nodes: Vec<Redis> = (0..3 * (1 + replicas))
+        .map(|i| {
+            Redis::start_with(
+                &[
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-node-timeout".into(),
+                    "1000".into(),
+                    "--cluster-config-file".into(),
+                    dir.join(format!("nodes-{i}.conf")).display().to_string(),
+                    "--dir".into(),
+                    dir.display().to_string(),
+                ],
+                true,
+            )
+        })
+        .collect();
+    let status = Command::new(REDIS_CLI)
+        .arg("--cluster")
+        .arg("create")
+        .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "redis-cli --cluster create failed");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for n in &nodes {
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut n.conn())
+                .unwrap();
+            let replication: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut n.conn())
+                .unwrap();
+            if info.contains("cluster_state:ok")
+                && (replication.contains("role:master")
+                    || replication.contains("master_link_status:up"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster never became ok: {info}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    (nodes, tmp)
+}
+
+/// A master, its replica and three sentinels watching them as `tollgate` (quorum 2; a master
+/// silent for 1 s is down), each sentinel aware of the replica and of the two others.
+pub struct Sentinels {
+    pub master: Redis,
+    pub replica: Redis,
+    pub sentinels: Vec<Redis>,
+    _dir: TempDir,
+}
+
+impl Sentinels {
+    pub fn start() -> Self {
+        // The replica writes the copy it receives to its directory: the temporary one.
+        let dir = temp_dir("sentinels");
+        let in_dir = ["--dir".to_owned(), dir.path().display().to_string()];
+        let master = Redis::start_with(&in_dir, false);
+        let replica = Redis::start_with(
+            &[
+                in_dir[0].clone(),
+                in_dir[1].clone(),
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.port.to_string(),
+            ],
+            false,
+        );
+        let sentinels: Vec<Redis> = (0..3)
+            .map(|i| {
+                (0..5)
+                    .find_map(|_| {
+                        let port = free_port();
+                        let conf = dir.path().join(format!("sentinel-{i}.conf"));
+                        std::fs::write(
+                            &conf,
+                            format!(
+                                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                                 sentinel monitor tollgate 127.0.0.1 {} 2\n\
+                                 sentinel down-after-milliseconds tollgate 1000\n\
+                                 sentinel failover-timeout tollgate 5000\n",
+                                dir.path().display(),
+                                master.port
+                            ),
+                        )
+                        .unwrap();
+                        Redis::spawn_raw(port, &[conf.display().to_string(), "--sentinel".into()])
+                    })
+                    .expect("redis-server --sentinel did not start")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for s in &sentinels {
+            loop {
+                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg("tollgate")
+                    .query(&mut s.conn())
+                    .unwrap();
+                let others: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("SENTINELS")
+                    .arg("tollgate")
+                    .query(&mut s.conn())
+                    .unwrap();
+                if replicas.len() == 1 && others.len() == 2 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel {} sees {} replicas and {} other sentinels",
+                    s.port,
+                    replicas.len(),
+                    others.len()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Self {
+            master,
+            replica,
+            sentinels,
+            _dir: dir,
+        }
+    }
+
+    /// `redis+sentinel://` naming all three sentinels.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/tollgate", hosts.join(","))
+    }
+}
