@@ -12,8 +12,16 @@
 # demo backend pod (`tollgate demo-backend`), and the introspection endpoint is that
 # Service instead of 127.0.0.1:9080.
 #
+# examples/oidc logs browsers in at an OpenID Provider: the test starts the one of
+# e2e/oidc-provider.sh on the host, listening on the pod network's bridge address 10.244.0.1
+# (the host as the pods see it: 127.0.0.1 in a pod is the pod's own loopback; nothing routes
+# the bridge off the machine), and patches only the policy's issuer (the README's
+# http://127.0.0.1:9998) to that provider's URL. e2e/oidc-browser.py then logs in through the
+# Gateway's address as a browser would.
+#
 # Needs a running `up --full` cluster (skips, exit 0, without one; fails then under
-# TOLLGATE_REQUIRE_FULL=1). Builds tollgate and tollgate-proxy (debug) and kstatus-check.
+# TOLLGATE_REQUIRE_FULL=1). Builds tollgate and tollgate-proxy (debug), kstatus-check and the
+# OpenID Provider.
 set -euo pipefail
 
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,7 +30,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit llm-tokens api-key basic-auth jwt introspection ext-authz mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit llm-tokens api-key basic-auth jwt introspection ext-authz oidc mtls client-ip resilience backend-tls gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -34,6 +42,12 @@ die() {
 source "$E2E/full-lib.sh"
 require_full_cluster
 kstatus_bin=$("$E2E/kstatus.sh" path)
+oidc_provider_bin=$("$E2E/oidc-provider.sh" path)
+# The host's address on the pod network (e2e/full.sh's BRIDGE_IP): pods reach the host there.
+HOST_FOR_PODS=10.244.0.1
+# What examples/oidc names as its issuer; replaced by the provider started below.
+OIDC_EXAMPLE_ISSUER=http://127.0.0.1:9998
+oidc_pid=""
 
 ns_of() { [[ $1 == gitops ]] && echo tollgate-demo || echo "tg-ex-$1"; }
 
@@ -46,6 +60,7 @@ cleanup() {
     done
     kubectl -n "$SYSTEM_NS" logs deploy/$RELEASE-tollgate-controller --tail 30 >&2 || true
   fi
+  [[ -z $oidc_pid ]] || kill "$oidc_pid" 2>/dev/null || true
   if [[ ${KEEP:-} != 1 ]]; then
     for ex in "${EXAMPLES[@]}"; do
       kubectl delete namespace "$(ns_of "$ex")" --wait=false >/dev/null 2>&1 || true
@@ -71,12 +86,30 @@ log "helm install charts/tollgate into $SYSTEM_NS"
   --set controller.replicas=1 --wait --timeout "${TIMEOUT}s" >/dev/null
 
 applied=$(mktemp /tmp/tollgate-examples.XXXXXX)
+
+# The OpenID Provider of examples/oidc, on a free port of the bridge address; it prints its
+# issuer URL once it accepts connections.
+"$oidc_provider_bin" -listen "$HOST_FOR_PODS:0" -client shop -secret shop-secret >"$applied.oidc.out" 2>&1 &
+oidc_pid=$!
+for _ in $(seq 1 100); do
+  oidc_issuer=$(sed -n 's/^issuer //p' "$applied.oidc.out")
+  [[ -n $oidc_issuer ]] && break
+  kill -0 "$oidc_pid" 2>/dev/null || die "the OpenID Provider exited: $(cat "$applied.oidc.out")"
+  sleep 0.1
+done
+[[ -n $oidc_issuer ]] || die "the OpenID Provider printed no issuer: $(cat "$applied.oidc.out")"
+log "OpenID Provider for examples/oidc: $oidc_issuer"
+
 for ex in "${EXAMPLES[@]}"; do
   ns=$(ns_of "$ex")
   dir=$ROOT/examples/$ex
   [[ $ex == gitops ]] && dir=$ROOT/examples/gitops/app
   kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   python3 "$E2E/examples-to-cluster.py" --namespace "$ns" "$dir" >"$applied.$ex.yaml"
+  if [[ $ex == oidc ]]; then
+    grep -q "issuer: $OIDC_EXAMPLE_ISSUER\$" "$applied.$ex.yaml" || die "examples/oidc names no issuer $OIDC_EXAMPLE_ISSUER"
+    sed -i "s#issuer: $OIDC_EXAMPLE_ISSUER\$#issuer: $oidc_issuer#" "$applied.$ex.yaml"
+  fi
   kubectl apply --server-side -f "$applied.$ex.yaml" >/dev/null
   log "applied examples/$ex into $ns ($(grep -c '^kind:' "$applied.$ex.yaml") objects)"
 done
@@ -240,6 +273,15 @@ expect "ext-authz: alice passes, X-Auth-User from the service (the demo backend 
   -H 'Authorization: Bearer demo-token-alice' "http://$a:8092/orders"
 expect "ext-authz: the service's 403 on /admin" '403' code -H 'Authorization: Bearer demo-token-alice' "http://$a:8092/admin/users"
 expect "ext-authz: the admin token on /admin" '200' code -H 'Authorization: Bearer demo-token-admin' "http://$a:8092/admin/users"
+
+# --- oidc ------------------------------------------------------------------------------
+# The route answers 401 to an API client once the policy is served (before, the backend
+# answers 200); then one scripted login, not retried: any step failing fails the test.
+a=$(addr oidc oidc)
+expect "oidc: the policy is served (an API client without a session gets 401)" '401' code "http://$a:8090/orders"
+python3 "$E2E/oidc-browser.py" example "http://$a:8090/orders" "$oidc_issuer" ||
+  die "oidc: the login through $oidc_issuer failed (provider log: $(tail -5 "$applied.oidc.out"))"
+log "ok: oidc: logged in through the provider, served with the identity, logged out"
 
 # --- mtls ------------------------------------------------------------------------------
 a=$(addr mtls mtls)

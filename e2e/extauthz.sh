@@ -28,9 +28,6 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MODULE_DIR=$SCRIPT_DIR/extauthz
-CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
-BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
-BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 
 log() { printf '[extauthz.sh] %s\n' "$*" >&2; }
 die() {
@@ -38,51 +35,18 @@ die() {
   exit 1
 }
 
-# module_version MODULE: the version e2e/extauthz/go.mod requires MODULE at.
-module_version() {
-  awk -v m="$1" '
-    $1 == "require" && $2 == m { print $3; exit }
-    $1 == m && $2 ~ /^v/ { print $2; exit }
-  ' "$MODULE_DIR/go.mod"
-}
+# shellcheck source=e2e/go-build.sh
+source "$SCRIPT_DIR/go-build.sh"
 
-GCP_VERSION=$(module_version github.com/envoyproxy/go-control-plane/envoy)
+GCP_VERSION=$(go_module_version "$MODULE_DIR/go.mod" github.com/envoyproxy/go-control-plane/envoy)
 [[ -n $GCP_VERSION ]] || die "cannot read the go-control-plane version from $MODULE_DIR/go.mod"
-KEY=$(cd "$MODULE_DIR" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-10)
-BIN=$BIN_DIR/extauthz-grpc-$GCP_VERSION-$KEY
+BIN=$BIN_DIR/extauthz-grpc-$GCP_VERSION-$(go_key "$MODULE_DIR"/go.mod "$MODULE_DIR"/go.sum "$MODULE_DIR"/*.go)
 LINK=$BIN_DIR/extauthz-grpc
 
+# build: the binary, and the symlink the tests find it by pointed at it.
 build() {
-  local start tmp
-  if [[ -x $BIN ]]; then
-    touch -c "$BIN" # mtime = last use, for the pruning below
-    ln -sfn "$(basename "$BIN")" "$LINK"
-    return 0
-  fi
-  command -v go >/dev/null || die "go is required to build extauthz-grpc"
-  mkdir -p "$BIN_DIR"
-  # One build at a time: parallel tests may all ask for the path at once.
-  exec 8>"$BIN_DIR/.extauthz-grpc.lock"
-  flock 8
-  if [[ -x $BIN ]]; then
-    ln -sfn "$(basename "$BIN")" "$LINK"
-    exec 8>&-
-    return 0
-  fi
-  tmp=$BIN.tmp.$$
-  log "building extauthz-grpc (go-control-plane $GCP_VERSION) -> $BIN (nice -n 19, -p=$BUILD_JOBS)"
-  start=$SECONDS
-  if ! (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "-s -w" -o "$tmp" .); then
-    rm -f "$tmp"
-    die "building extauthz-grpc failed"
-  fi
-  mv -f "$tmp" "$BIN"
+  go_cached extauthz-grpc "$BIN" "$MODULE_DIR" . "-s -w" "(go-control-plane $GCP_VERSION)"
   ln -sfn "$(basename "$BIN")" "$LINK"
-  log "built extauthz-grpc in $((SECONDS - start))s"
-  # Drop other builds not used for a week (another checkout may use a recent one).
-  find "$BIN_DIR" -maxdepth 1 -name 'extauthz-grpc-*' ! -path "$BIN" ! -name '*.tmp.*' -mtime +7 -delete
-  exec 8>&-
 }
 
 case ${1:-} in

@@ -33,9 +33,6 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
-BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
-BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 CONTROLLERS=(source-controller kustomize-controller)
 
 log() { printf '[flux.sh] %s\n' "$*" >&2; }
@@ -44,17 +41,15 @@ die() {
   exit 1
 }
 
+# shellcheck source=e2e/go-build.sh
+source "$SCRIPT_DIR/go-build.sh"
+
 module_dir() { echo "$SCRIPT_DIR/k8s/flux-$1"; }
 
 # version CONTROLLER: the version its wrapper module requires github.com/fluxcd/CONTROLLER at.
-version() {
-  awk -v m="github.com/fluxcd/$1" '
-    $1 == "require" && $2 == m { print $3; exit }
-    $1 == m && $2 ~ /^v/ { print $2; exit }
-  ' "$(module_dir "$1")/go.mod"
-}
+version() { go_module_version "$(module_dir "$1")/go.mod" "github.com/fluxcd/$1"; }
 
-key() { cat "$(module_dir "$1")/go.mod" "$(module_dir "$1")/go.sum" | sha256sum | cut -c1-10; }
+key() { go_key "$(module_dir "$1")/go.mod" "$(module_dir "$1")/go.sum"; }
 
 declare -A BIN=()
 for c in "${CONTROLLERS[@]}"; do
@@ -65,22 +60,6 @@ done
 CRDS=$BIN_DIR/flux-crds-$(version source-controller)-$(version kustomize-controller)-$(
   key source-controller | cut -c1-5
 )$(key kustomize-controller | cut -c1-5)
-
-# build_one CONTROLLER: builds its binary when missing (the caller holds the lock).
-build_one() {
-  local c=$1 bin=${BIN[$1]} start tmp
-  [[ -x $bin ]] && return 0
-  tmp=$bin.tmp.$$
-  log "building $c $(version "$c") -> $bin (minutes when Go's build cache is cold; nice -n 19, -p=$BUILD_JOBS)"
-  start=$SECONDS
-  if ! (cd "$(module_dir "$c")" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "-s -w" -o "$tmp" "github.com/fluxcd/$c"); then
-    rm -f "$tmp"
-    die "building $c failed"
-  fi
-  mv -f "$tmp" "$bin"
-  log "built $c in $((SECONDS - start))s"
-}
 
 # copy_crds: the CRDs of both modules (from Go's module cache) into $CRDS.
 copy_crds() {
@@ -96,6 +75,7 @@ copy_crds() {
   mv "$tmp" "$CRDS"
 }
 
+# build: both controllers and the CRDs under one lock (e2e/go-build.sh), as they go together.
 build() {
   local c ready=1
   for c in "${CONTROLLERS[@]}"; do [[ -x ${BIN[$c]} ]] || ready=0; done
@@ -104,18 +84,14 @@ build() {
     touch -c "${BIN[@]}" "$CRDS" # mtime = last use, for the pruning below
     return 0
   fi
-  command -v go >/dev/null || die "go is required to build Flux's controllers"
-  mkdir -p "$BIN_DIR"
-  # One build at a time: parallel callers wait for the first.
-  exec 8>"$BIN_DIR/.flux.lock"
-  flock 8
-  for c in "${CONTROLLERS[@]}"; do build_one "$c"; done
+  go_lock flux "Flux's controllers"
+  for c in "${CONTROLLERS[@]}"; do
+    go_build "$c" "${BIN[$c]}" "$(module_dir "$c")" "github.com/fluxcd/$c" "-s -w" "$(version "$c")" \
+      "minutes when Go's build cache is cold; "
+  done
   copy_crds
-  # Drop other builds not used for a week (another checkout may use a recent one).
-  find "$BIN_DIR" -maxdepth 1 -name 'flux-*' ! -name '*.tmp.*' -mtime +7 \
-    ! -path "${BIN[source-controller]}" ! -path "${BIN[kustomize-controller]}" ! -path "$CRDS" \
-    -exec rm -rf {} +
-  exec 8>&-
+  go_prune 'flux-*' "${BIN[source-controller]}" "${BIN[kustomize-controller]}" "$CRDS"
+  go_unlock
 }
 
 case ${1:-} in

@@ -23,9 +23,6 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MODULE_DIR=$SCRIPT_DIR/k8s/helm
-CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
-BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
-BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 
 log() { printf '[helm.sh] %s\n' "$*" >&2; }
 die() {
@@ -33,19 +30,13 @@ die() {
   exit 1
 }
 
-# module_version MODULE: the version e2e/k8s/helm/go.mod requires MODULE at.
-module_version() {
-  awk -v m="$1" '
-    $1 == "require" && $2 == m { print $3; exit }
-    $1 == m && $2 ~ /^v/ { print $2; exit }
-  ' "$MODULE_DIR/go.mod"
-}
+# shellcheck source=e2e/go-build.sh
+source "$SCRIPT_DIR/go-build.sh"
 
-HELM_VERSION=$(module_version helm.sh/helm/v3)
-CLIENT_GO_VERSION=$(module_version k8s.io/client-go) # v0.X.Y, for Helm's default kube version
+HELM_VERSION=$(go_module_version "$MODULE_DIR/go.mod" helm.sh/helm/v3)
+CLIENT_GO_VERSION=$(go_module_version "$MODULE_DIR/go.mod" k8s.io/client-go) # v0.X.Y, for Helm's default kube version
 [[ -n $HELM_VERSION && -n $CLIENT_GO_VERSION ]] || die "cannot read versions from $MODULE_DIR/go.mod"
-KEY=$(cat "$MODULE_DIR/go.mod" "$MODULE_DIR/go.sum" | sha256sum | cut -c1-10)
-HELM_BIN=$BIN_DIR/helm-$HELM_VERSION-$KEY
+HELM_BIN=$BIN_DIR/helm-$HELM_VERSION-$(go_key "$MODULE_DIR/go.mod" "$MODULE_DIR/go.sum")
 
 # ldflags: as Helm's Makefile (version stamping; the Kubernetes version Helm
 # assumes for `template` and `lint` without a cluster = its client-go's).
@@ -58,33 +49,8 @@ ldflags() {
 }
 
 build() {
-  local start tmp
-  if [[ -x $HELM_BIN ]]; then
-    touch -c "$HELM_BIN" # mtime = last use, for the pruning below
-    return 0
-  fi
-  command -v go >/dev/null || die "go is required to build helm"
-  mkdir -p "$BIN_DIR"
-  # One build at a time, even when several scripts need helm at once.
-  exec 8>"$BIN_DIR/.helm.lock"
-  flock 8
-  if [[ -x $HELM_BIN ]]; then
-    exec 8>&-
-    return 0
-  fi
-  tmp=$HELM_BIN.tmp.$$
-  log "building helm $HELM_VERSION -> $HELM_BIN (minutes if Go's build cache is cold; nice -n 19, -p=$BUILD_JOBS)"
-  start=$SECONDS
-  if ! (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "$(ldflags)" -o "$tmp" helm.sh/helm/v3/cmd/helm); then
-    rm -f "$tmp"
-    die "building helm failed"
-  fi
-  mv -f "$tmp" "$HELM_BIN"
-  log "built helm in $((SECONDS - start))s"
-  # Drop other helm builds not used for a week.
-  find "$BIN_DIR" -maxdepth 1 -name 'helm-*' ! -path "$HELM_BIN" ! -name '*.tmp.*' -mtime +7 -delete
-  exec 8>&-
+  go_cached helm "$HELM_BIN" "$MODULE_DIR" helm.sh/helm/v3/cmd/helm "$(ldflags)" "$HELM_VERSION" \
+    "minutes if Go's build cache is cold; "
 }
 
 case ${1:-} in

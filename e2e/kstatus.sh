@@ -30,9 +30,6 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MODULE_DIR=$SCRIPT_DIR/kstatus
-CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
-BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
-BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 
 log() { printf '[kstatus.sh] %s\n' "$*" >&2; }
 die() {
@@ -40,48 +37,14 @@ die() {
   exit 1
 }
 
-# module_version MODULE: the version e2e/kstatus/go.mod requires MODULE at.
-module_version() {
-  awk -v m="$1" '
-    $1 == "require" && $2 == m { print $3; exit }
-    $1 == m && $2 ~ /^v/ { print $2; exit }
-  ' "$MODULE_DIR/go.mod"
-}
+# shellcheck source=e2e/go-build.sh
+source "$SCRIPT_DIR/go-build.sh"
 
-CLI_UTILS_VERSION=$(module_version sigs.k8s.io/cli-utils)
+CLI_UTILS_VERSION=$(go_module_version "$MODULE_DIR/go.mod" sigs.k8s.io/cli-utils)
 [[ -n $CLI_UTILS_VERSION ]] || die "cannot read the sigs.k8s.io/cli-utils version from $MODULE_DIR/go.mod"
-KEY=$(cd "$MODULE_DIR" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-10)
-BIN=$BIN_DIR/kstatus-check-$CLI_UTILS_VERSION-$KEY
+BIN=$BIN_DIR/kstatus-check-$CLI_UTILS_VERSION-$(go_key "$MODULE_DIR"/go.mod "$MODULE_DIR"/go.sum "$MODULE_DIR"/*.go)
 
-build() {
-  local start tmp
-  if [[ -x $BIN ]]; then
-    touch -c "$BIN" # mtime = last use, for the pruning below
-    return 0
-  fi
-  command -v go >/dev/null || die "go is required to build kstatus-check"
-  mkdir -p "$BIN_DIR"
-  # One build at a time: parallel tests may all ask for the path at once.
-  exec 8>"$BIN_DIR/.kstatus-check.lock"
-  flock 8
-  if [[ -x $BIN ]]; then
-    exec 8>&-
-    return 0
-  fi
-  tmp=$BIN.tmp.$$
-  log "building kstatus-check (cli-utils $CLI_UTILS_VERSION) -> $BIN (nice -n 19, -p=$BUILD_JOBS)"
-  start=$SECONDS
-  if ! (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "-s -w" -o "$tmp" .); then
-    rm -f "$tmp"
-    die "building kstatus-check failed"
-  fi
-  mv -f "$tmp" "$BIN"
-  log "built kstatus-check in $((SECONDS - start))s"
-  # Drop other builds not used for a week (another checkout may use a recent one).
-  find "$BIN_DIR" -maxdepth 1 -name 'kstatus-check-*' ! -path "$BIN" ! -name '*.tmp.*' -mtime +7 -delete
-  exec 8>&-
-}
+build() { go_cached kstatus-check "$BIN" "$MODULE_DIR" . "-s -w" "(cli-utils $CLI_UTILS_VERSION)"; }
 
 case ${1:-} in
   build | path)

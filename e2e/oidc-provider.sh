@@ -29,9 +29,6 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MODULE_DIR=$SCRIPT_DIR/oidc-provider
-CACHE_DIR=${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate}
-BIN_DIR=${TOLLGATE_BIN_DIR:-$CACHE_DIR/bin}
-BUILD_JOBS=${TOLLGATE_BUILD_JOBS:-1}
 
 log() { printf '[oidc-provider.sh] %s\n' "$*" >&2; }
 die() {
@@ -39,48 +36,14 @@ die() {
   exit 1
 }
 
-# module_version MODULE: the version e2e/oidc-provider/go.mod requires MODULE at.
-module_version() {
-  awk -v m="$1" '
-    $1 == "require" && $2 == m { print $3; exit }
-    $1 == m && $2 ~ /^v/ { print $2; exit }
-  ' "$MODULE_DIR/go.mod"
-}
+# shellcheck source=e2e/go-build.sh
+source "$SCRIPT_DIR/go-build.sh"
 
-OIDC_VERSION=$(module_version github.com/zitadel/oidc/v3)
+OIDC_VERSION=$(go_module_version "$MODULE_DIR/go.mod" github.com/zitadel/oidc/v3)
 [[ -n $OIDC_VERSION ]] || die "cannot read the github.com/zitadel/oidc/v3 version from $MODULE_DIR/go.mod"
-KEY=$(cd "$MODULE_DIR" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-10)
-BIN=$BIN_DIR/oidc-provider-$OIDC_VERSION-$KEY
+BIN=$BIN_DIR/oidc-provider-$OIDC_VERSION-$(go_key "$MODULE_DIR"/go.mod "$MODULE_DIR"/go.sum "$MODULE_DIR"/*.go)
 
-build() {
-  local start tmp
-  if [[ -x $BIN ]]; then
-    touch -c "$BIN" # mtime = last use, for the pruning below
-    return 0
-  fi
-  command -v go >/dev/null || die "go is required to build oidc-provider"
-  mkdir -p "$BIN_DIR"
-  # One build at a time: parallel tests may all ask for the path at once.
-  exec 8>"$BIN_DIR/.oidc-provider.lock"
-  flock 8
-  if [[ -x $BIN ]]; then
-    exec 8>&-
-    return 0
-  fi
-  tmp=$BIN.tmp.$$
-  log "building oidc-provider (zitadel/oidc $OIDC_VERSION) -> $BIN (nice -n 19, -p=$BUILD_JOBS)"
-  start=$SECONDS
-  if ! (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "-s -w" -o "$tmp" .); then
-    rm -f "$tmp"
-    die "building oidc-provider failed"
-  fi
-  mv -f "$tmp" "$BIN"
-  log "built oidc-provider in $((SECONDS - start))s"
-  # Drop other builds not used for a week (another checkout may use a recent one).
-  find "$BIN_DIR" -maxdepth 1 -name 'oidc-provider-*' ! -path "$BIN" ! -name '*.tmp.*' -mtime +7 -delete
-  exec 8>&-
-}
+build() { go_cached oidc-provider "$BIN" "$MODULE_DIR" . "-s -w" "(zitadel/oidc $OIDC_VERSION)"; }
 
 case ${1:-} in
   build | path)

@@ -35,6 +35,7 @@ fn examples_serve_as_documented() {
     policy_examples::jwt();
     policy_examples::introspection();
     policy_examples::ext_authz();
+    policy_examples::oidc();
     policy_examples::mtls();
     policy_examples::client_ip();
     policy_examples::resilience();

@@ -4,7 +4,7 @@ except the JWT of `policies`, signed with the current time):
 
   gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
   gen.py configs SCENARIO DIR --cert PEM --key PEM
-  gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external]
+  gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external | oidc]
 
 ---------------------------------------------------------------------------------- routes
 Writes a manifest directory with one Gateway and N HTTPRoutes for `tollgate run`
@@ -99,6 +99,15 @@ does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlic
   cached    18591  an AuthPolicy `external` gRPC rule with cacheTTL 1h (a hit after the first)
   uncached  18592  the same rule without a cache: one Check call per request
   twin      18593  the bare route again (the control)
+
+`oidc` writes the variants of the OIDC session benchmark (oidc.sh), as `policies` does; the
+OpenID Provider (e2e/oidc-provider.sh, client `bench`, secret `bench-secret`) is
+http://127.0.0.1:18398, and the request file holds the port alone (oidc.sh logs in and adds
+the session cookie):
+  bare      18490  the route alone
+  oidc      18491  an AuthPolicy `oidc` method logging browsers in at that provider, `x-user`
+                   set from the ID token's `sub`
+  twin      18492  the bare route again (the control)
 """
 import argparse
 import base64
@@ -111,7 +120,7 @@ import time
 
 USAGE = """usage: gen.py routes N DIR [--port 18080] [--backend-port 19080] [--endpoints 1]
        gen.py configs SCENARIO DIR --cert PEM --key PEM
-       gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external]"""
+       gen.py policies DIR [policies | costs | client [PROXY_VERSION] | backends | external | oidc]"""
 
 
 # ================================================================================== routes
@@ -485,67 +494,55 @@ spec:
 """
 
 
-RL = f"""---
+def on_route(kind, name, spec):
+    """A Tollgate policy of `kind` on the route `bench`, its spec after targetRefs `spec` (YAML
+    lines, indented)."""
+    return f"""---
 apiVersion: tollgate.dev/v1alpha1
-kind: RateLimitPolicy
-metadata: {{name: bench-limit, namespace: default}}
+kind: {kind}
+metadata: {{name: {name}, namespace: default}}
 spec:
   targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  limits:
+{spec}"""
+
+
+RL = on_route("RateLimitPolicy", "bench-limit", f"""  limits:
     per-client: {HUGE_LIMIT}
-"""
+""")
 
 APIKEY = f"""---
 apiVersion: v1
 kind: Secret
 metadata: {{name: bench-key, namespace: default, labels: {{app: bench, tollgate.dev/credential: "true"}}}}
 stringData: {{api_key: {API_KEY}}}
----
-apiVersion: tollgate.dev/v1alpha1
-kind: AuthPolicy
-metadata: {{name: bench-auth, namespace: default}}
-spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  rules:
+""" + on_route("AuthPolicy", "bench-auth", """  rules:
     authentication:
       keys:
-        apiKey: {{selector: {{matchLabels: {{app: bench}}}}}}
-        credentials: {{customHeader: {{name: x-api-key}}}}
-"""
+        apiKey: {selector: {matchLabels: {app: bench}}}
+        credentials: {customHeader: {name: x-api-key}}
+""")
 
 jwks = json.dumps({"keys": [{"kty": "oct", "kid": "bench", "alg": "HS256",
                              "k": b64url(SECRET)}]})
-JWT = f"""---
-apiVersion: tollgate.dev/v1alpha1
-kind: AuthPolicy
-metadata: {{name: bench-auth, namespace: default}}
-spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  rules:
+JWT = on_route("AuthPolicy", "bench-auth", f"""  rules:
     authentication:
       users:
         jwt:
           issuer: https://id.bench.test
           audiences: [bench]
           jwks: '{jwks}'
-"""
+""")
 
 BASIC = f"""---
 apiVersion: v1
 kind: Secret
 metadata: {{name: bench-users, namespace: default, labels: {{app: bench, tollgate.dev/credential: "true"}}}}
 stringData: {{htpasswd: "{BASIC_USER}:{BASIC_HASH}"}}
----
-apiVersion: tollgate.dev/v1alpha1
-kind: AuthPolicy
-metadata: {{name: bench-auth, namespace: default}}
-spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  rules:
+""" + on_route("AuthPolicy", "bench-auth", """  rules:
     authentication:
       users:
-        basic: {{selector: {{matchLabels: {{app: bench}}}}}}
-"""
+        basic: {selector: {matchLabels: {app: bench}}}
+""")
 
 BACKEND_PORTS = {"bare": 18490, "policy": 18491, "retry": 18492, "hash": 18493, "twin": 18494,
                  "expr": 18495}
@@ -573,6 +570,20 @@ spec:
 {spec}"""
 
 
+def write_variants(out, manifests, request):
+    """DIR/<variant>/manifests/bench.yaml (manifests: variant -> text) and DIR/<variant>/request
+    (the fields request(variant) gives: its port, then headers; tab-separated); prints the
+    variants."""
+    for name, text in manifests.items():
+        d = os.path.join(out, name)
+        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
+        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
+            f.write(text)
+        with open(os.path.join(d, "request"), "w") as f:
+            f.write("\t".join(str(x) for x in request(name)) + "\n")
+    print(" ".join(manifests))
+
+
 def backends(out):
     variants = {
         "bare": base_three(BACKEND_PORTS["bare"]),
@@ -588,14 +599,7 @@ def backends(out):
             "  loadBalancer: {type: ConsistentHash, consistentHash: {expression: \"request.headers['x-user-id']\"}}\n"),
         "twin": base_three(BACKEND_PORTS["twin"]),
     }
-    for name, text in variants.items():
-        d = os.path.join(out, name)
-        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
-        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
-            f.write(text)
-        with open(os.path.join(d, "request"), "w") as f:
-            f.write("\t".join([str(BACKEND_PORTS[name]), "x-user-id: bench-user-42"]) + "\n")
-    print(" ".join(variants))
+    write_variants(out, variants, lambda name: [BACKEND_PORTS[name], "x-user-id: bench-user-42"])
 
 
 def policies(out):
@@ -613,14 +617,8 @@ def policies(out):
     # One Authorization header per request: the basic variant's carries its credential
     # instead of the bearer token (the same length within a few bytes of the token's).
     basic_headers = [f"x-api-key: {API_KEY}", f"authorization: Basic {basic}"]
-    for name, extra in variants.items():
-        d = os.path.join(out, name)
-        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
-        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
-            f.write(base(name, PORTS[name]) + extra)
-        with open(os.path.join(d, "request"), "w") as f:
-            f.write("\t".join([str(PORTS[name])] + (basic_headers if name == "basic" else headers)) + "\n")
-    print(" ".join(variants))
+    write_variants(out, {name: base(name, PORTS[name]) + extra for name, extra in variants.items()},
+                   lambda name: [PORTS[name]] + (basic_headers if name == "basic" else headers))
 
 
 COST_PORTS = {"bare": 18690, "rl": 18691, "reqcost": 18692, "respcost": 18693, "shadow": 18694,
@@ -641,14 +639,8 @@ def costs(out):
         "shadow": limit_with("mode: Shadow"),
         "twin": "",
     }
-    for name, extra in variants.items():
-        d = os.path.join(out, name)
-        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
-        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
-            f.write(base(name, COST_PORTS[name]) + extra)
-        with open(os.path.join(d, "request"), "w") as f:
-            f.write("\t".join([str(COST_PORTS[name]), "x-cost: 1"]) + "\n")
-    print(" ".join(variants))
+    write_variants(out, {name: base(name, COST_PORTS[name]) + extra for name, extra in variants.items()},
+                   lambda name: [COST_PORTS[name], "x-cost: 1"])
 
 
 def client_policy(client_ip):
@@ -738,17 +730,11 @@ metadata: {{name: authz-1, namespace: default, labels: {{kubernetes.io/service-n
 addressType: IPv4
 ports: [{{name: grpc, port: {EXTAUTHZ_PORT}}}]
 endpoints: [{{addresses: ["127.0.0.1"]}}]
----
-apiVersion: tollgate.dev/v1alpha1
-kind: AuthPolicy
-metadata: {{name: bench-ext, namespace: default}}
-spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  rules:
+""" + on_route("AuthPolicy", "bench-ext", f"""  rules:
     authorization:
       opa:
         external: {{grpc: {{backendRef: {{name: authz, port: 9191}}}}, timeout: 1s{ttl}}}
-"""
+""")
 
 
 def external(out):
@@ -760,15 +746,38 @@ def external(out):
         "uncached": external_policy(None),
         "twin": "",
     }
-    for name, extra in variants.items():
-        d = os.path.join(out, name)
-        os.makedirs(os.path.join(d, "manifests"), exist_ok=True)
-        with open(os.path.join(d, "manifests", "bench.yaml"), "w") as f:
-            f.write(base(name, EXTERNAL_PORTS[name]) + extra)
-        with open(os.path.join(d, "request"), "w") as f:
-            f.write("\t".join([str(EXTERNAL_PORTS[name]), "x-allow: yes",
-                               "authorization: Bearer bench-user"]) + "\n")
-    print(" ".join(variants))
+    write_variants(out, {name: base(name, EXTERNAL_PORTS[name]) + extra for name, extra in variants.items()},
+                   lambda name: [EXTERNAL_PORTS[name], "x-allow: yes", "authorization: Bearer bench-user"])
+
+
+OIDC_PORTS = {"bare": 18490, "oidc": 18491, "twin": 18492}
+OIDC_ISSUER = "http://127.0.0.1:18398"
+OIDC = on_route("AuthPolicy", "bench-login", f"""  rules:
+    authentication:
+      browser:
+        oidc: {{issuer: "{OIDC_ISSUER}", clientID: bench, clientSecretRef: {{name: bench-oidc}},
+               redirectPath: /oauth2/callback, logoutPath: /logout,
+               cookieKeyRef: {{name: bench-cookie-key}}, scopes: [openid, offline_access]}}
+    response:
+      success: {{headers: {{x-user: {{expression: auth.identity.sub}}}}}}
+""") + """---
+apiVersion: v1
+kind: Secret
+metadata: {name: bench-oidc, namespace: default, labels: {tollgate.dev/credential: "true"}}
+stringData: {clientSecret: bench-secret}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bench-cookie-key, namespace: default, labels: {tollgate.dev/credential: "true"}}
+stringData: {keys: "bench-cookie-key-0123456789abcdef0123456789"}
+"""
+
+
+def oidc(out):
+    """The variants of oidc.sh: the bare route and the route behind an OIDC login."""
+    variants = {"bare": "", "oidc": OIDC, "twin": ""}
+    write_variants(out, {name: base(name, OIDC_PORTS[name]) + extra for name, extra in variants.items()},
+                   lambda name: [OIDC_PORTS[name]])
 
 
 def main_policies(argv):
@@ -783,6 +792,8 @@ def main_policies(argv):
         external(argv[0])
     elif which == "costs":
         costs(argv[0])
+    elif which == "oidc":
+        oidc(argv[0])
     else:
         policies(argv[0])
 

@@ -32,82 +32,19 @@ for t in curl python3 taskset; do command -v $t >/dev/null || { echo "$t unavail
 sbs_binaries
 sbs_backend
 
-op_port=18398
+op_port=18398 # gen.py's OIDC_ISSUER
 provider=$("$root/e2e/oidc-provider.sh" path)
 spawn 1 "$provider" -listen "127.0.0.1:$op_port" -client bench -secret bench-secret >"$work/op.out"
 issuer=http://127.0.0.1:$op_port
 wait_200 "$issuer/.well-known/openid-configuration"
 
-variants=(bare oidc twin)
-port_of[bare]=18490
-port_of[oidc]=18491
-port_of[twin]=18492
+# The manifests (gen.py policies DIR oidc): bare, oidc and twin, the policy's issuer the
+# provider above.
+read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v" oidc)"
 admin=19990
 for v in "${variants[@]}"; do
   d=$work/v/$v
-  mkdir -p "$d/manifests"
-  python3 - "${port_of[$v]}" "$v" "$issuer" >"$d/manifests/bench.yaml" <<'EOF'
-import sys
-port, variant, issuer = sys.argv[1:4]
-print(f"""apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: tollgate}}
-spec: {{controllerName: tollgate.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: bench, namespace: default}}
-spec:
-  gatewayClassName: tollgate
-  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
-  listeners: [{{name: http, protocol: HTTP, port: {port}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: svc-0, namespace: default}}
-spec: {{ports: [{{name: http, port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: svc-0-1, namespace: default, labels: {{kubernetes.io/service-name: svc-0}}}}
-addressType: IPv4
-ports: [{{name: http, port: 19080}}]
-endpoints: [{{addresses: ["127.0.0.1"]}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: bench, namespace: default}}
-spec:
-  parentRefs: [{{name: bench}}]
-  rules:
-  - matches: [{{path: {{type: PathPrefix, value: /}}}}]
-    backendRefs: [{{name: svc-0, port: 80}}]""")
-if variant == "oidc":
-    print(f"""---
-apiVersion: tollgate.dev/v1alpha1
-kind: AuthPolicy
-metadata: {{name: bench-login, namespace: default}}
-spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: bench}}]
-  rules:
-    authentication:
-      browser:
-        oidc: {{issuer: "{issuer}", clientID: bench, clientSecretRef: {{name: bench-oidc}},
-               redirectPath: /oauth2/callback, logoutPath: /logout,
-               cookieKeyRef: {{name: bench-cookie-key}}, scopes: [openid, offline_access]}}
-    response:
-      success: {{headers: {{x-user: {{expression: auth.identity.sub}}}}}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: bench-oidc, namespace: default, labels: {{tollgate.dev/credential: "true"}}}}
-stringData: {{clientSecret: bench-secret}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: bench-cookie-key, namespace: default, labels: {{tollgate.dev/credential: "true"}}}}
-stringData: {{keys: "bench-cookie-key-0123456789abcdef0123456789"}}""")
-EOF
+  read -r "port_of[$v]" <"$d/request"
   "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
   spawn 0 "$bin/tollgate-proxy" --table "$d/table/default.bench.json" --admin "127.0.0.1:$admin" \
     --access-log false --workers 1
@@ -125,44 +62,7 @@ done
 [ "$code" = 401 ] || { echo "oidc answered $code without a session" >&2; exit 1; }
 
 # Log in once, as a browser would: the proxy's redirect, the provider's form, the callback.
-cookie=$(python3 - "http://127.0.0.1:${port_of[oidc]}/" <<'EOF'
-import http.client, sys, urllib.parse
-jar = {}
-def request(method, url, body=None):
-    u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    h = {"Accept": "text/html"}
-    if jar:
-        h["Cookie"] = "; ".join(f"{k}={v}" for k, v in jar.items())
-    if body is not None:
-        h["Content-Type"] = "application/x-www-form-urlencoded"
-    c.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    for k, v in r.getheaders():
-        if k.lower() == "set-cookie":
-            name, value = v.split(";")[0].split("=", 1)
-            if "Max-Age=0" in v:
-                jar.pop(name, None)
-            else:
-                jar[name] = value
-    loc = r.getheader("Location")
-    return r.status, (urllib.parse.urljoin(url, loc) if loc else None), data.decode("utf-8", "replace")
-start = sys.argv[1]
-url, status = start, 302
-while status in (301, 302, 303):
-    status, nxt, page = request("GET", url)
-    url = nxt or url
-rid = page.split('name="id" value="')[1].split('"')[0]
-form = urllib.parse.urlencode({"username": "test-user@127.0.0.1", "password": "verysecure", "id": rid})
-status, url, _ = request("POST", urllib.parse.urljoin(url, "/login/username"), form)
-while status in (301, 302, 303) and not url.startswith(start):
-    status, url, _ = request("GET", url)
-status, url, _ = request("GET", url) if status in (301, 302, 303) else (status, url, "")
-assert "tollgate_session" in jar, (status, url, jar)
-print(f"tollgate_session={jar['tollgate_session']}")
-EOF
-)
+cookie=$(python3 "$root/e2e/oidc-browser.py" session "http://127.0.0.1:${port_of[oidc]}/")
 for v in "${variants[@]}"; do hdr_of[$v]="Cookie: $cookie"; done
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Cookie: $cookie" "http://127.0.0.1:${port_of[oidc]}/")
 [ "$code" = 200 ] || { echo "oidc answered $code with the session" >&2; exit 1; }

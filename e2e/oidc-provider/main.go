@@ -9,11 +9,11 @@
 //	-secret shop-secret        its client_secret (client_secret_basic or _post)
 //	-id-token-lifetime 1h      lifetime of the ID tokens it issues (short ones test refresh)
 //
-// On start it prints one line to stdout, `issuer http://127.0.0.1:PORT`, once it accepts
-// connections. The client accepts any redirect and post-logout URI on 127.0.0.1 and
+// On start it prints one line to stdout, `issuer http://HOST:PORT`, once it accepts
+// connections. The client accepts any redirect and post-logout URI on 127.0.0.0/8 and
 // localhost (globs), so a test can register nothing before it knows its proxy's port.
-// Users (from the example's storage): `test-user@127.0.0.1` and `test-user2`, both with
-// the password `verysecure`.
+// Users (from the example's storage): `test-user@HOST` (the issuer's host: `test-user@127.0.0.1`
+// on 127.0.0.1; sub `id1`) and `test-user2`, both with the password `verysecure`.
 package main
 
 import (
@@ -40,8 +40,10 @@ type testClient struct {
 
 func (c testClient) IDTokenLifetime() time.Duration { return c.idTokenLifetime }
 
+// 127.* is the whole loopback network: the loopback cluster's Gateways answer on 127.0.1.N
+// (e2e/examples-test.sh logs in through one).
 var globs = []string{
-	"http://127.0.0.1:*/*", "http://127.0.0.1:*/*/*", "http://127.0.0.1:*",
+	"http://127.*:*/*", "http://127.*:*/*/*", "http://127.*:*",
 	"http://localhost:*/*", "http://localhost:*/*/*", "http://localhost:*",
 }
 

@@ -1,13 +1,15 @@
 //! The policy examples (examples/rate-limit, examples/llm-tokens, examples/api-key,
-//! examples/basic-auth, examples/jwt, examples/introspection, examples/ext-authz, examples/mtls,
-//! examples/client-ip) served by `tollgate run`, checked against what
+//! examples/basic-auth, examples/jwt, examples/introspection, examples/ext-authz, examples/oidc,
+//! examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
 //! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
 //! demo backend's port.
 mod llm_tokens;
+mod oidc;
 
 pub use llm_tokens::llm_tokens;
+pub use oidc::oidc;
 
 use crate::WAIT;
 use crate::support::{
