@@ -209,7 +209,7 @@ def main_routes(argv):
 # ================================================================================== configs
 def main_configs(argv):
     p = argparse.ArgumentParser(prog="gen.py configs")
-    p.add_argument("scenario", choices=["one", "routes10k", "https"])
+    p.add_argument("scenario", choices=["one", "routes10k", "https", "logs"])
     p.add_argument("dir")
     p.add_argument("--cert", required=True)
     p.add_argument("--key", required=True)
@@ -345,6 +345,16 @@ stringData:
         servers.append(f"  server {{\n    {listen.replace(';', ' default_server;')}\n    return 404;\n  }}")
     upstreams = "\n".join(f"  upstream svc-{s} {{ server {BACKEND}; keepalive 64; }}"
                           for s in range(services))
+    # `logs`: every contender writes a JSON line per request with the fields of Tollgate's
+    # access log (nginx buffered, as its docs advise under load; HAProxy to stdout).
+    access_log = "access_log off;"
+    if a.scenario == "logs":
+        access_log = (
+            "log_format tg escape=json '{\"time\":\"$time_iso8601\",\"method\":\"$request_method\","
+            "\"host\":\"$host\",\"path\":\"$uri\",\"status\":$status,\"duration_ms\":$request_time,"
+            "\"route\":\"default/bench\",\"upstream\":\"$upstream_addr\",\"bytes\":$body_bytes_sent,"
+            "\"request_id\":\"$request_id\",\"peer\":\"$remote_addr:$remote_port\"}';\n"
+            f"  access_log {os.path.abspath(a.dir)}/nginx-access.log tg buffer=64k flush=1s;")
     with open(os.path.join(a.dir, "nginx.conf"), "w") as f:
         f.write(f"""worker_processes 1;
 daemon off;
@@ -352,7 +362,7 @@ pid {os.path.abspath(a.dir)}/nginx.pid;
 error_log {os.path.abspath(a.dir)}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-  access_log off;
+  {access_log}
   keepalive_requests 1000000;
   server_names_hash_bucket_size 128;
   server_names_hash_max_size 4096;
@@ -406,12 +416,21 @@ http {{
     sections = "\n".join(f"backend svc-{s}\n  server s1 {BACKEND}\n" for s in range(services))
     sections += "backend not-found\n  http-request deny deny_status 404\n"
     with open(os.path.join(a.dir, "haproxy.cfg"), "w") as f:
+        haproxy_log = ""
+        haproxy_log_defaults = ""
+        haproxy_capture = "\n  http-request capture req.hdr(host) len 64" if a.scenario == "logs" else ""
+        if a.scenario == "logs":
+            haproxy_log = "\n  log stdout format raw local0"
+            haproxy_log_defaults = (
+                "\n  log global\n  log-format '{\"time\":\"%t\",\"method\":\"%HM\",\"host\":\"%hr\","
+                "\"path\":\"%HPO\",\"status\":%ST,\"duration_ms\":%Ta,\"route\":\"%b\","
+                "\"upstream\":\"%si:%sp\",\"bytes\":%B,\"request_id\":\"%ID\",\"peer\":\"%ci:%cp\"}'")
         f.write(f"""global
   nbthread 1
   maxconn 4096
-  tune.ssl.default-dh-param 2048
+  tune.ssl.default-dh-param 2048{haproxy_log}
 defaults
-  mode http
+  mode http{haproxy_log_defaults}
   timeout connect 5s
   timeout client 30s
   timeout server 30s
@@ -421,7 +440,7 @@ defaults
 frontend fe
   {bind}
   unique-id-format %[uuid()]
-  unique-id-header X-Request-Id
+  unique-id-header X-Request-Id{haproxy_capture}
   http-request set-header X-Forwarded-Proto {"https" if tls else "http"}
   http-request set-header X-Forwarded-Host %[req.hdr(host)]
   http-response set-header X-Request-Id %[unique-id]

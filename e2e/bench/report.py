@@ -93,6 +93,11 @@ r, rs = ratio("routes10k", "rps_per_core", "nginx")
 goal("10k routes: requests/s per core vs nginx", r, ">=", 1.2, "x", rs)
 r, rs = ratio("https", "rps_per_core", "nginx")
 goal("HTTPS: requests/s per core vs nginx", r, ">=", 1.0, "x", rs)
+r, rs = ratio("logs", "rps_per_core", "nginx")
+goal("access log on for every contender: requests/s per core vs nginx (issue 31)", r, ">=", 1.0, "x", rs)
+one_tg, logs_tg = median_of("one", "rps_per_core", "tollgate"), median_of("logs", "rps_per_core", "tollgate")
+goal("the access log's cost to tollgate: requests/s per core, `logs` against `one` (issue 31)",
+     None if not (one_tg and logs_tg) else 100 * (1 - logs_tg / one_tg), "<", 8, "%")
 goal("tollgate-proxy resident memory, 10k routes + 10k endpoints",
      median_of("control", "proxy_rss_10000_mb", "tollgate"), "<=", 50, " MB")
 goal("route change to first served request, p99 (10k routes, under load)",
@@ -116,9 +121,11 @@ metrics = [
     ("p999_ms", "p99.9 latency, ms"),
     ("errors_sat", "non-2xx + socket errors at saturation"),
     ("errors_half", "non-2xx + errors in the latency run"),
+    ("log_lines", "access log lines written over the scenario"),
 ]
-titles = {"one": "One route (HTTP)", "routes10k": "10k routes (HTTP)", "https": "One route, HTTPS termination"}
-for s in ("one", "routes10k", "https"):
+titles = {"one": "One route (HTTP)", "routes10k": "10k routes (HTTP)", "https": "One route, HTTPS termination",
+          "logs": "One route, access log on for every contender"}
+for s in ("one", "logs", "routes10k", "https"):
     if not any(k[0] == s for k in data):
         continue
     print(f"\n## {titles[s]}\n")

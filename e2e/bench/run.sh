@@ -8,12 +8,14 @@
 # worker_processes 1, haproxy nbthread 1); the load generator and the backend (a second nginx
 # answering a fixed small body) share CPU 1. Every contender gets the same routes, translated
 # by `gen.py configs`, and does the same per-request work (X-Forwarded-*, X-Request-Id, no
-# access log). All traffic goes to 127.0.0.1.
+# access log but in the `logs` scenario). All traffic goes to 127.0.0.1.
 #
 # Scenarios (SCENARIOS, space-separated, default all):
 #   one        one catch-all route over HTTP
 #   routes10k  the 10k HTTPRoutes of `gen.py routes` (nginx server/location blocks, HAProxy maps)
 #   https      one route, TLS terminated by the proxy (generated certificate)
+#   logs       one route, each contender writing a JSON access log line per request to a file
+#              (Tollgate's default log; nginx with buffer=64k; HAProxy to stdout)
 #   control    compile time and memory (table-memory.sh), route change to first served
 #              request with 10k routes under load, failed requests during route and endpoint
 #              changes (tollgate only)
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 bench=$root/e2e/bench
 ROUNDS=${ROUNDS:-3}
-SCENARIOS=${SCENARIOS:-one routes10k https control}
+SCENARIOS=${SCENARIOS:-one logs routes10k https control}
 SAT_SECS=${SAT_SECS:-8}
 FIXED_SECS=${FIXED_SECS:-8}
 LAT_SECS=${LAT_SECS:-8}
@@ -150,12 +152,16 @@ start_contenders() { # scenario dir
   local s=$1 d=$2 tls=0 c
   [ "$s" = https ] && tls=1
   "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
-  spawn 0 "$bin/tollgate-proxy" --table "$d/table/default.bench.json" --admin 127.0.0.1:19901 \
-    --access-log false --workers 1
+  # `logs`: each contender's access log goes to a file of the work dir (nginx's is set in its
+  # config); `exec` keeps the pid the proxy's.
+  local logs=false
+  [ "$s" = logs ] && logs=true
+  spawn 0 sh -c 'exec "$@" >"$0"' "$d/tollgate-access.log" "$bin/tollgate-proxy" \
+    --table "$d/table/default.bench.json" --admin 127.0.0.1:19901 --access-log "$logs" --workers 1
   pid_of[tollgate]=$last_pid
   spawn 0 nginx -e "$d/nginx-error.log" -c "$d/nginx.conf"
   pid_of[nginx]=$last_pid
-  spawn 0 haproxy -db -f "$d/haproxy.cfg"
+  spawn 0 sh -c 'exec "$@" >"$0"' "$d/haproxy-access.log" haproxy -db -f "$d/haproxy.cfg"
   pid_of[haproxy]=$last_pid
   if [ $tls = 1 ]; then
     port_of=([tollgate]=18443 [nginx]=18444 [haproxy]=18445)
@@ -255,6 +261,12 @@ data_plane() { # scenario
     done
   done
   for c in "${contenders[@]}"; do stop "${pid_of[$c]}"; done
+  if [ "$scenario" = logs ]; then
+    # Proof that each wrote its lines: lines per request served over the scenario.
+    for c in "${contenders[@]}"; do
+      record "$scenario" 0 "$c" log_lines "$(wc -l <"$d/$c-access.log")"
+    done
+  fi
 }
 
 # ------------------------------------------------------------------------------ control plane
@@ -328,7 +340,7 @@ control_plane() {
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for scenario in $SCENARIOS; do
   case $scenario in
-  one | routes10k | https)
+  one | routes10k | https | logs)
     log "scenario $scenario: $ROUNDS rounds"
     data_plane
     ;;

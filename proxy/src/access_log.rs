@@ -1,42 +1,63 @@
-//! Access log: one JSON line per request, written off the hot path. In: an [`AccessRecord`]
-//! per answered request, sent with `try_send` to a bounded channel. Out: JSON lines on stdout,
-//! written by one background task. When the writer falls behind, records are dropped and
-//! counted in `tollgate_access_log_dropped_total` rather than slowing requests down.
+//! Access log: one JSON line per request, written off the hot path at about nginx's cost.
+//! In: an [`AccessRecord`] of borrowed fields per answered request. Out: JSON lines on
+//! stdout.
+//!
+//! A request serializes its line into its thread's scratch buffer (no allocation once warm:
+//! the record borrows what the request already holds, times come from a per-thread cache of
+//! the current second) and appends it to the pending batch under a short lock (one copy). A
+//! writer thread of its own takes the batch every [`FLUSH_INTERVAL`], or at once when it
+//! passes [`BATCH_BYTES`], and writes it with one `write` per batch; a request never waits on
+//! stdout. When the writer falls behind (the batch past [`MAX_PENDING`]) or stdout fails,
+//! lines are dropped and counted in `tollgate_access_log_dropped_total`.
 //!
 //! The record holds no headers, so credentials (`Authorization`, cookies) can never reach it.
 
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::cell::RefCell;
+use std::fmt::Display;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
+use serde::ser::{SerializeSeq, Serializer};
 
+use crate::lifecycle::call::Retried;
 use crate::metrics::Metrics;
 
-/// Capacity of the channel between requests and the writer.
-const CHANNEL_CAPACITY: usize = 8192;
+/// Longest a line waits in the batch before it is written.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+/// A batch this large is written at once (nginx's `buffer=64k`).
+const BATCH_BYTES: usize = 64 * 1024;
+/// Lines past this much unwritten text are dropped (and counted).
+const MAX_PENDING: usize = 4 * 1024 * 1024;
+/// A thread's scratch buffer grown past this (a huge path) is not kept.
+const SCRATCH_KEEP: usize = 64 * 1024;
 
-/// One access log line.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct AccessRecord {
-    /// RFC 3339 UTC time the request arrived.
-    pub time: String,
-    pub method: String,
-    pub host: String,
+/// One access log line; every field borrows from the request it describes.
+#[derive(Debug, Serialize)]
+pub(crate) struct AccessRecord<'a> {
+    /// RFC 3339 UTC time the request arrived, with milliseconds.
+    pub time: Rfc3339,
+    pub method: &'a str,
+    pub host: &'a str,
     /// Path without the query string (queries may carry tokens).
-    pub path: String,
+    pub path: &'a str,
     pub status: u16,
     pub duration_ms: f64,
     /// `namespace/name` of the route, if one matched.
-    pub route: Option<String>,
+    pub route: Option<&'a str>,
     /// `ip:port` of the endpoint used, if any.
-    pub upstream: Option<String>,
+    #[serde(serialize_with = "shown_opt")]
+    pub upstream: Option<SocketAddr>,
     /// Response body bytes sent.
     pub bytes: u64,
-    pub request_id: String,
-    /// Client `ip:port`.
-    pub peer: String,
+    pub request_id: &'a str,
+    /// Client `ip:port`; the address alone when the port is 0 (an address from
+    /// X-Forwarded-For, which names no port).
+    #[serde(serialize_with = "peer")]
+    pub peer: SocketAddr,
     /// The call's gRPC status, for a gRPC call (a POST with a gRPC `Content-Type`) whose answer
     /// carried one: in the response head (Trailers-Only, which is also how the gateway
     /// answers such a call itself) or in the trailers. Absent otherwise: the HTTP `status` of
@@ -49,102 +70,268 @@ pub(crate) struct AccessRecord {
     pub client_timeout: Option<&'static str>,
     /// Each upstream attempt made again under the route's retry rule, as `ip:port reason`
     /// of the attempt that failed (`upstream` is the last attempt's); absent without retries.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub retried: Vec<String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "retried")]
+    pub retried: &'a [Retried],
     /// The `mode: Shadow` rate limits (`namespace/policy/limit`) that would have refused the
     /// request, had they been enforced; absent when none would.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub shadow_limited: Vec<String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "strs")]
+    pub shadow_limited: &'a [Arc<str>],
 }
 
-/// Sender side of the access log.
-#[derive(Debug)]
-pub(crate) struct AccessLog {
-    tx: Option<mpsc::Sender<AccessRecord>>,
-    rx: Mutex<Option<mpsc::Receiver<AccessRecord>>>,
+/// A time written as RFC 3339 UTC with milliseconds, formatted without allocating.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rfc3339(pub SystemTime);
+
+thread_local! {
+    /// The second last formatted on this thread and its `YYYY-MM-DDTHH:MM:SS`.
+    static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+    /// Where this thread serializes a line before appending it to the batch.
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
+}
+
+impl Rfc3339 {
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+    fn bytes(self) -> [u8; 24] {
+        let d = self
+            .0
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = d.as_secs();
+        let (cached, mut prefix) = SECOND.get();
+        if cached != secs {
+            prefix = second_prefix(secs);
+            SECOND.set((secs, prefix));
+        }
+        let mut out = [0u8; 24];
+        out[..19].copy_from_slice(&prefix);
+        let ms = d.subsec_millis();
+        out[19] = b'.';
+        out[20] = b'0' + u8::try_from(ms / 100).unwrap_or(0);
+        out[21] = b'0' + u8::try_from(ms / 10 % 10).unwrap_or(0);
+        out[22] = b'0' + u8::try_from(ms % 10).unwrap_or(0);
+        out[23] = b'Z';
+        out
+    }
+}
+
+fn second_prefix(secs: u64) -> [u8; 19] {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = tollgate_h1::encode::civil_from_days(i64::try_from(days).unwrap_or(0));
+    let text = format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    );
+    let mut out = [b'0'; 19];
+    let n = text.len().min(19);
+    out[..n].copy_from_slice(&text.as_bytes()[..n]);
+    out
+}
+
+impl Serialize for Rfc3339 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let b = self.bytes();
+        s.serialize_str(std::str::from_utf8(&b).unwrap_or("1970-01-01T00:00:00.000Z"))
+    }
+}
+
+/// A `Display` value written as a JSON string without an intermediate `String`.
+struct Shown<T>(T);
+
+impl<T: Display> Serialize for Shown<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+fn shown_opt<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(a) => s.collect_str(a),
+        None => s.serialize_none(),
+    }
+}
+
+fn peer<S: Serializer>(v: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+    if v.port() == 0 {
+        s.collect_str(&v.ip())
+    } else {
+        s.collect_str(v)
+    }
+}
+
+fn retried<S: Serializer>(v: &&[Retried], s: S) -> Result<S::Ok, S::Error> {
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for r in v.iter() {
+        seq.serialize_element(&Shown(format_args!("{} {}", r.upstream, r.reason.as_str())))?;
+    }
+    seq.end()
+}
+
+fn strs<S: Serializer>(v: &&[Arc<str>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|x| &**x))
+}
+
+/// The batch and the writer's state, shared by every request thread and the writer thread.
+struct Sink {
+    pending: Mutex<Vec<u8>>,
+    wake: Condvar,
+    out: Mutex<Box<dyn Write + Send>>,
+    /// stdout failed: nothing more is written.
+    broken: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
-impl AccessLog {
-    /// Creates the log; disabled logs drop records without a channel.
-    pub fn new(enabled: bool, metrics: Arc<Metrics>) -> Self {
-        if !enabled {
-            return Self {
-                tx: None,
-                rx: Mutex::new(None),
-                metrics,
-            };
-        }
-        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Sink {
+    fn new(out: Box<dyn Write + Send>, metrics: Arc<Metrics>) -> Self {
         Self {
-            tx: Some(tx),
-            rx: Mutex::new(Some(rx)),
+            pending: Mutex::new(Vec::with_capacity(2 * BATCH_BYTES)),
+            wake: Condvar::new(),
+            out: Mutex::new(out),
+            broken: AtomicBool::new(false),
             metrics,
+        }
+    }
+
+    fn log(&self, record: &AccessRecord<'_>) {
+        SCRATCH.with_borrow_mut(|line| {
+            line.clear();
+            if serde_json::to_writer(&mut *line, record).is_err() {
+                return;
+            }
+            line.push(b'\n');
+            let mut pending = lock(&self.pending);
+            if self.broken.load(Ordering::Relaxed) || pending.len() + line.len() > MAX_PENDING {
+                drop(pending);
+                self.metrics.access_log_dropped();
+            } else {
+                pending.extend_from_slice(line);
+                let full = pending.len() >= BATCH_BYTES;
+                drop(pending);
+                if full {
+                    self.wake.notify_one();
+                }
+            }
+            if line.capacity() > SCRATCH_KEEP {
+                *line = Vec::with_capacity(512);
+            }
+        });
+    }
+
+    /// Takes the batch (waiting up to [`FLUSH_INTERVAL`] for it to fill) and writes it.
+    fn write_batch(&self, spare: &mut Vec<u8>, wait: bool) -> std::io::Result<()> {
+        let mut pending = lock(&self.pending);
+        if wait && pending.len() < BATCH_BYTES {
+            pending = self
+                .wake
+                .wait_timeout(pending, FLUSH_INTERVAL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        std::mem::swap(&mut *pending, spare);
+        drop(pending);
+        if spare.is_empty() {
+            return Ok(());
+        }
+        let mut out = lock(&self.out);
+        let written = out.write_all(spare).and_then(|()| out.flush());
+        drop(out);
+        if written.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            for _ in spare.iter().filter(|&&b| b == b'\n') {
+                self.metrics.access_log_dropped();
+            }
+        }
+        spare.clear();
+        written
+    }
+}
+
+/// The writer thread: batches until stdout fails.
+fn write_loop(sink: &Sink) {
+    let mut spare = Vec::with_capacity(2 * BATCH_BYTES);
+    while sink.write_batch(&mut spare, true).is_ok() {}
+}
+
+/// The access log of one proxy.
+pub(crate) struct AccessLog {
+    sink: Option<Arc<Sink>>,
+    started: AtomicBool,
+}
+
+impl std::fmt::Debug for AccessLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessLog")
+            .field("enabled", &self.enabled())
+            .finish()
+    }
+}
+
+impl AccessLog {
+    /// Creates the log (writing to stdout once started); a disabled log drops records.
+    pub fn new(enabled: bool, metrics: Arc<Metrics>) -> Self {
+        Self::to(
+            enabled.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>),
+            metrics,
+        )
+    }
+
+    fn to(out: Option<Box<dyn Write + Send>>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            sink: out.map(|o| Arc::new(Sink::new(o, metrics))),
+            started: AtomicBool::new(false),
         }
     }
 
     /// True when records are wanted (skip building them otherwise).
     pub fn enabled(&self) -> bool {
-        self.tx.is_some()
+        self.sink.is_some()
     }
 
-    /// Starts the writer task once; needs a Tokio runtime, so it is called from `apply`.
+    /// Starts the writer thread once.
     pub fn start(&self) {
-        let rx = match self.rx.lock() {
-            Ok(mut guard) => guard.take(),
-            Err(_) => None,
+        let Some(sink) = &self.sink else {
+            return;
         };
-        if let Some(rx) = rx {
-            tokio::spawn(write_lines(rx, tokio::io::stdout()));
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let sink = Arc::clone(sink);
+        let spawned = std::thread::Builder::new()
+            .name("tollgate-access-log".into())
+            .spawn(move || write_loop(&sink));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "access log: no writer thread; lines are dropped and counted");
+            if let Some(sink) = &self.sink {
+                sink.broken.store(true, Ordering::Relaxed);
+            }
         }
     }
 
-    /// Queues a record; drops and counts it when the channel is full.
-    pub fn log(&self, record: AccessRecord) {
-        if let Some(tx) = &self.tx
-            && tx.try_send(record).is_err()
-        {
-            self.metrics.access_log_dropped();
+    /// Adds a line to the batch; drops and counts it when the writer is behind or broken.
+    pub fn log(&self, record: &AccessRecord<'_>) {
+        if let Some(sink) = &self.sink {
+            sink.log(record);
         }
     }
-}
 
-async fn write_lines(
-    mut rx: mpsc::Receiver<AccessRecord>,
-    out: impl tokio::io::AsyncWrite + Unpin,
-) {
-    let mut out = tokio::io::BufWriter::new(out);
-    let mut line = Vec::with_capacity(512);
-    while let Some(record) = rx.recv().await {
-        line.clear();
-        if serde_json::to_writer(&mut line, &record).is_err() {
-            continue;
-        }
-        line.push(b'\n');
-        if out.write_all(&line).await.is_err() {
-            return;
-        }
-        // Flush when the queue is drained, so lines appear promptly but batch under load.
-        if rx.is_empty() && out.flush().await.is_err() {
-            return;
+    /// Writes what is pending now (at shutdown, so the last lines are not lost).
+    pub fn flush(&self) {
+        if let Some(sink) = &self.sink {
+            let mut spare = Vec::new();
+            let _ = sink.write_batch(&mut spare, false);
         }
     }
-    let _ = out.flush().await;
 }
 
 /// Formats a time as RFC 3339 UTC with milliseconds.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = tollgate_h1::encode::civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+#[cfg(test)]
+fn rfc3339(t: SystemTime) -> String {
+    String::from_utf8_lossy(&Rfc3339(t).bytes()).into_owned()
 }
 
 #[cfg(test)]
@@ -158,32 +345,73 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_486_109_123);
         assert_eq!(rfc3339(t), "2025-11-30T07:01:49.123Z");
         assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        // The same second again comes from the cache; the next one does not.
+        assert_eq!(
+            rfc3339(t + Duration::from_millis(5)),
+            "2025-11-30T07:01:49.128Z"
+        );
+        assert_eq!(
+            rfc3339(t + Duration::from_millis(877)),
+            "2025-11-30T07:01:50.000Z"
+        );
+        assert_eq!(
+            rfc3339(t - Duration::from_millis(124)),
+            "2025-11-30T07:01:48.999Z"
+        );
     }
 
-    #[tokio::test]
-    async fn writes_one_json_line_per_record() {
-        let (tx, rx) = mpsc::channel(4);
-        let (w, mut r) = tokio::io::duplex(4096);
-        let writer = tokio::spawn(write_lines(rx, w));
-        let mut rec = record();
-        rec.route = Some("default/shop".into());
-        tx.send(rec.clone()).await.unwrap();
-        rec.status = 404;
-        tx.send(rec).await.unwrap();
-        drop(tx);
-        writer.await.unwrap();
-        let mut out = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut r, &mut out)
-            .await
-            .unwrap();
-        let lines: Vec<serde_json::Value> = out
+    /// A `Write` the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            lock(&self.0).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Broken;
+
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn lines(out: &Shared) -> Vec<serde_json::Value> {
+        String::from_utf8(lock(&out.0).clone())
+            .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 2, "{out}");
+            .collect()
+    }
+
+    #[test]
+    fn writes_one_json_line_per_record() {
+        let out = Shared::default();
+        let log = AccessLog::to(Some(Box::new(out.clone())), Arc::new(Metrics::new()));
+        let mut rec = record();
+        rec.route = Some("default/shop");
+        log.log(&rec);
+        rec.status = 404;
+        rec.peer = "10.1.2.3:0".parse().unwrap();
+        log.log(&rec);
+        log.flush();
+        let lines = lines(&out);
+        assert_eq!(lines.len(), 2);
         assert_eq!(lines[0]["route"], "default/shop");
         assert_eq!(lines[0]["status"], 200);
+        assert_eq!(lines[0]["upstream"], "10.0.0.1:80");
+        assert_eq!(lines[0]["peer"], "127.0.0.1:1");
         assert_eq!(lines[1]["status"], 404);
+        assert_eq!(lines[1]["peer"], "10.1.2.3", "no port from X-Forwarded-For");
         for field in [
             "time",
             "method",
@@ -201,71 +429,102 @@ mod tests {
         }
     }
 
-    fn record() -> AccessRecord {
+    #[test]
+    fn the_writer_thread_writes_batches_without_a_flush_call() {
+        let out = Shared::default();
+        let log = AccessLog::to(Some(Box::new(out.clone())), Arc::new(Metrics::new()));
+        log.start();
+        for _ in 0..1_000 {
+            log.log(&record());
+        }
+        // Bounded wait for the writer (not a speed check).
+        for _ in 0..500 {
+            if lines(&out).len() == 1_000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(lines(&out).len(), 1_000);
+    }
+
+    fn record() -> AccessRecord<'static> {
         AccessRecord {
-            time: rfc3339(SystemTime::now()),
-            method: "GET".into(),
-            host: "h".into(),
-            path: "/".into(),
+            time: Rfc3339(SystemTime::now()),
+            method: "GET",
+            host: "h",
+            path: "/",
             status: 200,
             duration_ms: 1.0,
             route: None,
-            upstream: Some("10.0.0.1:80".into()),
+            upstream: Some("10.0.0.1:80".parse().unwrap()),
             bytes: 10,
-            request_id: "r".into(),
-            peer: "127.0.0.1:1".into(),
+            request_id: "r",
+            peer: "127.0.0.1:1".parse().unwrap(),
             grpc_status: None,
             client_timeout: None,
-            retried: Vec::new(),
-            shadow_limited: Vec::new(),
+            retried: &[],
+            shadow_limited: &[],
         }
     }
 
     #[test]
-    fn shadow_limited_is_written_only_when_a_shadow_limit_would_have_refused() {
+    fn optional_fields_are_written_only_when_set() {
         let mut rec = record();
         let plain = serde_json::to_value(&rec).unwrap();
-        assert!(plain.get("shadow_limited").is_none(), "{plain}");
-        rec.shadow_limited = vec!["shop/tokens/per-user".into()];
-        let shadow = serde_json::to_value(&rec).unwrap();
+        for absent in ["shadow_limited", "grpc_status", "client_timeout", "retried"] {
+            assert!(plain.get(absent).is_none(), "{absent}: {plain}");
+        }
+        let shadow: [Arc<str>; 1] = [Arc::from("shop/tokens/per-user")];
+        let retried = [Retried {
+            upstream: "10.0.0.2:8080".parse().unwrap(),
+            reason: crate::lifecycle::retry::RetryReason::Connect,
+        }];
+        rec.shadow_limited = &shadow;
+        rec.grpc_status = Some(14);
+        rec.client_timeout = Some("body_rate");
+        rec.retried = &retried;
+        let all = serde_json::to_value(&rec).unwrap();
+        assert_eq!(all["shadow_limited"][0], "shop/tokens/per-user", "{all}");
+        assert_eq!(all["grpc_status"], 14, "{all}");
+        assert_eq!(all["client_timeout"], "body_rate", "{all}");
         assert_eq!(
-            shadow["shadow_limited"][0], "shop/tokens/per-user",
-            "{shadow}"
+            all["retried"][0],
+            format!("10.0.0.2:8080 {}", retried[0].reason.as_str()),
+            "{all}"
         );
     }
 
     #[test]
-    fn grpc_status_is_written_only_when_known() {
-        let mut rec = record();
-        let plain = serde_json::to_value(&rec).unwrap();
-        assert!(plain.get("grpc_status").is_none(), "{plain}");
-        rec.grpc_status = Some(14);
-        let grpc = serde_json::to_value(&rec).unwrap();
-        assert_eq!(grpc["grpc_status"], 14, "{grpc}");
-    }
-
-    #[test]
-    fn client_timeout_is_written_only_for_a_cut_body() {
-        let mut rec = record();
-        let plain = serde_json::to_value(&rec).unwrap();
-        assert!(plain.get("client_timeout").is_none(), "{plain}");
-        rec.client_timeout = Some("body_rate");
-        let cut = serde_json::to_value(&rec).unwrap();
-        assert_eq!(cut["client_timeout"], "body_rate", "{cut}");
-    }
-
-    #[test]
-    fn full_channel_drops_and_counts() {
+    fn a_full_batch_drops_and_counts() {
         let metrics = Arc::new(Metrics::new());
-        let log = AccessLog::new(true, metrics.clone());
-        let rec = record();
-        for _ in 0..=CHANNEL_CAPACITY {
-            log.log(rec.clone());
+        let log = AccessLog::to(Some(Box::new(Shared::default())), metrics.clone());
+        // No writer thread: the batch only fills.
+        let mut n = 0;
+        while !metrics
+            .encode()
+            .contains("tollgate_access_log_dropped_total 1")
+        {
+            log.log(&record());
+            n += 1;
+            assert!(n < MAX_PENDING, "never dropped");
         }
+        assert!(n > MAX_PENDING / 400, "dropped after {n} lines");
+    }
+
+    #[test]
+    fn a_failed_stdout_drops_and_counts_instead_of_blocking() {
+        let metrics = Arc::new(Metrics::new());
+        let log = AccessLog::to(Some(Box::new(Broken)), metrics.clone());
+        log.log(&record());
+        log.log(&record());
+        log.flush();
+        log.log(&record());
         assert!(
             metrics
                 .encode()
-                .contains("tollgate_access_log_dropped_total 1")
+                .contains("tollgate_access_log_dropped_total 3"),
+            "{}",
+            metrics.encode()
         );
     }
 }

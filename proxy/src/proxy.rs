@@ -405,6 +405,8 @@ impl Proxy {
             }
         };
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
+        // The last requests' lines, which the writer thread would take within its interval.
+        shared.access_log.flush();
     }
 }
 

@@ -27,7 +27,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use tollgate_api::{BackendProtocol, Cors, HeaderModifier};
 
-use crate::access_log::{AccessRecord, rfc3339};
+use crate::access_log::{AccessRecord, Rfc3339};
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
 use crate::downstream::pace::Cut;
@@ -377,35 +377,27 @@ impl OnComplete for Completion {
         let elapsed = self.start.elapsed();
         self.metrics.observe(self.status, elapsed.as_secs_f64());
         if let Some(log) = self.log {
-            self.shared.access_log.log(AccessRecord {
-                time: rfc3339(log.started_at),
-                method: log.method.to_string(),
-                host: log.host,
-                path: log.uri.path().to_owned(),
+            let request_id = String::from_utf8_lossy(self.request_id.as_bytes());
+            self.shared.access_log.log(&AccessRecord {
+                time: Rfc3339(log.started_at),
+                method: log.method.as_str(),
+                host: &log.host,
+                path: log.uri.path(),
                 status: self.status,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
-                route: self.route.map(|r| r.to_string()),
-                upstream: self.guard.as_ref().map(|g| g.endpoint().addr.to_string()),
+                route: self.route.as_deref(),
+                upstream: self.guard.as_ref().map(|g| g.endpoint().addr),
                 bytes,
-                request_id: String::from_utf8_lossy(self.request_id.as_bytes()).into_owned(),
-                // Port 0: an address from X-Forwarded-For, which names no port.
-                peer: if log.peer.port() == 0 {
-                    log.peer.ip().to_string()
-                } else {
-                    log.peer.to_string()
-                },
+                request_id: &request_id,
+                peer: log.peer,
                 grpc_status: log.grpc_status,
                 client_timeout: log
                     .fault
                     .as_deref()
                     .and_then(BodyFault::cut)
                     .map(Cut::as_str),
-                retried: self
-                    .retried
-                    .iter()
-                    .map(|r| format!("{} {}", r.upstream, r.reason.as_str()))
-                    .collect(),
-                shadow_limited: self.shadow_limited.iter().map(|l| l.to_string()).collect(),
+                retried: &self.retried,
+                shadow_limited: &self.shadow_limited,
             });
         }
     }
