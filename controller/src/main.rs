@@ -13,8 +13,8 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use tollgate::run::{RunOptions, Runner, next_change, watch};
-use tollgate_proxy::ClientLimitArgs;
 use tollgate_proxy::policy::RateLimitArgs;
+use tollgate_proxy::{AccessLogArgs, ClientLimitArgs};
 use tollgate_proxy::{Metrics, ProxyOptions};
 use tracing::{info, warn};
 
@@ -40,25 +40,7 @@ struct Cli {
 enum Command {
     /// Serve every Gateway of the tollgate class described by the manifests in DIR, without a
     /// cluster, and apply changes to the files as they happen.
-    Run {
-        /// Directory of .yaml/.yml manifests (searched recursively).
-        dir: PathBuf,
-        /// Admin address serving /metrics, /healthz and /readyz ("off" to disable).
-        #[arg(long, default_value = "127.0.0.1:9901")]
-        admin: String,
-        /// Also start the built-in echo backend on this address (used by the quickstart).
-        #[arg(long)]
-        demo_backend: Option<SocketAddr>,
-        /// Write one JSON access-log line per request to stdout.
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        access_log: bool,
-        /// Rate-limit storage.
-        #[command(flatten)]
-        rate_limit: RateLimitArgs,
-        /// Slow-client limits of every served Gateway.
-        #[command(flatten)]
-        client_limits: ClientLimitArgs,
-    },
+    Run(Box<RunArgs>),
     /// Serve only the built-in echo backend (the one `run --demo-backend` starts, with its DEMO
     /// introspection endpoint), e.g. as a pod behind the examples on a cluster.
     DemoBackend {
@@ -103,6 +85,28 @@ enum Command {
     },
 }
 
+/// The arguments of `tollgate run`.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Directory of .yaml/.yml manifests (searched recursively).
+    dir: PathBuf,
+    /// Admin address serving /metrics, /healthz and /readyz ("off" to disable).
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    admin: String,
+    /// Also start the built-in echo backend on this address (used by the quickstart).
+    #[arg(long)]
+    demo_backend: Option<SocketAddr>,
+    /// Access log of every served Gateway.
+    #[command(flatten)]
+    access_log: AccessLogArgs,
+    /// Rate-limit storage.
+    #[command(flatten)]
+    rate_limit: RateLimitArgs,
+    /// Slow-client limits of every served Gateway.
+    #[command(flatten)]
+    client_limits: ClientLimitArgs,
+}
+
 #[derive(clap::Args)]
 struct ControllerArgs {
     /// Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config).
@@ -132,6 +136,9 @@ struct ControllerArgs {
     /// Rate-limit storage of the provisioned proxies (passed on to them).
     #[command(flatten)]
     rate_limit: RateLimitArgs,
+    /// Access log of the provisioned proxies (passed on to them; they log to stdout).
+    #[command(flatten)]
+    access_log: AccessLogArgs,
     /// Type of provisioned Services.
     #[arg(long, default_value = "LoadBalancer")]
     service_type: String,
@@ -209,14 +216,15 @@ fn main() -> ExitCode {
             init_tracing();
             serve(demo_backend(listen, &name))
         }
-        Command::Run {
-            dir,
-            admin,
-            demo_backend,
-            access_log,
-            rate_limit,
-            client_limits,
-        } => {
+        Command::Run(args) => {
+            let RunArgs {
+                dir,
+                admin,
+                demo_backend,
+                access_log,
+                rate_limit,
+                client_limits,
+            } = *args;
             init_tracing();
             serve(run(
                 dir,
@@ -296,7 +304,7 @@ async fn run(
     dir: PathBuf,
     admin: String,
     demo_backend: Option<SocketAddr>,
-    access_log: bool,
+    access_log: AccessLogArgs,
     rate_limit: RateLimitArgs,
     client_limits: ClientLimitArgs,
 ) -> anyhow::Result<()> {
@@ -321,7 +329,7 @@ async fn run(
         rate_limiter: Some(limiter),
         client_limits,
     };
-    let mut runner = Runner::new(&opts, metrics.clone());
+    let mut runner = Runner::new(&opts, metrics.clone())?;
     runner
         .reload(now())
         .await
@@ -431,10 +439,16 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         service_type: args.service_type.clone(),
         controller_url: args.controller_url.clone(),
         controller_namespace: namespace.clone(),
-        proxy_args: args.rate_limit.to_flags(),
+        proxy_args: [args.rate_limit.to_flags(), args.access_log.to_proxy_flags()].concat(),
     });
-    // Refuse inconsistent storage flags here rather than in every proxy.
+    // Refuse inconsistent storage and access log flags here rather than in every proxy.
     args.rate_limit.storage()?;
+    if args.access_log.access_log_file.is_some() {
+        anyhow::bail!(
+            "--access-log-file: provisioned proxies write their access log to stdout (their file system is read-only)"
+        );
+    }
+    args.access_log.settings()?;
     let cfg = controller::ControllerConfig {
         settings: reconcile::Settings {
             controller_name: args.controller_name.clone(),

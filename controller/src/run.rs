@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::ratelimit::RateLimiter;
-use tollgate_proxy::{ClientLimitArgs, Metrics, Proxy, ProxyOptions};
+use tollgate_proxy::{
+    AccessLogArgs, AccessLogArgsError, ClientLimitArgs, LogSettings, Metrics, Proxy, ProxyOptions,
+};
 use tracing::{debug, error, info, warn};
 
 use crate::compile::{CompileCache, Rejection, compile_cached};
@@ -38,8 +40,8 @@ pub enum RunError {
 pub struct RunOptions {
     /// The manifest directory.
     pub dir: PathBuf,
-    /// Write one JSON access-log line per request.
-    pub access_log: bool,
+    /// The access log of every served Gateway (whether, format, fields, filter, file).
+    pub access_log: AccessLogArgs,
     /// Rate-limit counters shared by every served Gateway (`None` = in memory).
     pub rate_limiter: Option<RateLimiter>,
     /// Slow-client limits of every served Gateway.
@@ -59,6 +61,7 @@ pub struct Runner {
     manifests: ManifestDir,
     metrics: Arc<Metrics>,
     access_log: bool,
+    access_log_settings: LogSettings,
     rate_limiter: RateLimiter,
     client_limits: ClientLimitArgs,
     served: BTreeMap<ObjectKey, Served>,
@@ -72,22 +75,25 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// A runner over `opts.dir`, reporting into `metrics`.
-    pub fn new(opts: &RunOptions, metrics: Arc<Metrics>) -> Self {
-        Self {
+    /// A runner over `opts.dir`, reporting into `metrics`; an access log file that cannot
+    /// be opened or a filter that does not compile is an error.
+    pub fn new(opts: &RunOptions, metrics: Arc<Metrics>) -> Result<Self, AccessLogArgsError> {
+        let access_log_settings = opts.access_log.settings()?;
+        Ok(Self {
             manifests: ManifestDir::new(&opts.dir),
             rate_limiter: opts
                 .rate_limiter
                 .clone()
                 .unwrap_or_else(|| RateLimiter::in_memory(metrics.rate_limit().clone())),
             metrics,
-            access_log: opts.access_log,
+            access_log: opts.access_log.access_log,
+            access_log_settings,
             client_limits: opts.client_limits.clone(),
             served: BTreeMap::new(),
             reported: BTreeSet::new(),
             loaded: false,
             cache: CompileCache::default(),
-        }
+        })
     }
 
     /// The Gateways being served.
@@ -146,6 +152,7 @@ impl Runner {
                 let mut opts = ProxyOptions {
                     metrics: self.metrics.clone(),
                     access_log: self.access_log,
+                    access_log_settings: self.access_log_settings.clone(),
                     rate_limiter: Some(self.rate_limiter.clone()),
                     ..ProxyOptions::default()
                 };

@@ -56,6 +56,10 @@ pub use lifecycle::{filters, normalize, policy, router};
 /// Keys are built from the route table; requests only look them up.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+pub use access_log::{
+    AccessLogArgs, AccessLogArgsError, Fields as AccessLogFields, Format as AccessLogFormat,
+    LogSettings,
+};
 pub use admin::serve_admin;
 pub use error::{ProxyError, Result};
 pub use limit_args::ClientLimitArgs;

@@ -20,7 +20,7 @@ use clap::Parser;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::subscribe::{self, SubscribeConfig};
-use tollgate_proxy::{ClientLimitArgs, Metrics, Proxy, ProxyOptions, serve_admin};
+use tollgate_proxy::{AccessLogArgs, ClientLimitArgs, Metrics, Proxy, ProxyOptions, serve_admin};
 
 /// jemalloc: the request path allocates a few buffers per request (hyper's read buffers, header
 /// blocks, channels); glibc malloc spent ~2.2k instructions per proxied request on them.
@@ -56,9 +56,9 @@ struct Args {
     /// Admin address serving /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:9902")]
     admin: SocketAddr,
-    /// Write one JSON access-log line per request to stdout.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    access_log: bool,
+    /// Access log.
+    #[command(flatten)]
+    access_log: AccessLogArgs,
     /// Runtime worker threads (default: one per core); 1 runs everything on one thread.
     #[arg(long)]
     workers: Option<usize>,
@@ -100,9 +100,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let mut options = ProxyOptions {
         metrics: metrics.clone(),
-        access_log: args.access_log,
         ..ProxyOptions::default()
     };
+    args.access_log.apply(&mut options)?;
     options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
     args.client_limits.apply(&mut options);
     let proxy = Proxy::new(options);

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tollgate_api::{Protocol, RouteTable};
 
 use crate::FastMap;
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, LogSettings};
 use crate::downstream::listener::{self, ListenerHandle};
 use crate::error::{ProxyError, Result};
 use crate::lifecycle::policy::PolicyRuntime;
@@ -41,8 +41,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ProxyOptions {
     /// Where metrics are recorded (share it with [`crate::serve_admin`]).
     pub metrics: Arc<Metrics>,
-    /// Write one JSON access log line per request to stdout.
+    /// Write an access log line per request (as `access_log_settings` say).
     pub access_log: bool,
+    /// Format, fields, filter and destination of the access log. Default: JSON, every
+    /// field, every request, stdout.
+    pub access_log_settings: LogSettings,
     /// Largest request header block; more is answered 431. Default 64 KiB.
     pub max_header_bytes: usize,
     /// Largest request body; more is answered 413. Default 10 MiB.
@@ -126,6 +129,7 @@ impl Default for ProxyOptions {
         Self {
             metrics: Arc::new(Metrics::new()),
             access_log: false,
+            access_log_settings: LogSettings::default(),
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
             rate_limiter: None,
@@ -214,7 +218,11 @@ impl Proxy {
             policy,
             snapshot: ArcSwapOption::empty(),
             limits,
-            access_log: AccessLog::new(opts.access_log, opts.metrics.clone()),
+            access_log: AccessLog::new(
+                opts.access_log,
+                &opts.access_log_settings,
+                opts.metrics.clone(),
+            ),
             metrics: opts.metrics,
             upstream: Upstream::new(),
             server: listener::server_builder(&limits),

@@ -468,3 +468,93 @@ async fn a_request_a_shadow_limit_would_have_refused_names_the_limit() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--access-log-format logfmt`, `--access-log-fields` and `--access-log-filter` on the binary:
+/// only the requests the filter keeps are written, with only the chosen fields, as logfmt; and
+/// `--access-log-file` writes them to a file instead of stdout. A filter that does not compile
+/// stops the binary before it serves.
+#[tokio::test]
+async fn the_access_log_writes_the_chosen_requests_fields_and_format() {
+    let echo = echo_backend("e").await;
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-log-flags-{}-{port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = table(
+        1,
+        vec![http_port(port, vec![route("r", "/app", vec![wb("e", 1)])])],
+        vec![("e", backend_of(&[&echo]))],
+    );
+    let log_file = dir.join("access.log");
+    let (_proxy, stdout) = start_binary(
+        &dir.join("table.json"),
+        &t,
+        free_port(),
+        &[
+            "--access-log-format",
+            "logfmt",
+            "--access-log-fields",
+            "status,path,method",
+            "--access-log-filter",
+            "response.code >= 400 && request.path != '/ignored'",
+            "--access-log-file",
+            log_file.to_str().unwrap(),
+        ],
+    );
+    let c = h1_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut up = false;
+    for _ in 0..300 {
+        let req = Request::get(format!("{base}/app/ok"))
+            .body(Full::default())
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
+            assert_eq!(r.status(), StatusCode::OK);
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the proxy never answered");
+    for path in [
+        "/app/fine",
+        "/missing",
+        "/ignored",
+        "/app/also-fine",
+        "/gone",
+    ] {
+        get(&c, &format!("{base}{path}")).await;
+    }
+    // Bounded wait for the writer (it writes every 50 ms): the two 404s it keeps.
+    let want = "method=GET path=/missing status=404\nmethod=GET path=/gone status=404\n";
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        if text.len() >= want.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(text, want);
+    assert!(
+        stdout.try_recv().is_err(),
+        "a line went to stdout despite --access-log-file"
+    );
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_tollgate-proxy"))
+        .arg("--table")
+        .arg(dir.join("table.json"))
+        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
+        .args(["--access-log-filter", "auth.identity.sub == 'x'"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--access-log-filter"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,6 +28,7 @@
 
 mod activation;
 mod fast;
+mod log_filter;
 mod net;
 mod response;
 #[cfg(test)]
@@ -43,6 +44,7 @@ use http::HeaderName;
 
 pub use self::activation::{Activation, Attrs, IdentityValue, Needs};
 use self::fast::{Fast, Tri, Val};
+pub use self::log_filter::{LOG_VARIABLES, LogFilter, LogVars};
 pub use self::response::{RESPONSE_VARIABLES, ResponseExpr, check_response};
 
 /// Top-level variables an expression may use.

@@ -1,8 +1,9 @@
-//! Access log: one JSON line per request, written off the hot path at about nginx's cost.
-//! In: an [`AccessRecord`] of borrowed fields per answered request. Out: JSON lines on
-//! stdout.
+//! Access log: one line per request (JSON or logfmt, the fields chosen, the requests chosen
+//! by a CEL filter), written off the hot path at about nginx's cost. In: an [`AccessRecord`]
+//! of borrowed fields per answered request and the [`LogSettings`]. Out: lines on stdout or
+//! in a file.
 //!
-//! A request serializes its line into its thread's scratch buffer (no allocation once warm:
+//! A request writes its line (module `format`) into its thread's scratch buffer (no allocation once warm:
 //! the record borrows what the request already holds, times come from a per-thread cache of
 //! the current second) and appends it to the pending batch under a short lock (one copy). A
 //! writer thread of its own takes the batch every [`FLUSH_INTERVAL`], or at once when it
@@ -12,19 +13,34 @@
 //!
 //! The record holds no headers, so credentials (`Authorization`, cookies) can never reach it.
 
+mod args;
+mod format;
+
 use std::cell::RefCell;
-use std::fmt::Display;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
-use serde::ser::{SerializeSeq, Serializer};
-
+pub use self::args::{AccessLogArgs, AccessLogArgsError};
+pub use self::format::{Fields, Format};
 use crate::lifecycle::call::Retried;
+use crate::lifecycle::policy::cel::{LogFilter, LogVars};
 use crate::metrics::Metrics;
+
+/// How a proxy writes its access log (besides whether: `ProxyOptions::access_log`).
+#[derive(Debug, Clone, Default)]
+pub struct LogSettings {
+    /// JSON (default) or logfmt.
+    pub format: Format,
+    /// The fields written (default: all).
+    pub fields: Fields,
+    /// Only the requests this expression keeps are written (default: all).
+    pub filter: Option<LogFilter>,
+    /// Where lines go: this file, opened for appending, or stdout (default).
+    pub file: Option<Arc<std::fs::File>>,
+}
 
 /// Longest a line waits in the batch before it is written.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
@@ -36,7 +52,7 @@ const MAX_PENDING: usize = 4 * 1024 * 1024;
 const SCRATCH_KEEP: usize = 64 * 1024;
 
 /// One access log line; every field borrows from the request it describes.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub(crate) struct AccessRecord<'a> {
     /// RFC 3339 UTC time the request arrived, with milliseconds.
     pub time: Rfc3339,
@@ -49,32 +65,26 @@ pub(crate) struct AccessRecord<'a> {
     /// `namespace/name` of the route, if one matched.
     pub route: Option<&'a str>,
     /// `ip:port` of the endpoint used, if any.
-    #[serde(serialize_with = "shown_opt")]
     pub upstream: Option<SocketAddr>,
     /// Response body bytes sent.
     pub bytes: u64,
     pub request_id: &'a str,
     /// Client `ip:port`; the address alone when the port is 0 (an address from
     /// X-Forwarded-For, which names no port).
-    #[serde(serialize_with = "peer")]
     pub peer: SocketAddr,
     /// The call's gRPC status, for a gRPC call (a POST with a gRPC `Content-Type`) whose answer
     /// carried one: in the response head (Trailers-Only, which is also how the gateway
     /// answers such a call itself) or in the trailers. Absent otherwise: the HTTP `status` of
     /// a gRPC call is 200 whatever the call's outcome.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<u32>,
     /// Why the client's request body was cut as too slow (`body_idle`, `body_rate`,
     /// `body_deadline`, as `tollgate_client_timeouts_total`'s kinds); absent otherwise.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub client_timeout: Option<&'static str>,
     /// Each upstream attempt made again under the route's retry rule, as `ip:port reason`
     /// of the attempt that failed (`upstream` is the last attempt's); absent without retries.
-    #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "retried")]
     pub retried: &'a [Retried],
     /// The `mode: Shadow` rate limits (`namespace/policy/limit`) that would have refused the
     /// request, had they been enforced; absent when none would.
-    #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "strs")]
     pub shadow_limited: &'a [Arc<str>],
 }
 
@@ -91,7 +101,7 @@ thread_local! {
 
 impl Rfc3339 {
     /// `YYYY-MM-DDTHH:MM:SS.mmmZ`.
-    fn bytes(self) -> [u8; 24] {
+    pub(crate) fn bytes(self) -> [u8; 24] {
         let d = self
             .0
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -129,51 +139,11 @@ fn second_prefix(secs: u64) -> [u8; 19] {
     out
 }
 
-impl Serialize for Rfc3339 {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let b = self.bytes();
-        s.serialize_str(std::str::from_utf8(&b).unwrap_or("1970-01-01T00:00:00.000Z"))
-    }
-}
-
-/// A `Display` value written as a JSON string without an intermediate `String`.
-struct Shown<T>(T);
-
-impl<T: Display> Serialize for Shown<T> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&self.0)
-    }
-}
-
-fn shown_opt<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(a) => s.collect_str(a),
-        None => s.serialize_none(),
-    }
-}
-
-fn peer<S: Serializer>(v: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
-    if v.port() == 0 {
-        s.collect_str(&v.ip())
-    } else {
-        s.collect_str(v)
-    }
-}
-
-fn retried<S: Serializer>(v: &&[Retried], s: S) -> Result<S::Ok, S::Error> {
-    let mut seq = s.serialize_seq(Some(v.len()))?;
-    for r in v.iter() {
-        seq.serialize_element(&Shown(format_args!("{} {}", r.upstream, r.reason.as_str())))?;
-    }
-    seq.end()
-}
-
-fn strs<S: Serializer>(v: &&[Arc<str>], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(v.iter().map(|x| &**x))
-}
-
 /// The batch and the writer's state, shared by every request thread and the writer thread.
 struct Sink {
+    format: Format,
+    fields: Fields,
+    filter: Option<LogFilter>,
     pending: Mutex<Vec<u8>>,
     wake: Condvar,
     out: Mutex<Box<dyn Write + Send>>,
@@ -187,8 +157,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Sink {
-    fn new(out: Box<dyn Write + Send>, metrics: Arc<Metrics>) -> Self {
+    fn new(out: Box<dyn Write + Send>, settings: &LogSettings, metrics: Arc<Metrics>) -> Self {
         Self {
+            format: settings.format,
+            fields: settings.fields,
+            filter: settings.filter.clone(),
             pending: Mutex::new(Vec::with_capacity(2 * BATCH_BYTES)),
             wake: Condvar::new(),
             out: Mutex::new(out),
@@ -198,12 +171,27 @@ impl Sink {
     }
 
     fn log(&self, record: &AccessRecord<'_>) {
+        if let Some(filter) = &self.filter {
+            let vars = LogVars {
+                method: record.method,
+                host: record.host,
+                path: record.path,
+                status: record.status,
+                route: record.route.unwrap_or(""),
+                duration_ms: record.duration_ms,
+            };
+            match filter.keep(&vars, fastrand::f64()) {
+                Ok(false) => return,
+                Ok(true) => {}
+                Err(e) => {
+                    // Written anyway: a filter must not hide what it did not understand.
+                    tracing::debug!(error = %e, "access log filter failed; the line is written");
+                }
+            }
+        }
         SCRATCH.with_borrow_mut(|line| {
             line.clear();
-            if serde_json::to_writer(&mut *line, record).is_err() {
-                return;
-            }
-            line.push(b'\n');
+            format::write_line(line, record, self.format, self.fields);
             let mut pending = lock(&self.pending);
             if self.broken.load(Ordering::Relaxed) || pending.len() + line.len() > MAX_PENDING {
                 drop(pending);
@@ -257,6 +245,18 @@ fn write_loop(sink: &Sink) {
     while sink.write_batch(&mut spare, true).is_ok() {}
 }
 
+/// A file several proxies of one process may share (`&File` writes).
+struct SharedFile(Arc<std::fs::File>);
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        (&*self.0).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        (&*self.0).flush()
+    }
+}
+
 /// The access log of one proxy.
 pub(crate) struct AccessLog {
     sink: Option<Arc<Sink>>,
@@ -272,17 +272,23 @@ impl std::fmt::Debug for AccessLog {
 }
 
 impl AccessLog {
-    /// Creates the log (writing to stdout once started); a disabled log drops records.
-    pub fn new(enabled: bool, metrics: Arc<Metrics>) -> Self {
-        Self::to(
-            enabled.then(|| Box::new(std::io::stdout()) as Box<dyn Write + Send>),
-            metrics,
-        )
+    /// Creates the log (writing once started, to the settings' file or stdout); a disabled
+    /// log drops records.
+    pub fn new(enabled: bool, settings: &LogSettings, metrics: Arc<Metrics>) -> Self {
+        let out = enabled.then(|| match &settings.file {
+            Some(f) => Box::new(SharedFile(f.clone())) as Box<dyn Write + Send>,
+            None => Box::new(std::io::stdout()),
+        });
+        Self::to(out, settings, metrics)
     }
 
-    fn to(out: Option<Box<dyn Write + Send>>, metrics: Arc<Metrics>) -> Self {
+    fn to(
+        out: Option<Box<dyn Write + Send>>,
+        settings: &LogSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
-            sink: out.map(|o| Arc::new(Sink::new(o, metrics))),
+            sink: out.map(|o| Arc::new(Sink::new(o, settings, metrics))),
             started: AtomicBool::new(false),
         }
     }
@@ -396,7 +402,11 @@ mod tests {
     #[test]
     fn writes_one_json_line_per_record() {
         let out = Shared::default();
-        let log = AccessLog::to(Some(Box::new(out.clone())), Arc::new(Metrics::new()));
+        let log = AccessLog::to(
+            Some(Box::new(out.clone())),
+            &LogSettings::default(),
+            Arc::new(Metrics::new()),
+        );
         let mut rec = record();
         rec.route = Some("default/shop");
         log.log(&rec);
@@ -432,7 +442,11 @@ mod tests {
     #[test]
     fn the_writer_thread_writes_batches_without_a_flush_call() {
         let out = Shared::default();
-        let log = AccessLog::to(Some(Box::new(out.clone())), Arc::new(Metrics::new()));
+        let log = AccessLog::to(
+            Some(Box::new(out.clone())),
+            &LogSettings::default(),
+            Arc::new(Metrics::new()),
+        );
         log.start();
         for _ in 0..1_000 {
             log.log(&record());
@@ -467,10 +481,16 @@ mod tests {
         }
     }
 
+    fn json(rec: &AccessRecord<'_>) -> serde_json::Value {
+        let mut out = Vec::new();
+        format::write_line(&mut out, rec, Format::Json, Fields::ALL);
+        serde_json::from_slice(&out).unwrap()
+    }
+
     #[test]
     fn optional_fields_are_written_only_when_set() {
         let mut rec = record();
-        let plain = serde_json::to_value(&rec).unwrap();
+        let plain = json(&rec);
         for absent in ["shadow_limited", "grpc_status", "client_timeout", "retried"] {
             assert!(plain.get(absent).is_none(), "{absent}: {plain}");
         }
@@ -483,7 +503,7 @@ mod tests {
         rec.grpc_status = Some(14);
         rec.client_timeout = Some("body_rate");
         rec.retried = &retried;
-        let all = serde_json::to_value(&rec).unwrap();
+        let all = json(&rec);
         assert_eq!(all["shadow_limited"][0], "shop/tokens/per-user", "{all}");
         assert_eq!(all["grpc_status"], 14, "{all}");
         assert_eq!(all["client_timeout"], "body_rate", "{all}");
@@ -495,9 +515,39 @@ mod tests {
     }
 
     #[test]
+    fn the_filter_chooses_the_lines() {
+        let out = Shared::default();
+        let settings = LogSettings {
+            filter: Some(LogFilter::compile("response.code >= 500").unwrap()),
+            format: Format::Logfmt,
+            fields: Fields::parse("status,path").unwrap(),
+            file: None,
+        };
+        let log = AccessLog::to(
+            Some(Box::new(out.clone())),
+            &settings,
+            Arc::new(Metrics::new()),
+        );
+        let mut rec = record();
+        log.log(&rec);
+        rec.status = 502;
+        rec.path = "/broken";
+        log.log(&rec);
+        log.flush();
+        assert_eq!(
+            String::from_utf8(lock(&out.0).clone()).unwrap(),
+            "path=/broken status=502\n"
+        );
+    }
+
+    #[test]
     fn a_full_batch_drops_and_counts() {
         let metrics = Arc::new(Metrics::new());
-        let log = AccessLog::to(Some(Box::new(Shared::default())), metrics.clone());
+        let log = AccessLog::to(
+            Some(Box::new(Shared::default())),
+            &LogSettings::default(),
+            metrics.clone(),
+        );
         // No writer thread: the batch only fills.
         let mut n = 0;
         while !metrics
@@ -514,7 +564,11 @@ mod tests {
     #[test]
     fn a_failed_stdout_drops_and_counts_instead_of_blocking() {
         let metrics = Arc::new(Metrics::new());
-        let log = AccessLog::to(Some(Box::new(Broken)), metrics.clone());
+        let log = AccessLog::to(
+            Some(Box::new(Broken)),
+            &LogSettings::default(),
+            metrics.clone(),
+        );
         log.log(&record());
         log.log(&record());
         log.flush();
