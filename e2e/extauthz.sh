@@ -7,14 +7,18 @@
 #
 #   e2e/extauthz.sh build     build (if missing) and print the binary's path
 #   e2e/extauthz.sh path      same as build
+#   e2e/extauthz.sh current   print the path of this checkout's build, or exit 1
+#                             when it is not built (never builds)
 #   e2e/extauthz.sh ARGS...   run `extauthz-grpc ARGS...` (building it first if
 #                             missing), e.g. e2e/extauthz.sh -listen 127.0.0.1:9191
 #
 # The binary is $TOLLGATE_BIN_DIR/extauthz-grpc-<go-control-plane version>-<hash
-# of go.mod, go.sum and *.go>; the tests (proxy/tests/policy/external_grpc.rs and
-# external_tls.rs, which runs it with -tls-cert)
-# find it as $TOLLGATE_BIN_DIR/extauthz-grpc (a symlink to the current build),
-# or through $TOLLGATE_EXTAUTHZ. Builds run under `nice -n 19` with
+# of go.mod, go.sum and *.go>, and $TOLLGATE_BIN_DIR/extauthz-grpc a symlink to
+# the last one built. The tests (proxy/tests/policy/external_grpc.rs, and
+# external_tls.rs, which runs it with -tls-cert) take $TOLLGATE_EXTAUTHZ, else
+# `e2e/extauthz.sh current`: the build of their own checkout's source, not the
+# symlink, which another checkout sharing the cache may have moved to an older
+# build. Builds run under `nice -n 19` with
 # GOFLAGS="-p=$TOLLGATE_BUILD_JOBS -mod=readonly" (default 1 job), CGO off.
 #
 # Measured here (2 shared cores, two other engineers' cargo builds running): a
@@ -90,6 +94,10 @@ build() {
 case ${1:-} in
   build | path)
     build
+    printf '%s\n' "$BIN"
+    ;;
+  current)
+    [[ -x $BIN ]] || exit 1
     printf '%s\n' "$BIN"
     ;;
   -h | --help | help | "")

@@ -20,6 +20,7 @@ mod common;
 mod cost;
 mod external_grpc;
 mod external_http;
+mod external_support;
 mod front_door;
 mod limits;
 mod order;
