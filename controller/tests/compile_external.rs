@@ -9,7 +9,7 @@ mod compile_support;
 use compile_support::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tollgate::compile::Output;
-use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
+use tollgate_api::external::{AllowStatus, ExternalAuthz, ExternalProtocol, HttpCheck};
 use tollgate_api::policy::{Closed, PolicySet};
 use tollgate_api::{BackendProtocol, ObjectKey, RouteTable};
 
@@ -80,6 +80,8 @@ fn an_http_rule_compiles_with_its_settings_and_backend() {
                 headers_to_upstream: vec!["x-user".into()],
                 headers_to_client: vec!["x-auth-info".into()],
                 all_headers_to_upstream: false,
+                // The AuthPolicy's own rule: any 2xx allows.
+                allow: AllowStatus::Any2xx,
             }),
             forward_headers: vec!["authorization".into(), "x-tenant".into()],
             max_body_bytes: Some(8192),
@@ -124,6 +126,21 @@ fn a_backend_tls_policy_on_the_service_applies_to_the_check() {
     let b = &gw(&out).backends[&e.backend];
     let tls = b.tls.as_ref().expect("TLS to the authorization service");
     assert_eq!(tls.server_name, "authz.example.com");
+    // An HTTP service picks HTTP/2 or HTTP/1.1.
+    assert_eq!(tls.alpn, ["h2", "http/1.1"]);
+    assert_eq!(b.protocol, BackendProtocol::Http1);
+}
+
+#[test]
+fn a_grpc_service_behind_a_backend_tls_policy_is_offered_h2_alone() {
+    // gRPC needs HTTP/2: ALPN `h2` only (grpc-go refuses a client that does not offer it).
+    let out = out();
+    let e = external(&out, "tls-grpc");
+    let b = &gw(&out).backends[&e.backend];
+    assert_eq!(b.protocol, BackendProtocol::H2c);
+    let tls = b.tls.as_ref().expect("TLS to the authorization service");
+    assert_eq!(tls.server_name, "opa.example.com");
+    assert_eq!(tls.alpn, ["h2"]);
 }
 
 #[test]
@@ -246,6 +263,8 @@ fn an_http_external_auth_filter_compiles_to_the_same_check() {
                 headers_to_client: vec![],
                 // allowedResponseHeaders unset: every header of the answer goes upstream.
                 all_headers_to_upstream: true,
+                // GEP-1494: only a 200 allows.
+                allow: AllowStatus::Only200,
             }),
             // Authorization always, plus allowedHeaders.
             forward_headers: vec!["authorization".into(), "x-tenant".into()],
@@ -292,5 +311,17 @@ fn an_external_auth_filter_on_a_backend_ref_is_refused() {
     assert_eq!(
         cond(&c, "Accepted").message,
         "spec.rules[0].backendRefs[0].filters[0]: ExternalAuth filters are supported on rules, not on backendRefs"
+    );
+}
+
+#[test]
+fn an_external_auth_path_that_is_no_request_path_is_refused() {
+    // Outside the API server (`tollgate run`) the CRD's pattern does not screen it.
+    let out = out();
+    let c = route_conds(&out, "filter-bad-path");
+    assert_cond(&c, "Accepted", "False", "UnsupportedValue");
+    assert_eq!(
+        cond(&c, "Accepted").message,
+        "spec.rules[0].filters[0].http.path: \"/check me\" is not an absolute path"
     );
 }

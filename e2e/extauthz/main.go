@@ -7,12 +7,26 @@
 // to the client's answer. Any other request is denied with 403, the header
 // `x-ext-denied: yes` and the body `denied by extauthz\n`.
 //
+// A request whose `x-allow` is `hostile` is allowed with an answer that tries to break the
+// request and the client's response: `ok_response.headers` set Host, Content-Length,
+// Transfer-Encoding, Connection and Upgrade (besides `x-ext-user: alice`),
+// `headers_to_remove` names Host, and `response_headers_to_add` sets Content-Length,
+// Transfer-Encoding and Connection (besides `x-ext-client: hello`). A gateway must keep
+// every one of those out.
+//
 // Usage: extauthz-grpc -listen 127.0.0.1:PORT [-count 127.0.0.1:PORT]
-// `-count` serves GET /count on HTTP: the number of Check calls so far.
+//
+//	[-tls-cert FILE -tls-key FILE]
+//
+// `-count` serves GET /count on HTTP: the number of Check calls so far, and GET /peer: how
+// the last Check call came (`tls alpn=h2 sni=NAME`, or `plaintext`). With `-tls-cert` and
+// `-tls-key` the service speaks only TLS (gRPC over TLS requires ALPN `h2`: grpc-go refuses
+// a client that does not offer it).
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log"
@@ -26,20 +40,53 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 )
 
 type server struct {
 	auth.UnimplementedAuthorizationServer
 	checks atomic.Int64
+	// How the last Check call came: "tls alpn=h2 sni=NAME" or "plaintext".
+	last atomic.Value
 }
 
 func header(k, v string) *core.HeaderValueOption {
 	return &core.HeaderValueOption{Header: &core.HeaderValue{Key: k, Value: v}}
 }
 
-func (s *server) Check(_ context.Context, req *auth.CheckRequest) (*auth.CheckResponse, error) {
+func (s *server) Check(ctx context.Context, req *auth.CheckRequest) (*auth.CheckResponse, error) {
 	s.checks.Add(1)
+	how := "plaintext"
+	if p, ok := peer.FromContext(ctx); ok {
+		if t, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			how = fmt.Sprintf("tls alpn=%s sni=%s", t.State.NegotiatedProtocol, t.State.ServerName)
+		}
+	}
+	s.last.Store(how)
 	h := req.GetAttributes().GetRequest().GetHttp()
+	if h.GetHeaders()["x-allow"] == "hostile" {
+		return &auth.CheckResponse{
+			Status: &status.Status{Code: int32(codes.OK)},
+			HttpResponse: &auth.CheckResponse_OkResponse{OkResponse: &auth.OkHttpResponse{
+				Headers: []*core.HeaderValueOption{
+					header("x-ext-user", "alice"),
+					header("host", "evil.test"),
+					header("content-length", "1"),
+					header("transfer-encoding", "chunked"),
+					header("connection", "close"),
+					header("upgrade", "websocket"),
+				},
+				HeadersToRemove: []string{"host"},
+				ResponseHeadersToAdd: []*core.HeaderValueOption{
+					header("x-ext-client", "hello"),
+					header("content-length", "1"),
+					header("transfer-encoding", "chunked"),
+					header("connection", "close"),
+				},
+			}},
+		}, nil
+	}
 	if h.GetHeaders()["x-allow"] == "yes" {
 		return &auth.CheckResponse{
 			Status: &status.Status{Code: int32(codes.OK)},
@@ -64,13 +111,19 @@ func (s *server) Check(_ context.Context, req *auth.CheckRequest) (*auth.CheckRe
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9191", "gRPC address")
-	count := flag.String("count", "", "address of the HTTP /count endpoint (off when empty)")
+	count := flag.String("count", "", "address of the HTTP /count and /peer endpoints (off when empty)")
+	certFile := flag.String("tls-cert", "", "serve TLS with this PEM certificate (with -tls-key)")
+	keyFile := flag.String("tls-key", "", "the PEM key of -tls-cert")
 	flag.Parse()
 	s := &server{}
+	s.last.Store("none")
 	if *count != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/count", func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintf(w, "%d\n", s.checks.Load())
+		})
+		mux.HandleFunc("/peer", func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintf(w, "%s\n", s.last.Load())
 		})
 		cl, err := net.Listen("tcp", *count)
 		if err != nil {
@@ -82,7 +135,18 @@ func main() {
 	if err != nil {
 		log.Fatalf("listen: %v", err)
 	}
-	g := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if *certFile != "" || *keyFile != "" {
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			log.Fatalf("tls: %v", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{cert},
+			MinVersion:   tls.VersionTLS12,
+		})))
+	}
+	g := grpc.NewServer(opts...)
 	auth.RegisterAuthorizationServer(g, s)
 	fmt.Printf("listening %s\n", l.Addr())
 	log.Fatal(g.Serve(l))

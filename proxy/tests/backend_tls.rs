@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::pki::{Ca, Leaf};
 use common::*;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use serde_json::json;
@@ -31,60 +31,6 @@ use tokio_rustls::TlsAcceptor;
 use tollgate_api::backend::{BackendSettings, HealthCheck, Probe};
 use tollgate_api::backend_tls::{SubjectAltName, Trust};
 use tollgate_api::{Backend, BackendProtocol, BackendTls, Certificate, Endpoint, LoadBalancer};
-
-// ---- PKI ----
-
-struct Ca {
-    pem: String,
-    der: CertificateDer<'static>,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A leaf certificate and its key.
-struct Leaf {
-    cert_pem: String,
-    cert_der: CertificateDer<'static>,
-    key_der: Vec<u8>,
-    key_pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Self {
-            pem: cert.pem(),
-            der: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for these DNS names, and these URIs as subject alternative names.
-    fn leaf(&self, dns: &[&str], uris: &[&str]) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(dns.iter().map(|d| (*d).to_owned()).collect::<Vec<_>>())
-                .unwrap();
-        for u in uris {
-            params
-                .subject_alt_names
-                .push(SanType::URI((*u).try_into().unwrap()));
-        }
-        params
-            .distinguished_name
-            .push(DnType::CommonName, dns.first().copied().unwrap_or("client"));
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            cert_der: cert.der().clone(),
-            key_der: key.serialize_der(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-}
 
 // ---- the TLS backend ----
 

@@ -6,10 +6,13 @@
 //! a Service in the route's namespace or granted to HTTPRoutes by a ReferenceGrant;
 //! BackendTLSPolicy applies; GRPC speaks HTTP/2). Out: an [`ExternalAuthz`]:
 //!
-//! - HTTP: `http.path` prefixes the path; `Authorization` plus `http.allowedHeaders` are
+//! - HTTP: only a `200` answer allows (any other status is an authorization failure: 3xx
+//!   and 4xx reach the client as the service wrote them, another 2xx and a 5xx are 403);
+//!   `http.path` prefixes the path; `Authorization` plus `http.allowedHeaders` are
 //!   forwarded (Host, method, path and Content-Length always are); `http.allowedResponseHeaders`
 //!   are copied upstream from an allowing answer, or, when empty, every header but Host and
-//!   framing, hop-by-hop and content headers;
+//!   framing, hop-by-hop and content headers (Host, framing and hop-by-hop headers are never
+//!   copied, listed or not);
 //! - GRPC: `grpc.allowedHeaders` are sent, every header when empty;
 //! - `forwardBody.maxSize` > 0 forwards the body, a larger one refused with 413 (the spec
 //!   allows a 4xx); 0 or unset, no body;
@@ -22,7 +25,7 @@
 use gateway_types::experimental::httproutes::{
     HttpRouteRulesFiltersExternalAuth, HttpRouteRulesFiltersExternalAuthProtocol,
 };
-use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
+use tollgate_api::external::{AllowStatus, ExternalAuthz, ExternalProtocol, HttpCheck};
 
 use super::backends::RefSpec;
 use super::conditions::{Problem, reason};
@@ -61,7 +64,14 @@ pub fn convert(
     } else {
         let h = f.http.clone().unwrap_or_default();
         let path = h.path.clone().unwrap_or_default();
-        if !(path.is_empty() || path.starts_with('/')) || path.contains(['?', '#']) {
+        // GEP-1494: implementations must sanitize the path; the API server's pattern does
+        // not run for `tollgate run`. One the proxy could not put in a request line would
+        // deny every request (fail closed) with no word why: refused here instead.
+        let valid = path.is_empty()
+            || (path.starts_with('/')
+                && !path.contains(['?', '#'])
+                && path.parse::<http::uri::PathAndQuery>().is_ok());
+        if !valid {
             return Err(unsupported(format!(
                 "{field}.http.path: {path:?} is not an absolute path"
             )));
@@ -80,6 +90,7 @@ pub fn convert(
                 all_headers_to_upstream: upstream.is_empty(),
                 headers_to_upstream: upstream,
                 headers_to_client: Vec::new(),
+                allow: AllowStatus::Only200,
             }),
             forward,
         )

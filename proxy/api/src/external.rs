@@ -42,7 +42,8 @@ pub struct ExternalAuthz {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum ExternalProtocol {
-    /// A plain HTTP check: 2xx allows, any other status denies with the service's answer.
+    /// A plain HTTP check: an allowing status ([`HttpCheck::allow`]) allows; any other status
+    /// denies.
     Http(HttpCheck),
     /// Envoy's `envoy.service.auth.v3.Authorization/Check` over gRPC.
     Grpc,
@@ -66,4 +67,28 @@ pub struct HttpCheck {
     /// `allowedResponseHeaders`; `headers_to_upstream` is then empty.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_headers_to_upstream: bool,
+    /// Which statuses of the service allow.
+    #[serde(default, skip_serializing_if = "AllowStatus::is_any_2xx")]
+    pub allow: AllowStatus,
+}
+
+/// The statuses of an HTTP authorization service's answer that allow the request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllowStatus {
+    /// Any 2xx (nginx's `auth_request`, Traefik's ForwardAuth): the AuthPolicy `external.http`
+    /// rule.
+    #[default]
+    #[serde(rename = "2xx")]
+    Any2xx,
+    /// `200` only; another 2xx is an authorization failure (GEP-1494: the HTTPRoute
+    /// ExternalAuth filter).
+    #[serde(rename = "200")]
+    Only200,
+}
+
+impl AllowStatus {
+    /// True for the default.
+    pub fn is_any_2xx(&self) -> bool {
+        *self == Self::Any2xx
+    }
 }

@@ -2,6 +2,7 @@
 //! builders and small clients. Everything listens on 127.0.0.1.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod pki;
 pub mod raw_h1;
 pub mod raw_h2;
 

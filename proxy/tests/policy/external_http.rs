@@ -1,205 +1,37 @@
 //! AuthPolicy `external` authorization over HTTP, end to end: a proxy whose route carries an
-//! external rule, an authorization service written here (hyper on 127.0.0.1, recording every
-//! check it is asked), and the echo backend. Allowed answers add the listed headers upstream
-//! and downstream; denials carry the service's status, headers and body; a slow, failing or
-//! unreachable service denies (403) unless `failOpen`; decisions are cached per forwarded
-//! attributes; bodies are forwarded up to the limit and refused (413) beyond it.
+//! external rule, an authorization service written here (hyper on 127.0.0.1, plaintext or
+//! TLS, recording every check it is asked), and the echo backend. Allowed answers add the
+//! listed headers upstream and downstream; denials carry the service's status, headers and
+//! body; a slow, failing or unreachable service denies (403) unless `failOpen`; decisions are
+//! cached per forwarded attributes; bodies are forwarded up to the limit and refused (413)
+//! beyond it. The HTTPRoute ExternalAuth filter follows GEP-1494: only a 200 allows. A
+//! service's answer never sets Host, hop-by-hop or framing headers, and a check never
+//! carries the client's hop-by-hop headers.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
-use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
-use tollgate_api::policy::{AuthzRule, PolicySet};
-use tollgate_api::{Backend, BackendProtocol};
-use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use tollgate_api::external::{ExternalProtocol, HttpCheck};
 
 use crate::common::*;
-use crate::support::*;
-
-/// One check request as the service saw it.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub method: String,
-    pub path: String,
-    pub headers: http::HeaderMap,
-    pub body: Bytes,
-}
-
-/// The authorization service: `Authorization: Bearer good` is allowed (with headers
-/// `x-auth-user`, `x-auth-client` and `x-unlisted`); `Bearer broken` gets 500; `x-slow: yes`
-/// waits 2 s first; anything else gets 401 with a challenge and a body.
-pub struct AuthService {
-    pub addr: SocketAddr,
-    pub checks: Arc<AtomicUsize>,
-    pub seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl AuthService {
-    pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let s = Self {
-            addr: listener.local_addr().unwrap(),
-            checks: Arc::default(),
-            seen: Arc::default(),
-        };
-        let (checks, seen) = (s.checks.clone(), s.seen.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (checks, seen) = (checks.clone(), seen.clone());
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| answer(checks.clone(), seen.clone(), req));
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
-        s
-    }
-
-    pub fn checks(&self) -> usize {
-        self.checks.load(Ordering::SeqCst)
-    }
-
-    pub fn last(&self) -> Seen {
-        self.seen.lock().unwrap().last().cloned().unwrap()
-    }
-}
-
-async fn answer(
-    checks: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    checks.fetch_add(1, Ordering::SeqCst);
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    seen.lock().unwrap().push(Seen {
-        method: parts.method.to_string(),
-        path: parts.uri.path_and_query().unwrap().to_string(),
-        headers: parts.headers.clone(),
-        body,
-    });
-    if parts.headers.get("x-slow").is_some() {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    let authz = parts
-        .headers
-        .get("authorization")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let resp = match authz.as_deref() {
-        Some("Bearer good") => Response::builder()
-            .header("x-auth-user", "alice")
-            .header("x-auth-client", "hi")
-            .header("x-unlisted", "nope")
-            .body(Full::default()),
-        Some("Bearer broken") => Response::builder()
-            .status(StatusCode::INTERNAL_SERVER_ERROR)
-            .body(Full::new(Bytes::from_static(b"boom\n"))),
-        _ => Response::builder()
-            .status(StatusCode::UNAUTHORIZED)
-            .header("www-authenticate", "Bearer realm=\"ext\"")
-            .header("content-type", "text/plain")
-            .body(Full::new(Bytes::from_static(b"go away\n"))),
-    };
-    Ok(resp.unwrap())
-}
-
-/// An HTTP external rule to the backend `authz`.
-pub fn http_rule(timeout_ms: u64, fail_open: bool, cache_ttl_ms: Option<u64>) -> ExternalAuthz {
-    ExternalAuthz {
-        id: "default/ext/check".into(),
-        backend: "authz".into(),
-        protocol: ExternalProtocol::Http(HttpCheck {
-            path_prefix: "/check".into(),
-            headers_to_upstream: vec!["x-auth-user".into()],
-            headers_to_client: vec!["x-auth-client".into()],
-            all_headers_to_upstream: false,
-        }),
-        forward_headers: vec!["authorization".into(), "x-slow".into()],
-        max_body_bytes: None,
-        timeout_ms,
-        fail_open,
-        cache_ttl_ms,
-    }
-}
-
-/// A proxy whose `/orders` route carries `rule`, the service reached as the backend `authz`
-/// (`service`), and the metrics it records into.
-pub async fn proxy_with_external(
-    app: &EchoBackend,
-    service: Backend,
-    rule: ExternalAuthz,
-) -> (Proxy, String, Arc<Metrics>) {
-    let metrics = metrics();
-    let proxy = Proxy::new(ProxyOptions {
-        metrics: metrics.clone(),
-        ..ProxyOptions::default()
-    });
-    let mut a = auth(vec![]);
-    a.authorization = vec![AuthzRule {
-        name: "check".into(),
-        predicate: String::new(),
-        external: Some(rule),
-        when: vec![],
-    }];
-    let mut t = table(
-        1,
-        vec![http_port(0, vec![guarded("orders", "/orders", "p")])],
-        vec![("app", backend_of(&[app])), ("authz", service)],
-    );
-    t.policies.insert(
-        "p".into(),
-        PolicySet {
-            auth: Some(a),
-            ..PolicySet::default()
-        },
-    );
-    proxy.apply(t).await.unwrap();
-    let addr = proxy.local_addr(0).unwrap();
-    (proxy, format!("http://{addr}"), metrics)
-}
-
-fn get_with(url: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::get(url);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::default()).unwrap()
-}
+use crate::external_grpc::h2c_at;
+use crate::external_support::*;
 
 #[tokio::test]
 async fn an_allowing_answer_adds_the_listed_headers_upstream_and_downstream() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url, _m) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(2_000, false, None)).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url}/orders?page=1"),
+    let s = Setup::policy(http_rule(2_000, false, None)).await;
+    let a = s
+        .get(
+            "/orders?page=1",
             &[
                 ("authorization", "Bearer good"),
                 ("x-other", "not forwarded"),
                 ("x-auth-user", "mallory"),
             ],
-        ),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(a.status, StatusCode::OK);
     // Upstream: the service's listed header replaces the client's; the unlisted one is not
     // copied.
@@ -211,7 +43,7 @@ async fn an_allowing_answer_adds_the_listed_headers_upstream_and_downstream() {
     assert!(a.headers.get("x-auth-user").is_none());
     // The check: method, prefixed path with the query, the forwarded header only, and the
     // forwarding headers.
-    let seen = svc.last();
+    let seen = s.svc.last();
     assert_eq!(seen.method, "GET");
     assert_eq!(seen.path, "/check/orders?page=1");
     assert_eq!(seen.headers["authorization"], "Bearer good");
@@ -221,255 +53,232 @@ async fn an_allowing_answer_adds_the_listed_headers_upstream_and_downstream() {
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen.headers["host"], "127.0.0.1");
-    assert_eq!(svc.checks(), 1);
+    assert_eq!(s.svc.checks(), 1);
 }
 
 #[tokio::test]
 async fn a_denying_answer_reaches_the_client_with_its_status_headers_and_body() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url, m) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(2_000, false, None)).await;
-    let a = send(
-        &h1_client(),
-        get_with(&format!("{url}/orders"), &[("authorization", "Bearer bad")]),
-    )
-    .await;
+    let s = Setup::policy(http_rule(2_000, false, None)).await;
+    let a = s.bearer("bad").await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(a.headers["www-authenticate"], "Bearer realm=\"ext\"");
     assert_eq!(&a.body[..], b"go away\n");
-    assert_eq!(app.hits(), 0, "a denied request never reaches the backend");
-    assert_eq!(m.auth().external_count("http", "denied"), 1);
+    assert_eq!(
+        s.app.hits(),
+        0,
+        "a denied request never reaches the backend"
+    );
+    assert_eq!(s.counted("denied"), 1);
 }
 
 #[tokio::test]
 async fn a_slow_service_denies_unless_the_rule_fails_open() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
     let slow = [("authorization", "Bearer good"), ("x-slow", "yes")];
-    let (_p, url, m) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(100, false, None)).await;
-    let a = send(&h1_client(), get_with(&format!("{url}/orders"), &slow)).await;
+    let s = Setup::policy(http_rule(100, false, None)).await;
+    let a = s.get("/orders", &slow).await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
-    assert_eq!(app.hits(), 0);
-    assert_eq!(m.auth().external_count("http", "error"), 1);
+    assert_eq!(s.app.hits(), 0);
+    assert_eq!(s.counted("error"), 1);
 
-    let (_p2, url2, m2) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(100, true, None)).await;
-    let a = send(&h1_client(), get_with(&format!("{url2}/orders"), &slow)).await;
+    let s = Setup::policy(http_rule(100, true, None)).await;
+    let a = s.get("/orders", &slow).await;
     assert_eq!(a.status, StatusCode::OK);
     // Let through without the service's headers: it never answered.
     assert_eq!(a.upstream_header("x-auth-user"), None);
-    assert_eq!(app.hits(), 1);
-    assert_eq!(m2.auth().external_count("http", "fail_open"), 1);
+    assert_eq!(s.app.hits(), 1);
+    assert_eq!(s.counted("fail_open"), 1);
 }
 
 #[tokio::test]
 async fn a_failing_or_unreachable_service_denies_with_403() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url, m) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(2_000, false, None)).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url}/orders"),
-            &[("authorization", "Bearer broken")],
-        ),
-    )
-    .await;
+    let s = Setup::policy(http_rule(2_000, false, None)).await;
+    let a = s.bearer("broken").await;
     assert_eq!(
         a.status,
         StatusCode::FORBIDDEN,
         "a 5xx is a failure, not a denial"
     );
     assert_eq!(&a.body[..], b"Forbidden\n");
-    assert_eq!(m.auth().external_count("http", "error"), 1);
+    assert_eq!(s.counted("error"), 1);
 
     let closed: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let (_p2, url2, _m2) =
-        proxy_with_external(&app, backend_at(closed), http_rule(2_000, false, None)).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url2}/orders"),
-            &[("authorization", "Bearer good")],
-        ),
-    )
-    .await;
+    let s = Setup::policy_to(http_rule(2_000, false, None), |_| backend_at(closed)).await;
+    let a = s.bearer("good").await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
-    assert_eq!(app.hits(), 0);
+    assert_eq!(s.app.hits(), 0);
 }
 
 #[tokio::test]
 async fn decisions_are_cached_per_forwarded_attributes() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url, m) = proxy_with_external(
-        &app,
-        backend_at(svc.addr),
-        http_rule(2_000, false, Some(60_000)),
-    )
-    .await;
-    let client = h1_client();
+    let s = Setup::policy(http_rule(2_000, false, Some(60_000))).await;
     for _ in 0..5 {
-        let a = send(
-            &client,
-            get_with(
-                &format!("{url}/orders"),
-                &[("authorization", "Bearer good")],
-            ),
-        )
-        .await;
+        let a = s.bearer("good").await;
         assert_eq!(a.status, StatusCode::OK);
         // A cached allow still adds its headers.
         assert_eq!(a.upstream_header("x-auth-user").as_deref(), Some("alice"));
         assert_eq!(a.headers["x-auth-client"], "hi");
     }
-    assert_eq!(svc.checks(), 1, "five identical requests, one check");
-    assert_eq!(m.auth().external_count("http", "cache_hit"), 4);
+    assert_eq!(s.svc.checks(), 1, "five identical requests, one check");
+    assert_eq!(s.counted("cache_hit"), 4);
     // Another credential is never served the cached decision.
     for _ in 0..3 {
-        let a = send(
-            &client,
-            get_with(&format!("{url}/orders"), &[("authorization", "Bearer bad")]),
-        )
-        .await;
-        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(s.bearer("bad").await.status, StatusCode::UNAUTHORIZED);
     }
-    assert_eq!(svc.checks(), 2, "a denial is cached too");
+    assert_eq!(s.svc.checks(), 2, "a denial is cached too");
     // Another path is another decision.
-    let a = send(
-        &client,
-        get_with(
-            &format!("{url}/orders/7"),
-            &[("authorization", "Bearer good")],
-        ),
-    )
-    .await;
+    let a = s
+        .get("/orders/7", &[("authorization", "Bearer good")])
+        .await;
     assert_eq!(a.status, StatusCode::OK);
-    assert_eq!(svc.checks(), 3);
+    assert_eq!(s.svc.checks(), 3);
 }
 
 #[tokio::test]
 async fn without_a_cache_ttl_every_request_is_checked() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url, _m) =
-        proxy_with_external(&app, backend_at(svc.addr), http_rule(2_000, false, None)).await;
-    let client = h1_client();
+    let s = Setup::policy(http_rule(2_000, false, None)).await;
     for _ in 0..3 {
-        send(
-            &client,
-            get_with(
-                &format!("{url}/orders"),
-                &[("authorization", "Bearer good")],
-            ),
-        )
-        .await;
+        s.bearer("good").await;
     }
-    assert_eq!(svc.checks(), 3);
+    assert_eq!(s.svc.checks(), 3);
 }
 
 #[tokio::test]
 async fn the_body_is_forwarded_up_to_the_limit_and_refused_beyond_it() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
     let mut rule = http_rule(2_000, false, None);
     rule.max_body_bytes = Some(16);
-    let (_p, url, _m) = proxy_with_external(&app, backend_at(svc.addr), rule).await;
-    let client = h1_client();
+    let s = Setup::policy(rule).await;
     let post = |body: &'static [u8]| {
-        Request::post(format!("{url}/orders"))
+        Request::post(format!("{}/orders", s.url))
             .header("authorization", "Bearer good")
             .body(Full::new(Bytes::from_static(body)))
             .unwrap()
     };
-    let a = send(&client, post(b"{\"qty\": 2}")).await;
+    let a = send(&s.client, post(b"{\"qty\": 2}")).await;
     assert_eq!(a.status, StatusCode::OK);
-    let seen = svc.last();
+    let seen = s.svc.last();
     assert_eq!(seen.method, "POST");
     assert_eq!(&seen.body[..], b"{\"qty\": 2}");
     // The backend still gets the whole body.
     assert_eq!(a.json()["body"], "{\"qty\": 2}");
 
-    let a = send(&client, post(b"a body longer than sixteen bytes")).await;
+    let a = send(&s.client, post(b"a body longer than sixteen bytes")).await;
     assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(
-        svc.checks(),
+        s.svc.checks(),
         1,
         "a body over the limit is refused before any check"
     );
-    assert_eq!(app.hits(), 1);
+    assert_eq!(s.app.hits(), 1);
 }
 
 #[tokio::test]
 async fn an_h2c_service_is_asked_over_http2() {
     // The same HTTP check to a service port spoken to over h2c (appProtocol kubernetes.io/h2c).
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let mut b = backend_at(svc.addr);
-    b.protocol = BackendProtocol::H2c;
-    let (_p, url, _m) = proxy_with_external(&app, b, http_rule(2_000, false, None)).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url}/orders"),
-            &[("authorization", "Bearer good")],
-        ),
-    )
-    .await;
+    let s = Setup::policy_to(http_rule(2_000, false, None), h2c_at).await;
+    let a = s.bearer("good").await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.upstream_header("x-auth-user").as_deref(), Some("alice"));
-    assert_eq!(svc.last().path, "/check/orders");
+    assert_eq!(s.svc.last().path, "/check/orders");
+}
+
+#[tokio::test]
+async fn the_policy_rule_allows_any_2xx() {
+    // The AuthPolicy rule's documented rule (nginx's auth_request, Traefik's ForwardAuth).
+    let s = Setup::policy(http_rule(2_000, false, None)).await;
+    let a = s.bearer("nocontent").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.upstream_header("x-auth-user").as_deref(), Some("alice"));
+    assert_eq!(s.counted("allowed"), 1);
+}
+
+#[tokio::test]
+async fn an_answer_never_sets_host_or_hop_by_hop_headers_even_when_listed() {
+    // A rule that lists them: the service's Host would send the request to another virtual
+    // host than the one routed and judged; hop-by-hop headers belong to one connection.
+    let mut rule = http_rule(2_000, false, None);
+    rule.protocol = ExternalProtocol::Http(HttpCheck {
+        path_prefix: "/check".into(),
+        headers_to_upstream: ["x-auth-user", "host", "keep-alive", "te", "trailer"]
+            .map(String::from)
+            .to_vec(),
+        headers_to_client: ["x-auth-client", "keep-alive", "trailer"]
+            .map(String::from)
+            .to_vec(),
+        ..HttpCheck::default()
+    });
+    let s = Setup::policy(rule).await;
+    let a = s.bearer("hostile").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.upstream_header("x-auth-user").as_deref(), Some("alice"));
+    let host = s.url.trim_start_matches("http://");
+    assert_eq!(a.upstream_header("host").as_deref(), Some(host));
+    for name in ["keep-alive", "te", "trailer"] {
+        assert_eq!(a.upstream_header(name), None, "{name} upstream");
+    }
+    assert_eq!(a.headers["x-auth-client"], "hi");
+    for name in ["keep-alive", "trailer"] {
+        assert!(a.headers.get(name).is_none(), "{name} to the client");
+    }
+}
+
+#[tokio::test]
+async fn a_check_never_carries_the_clients_hop_by_hop_headers() {
+    let mut rule = http_rule(2_000, false, None);
+    rule.forward_headers = ["authorization", "keep-alive", "te", "trailer", "x-tenant"]
+        .map(String::from)
+        .to_vec();
+    let s = Setup::policy(rule).await;
+    let a = s
+        .get(
+            "/orders",
+            &[
+                ("authorization", "Bearer good"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("trailer", "x-checksum"),
+                ("x-tenant", "acme"),
+            ],
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let seen = s.svc.last();
+    assert_eq!(seen.headers["x-tenant"], "acme");
+    for name in ["keep-alive", "te", "trailer"] {
+        assert!(seen.headers.get(name).is_none(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn an_answer_too_large_or_never_ending_is_a_failure_of_the_service() {
+    // The gateway reads at most 64 KiB of an answer, all of it within the rule's timeout: a
+    // huge answer or one that drips forever cannot hold the request or the proxy's memory.
+    for fail_open in [false, true] {
+        let s = Setup::policy(http_rule(300, fail_open, None)).await;
+        for token in ["huge", "drip"] {
+            let a = s.bearer(token).await;
+            if fail_open {
+                assert_eq!(a.status, StatusCode::OK, "{token}");
+                assert_eq!(a.upstream_header("x-auth-user"), None, "{token}");
+            } else {
+                assert_eq!(a.status, StatusCode::FORBIDDEN, "{token}");
+            }
+        }
+        let (counted, hits) = if fail_open {
+            ("fail_open", 2)
+        } else {
+            ("error", 0)
+        };
+        assert_eq!(s.counted(counted), 2);
+        assert_eq!(s.app.hits(), hits);
+    }
 }
 
 // ---- the HTTPRoute ExternalAuth filter (GEP-1494): the same check, from the route ----
 
-/// A proxy whose `/orders` route carries an ExternalAuth filter `rule` (no policy).
-pub async fn proxy_with_filter(
-    app: &EchoBackend,
-    service: Backend,
-    rule: ExternalAuthz,
-) -> (Proxy, String) {
-    let r = with_filters(
-        route("orders", "/orders", vec![wb("app", 1)]),
-        vec![tollgate_api::Filter::ExternalAuth(rule)],
-    );
-    proxy_with(
-        vec![r],
-        vec![("app", backend_of(&[app])), ("authz", service)],
-    )
-    .await
-}
-
-/// The filter's HTTP form without `allowedResponseHeaders`: every header of the answer goes
-/// upstream.
-fn filter_rule() -> ExternalAuthz {
-    let mut r = http_rule(2_000, false, None);
-    r.protocol = ExternalProtocol::Http(HttpCheck {
-        path_prefix: "/check".into(),
-        headers_to_upstream: vec![],
-        headers_to_client: vec![],
-        all_headers_to_upstream: true,
-    });
-    r.forward_headers = vec!["authorization".into()];
-    r
-}
-
 #[tokio::test]
 async fn the_external_auth_filter_copies_the_allowing_answer_upstream() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url) = proxy_with_filter(&app, backend_at(svc.addr), filter_rule()).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url}/orders"),
-            &[("authorization", "Bearer good")],
-        ),
-    )
-    .await;
+    let s = Setup::filter(filter_rule()).await;
+    let a = s.bearer("good").await;
     assert_eq!(a.status, StatusCode::OK);
     for (name, value) in [
         ("x-auth-user", "alice"),
@@ -480,34 +289,35 @@ async fn the_external_auth_filter_copies_the_allowing_answer_upstream() {
     }
     // Not the answer's own framing or content headers.
     assert_eq!(a.json()["method"], "GET");
-    assert_eq!(svc.last().path, "/check/orders");
+    assert_eq!(s.svc.last().path, "/check/orders");
 }
 
 #[tokio::test]
 async fn the_external_auth_filter_denies_with_the_answer_and_fails_closed() {
-    let app = echo_backend("app").await;
-    let svc = AuthService::start().await;
-    let (_p, url) = proxy_with_filter(&app, backend_at(svc.addr), filter_rule()).await;
-    let a = send(
-        &h1_client(),
-        get_with(&format!("{url}/orders"), &[("authorization", "Bearer bad")]),
-    )
-    .await;
+    let s = Setup::filter(filter_rule()).await;
+    let a = s.bearer("bad").await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(&a.body[..], b"go away\n");
 
     // A backend the compiler could not resolve (empty key): 403, never open.
     let mut unresolved = filter_rule();
     unresolved.backend = String::new();
-    let (_p2, url2) = proxy_with_filter(&app, backend_at(svc.addr), unresolved).await;
-    let a = send(
-        &h1_client(),
-        get_with(
-            &format!("{url2}/orders"),
-            &[("authorization", "Bearer good")],
-        ),
-    )
-    .await;
+    let s = Setup::filter(unresolved).await;
+    assert_eq!(s.bearer("good").await.status, StatusCode::FORBIDDEN);
+    assert_eq!(s.app.hits(), 0);
+}
+
+#[tokio::test]
+async fn the_external_auth_filter_allows_only_on_200() {
+    // GEP-1494: "each backend must respond with a `200` status code on a successful
+    // authorization. Any other code is considered an authorization failure." A 204 must not
+    // read as a success to the client either: 403.
+    let s = Setup::filter(filter_rule()).await;
+    let a = s.bearer("nocontent").await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
-    assert_eq!(app.hits(), 0);
+    assert_eq!(s.svc.checks(), 1, "the service was asked");
+    assert_eq!(s.app.hits(), 0);
+    // And a 5xx is one too: 403, the filter never fails open.
+    assert_eq!(s.bearer("broken").await.status, StatusCode::FORBIDDEN);
+    assert_eq!(s.app.hits(), 0);
 }

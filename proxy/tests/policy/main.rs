@@ -20,6 +20,8 @@ mod common;
 mod cost;
 mod external_grpc;
 mod external_http;
+mod external_support;
+mod external_tls;
 mod front_door;
 mod limits;
 mod order;

@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 
-use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
+use tollgate_api::external::{AllowStatus, ExternalAuthz, ExternalProtocol, HttpCheck};
 use tollgate_api::{Backend, BackendKey, ObjectKey, RouteTable};
 
 use super::ratelimit::parse_window;
@@ -169,6 +169,8 @@ pub fn compile(
                         &format!("{f}.headersToClient"),
                     )?,
                     all_headers_to_upstream: false,
+                    // nginx's auth_request and Traefik's ForwardAuth: any 2xx allows.
+                    allow: AllowStatus::Any2xx,
                 }),
                 forward_headers: header_names(&h.forward_headers, &format!("{f}.forwardHeaders"))?,
                 max_body_bytes: h.forward_body.as_ref().map(|b| u64::from(b.max_bytes)),

@@ -44,8 +44,8 @@ impl DecisionCache {
     }
 }
 
-/// The digest of everything a check shows the service: rule id, method, scheme, host, path
-/// with query, the client's IP, the forwarded headers (`names`; all of them when empty and
+/// The digest of everything a check shows the service (but the client's port): rule id,
+/// method, scheme, host, path with query, the client's IP, the forwarded headers (`names`; all of them when empty and
 /// the protocol forwards all) and the body. Each part is length-prefixed, so no two
 /// different requests share a key by shifting bytes from one part to the next.
 pub(super) fn key(id: &str, input: &CheckInput<'_>, names: &[HeaderName]) -> [u8; 32] {

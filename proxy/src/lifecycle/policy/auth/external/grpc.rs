@@ -11,8 +11,10 @@
 //!
 //! A CheckResponse with status code 0 (OK) allows: `ok_response.headers` are set (or
 //! appended, with `append`) on the upstream request, `headers_to_remove` removed, and
-//! `response_headers_to_add` added to the client's response. Any other code denies with
-//! `denied_response` (its status, default 403, headers and body). A call that fails (HTTP
+//! `response_headers_to_add` added to the client's response (never Host upstream, nor a
+//! hop-by-hop or framing header either way: [`super::Grant::new`]). Any other code denies
+//! with `denied_response` (its status, default 403, headers less hop-by-hop and framing
+//! ones, and body). A call that fails (HTTP
 //! status other than 200, `grpc-status` other than 0, an unreadable message) is a failure of
 //! the service: denied with 403, or let through with `failOpen`.
 
@@ -20,7 +22,7 @@ use std::sync::Arc;
 
 use ::http::header::{CONTENT_TYPE, TE};
 use ::http::uri::Authority;
-use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
+use ::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Version};
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use tollgate_api::BackendProtocol;
@@ -162,30 +164,30 @@ pub(super) async fn decision(resp: Response<PooledBody>) -> Result<Decision, Ext
         .map_err(|e| ExternalError::Grpc(format!("CheckResponse: {e}")))?;
     let code = check.status.as_ref().map_or(0, |s| s.code);
     if code == 0 {
-        let mut grant = Grant::default();
-        if let Some(ok) = check.ok_response {
-            for o in &ok.headers {
-                if let Some(h) = option(o) {
-                    if o.append.as_ref().is_some_and(|a| a.value) {
-                        grant.upstream_append.push(h);
-                    } else {
-                        grant.upstream.push(h);
-                    }
+        let ok = check.ok_response.unwrap_or_default();
+        let (mut set, mut append) = (Vec::new(), Vec::new());
+        for o in &ok.headers {
+            if let Some(h) = option(o) {
+                if o.append.as_ref().is_some_and(|a| a.value) {
+                    append.push(h);
+                } else {
+                    set.push(h);
                 }
             }
-            grant.remove = ok
-                .headers_to_remove
-                .iter()
-                .filter_map(|n| HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).ok())
-                .filter(|n| n != ::http::header::HOST)
-                .collect();
-            grant.client = ok
-                .response_headers_to_add
-                .iter()
-                .filter_map(option)
-                .collect();
         }
-        return Ok(Decision::Allow(Arc::new(grant)));
+        let remove = ok
+            .headers_to_remove
+            .iter()
+            .filter_map(|n| HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).ok())
+            .collect();
+        let client = ok
+            .response_headers_to_add
+            .iter()
+            .filter_map(option)
+            .collect();
+        return Ok(Decision::Allow(Arc::new(Grant::new(
+            set, append, remove, client,
+        ))));
     }
     let denied = check.denied_response.unwrap_or_default();
     let status = denied
@@ -194,17 +196,11 @@ pub(super) async fn decision(resp: Response<PooledBody>) -> Result<Decision, Ext
         .and_then(|c| StatusCode::from_u16(c).ok())
         .filter(|s| s.as_u16() >= 200)
         .unwrap_or(StatusCode::FORBIDDEN);
-    let mut headers = HeaderMap::new();
-    for (n, v) in denied.headers.iter().filter_map(option) {
-        if n != ::http::header::CONTENT_LENGTH && n != ::http::header::TRANSFER_ENCODING {
-            headers.append(n, v);
-        }
-    }
-    Ok(Decision::Deny(Arc::new(Refusal {
+    Ok(Decision::Deny(Arc::new(Refusal::new(
         status,
-        headers,
-        body: Bytes::from(denied.body),
-    })))
+        denied.headers.iter().filter_map(option),
+        Bytes::from(denied.body),
+    ))))
 }
 
 /// One header of a HeaderValueOption (`raw_value` wins over `value`, as in Envoy).

@@ -7,22 +7,30 @@
 //! `X-Forwarded-Method` and `X-Forwarded-Uri`, and the body when the rule forwards it (with
 //! its `Content-Length`; otherwise none, and `Content-Length: 0` where the method has one).
 //!
-//! A 2xx answer allows: the headers the rule lists in `headersToUpstream` are set on the
-//! upstream request (every header but Host, framing, hop-by-hop, `Content-*`, `Date` and
-//! `Server` for the HTTPRoute filter without `allowedResponseHeaders`) and those in
-//! `headersToClient` added to the client's response. A 5xx
-//! answer is a failure of the service (denied with 403, or let through with `failOpen`).
-//! Any other answer denies with the service's status, body and headers (less hop-by-hop and
-//! framing ones), so a `WWW-Authenticate` challenge or a login redirect reaches the client.
+//! The forwarded headers never include a hop-by-hop or framing header of the client's
+//! request: the check request is a message of its own.
+//!
+//! An allowing answer (any 2xx for the AuthPolicy rule, as nginx's `auth_request` and
+//! Traefik's ForwardAuth; `200` only for the HTTPRoute ExternalAuth filter, as GEP-1494 says:
+//! [`AllowStatus`]) allows: the headers the rule lists in `headersToUpstream` are set on the
+//! upstream request (every header but framing, hop-by-hop, `Content-*`, `Date` and `Server`
+//! for the filter without `allowedResponseHeaders`) and those in `headersToClient` added to
+//! the client's response; Host, hop-by-hop and framing headers never are, listed or not
+//! ([`super::Grant::new`]). Another 2xx under the filter's rule is an authorization failure
+//! the client must not read as a success: 403. A 5xx answer is a failure of the service
+//! (denied with 403, or let through with `failOpen`). Any other answer denies with the
+//! service's status, body and headers (less hop-by-hop and framing ones), so a
+//! `WWW-Authenticate` challenge or a login redirect reaches the client.
 
 use std::sync::Arc;
 
-use ::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use ::http::header::{CONTENT_LENGTH, HOST};
 use ::http::uri::Authority;
-use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
+use ::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Version};
 use tollgate_api::BackendProtocol;
+use tollgate_api::external::AllowStatus;
 
-use super::{CheckInput, Decision, ExternalError, Grant, Refusal, read_body};
+use super::{CheckInput, Decision, ExternalError, Grant, Refusal, is_hop_or_framing, read_body};
 use crate::lifecycle::body::{ProxyBody, full};
 use crate::upstream::pool::PooledBody;
 use crate::upstream::request_uri;
@@ -37,6 +45,8 @@ pub(super) struct HttpSettings {
     /// Every header of an allowing answer goes upstream (the ExternalAuth filter without
     /// `allowedResponseHeaders`), but Host, framing, hop-by-hop and content headers.
     pub all_to_upstream: bool,
+    /// Which statuses allow.
+    pub allow: AllowStatus,
 }
 
 const FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -65,7 +75,7 @@ pub(super) fn request(
         })
         .body(full(body.clone()))?;
     let h = req.headers_mut();
-    for name in forward {
+    for name in forward.iter().filter(|n| !is_hop_or_framing(n)) {
         for v in input.headers.get_all(name) {
             h.append(name.clone(), v.clone());
         }
@@ -89,7 +99,6 @@ pub(super) fn request(
     if let Some(v) = value(input.target) {
         h.insert(FORWARDED_URI, v);
     }
-    h.remove(TRANSFER_ENCODING);
     h.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     Ok(req)
 }
@@ -104,7 +113,11 @@ pub(super) async fn decision(
     if parts.status.is_server_error() {
         return Err(ExternalError::Status(parts.status));
     }
-    if parts.status.is_success() {
+    let allows = match s.allow {
+        AllowStatus::Any2xx => parts.status.is_success(),
+        AllowStatus::Only200 => parts.status == StatusCode::OK,
+    };
+    if allows {
         let pick = |names: &[HeaderName]| -> Vec<(HeaderName, HeaderValue)> {
             names
                 .iter()
@@ -121,43 +134,31 @@ pub(super) async fn decision(
             parts
                 .headers
                 .iter()
-                .filter(|(n, _)| !is_framing(n) && !is_content(n) && *n != HOST)
+                .filter(|(n, _)| !is_content(n))
                 .map(|(n, v)| (n.clone(), v.clone()))
                 .collect()
         } else {
             pick(&s.to_upstream)
         };
-        return Ok(Decision::Allow(Arc::new(Grant {
+        return Ok(Decision::Allow(Arc::new(Grant::new(
             upstream,
-            client: pick(&s.to_client),
-            ..Grant::default()
-        })));
+            Vec::new(),
+            Vec::new(),
+            pick(&s.to_client),
+        ))));
     }
-    let mut headers = HeaderMap::new();
-    for (n, v) in &parts.headers {
-        if !is_framing(n) {
-            headers.append(n.clone(), v.clone());
-        }
+    if parts.status.is_success() {
+        // A 204 or 206 that does not allow: the client must not read it as a success.
+        return Ok(Decision::Deny(Arc::new(Refusal::failed())));
     }
-    Ok(Decision::Deny(Arc::new(Refusal {
-        status: parts.status,
-        headers,
+    Ok(Decision::Deny(Arc::new(Refusal::new(
+        parts.status,
+        parts.headers.iter().map(|(n, v)| (n.clone(), v.clone())),
         body,
-    })))
+    ))))
 }
 
 /// Headers describing the answer's own body (and its date): never copied to the request.
 fn is_content(n: &HeaderName) -> bool {
     n.as_str().starts_with("content-") || n == ::http::header::DATE || n == ::http::header::SERVER
-}
-
-/// Hop-by-hop and framing headers, which the gateway sets for its own answer.
-fn is_framing(n: &HeaderName) -> bool {
-    n == CONNECTION
-        || n == CONTENT_LENGTH
-        || n == TRANSFER_ENCODING
-        || matches!(
-            n.as_str(),
-            "keep-alive" | "proxy-connection" | "te" | "trailer" | "upgrade"
-        )
 }

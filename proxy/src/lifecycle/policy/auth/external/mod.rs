@@ -18,9 +18,10 @@
 //!      with 403, or lets the request go on when `failOpen` is set
 //! ```
 //!
-//! The cache key covers every attribute the service was shown, so a request with another
-//! credential (another Authorization header, another body) never gets a decision made for
-//! someone else. The cache is per compiled rule and bounded ([`CACHE_CAPACITY`] entries); a
+//! The cache key covers every attribute the service was shown but the client's port (in a
+//! gRPC CheckRequest's source address: a key per connection would defeat the cache), so a
+//! request with another credential (another Authorization header, another body) never gets a
+//! decision made for someone else. The cache is per compiled rule and bounded ([`CACHE_CAPACITY`] entries); a
 //! table swap starts it empty.
 
 mod cache;
@@ -131,7 +132,8 @@ pub enum Decision {
     Deny(Arc<Refusal>),
 }
 
-/// Header edits of an allowing answer.
+/// Header edits of an allowing answer; built with [`Grant::new`], which keeps out what the
+/// service may not edit.
 #[derive(Debug, Default)]
 pub struct Grant {
     /// Set on the upstream request (replacing the client's values).
@@ -145,6 +147,30 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// The edits of an allowing answer, less Host, hop-by-hop and framing headers upstream
+    /// ([`may_edit_upstream`]) and hop-by-hop and framing headers for the client.
+    fn new(
+        upstream: Vec<(HeaderName, HeaderValue)>,
+        upstream_append: Vec<(HeaderName, HeaderValue)>,
+        remove: Vec<HeaderName>,
+        client: Vec<(HeaderName, HeaderValue)>,
+    ) -> Self {
+        let up = |v: Vec<(HeaderName, HeaderValue)>| -> Vec<_> {
+            v.into_iter()
+                .filter(|(n, _)| may_edit_upstream(n))
+                .collect()
+        };
+        Self {
+            upstream: up(upstream),
+            upstream_append: up(upstream_append),
+            remove: remove.into_iter().filter(may_edit_upstream).collect(),
+            client: client
+                .into_iter()
+                .filter(|(n, _)| !is_hop_or_framing(n))
+                .collect(),
+        }
+    }
+
     /// Applies the upstream edits to `headers`.
     pub fn apply(&self, headers: &mut HeaderMap) {
         for n in &self.remove {
@@ -171,6 +197,26 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// A denial with the service's status, headers (less hop-by-hop and framing ones: the
+    /// gateway frames its own answer) and body.
+    fn new(
+        status: StatusCode,
+        headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
+        body: Bytes,
+    ) -> Self {
+        let mut map = HeaderMap::new();
+        for (n, v) in headers {
+            if !is_hop_or_framing(&n) {
+                map.append(n, v);
+            }
+        }
+        Self {
+            status,
+            headers: map,
+            body,
+        }
+    }
+
     /// As an HTTP response.
     pub fn to_response(&self) -> Response<Bytes> {
         let mut r = Response::new(self.body.clone());
@@ -254,6 +300,7 @@ impl ExternalCheck {
                 to_upstream: names(&h.headers_to_upstream)?,
                 to_client: names(&h.headers_to_client)?,
                 all_to_upstream: h.all_headers_to_upstream,
+                allow: h.allow,
             }),
             ExternalProtocol::Grpc => Protocol::Grpc,
         };
@@ -394,6 +441,29 @@ fn header(name: &str, value: &[u8]) -> Option<(HeaderName, HeaderValue)> {
         HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).ok()?,
         HeaderValue::from_bytes(value).ok()?,
     ))
+}
+
+/// Hop-by-hop and framing headers (RFC 9110 §7.6.1, RFC 9112 §6): they describe one
+/// connection or one message's body, so the gateway sets them for each message itself. A
+/// service's answer never sets or removes them on the upstream request or the client's
+/// response, and a check request never carries the client's.
+pub(crate) fn is_hop_or_framing(n: &HeaderName) -> bool {
+    use ::http::header::{CONNECTION, CONTENT_LENGTH, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+    n == CONNECTION
+        || n == CONTENT_LENGTH
+        || n == TRANSFER_ENCODING
+        || n == TE
+        || n == TRAILER
+        || n == UPGRADE
+        || matches!(n.as_str(), "keep-alive" | "proxy-connection")
+}
+
+/// Whether an allowing answer may set, append or remove `n` on the upstream request: not
+/// Host (the request was routed and judged by its host, which the backend must receive:
+/// GEP-1494 copies every header "except Authority or Host", Envoy refuses to modify it) and
+/// not a hop-by-hop or framing header.
+fn may_edit_upstream(n: &HeaderName) -> bool {
+    n != ::http::header::HOST && !is_hop_or_framing(n)
 }
 
 /// An external rule with its `when` predicates, as the enforcer runs it.
