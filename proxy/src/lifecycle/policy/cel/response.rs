@@ -8,9 +8,10 @@
 //! the time the response arrives, and a cost read from the request belongs in
 //! `cost.request`.
 //!
-//! These run once per response of a cost-limited route, through the interpreter (no fast
-//! path): the context is built per response, from the headers the expression names when it
-//! names them all literally, else from every header.
+//! These run once per response of a cost-limited route. The common shapes
+//! (`int(response.headers['x-tokens-used'])`, a literal; module `int`) are evaluated on the
+//! response directly; the rest through the interpreter, with a context built per response
+//! from every header.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use cel::{Context, Program, Value};
 use http::HeaderMap;
 
+use super::int::{self, ResponseData, ResponseInt};
 use super::{CelError, ENV, Names};
 
 /// The variable of response expressions.
@@ -28,6 +30,8 @@ pub const RESPONSE_VARIABLES: [&str; 1] = ["response"];
 pub struct ResponseExpr {
     program: Arc<Program>,
     source: Arc<str>,
+    /// The fast form, when the expression has one of the shapes module `int` knows.
+    fast: Option<Arc<ResponseInt>>,
 }
 
 impl std::fmt::Debug for ResponseExpr {
@@ -67,10 +71,17 @@ impl ResponseExpr {
                 function: (*f).to_owned(),
             });
         }
+        let fast = int::compile_response(&program.expression().expr).map(Arc::new);
         Ok(Self {
             program: Arc::new(program),
             source: source.into(),
+            fast,
         })
+    }
+
+    /// Whether it runs without the CEL interpreter.
+    pub fn is_fast(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// The source text.
@@ -81,6 +92,24 @@ impl ResponseExpr {
     /// Evaluates on a response to an integer: an int, a uint that fits, or a string of
     /// decimal digits (a header's value as it is). Anything else is an error.
     pub fn eval_int(&self, status: u16, headers: &HeaderMap) -> Result<i64, CelError> {
+        match &self.fast {
+            Some(f) => {
+                let data = ResponseData {
+                    status,
+                    headers,
+                    body: None,
+                };
+                int::eval_response(f, &data).map_err(|()| CelError::Eval {
+                    expr: self.source.to_string(),
+                    message: "the value is missing or not an integer".into(),
+                })
+            }
+            None => self.interpret_int(status, headers),
+        }
+    }
+
+    /// [`Self::eval_int`] through the interpreter.
+    pub(super) fn interpret_int(&self, status: u16, headers: &HeaderMap) -> Result<i64, CelError> {
         let mut map: HashMap<String, String> = HashMap::with_capacity(headers.keys_len());
         for name in headers.keys() {
             let mut joined = String::new();

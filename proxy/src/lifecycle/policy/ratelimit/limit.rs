@@ -185,7 +185,7 @@ impl CompiledLimit {
                 failed: false,
             },
             CostExpr::Request(e) => {
-                let n = e.eval_str_with(act, |v| v.and_then(|s| s.trim().parse::<i64>().ok()));
+                let n = e.eval_int(act);
                 match n.filter(|n| *n >= 0) {
                     Some(n) => {
                         let n = n.min(self.max_cost);
