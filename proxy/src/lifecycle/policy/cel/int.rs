@@ -54,16 +54,6 @@ pub(super) enum ResponseInt {
     Bare(ResponsePath),
 }
 
-impl ResponseInt {
-    /// The path it reads, if any.
-    pub fn path(&self) -> Option<&ResponsePath> {
-        match self {
-            ResponseInt::Lit(_) => None,
-            ResponseInt::Int(p) | ResponseInt::Bare(p) => Some(p),
-        }
-    }
-}
-
 /// An integer literal's value as a cost.
 fn literal(e: &Ast) -> Option<Result<i64, ()>> {
     match e {

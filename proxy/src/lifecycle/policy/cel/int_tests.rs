@@ -176,6 +176,25 @@ const RESPONSE_COSTS: [&str; 10] = [
     "response.body.usage.total_tokens",
 ];
 
+/// Bodies as a response cost may see them (`None`: not read).
+fn bodies() -> Vec<Option<serde_json::Value>> {
+    let mut out: Vec<Option<serde_json::Value>> = identities()
+        .into_iter()
+        .map(|n| Some(json!({"usage": {"total_tokens": n.get("n").cloned()}})))
+        .collect();
+    out.extend([
+        None,
+        Some(json!({"usage": {"total_tokens": 400}, "id": "x"})),
+        Some(json!({"usage": {}})),
+        Some(json!({"usage": null})),
+        Some(json!({"usage": [1]})),
+        Some(json!([1, 2])),
+        Some(json!("text")),
+        Some(json!(null)),
+    ]);
+    out
+}
+
 #[test]
 fn response_costs_are_fast_and_agree_with_the_interpreter() {
     let exprs: Vec<ResponseExpr> = RESPONSE_COSTS
@@ -185,22 +204,62 @@ fn response_costs_are_fast_and_agree_with_the_interpreter() {
     for e in &exprs {
         assert!(e.is_fast(), "{}", e.source());
     }
+    let mut checked = 0;
     for values in header_values() {
         let mut h = HeaderMap::new();
         for v in &values {
             h.append("x-tokens-used", v.clone());
             h.append("x_tokens", v.clone());
         }
-        for status in [200, 503] {
-            for e in &exprs {
-                let want = e.interpret_int(status, &h).ok();
-                assert_eq!(
-                    e.eval_int(status, &h).ok(),
-                    want,
-                    "`{}` on {values:?}",
-                    e.source()
-                );
+        for body in bodies() {
+            for status in [200, 503] {
+                for e in &exprs {
+                    let want = e.interpret_int(status, &h, body.as_ref()).ok();
+                    assert_eq!(
+                        e.eval_int(status, &h, body.as_ref()).ok(),
+                        want,
+                        "`{}` on {values:?} {body:?}",
+                        e.source()
+                    );
+                    checked += 1;
+                }
             }
         }
     }
+    assert!(checked > 5000);
+}
+
+#[test]
+fn only_expressions_that_read_the_body_keep_it() {
+    for src in [
+        "int(response.body.usage.total_tokens)",
+        "response.body['usage']['total_tokens']",
+        "has(response.body.usage) ? int(response.body.usage.total_tokens) : 1",
+        "size(response)",
+        "response['bo' + 'dy'].n",
+    ] {
+        assert!(ResponseExpr::compile(src).unwrap().reads_body(), "{src}");
+    }
+    for src in [
+        "int(response.headers['x-tokens-used'])",
+        "response.status == 200 ? 10 : 1",
+        "response['headers']['x']",
+        "7",
+    ] {
+        assert!(!ResponseExpr::compile(src).unwrap().reads_body(), "{src}");
+    }
+}
+
+#[test]
+fn a_body_guarded_with_has_is_read_by_the_interpreter() {
+    let e = ResponseExpr::compile(
+        "has(response.body.usage) ? int(response.body.usage.total_tokens) : 1",
+    )
+    .unwrap();
+    assert!(!e.is_fast());
+    let h = HeaderMap::new();
+    let body = json!({"usage": {"total_tokens": 250}});
+    assert_eq!(e.eval_int(200, &h, Some(&body)), Ok(250));
+    assert_eq!(e.eval_int(200, &h, Some(&json!({}))), Ok(1));
+    assert!(e.eval_int(200, &h, None).is_err(), "no body: has() fails");
 }
