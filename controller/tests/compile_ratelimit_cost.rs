@@ -171,3 +171,52 @@ spec:
         "{err}"
     );
 }
+
+#[test]
+fn a_body_cost_and_its_cap_reach_the_table() {
+    let out = with_limit(
+        r#"
+      rates: [{limit: 1000, window: 1m}]
+      cost: {response: "int(response.body.usage.total_tokens)", maxBodyBytes: 65536}"#,
+    );
+    assert_eq!(accepted(&out).0, "True", "{}", accepted(&out).1);
+    let l = table_limit(&out);
+    assert_eq!(
+        l.cost,
+        Some(Cost::Response(
+            "int(response.body.usage.total_tokens)".into()
+        ))
+    );
+    assert_eq!(l.cost_max_body_bytes, Some(65_536));
+    // Without maxBodyBytes the proxy's default applies: nothing in the table.
+    let out = with_limit(
+        r#"{rates: [{limit: 1000, window: 1m}], cost: {response: "int(response.body.usage.total_tokens)"}}"#,
+    );
+    assert_eq!(table_limit(&out).cost_max_body_bytes, None);
+    let json = serde_json::to_string(&table_limit(&out)).unwrap();
+    assert!(!json.contains("costMaxBodyBytes"), "{json}");
+}
+
+#[test]
+fn a_body_cap_without_a_response_cost_or_out_of_range_is_refused() {
+    refused(
+        r#"{rates: [{limit: 5, window: 1s}], cost: {request: "1", maxBodyBytes: 1024}}"#,
+        "limits.tokens.cost.maxBodyBytes: only with cost.response (the body read is the response's)",
+    );
+    refused(
+        r#"{rates: [{limit: 5, window: 1s}], cost: {response: "int(response.body.n)", maxBodyBytes: 0}}"#,
+        "limits.tokens.cost.maxBodyBytes: 0 is out of range (1 to 16777216)",
+    );
+    refused(
+        r#"{rates: [{limit: 5, window: 1s}], cost: {response: "int(response.body.n)", maxBodyBytes: 16777217}}"#,
+        "limits.tokens.cost.maxBodyBytes: 16777217 is out of range (1 to 16777216)",
+    );
+}
+
+#[test]
+fn a_request_cost_reading_the_response_body_is_refused_with_where_it_belongs() {
+    refused(
+        r#"{rates: [{limit: 5, window: 1s}], cost: {request: "int(response.body.usage.total_tokens)"}}"#,
+        "limits.tokens.cost.request: CEL expression `int(response.body.usage.total_tokens)` uses unknown variable `response` (known: request, source, auth); the response (its status, headers and body) is read by cost.response, counted after the response",
+    );
+}

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # What cost and shadow rate limits cost: requests per proxy CPU-second of a route with the plain
 # local limit of policies.sh, with the same limit counting a request cost (CEL on a request
-# header), a response cost (CEL on the response's Content-Length, counted after each response)
-# and in shadow mode, as ratios to the bare route measured in the same seconds.
+# header), a response cost (CEL on the response's Content-Length, counted after each response),
+# a body cost (a field of the response's JSON body, counted once the body ended) and in shadow
+# mode, as ratios to the bare route measured in the same seconds.
 #
 # The method is policies.sh's (side-by-side.sh): each variant in its own tollgate-proxy (one
 # worker) on CPU 0 beside the bare route, each loaded by its own wrk on CPU 1 with the backend
-# (nginx answering a small fixed body), the ratio per round over the same seconds, the median
+# (nginx answering a small fixed JSON body, `{"usage":{"total_tokens":1}}`), the ratio per round
+# over the same seconds, the median
 # across rounds; the bare route alone each round sizes the cost of sharing a core; `twin` is
 # the control. Every request is admitted (the limits are never reached), memory storage, every
 # variant gets the same request (with `x-cost: 1`). The plain limit's ratio is comparable with
@@ -28,7 +30,7 @@ command -v nginx >/dev/null || apt_install nginx-light
 command -v wrk >/dev/null || apt_install wrk
 for t in curl python3 taskset; do command -v $t >/dev/null || { echo "$t unavailable" >&2; exit 1; }; done
 sbs_binaries
-sbs_backend
+BACKEND_JSON_USAGE=1 sbs_backend
 
 read -r -a variants <<<"$(python3 "$bench/gen.py" policies "$work/v" costs)"
 admin=19960
@@ -49,10 +51,16 @@ for v in "${variants[@]}"; do
 done
 # Each limited variant must be deciding: its answers carry the limit's numbers (the shadow one
 # none, but its decisions are counted).
-for v in rl reqcost respcost; do
+for v in rl reqcost respcost bodycost; do
   curl -s -o /dev/null -D - -H 'x-cost: 1' "http://127.0.0.1:${port_of[$v]}/" | grep -qi '^x-ratelimit-limit:' ||
     { echo "$v answered without X-RateLimit-Limit" >&2; exit 1; }
 done
+# The body cost must read the body: no cost error (each would count 1 instead).
+curl -s -o /dev/null -H 'x-cost: 1' "http://127.0.0.1:${port_of[bodycost]}/"
+if curl -s "http://127.0.0.1:${admin_of[bodycost]}/metrics" | grep -q '^tollgate_ratelimit_cost_errors_total'; then
+  echo "bodycost: the body was not read" >&2
+  exit 1
+fi
 curl -s "http://127.0.0.1:${admin_of[shadow]}/metrics" | grep -q 'ratelimit_decisions_total{policy="default/bench-limit",outcome="allowed"}' ||
   { echo "shadow: no decisions counted" >&2; exit 1; }
 
@@ -92,9 +100,10 @@ print("| --- | --- | --- | --- | --- | --- | --- |")
 what = {"rl": "1 per request (the plain limit, as policies.sh's `rl`)",
         "reqcost": "`cost.request`: `int(request.headers['x-cost'])`",
         "respcost": "`cost.response`: `int(response.headers['content-length'])`, after each response",
+        "bodycost": "`cost.response`: `int(response.body.usage.total_tokens)`, once each body ended",
         "shadow": "1 per request, `mode: Shadow`",
         "twin": "(the bare route again: the control)"}
-for var in ["rl", "reqcost", "respcost", "shadow", "twin"]:
+for var in ["rl", "reqcost", "respcost", "bodycost", "shadow", "twin"]:
     m, xs = ratio(var)
     loss = 1 - m
     judged = loss * (1 + max(share, 0.0))

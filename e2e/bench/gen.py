@@ -57,6 +57,8 @@ the `rl` one (one counter per client address, never exceeded) but for what it co
   reqcost   18692  cost.request: int(request.headers['x-cost']) (every request sends 1)
   respcost  18693  cost.response: int(response.headers['content-length']) (the backend's
                    body, counted after each response)
+  bodycost  18696  cost.response: int(response.body.usage.total_tokens) (the backend answers
+                   {"usage":{"total_tokens":1}} in costs.sh, counted once the body ended)
   shadow    18694  the plain limit in mode: Shadow
   twin      18695  the bare route again (the control)
 
@@ -641,7 +643,7 @@ def policies(out):
 
 
 COST_PORTS = {"bare": 18690, "rl": 18691, "reqcost": 18692, "respcost": 18693, "shadow": 18694,
-              "twin": 18695}
+              "twin": 18695, "bodycost": 18696}
 
 
 def limit_with(extra):
@@ -655,6 +657,7 @@ def costs(out):
         "rl": RL,
         "reqcost": limit_with("cost: {request: \"int(request.headers['x-cost'])\"}"),
         "respcost": limit_with("cost: {response: \"int(response.headers['content-length'])\"}"),
+        "bodycost": limit_with("cost: {response: \"int(response.body.usage.total_tokens)\"}"),
         "shadow": limit_with("mode: Shadow"),
         "twin": "",
     }

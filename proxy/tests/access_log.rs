@@ -426,6 +426,7 @@ async fn a_request_a_shadow_limit_would_have_refused_names_the_limit() {
         counters: vec![],
         when: vec!["request.url_path.startsWith('/limited')".into()],
         cost: None,
+        cost_max_body_bytes: None,
         mode: tollgate_api::policy::LimitMode::Shadow,
     };
     t.policies.insert(

@@ -63,6 +63,7 @@ async fn proxy_trusting(
                 counters: vec!["source.address".into()],
                 when: vec![],
                 cost: None,
+                cost_max_body_bytes: None,
                 mode: Default::default(),
             }],
         },

@@ -37,6 +37,7 @@ fn limit(
         counters: vec![],
         when: vec![],
         cost,
+        cost_max_body_bytes: None,
         mode,
     })
     .unwrap()

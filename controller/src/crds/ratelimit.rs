@@ -91,17 +91,31 @@ pub struct Limit {
 /// The cost of a request: exactly one of `request` or `response`, a CEL expression giving a
 /// non-negative integer (one that fails or gives anything else counts 1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.request) != has(self.response)", "message": "set exactly one of cost.request or cost.response"}]))]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.request) != has(self.response)", "message": "set exactly one of cost.request or cost.response"},
+    {"rule": "!has(self.maxBodyBytes) || has(self.response)", "message": "cost.maxBodyBytes goes with cost.response"}
+]))]
 pub struct CostSpec {
     /// On the request (the variables of `counters`): admitted when the counter has room
     /// for the whole cost, which it then counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
-    /// On the response (`response.status`, `response.headers` with lower-case names):
-    /// admitted when the counter has room for one; the cost is counted once the response
-    /// head is known.
+    /// On the response (`response.status`, `response.headers` with lower-case names,
+    /// `response.body`: the body parsed as JSON): admitted when the counter has room for
+    /// one; the cost is counted once the response head is known, or once the body has
+    /// ended when the expression reads `response.body`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,
+    /// With a `response` that reads `response.body`: the most bytes of the body kept to
+    /// parse (default 1 MiB, at most 16 MiB). The body goes to the client as it arrives
+    /// either way; a longer one is not read (`has(response.body)` is false).
+    #[serde(
+        default,
+        rename = "maxBodyBytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub max_body_bytes: Option<u64>,
 }
 
 /// Whether a limit refuses requests.

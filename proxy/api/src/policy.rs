@@ -70,6 +70,10 @@ pub struct RateLimit {
     /// What a request counts; `None`: 1 per request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// The most bytes of a response body a [`Cost::Response`] that reads `response.body`
+    /// keeps to parse; `None`: [`DEFAULT_COST_MAX_BODY_BYTES`]. A longer body is not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_max_body_bytes: Option<u64>,
     /// Whether a refusal is enforced or only reported.
     #[serde(default, skip_serializing_if = "LimitMode::is_enforce")]
     pub mode: LimitMode,
@@ -82,11 +86,18 @@ pub enum Cost {
     /// Evaluated on the request (the variables of `counters`): the request is admitted when
     /// the counter has room for the whole cost, and counts it.
     Request(String),
-    /// Evaluated on the response (`response.status`, `response.headers`): the request is
-    /// admitted when the counter has room for one, and the cost is counted once the response
-    /// head is known, so the request after the one that crossed the limit is refused.
+    /// Evaluated on the response (`response.status`, `response.headers`, `response.body`):
+    /// the request is admitted when the counter has room for one, and the cost is counted
+    /// once the response head is known (once its body has ended when the expression reads
+    /// `response.body`), so the request after the one that crossed the limit is refused.
     Response(String),
 }
+
+/// [`RateLimit::cost_max_body_bytes`] when unset: 1 MiB.
+pub const DEFAULT_COST_MAX_BODY_BYTES: u64 = 1 << 20;
+
+/// The largest [`RateLimit::cost_max_body_bytes`]: 16 MiB.
+pub const MAX_COST_MAX_BODY_BYTES: u64 = 16 << 20;
 
 /// Whether a limit refuses requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

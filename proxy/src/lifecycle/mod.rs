@@ -6,13 +6,15 @@
 //! `intake` and `normalize` give the request one authority and one path; `router` picks the
 //! route; `policy` authenticates, authorizes and rate-limits; `filters` and `forward` edit
 //! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
-//! the request body and counts the answer's.
+//! the request body and counts the answer's; `cost_body` counts rate-limit costs read from
+//! the answer's body as it ends.
 
 pub(crate) mod affinity;
 pub(crate) mod answer;
 pub(crate) mod body;
 pub(crate) mod call;
 pub(crate) mod client;
+pub(crate) mod cost_body;
 pub(crate) mod ctx;
 pub(crate) mod ext_auth;
 pub mod filters;

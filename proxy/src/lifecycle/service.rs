@@ -44,6 +44,7 @@ use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
 use crate::lifecycle::body::{BodyFault, ProxyBody};
 use crate::lifecycle::call::{Call, Failure, failure_response};
+use crate::lifecycle::cost_body::{self, BodyCost};
 pub(crate) use crate::lifecycle::ctx::ProxyResponse;
 use crate::lifecycle::ctx::{Plan, RequestCtx};
 use crate::lifecycle::ext_auth;
@@ -80,15 +81,28 @@ pub(crate) async fn handle(
 /// Counts the rate-limit costs read from the answer (`cost.response`) before it leaves, so
 /// the client's next request sees them; whatever answered (the upstream, or the gateway
 /// itself after the policy phase admitted the request). An answer that carries
-/// `X-RateLimit-*` gets the numbers after the count.
+/// `X-RateLimit-*` gets the numbers after the count. Costs read from the body are counted
+/// when it ends (module `cost_body`).
 async fn count_response_costs(ctx: &mut RequestCtx<'_>, resp: &mut Response<ProxyBody>) {
     let pending = std::mem::take(&mut ctx.rate_pending);
-    let after = ctx
-        .shared
-        .policy
-        .limiter
+    let limiter = &ctx.shared.policy.limiter;
+    let after = limiter
         .add_response_costs(&pending, resp.status().as_u16(), resp.headers())
         .await;
+    let from_body: Vec<BodyCost> = pending
+        .into_iter()
+        .filter_map(|p| {
+            Some(BodyCost {
+                cap: p.limit.response_body_cap()?,
+                limiter: limiter.clone(),
+                limit: p.limit.clone(),
+                key: p.key,
+            })
+        })
+        .collect();
+    if !from_body.is_empty() {
+        cost_body::count_from_body(resp, from_body).await;
+    }
     if let (Some(after), Some(before)) = (after, ctx.rate_limit)
         && resp
             .headers()

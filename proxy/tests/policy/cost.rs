@@ -57,7 +57,7 @@ async fn llm_backend(tokens: u64) -> (SocketAddr, Arc<AtomicUsize>) {
 }
 
 /// A limit of `limit` per minute per `x-user` counting `cost`, in `mode`.
-fn tokens(id: &str, limit: u64, cost: Option<Cost>, mode: LimitMode) -> RateLimit {
+pub(crate) fn tokens(id: &str, limit: u64, cost: Option<Cost>, mode: LimitMode) -> RateLimit {
     RateLimit {
         cost,
         mode,
@@ -66,7 +66,7 @@ fn tokens(id: &str, limit: u64, cost: Option<Cost>, mode: LimitMode) -> RateLimi
 }
 
 /// A proxy whose route `/` to `upstream` enforces `limits`, recording into its own metrics.
-async fn proxy_with_limits(
+pub(crate) async fn proxy_with_limits(
     upstream: SocketAddr,
     limits: Vec<RateLimit>,
 ) -> (Proxy, String, Arc<Metrics>) {

@@ -18,6 +18,7 @@ mod closed;
 #[path = "../common/mod.rs"]
 mod common;
 mod cost;
+mod cost_body;
 mod external_grpc;
 mod external_http;
 mod external_support;

@@ -130,6 +130,7 @@ pub fn per_minute(id: &str, limit: u64, counter: &str) -> RateLimit {
         counters: vec![counter.into()],
         when: vec![],
         cost: None,
+        cost_max_body_bytes: None,
         mode: Default::default(),
     }
 }

@@ -179,6 +179,7 @@ pub fn limit(id: &str, alg: Algorithm, rates: &[(u64, u64)]) -> CompiledLimit {
         counters: vec![],
         when: vec![],
         cost: None,
+        cost_max_body_bytes: None,
         mode: Default::default(),
     })
     .unwrap()

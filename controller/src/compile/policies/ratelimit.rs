@@ -4,12 +4,13 @@
 //! `namespace/policy/limit`, the policy's `when` folded into every limit), or the `Invalid`
 //! problem: a window that does not parse, a CEL expression that does not compile (a
 //! `cost.request` on the request's variables, a `cost.response` on `response` alone), a
-//! `cost` with both or neither of `request` and `response`, no limits.
+//! `cost` with both or neither of `request` and `response`, a `cost.maxBodyBytes` without
+//! `response` or out of range, no limits.
 
 use std::collections::BTreeMap;
 
 use tollgate_api::ObjectKey;
-use tollgate_api::policy::{Algorithm, Cost, LimitMode, Rate, RateLimit};
+use tollgate_api::policy::{Algorithm, Cost, LimitMode, MAX_COST_MAX_BODY_BYTES, Rate, RateLimit};
 use tollgate_proxy::policy::cel;
 
 use super::{Contribution, Problem, invalid};
@@ -108,11 +109,13 @@ fn convert(
         .collect::<Result<Vec<_>, _>>()?;
     let mut when = policy_when.to_vec();
     when.extend(predicates(&limit.when, &format!("limits.{name}.when"))?);
-    let cost = limit
-        .cost
-        .as_ref()
-        .map(|c| convert_cost(name, c))
-        .transpose()?;
+    let (cost, cost_max_body_bytes) = match &limit.cost {
+        Some(c) => {
+            let (cost, cap) = convert_cost(name, c)?;
+            (Some(cost), cap)
+        }
+        None => (None, None),
+    };
     Ok(RateLimit {
         id: format!("{}/{}/{name}", key.namespace, key.name),
         rates,
@@ -124,6 +127,7 @@ fn convert(
         counters,
         when,
         cost,
+        cost_max_body_bytes,
         mode: match limit.mode {
             None | Some(ModeSpec::Enforce) => LimitMode::Enforce,
             Some(ModeSpec::Shadow) => LimitMode::Shadow,
@@ -132,8 +136,20 @@ fn convert(
 }
 
 /// `limits.NAME.cost`: exactly one expression, each checked against the variables it is
-/// evaluated with.
-fn convert_cost(name: &str, cost: &CostSpec) -> Result<Cost, Problem> {
+/// evaluated with, and the body cap (`maxBodyBytes`, with `response` only).
+fn convert_cost(name: &str, cost: &CostSpec) -> Result<(Cost, Option<u64>), Problem> {
+    if let Some(cap) = cost.max_body_bytes {
+        if cost.response.is_none() {
+            return Err(invalid(format!(
+                "limits.{name}.cost.maxBodyBytes: only with cost.response (the body read is the response's)"
+            )));
+        }
+        if !(1..=MAX_COST_MAX_BODY_BYTES).contains(&cap) {
+            return Err(invalid(format!(
+                "limits.{name}.cost.maxBodyBytes: {cap} is out of range (1 to {MAX_COST_MAX_BODY_BYTES})"
+            )));
+        }
+    }
     match (&cost.request, &cost.response) {
         (Some(_), Some(_)) => Err(invalid(format!(
             "limits.{name}.cost: set request or response, not both (a request is counted once)"
@@ -141,16 +157,27 @@ fn convert_cost(name: &str, cost: &CostSpec) -> Result<Cost, Problem> {
         (None, None) => Err(invalid(format!(
             "limits.{name}.cost: set request (CEL on the request) or response (CEL on the response)"
         ))),
-        (Some(src), None) => Ok(Cost::Request(check(
-            src,
-            &format!("limits.{name}.cost.request"),
-        )?)),
+        (Some(src), None) => match cel::check(src) {
+            Ok(()) => Ok((Cost::Request(src.clone()), None)),
+            // The response is not there yet when a request cost is evaluated.
+            Err(e @ cel::CelError::UnknownVariable { .. }) if unknown_is(&e, "response") => {
+                Err(invalid(format!(
+                    "limits.{name}.cost.request: {e}; the response (its status, headers and body) is read by cost.response, counted after the response"
+                )))
+            }
+            Err(e) => Err(invalid(format!("limits.{name}.cost.request: {e}"))),
+        },
         (None, Some(src)) => {
             cel::check_response(src)
                 .map_err(|e| invalid(format!("limits.{name}.cost.response: {e}")))?;
-            Ok(Cost::Response(src.clone()))
+            Ok((Cost::Response(src.clone()), cost.max_body_bytes))
         }
     }
+}
+
+/// Whether `e` is about the unknown variable `var`.
+fn unknown_is(e: &cel::CelError, var: &str) -> bool {
+    matches!(e, cel::CelError::UnknownVariable { variable, .. } if variable == var)
 }
 
 /// Checks every predicate compiles; returns their sources.

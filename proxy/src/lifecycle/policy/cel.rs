@@ -15,9 +15,12 @@
 //! - [`Expr::compile`] also compiles the common shapes (attribute paths, comparisons with
 //!   literals, `startsWith`/`endsWith`/`contains`, `has`, `in`, `cidr('literal').containsIP`,
 //!   `&&`, `||`, `!`; see `cel/fast.rs`) into a tree evaluated on the request data directly.
+//!   Cost expressions have their own fast forms (`cel/int.rs`): integer literals and
+//!   `int(<value>)` of such a value (`int(request.headers['x-cost'])`), and on a response
+//!   `int(response.headers['h'])`, `response.status` and `response.body` fields.
 //!   Everything else, and the few cases of those shapes whose CEL semantics the fast path
 //!   does not model, runs through the CEL interpreter, with the same results (`cel/tests.rs`
-//!   checks a corpus both ways).
+//!   and `cel/int_tests.rs` check both ways).
 //! - An [`Activation`] is a snapshot of the request, taken before authentication may change
 //!   the request's headers: the method, host, path and scheme, and the headers. Built with
 //!   [`Activation::with_needs`] it copies only what the expressions of a policy set read
@@ -28,6 +31,9 @@
 
 mod activation;
 mod fast;
+mod int;
+#[cfg(test)]
+mod int_tests;
 mod log_filter;
 mod net;
 mod response;
@@ -133,6 +139,8 @@ struct Compiled {
     source: Box<str>,
     /// The fast form, when the expression has one of the shapes `fast.rs` knows.
     fast: Option<Fast>,
+    /// The fast integer form (a cost), when it has one of the shapes `int.rs` knows.
+    int: Option<int::RequestInt>,
     /// Variables it uses ([`REQUEST`] | [`SOURCE`] | [`AUTH`]).
     vars: u8,
     /// Headers its fast form reads.
@@ -178,15 +186,23 @@ impl Expr {
             });
         }
         let fast = fast::compile(program.expression());
+        let int = match fast {
+            Some(_) => None,
+            None => int::compile_request(&program.expression().expr),
+        };
         let mut headers = Vec::new();
         if let Some(f) = &fast {
             fast::headers(f, &mut headers);
+        }
+        if let Some(int::RequestInt::Int(p)) = &int {
+            fast::headers(&Fast::Value(p.clone()), &mut headers);
         }
         Ok(Self {
             inner: Arc::new(Compiled {
                 program,
                 source: source.into(),
                 fast,
+                int,
                 vars,
                 headers: headers.into(),
             }),
@@ -201,7 +217,7 @@ impl Expr {
     /// Whether the expression runs without the CEL interpreter (but for values whose type
     /// the fast path does not model).
     pub fn is_fast(&self) -> bool {
-        self.inner.fast.is_some()
+        self.inner.fast.is_some() || self.inner.int.is_some()
     }
 
     /// Evaluates to a value, with the CEL interpreter.
@@ -229,7 +245,26 @@ impl Expr {
                 Tri::Unknown => self.interpret_bool(act),
             },
             Some(Fast::Value(path)) => act.read(path, |v| matches!(v, Val::Bool(true))),
+            // An integer is never `true`.
+            None if self.inner.int.is_some() => false,
             None => self.interpret_bool(act),
+        }
+    }
+
+    /// Evaluates to an integer (what a `cost.request` gives): an int, or anything that
+    /// [`Self::eval_string`] gives as the text of one (spaces around it allowed); `None`
+    /// otherwise.
+    pub fn eval_int(&self, act: &Activation<'_>) -> Option<i64> {
+        match &self.inner.int {
+            Some(i) => self.fast_int(i, act).ok(),
+            None => self.eval_str_with(act, |v| v.and_then(|s| s.trim().parse::<i64>().ok())),
+        }
+    }
+
+    fn fast_int(&self, i: &int::RequestInt, act: &Activation<'_>) -> Result<i64, ()> {
+        match i {
+            int::RequestInt::Lit(v) => *v,
+            int::RequestInt::Int(path) => act.read(path, int::cel_int),
         }
     }
 
@@ -257,7 +292,13 @@ impl Expr {
                 Tri::Error => f(None),
                 Tri::Unknown => f(self.interpret_string(act).as_deref()),
             },
-            None => f(self.interpret_string(act).as_deref()),
+            None => match &self.inner.int {
+                Some(i) => match self.fast_int(i, act) {
+                    Ok(n) => with_display(n, f),
+                    Err(()) => f(None),
+                },
+                None => f(self.interpret_string(act).as_deref()),
+            },
         }
     }
 

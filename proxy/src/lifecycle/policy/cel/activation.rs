@@ -51,7 +51,7 @@ impl Needs {
     pub fn add(&mut self, e: &Expr) {
         let c = &e.inner;
         self.vars |= c.vars;
-        if c.fast.is_none() && c.vars & REQUEST != 0 {
+        if c.fast.is_none() && c.int.is_none() && c.vars & REQUEST != 0 {
             self.all_headers = true;
         }
         for h in &c.headers {
@@ -149,7 +149,11 @@ impl HeaderText {
 
 /// The value of `name` as CEL sees it: its values that are text, joined with `,`; absent when
 /// there is none. Given to `f` (a join needs a string of its own).
-fn with_header<R>(map: &HeaderMap, name: &HeaderName, f: impl FnOnce(Option<&str>) -> R) -> R {
+pub(super) fn with_header<R>(
+    map: &HeaderMap,
+    name: &HeaderName,
+    f: impl FnOnce(Option<&str>) -> R,
+) -> R {
     let mut values = map.get_all(name).iter().filter_map(|v| v.to_str().ok());
     match (values.next(), values.next()) {
         (None, _) => f(None),

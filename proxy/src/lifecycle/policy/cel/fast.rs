@@ -321,7 +321,7 @@ pub(super) fn eval(p: &Pred, act: &Activation<'_>) -> Tri {
 }
 
 /// `request.x`, `request.headers.y`, `auth.identity.z['w']`: the name segments, root first.
-fn segments<'e>(e: &'e Ast, out: &mut Vec<&'e str>) -> bool {
+pub(super) fn segments<'e>(e: &'e Ast, out: &mut Vec<&'e str>) -> bool {
     match e {
         Ast::Ident(name) => {
             out.push(name);
@@ -367,13 +367,13 @@ fn path_of(segs: &[&str]) -> Option<Path> {
 
 /// The header a CEL key names: only a lower-case header name can be a key of
 /// `request.headers`.
-fn header(name: &str) -> Option<HeaderName> {
+pub(super) fn header(name: &str) -> Option<HeaderName> {
     HeaderName::from_bytes(name.as_bytes())
         .ok()
         .filter(|h| h.as_str() == name)
 }
 
-fn path(e: &Ast) -> Option<Path> {
+pub(super) fn path(e: &Ast) -> Option<Path> {
     let mut segs = Vec::new();
     if !segments(e, &mut segs) {
         return None;

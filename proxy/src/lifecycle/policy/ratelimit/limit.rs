@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use http::HeaderMap;
-use tollgate_api::policy::{Cost as CostSpec, LimitMode, RateLimit};
+use tollgate_api::policy::{Cost as CostSpec, DEFAULT_COST_MAX_BODY_BYTES, LimitMode, RateLimit};
 
 use super::KeyHasher;
 use super::algo::{Cost, MAX_EXACT, Spec};
@@ -85,8 +85,9 @@ enum CostExpr {
     One,
     /// From the request.
     Request(Expr),
-    /// From the response, counted after it.
-    Response(ResponseExpr),
+    /// From the response, counted after it; `body_cap` is the most bytes of the body kept
+    /// when the expression reads `response.body`.
+    Response { expr: ResponseExpr, body_cap: usize },
 }
 
 /// What a request's `cost.request` came to.
@@ -128,14 +129,18 @@ impl CompiledLimit {
         let cost = match &limit.cost {
             None => CostExpr::One,
             Some(CostSpec::Request(src)) => CostExpr::Request(compile(src)?),
-            Some(CostSpec::Response(src)) => {
-                CostExpr::Response(ResponseExpr::compile(src).map_err(|source| {
-                    LimitError::Cel {
-                        id: id.to_owned(),
-                        source,
-                    }
-                })?)
-            }
+            Some(CostSpec::Response(src)) => CostExpr::Response {
+                expr: ResponseExpr::compile(src).map_err(|source| LimitError::Cel {
+                    id: id.to_owned(),
+                    source,
+                })?,
+                body_cap: usize::try_from(
+                    limit
+                        .cost_max_body_bytes
+                        .unwrap_or(DEFAULT_COST_MAX_BODY_BYTES),
+                )
+                .unwrap_or(usize::MAX),
+            },
         };
         let max_cost = specs.iter().map(|s| s.limit).max().unwrap_or(1);
         Ok(Self {
@@ -165,7 +170,16 @@ impl CompiledLimit {
     /// True when the limit's cost is read from the response
     /// ([`Self::response_cost`]), to be counted after it.
     pub fn costs_after_response(&self) -> bool {
-        matches!(self.cost, CostExpr::Response(_))
+        matches!(self.cost, CostExpr::Response { .. })
+    }
+
+    /// When the limit's `cost.response` reads `response.body`: the most bytes of the body
+    /// to keep for it (the cost is counted once the body has ended).
+    pub fn response_body_cap(&self) -> Option<usize> {
+        match &self.cost {
+            CostExpr::Response { expr, body_cap } if expr.reads_body() => Some(*body_cap),
+            _ => None,
+        }
     }
 
     /// What the request of `act` asks of the counter. A plain limit: room for 1, counts 1.
@@ -180,12 +194,12 @@ impl CompiledLimit {
                 cost: Cost::ONE,
                 failed: false,
             },
-            CostExpr::Response(_) => RequestCost {
+            CostExpr::Response { .. } => RequestCost {
                 cost: Cost { need: 1, take: 0 },
                 failed: false,
             },
             CostExpr::Request(e) => {
-                let n = e.eval_str_with(act, |v| v.and_then(|s| s.trim().parse::<i64>().ok()));
+                let n = e.eval_int(act);
                 match n.filter(|n| *n >= 0) {
                     Some(n) => {
                         let n = n.min(self.max_cost);
@@ -209,12 +223,17 @@ impl CompiledLimit {
     /// What the response of a request counted by this limit costs (`cost.response`), and
     /// whether the expression failed: as for [`Self::request_cost`], a failure or a
     /// negative number costs 1. At most the limit's largest rate. `None` for a limit whose
-    /// cost is not read from the response.
-    pub(crate) fn response_cost(&self, status: u16, headers: &HeaderMap) -> Option<(i64, bool)> {
-        let CostExpr::Response(e) = &self.cost else {
+    /// cost is not read from the response. `body`: the response body as JSON, when read.
+    pub(crate) fn response_cost(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: Option<&serde_json::Value>,
+    ) -> Option<(i64, bool)> {
+        let CostExpr::Response { expr: e, .. } = &self.cost else {
             return None;
         };
-        Some(match e.eval_int(status, headers) {
+        Some(match e.eval_int(status, headers, body) {
             Ok(n) if n >= 0 => (n.min(self.max_cost), false),
             Ok(_) | Err(_) => (1, true),
         })
@@ -284,7 +303,7 @@ impl CompiledLimit {
     pub fn expressions(&self) -> impl Iterator<Item = &Expr> {
         let cost = match &self.cost {
             CostExpr::Request(e) => Some(e),
-            CostExpr::One | CostExpr::Response(_) => None,
+            CostExpr::One | CostExpr::Response { .. } => None,
         };
         self.when.iter().chain(&self.counters).chain(cost)
     }
@@ -366,6 +385,7 @@ mod tests {
             counters: counters.iter().map(|s| s.to_string()).collect(),
             when: when.iter().map(|s| s.to_string()).collect(),
             cost: None,
+            cost_max_body_bytes: None,
             mode: Default::default(),
         }
     }

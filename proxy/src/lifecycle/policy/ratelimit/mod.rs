@@ -379,8 +379,10 @@ impl RateLimiter {
     }
 
     /// Counts the response costs of the request [`Self::check_request`] left `pending`,
-    /// read from its response's `status` and `headers`. The numbers after, merged as
-    /// [`Checked::decision`] is (enforced limits only); `None` when there is none.
+    /// read from its response's `status` and `headers`, but for those that read the body
+    /// ([`CompiledLimit::response_body_cap`]), counted by [`Self::add_response_cost`] once it
+    /// has ended. The numbers after, merged as [`Checked::decision`] is (enforced limits
+    /// only); `None` when there is none.
     pub async fn add_response_costs(
         &self,
         pending: &[Pending<'_>],
@@ -389,22 +391,43 @@ impl RateLimiter {
     ) -> Option<Decision> {
         let mut out: Option<Decision> = None;
         for p in pending {
-            let Some((units, failed)) = p.limit.response_cost(status, headers) else {
+            if p.limit.response_body_cap().is_some() {
+                continue;
+            }
+            let Some(d) = self
+                .add_response_cost(p.limit, &p.key, status, headers, None)
+                .await
+            else {
                 continue;
             };
-            if failed {
-                self.inner.metrics.cost_error(p.limit.policy_label());
-                tracing::debug!(
-                    limit = p.limit.id(),
-                    "rate limit: cost.response did not give a non-negative integer; counted 1"
-                );
-            }
-            let d = self.add(p.limit, &p.key, units).await;
             if !p.limit.is_shadow() {
                 out = Some(out.map_or(d, |prev| prev.merge(d)));
             }
         }
         out
+    }
+
+    /// Counts the `cost.response` of `limit` on the counter `key`, read from a response's
+    /// `status`, `headers` and `body` (the body as JSON, when it was read): a failed
+    /// expression counts 1 and is counted in the metrics. The numbers after; `None` when the
+    /// limit's cost is not read from the response.
+    pub async fn add_response_cost(
+        &self,
+        limit: &CompiledLimit,
+        key: &str,
+        status: u16,
+        headers: &http::HeaderMap,
+        body: Option<&serde_json::Value>,
+    ) -> Option<Decision> {
+        let (units, failed) = limit.response_cost(status, headers, body)?;
+        if failed {
+            self.inner.metrics.cost_error(limit.policy_label());
+            tracing::debug!(
+                limit = limit.id(),
+                "rate limit: cost.response did not give a non-negative integer; counted 1"
+            );
+        }
+        Some(self.add(limit, key, units).await)
     }
 
     /// Decides one request against every applicable limit, in order, stopping at the first

@@ -14,6 +14,7 @@ fn limit(id: &str, alg: Algorithm, limit: u64, window_ms: u64) -> CompiledLimit 
         counters: vec![],
         when: vec![],
         cost: None,
+        cost_max_body_bytes: None,
         mode: Default::default(),
     })
     .unwrap()
@@ -35,6 +36,7 @@ fn limit_by(id: &str, counter: &str) -> CompiledLimit {
         counters: vec![counter.into()],
         when: vec![],
         cost: None,
+        cost_max_body_bytes: None,
         mode: Default::default(),
     })
     .unwrap()
