@@ -81,6 +81,7 @@ async fn proxy(app: &EchoBackend, storage: Storage) -> (Proxy, String, RateLimit
                 counters: vec![],
                 when: vec![],
                 cost: None,
+                cost_max_body_bytes: None,
                 mode: Default::default(),
             }],
         },
