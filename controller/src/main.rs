@@ -217,23 +217,8 @@ fn main() -> ExitCode {
             serve(demo_backend(listen, &name))
         }
         Command::Run(args) => {
-            let RunArgs {
-                dir,
-                admin,
-                demo_backend,
-                access_log,
-                rate_limit,
-                client_limits,
-            } = *args;
             init_tracing();
-            serve(run(
-                dir,
-                admin,
-                demo_backend,
-                access_log,
-                rate_limit,
-                client_limits,
-            ))
+            serve(run(*args))
         }
     }
 }
@@ -300,14 +285,15 @@ async fn demo_backend(listen: SocketAddr, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(
-    dir: PathBuf,
-    admin: String,
-    demo_backend: Option<SocketAddr>,
-    access_log: AccessLogArgs,
-    rate_limit: RateLimitArgs,
-    client_limits: ClientLimitArgs,
-) -> anyhow::Result<()> {
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let RunArgs {
+        dir,
+        admin,
+        demo_backend,
+        access_log,
+        rate_limit,
+        client_limits,
+    } = args;
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
             .await

@@ -699,15 +699,17 @@ async fn a_busy_runtime_does_not_starve_lease_renewals() {
     handle.abort();
 }
 
-/// A leader whose requests stop being answered (a stalled connection, an API server that
-/// hangs) steps down instead of waiting on the request and believing it leads after its Lease
-/// ran out and another replica took it.
-#[tokio::test]
-async fn a_leader_whose_requests_hang_steps_down() {
-    use k8s_support::Relay;
+/// An elector on a 4 s Lease (500 ms rounds, 1.5 s deadline) whose requests go through
+/// `relay`, after its first round, which it leads.
+async fn leading_through(
+    env: &TestEnv,
+    relay: &k8s_support::Relay,
+    name: &str,
+) -> (
+    tollgate::k8s::leader::Elector,
+    tokio::sync::watch::Receiver<bool>,
+) {
     use tollgate::k8s::leader::{Elector, LeaderConfig};
-    let env = TestEnv::new("leasehang").await;
-    let relay = Relay::start().await;
     let metrics = std::sync::Arc::new(tollgate::k8s::metrics::Metrics::new());
     let mut e = Elector::new(
         relay.client().await,
@@ -715,13 +717,39 @@ async fn a_leader_whose_requests_hang_steps_down() {
             lease_duration: Duration::from_secs(4),
             renew_period: Duration::from_millis(500),
             renew_deadline: Duration::from_millis(1500),
-            ..LeaderConfig::new(&env.ns, "hang", "me")
+            ..LeaderConfig::new(&env.ns, name, "me")
         },
         metrics,
     );
     let leading = e.subscribe();
     e.tick().await;
     assert!(*leading.borrow(), "did not lead");
+    (e, leading)
+}
+
+/// Rounds until `e` leads again (at most 10).
+async fn leads_again(
+    e: &mut tollgate::k8s::leader::Elector,
+    leading: &tokio::sync::watch::Receiver<bool>,
+) {
+    for _ in 0..10 {
+        e.tick().await;
+        if *leading.borrow() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("did not lead again once requests were answered");
+}
+
+/// A leader whose requests stop being answered (a stalled connection, an API server that
+/// hangs) steps down instead of waiting on the request and believing it leads after its Lease
+/// ran out and another replica took it.
+#[tokio::test]
+async fn a_leader_whose_requests_hang_steps_down() {
+    let env = TestEnv::new("leasehang").await;
+    let relay = k8s_support::Relay::start().await;
+    let (mut e, leading) = leading_through(&env, &relay, "hang").await;
 
     relay.freeze();
     // Each round gives up on its request; the one after the renew deadline steps down. A
@@ -742,17 +770,7 @@ async fn a_leader_whose_requests_hang_steps_down() {
     // Requests answered again: it takes the Lease back (it still holds it by name), within a
     // few rounds however slow the API server is.
     relay.thaw();
-    for _ in 0..10 {
-        e.tick().await;
-        if *leading.borrow() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        *leading.borrow(),
-        "did not lead again once requests were answered"
-    );
+    leads_again(&mut e, &leading).await;
 }
 
 /// A leader whose renewals fail at once (the API server refusing or down, each request an
@@ -762,24 +780,9 @@ async fn a_leader_whose_requests_hang_steps_down() {
 /// replica that took it.)
 #[tokio::test]
 async fn a_leader_whose_renewals_fail_fast_steps_down() {
-    use k8s_support::Relay;
-    use tollgate::k8s::leader::{Elector, LeaderConfig};
     let env = TestEnv::new("leasecut").await;
-    let relay = Relay::start().await;
-    let metrics = std::sync::Arc::new(tollgate::k8s::metrics::Metrics::new());
-    let mut e = Elector::new(
-        relay.client().await,
-        LeaderConfig {
-            lease_duration: Duration::from_secs(4),
-            renew_period: Duration::from_millis(500),
-            renew_deadline: Duration::from_millis(1500),
-            ..LeaderConfig::new(&env.ns, "cut", "me")
-        },
-        metrics,
-    );
-    let leading = e.subscribe();
-    e.tick().await;
-    assert!(*leading.borrow(), "did not lead");
+    let relay = k8s_support::Relay::start().await;
+    let (mut e, leading) = leading_through(&env, &relay, "cut").await;
 
     relay.cut();
     let cut = std::time::Instant::now();
@@ -795,17 +798,7 @@ async fn a_leader_whose_renewals_fail_fast_steps_down() {
     );
 
     relay.thaw();
-    for _ in 0..10 {
-        e.tick().await;
-        if *leading.borrow() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        *leading.borrow(),
-        "did not lead again once requests were answered"
-    );
+    leads_again(&mut e, &leading).await;
 }
 
 /// Leadership lost while a reconcile waits on the API server: the leader's requests stop being

@@ -106,6 +106,20 @@ fn line_for(lines: &mpsc::Receiver<String>, path: &str) -> Value {
     }
 }
 
+/// Waits (at most 30 s: a bound, not a speed check) until the proxy answers `url`, and
+/// asserts that the answer is a 200.
+async fn until_served(client: &TestClient, url: &str) {
+    for _ in 0..300 {
+        let req = Request::get(url).body(Full::default()).unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), client.request(req)).await {
+            assert_eq!(r.status(), StatusCode::OK, "{url}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the proxy never answered {url}");
+}
+
 /// Writes `t` to `file` and starts the `tollgate-proxy` binary on it with the access log on,
 /// the admin server on `admin` and `args`; the process (killed when dropped) and its stdout
 /// lines.
@@ -179,20 +193,7 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     let h1 = h1_client();
     let h2 = h2c_client();
     let base = format!("http://127.0.0.1:{port}");
-    let mut up = false;
-    for _ in 0..300 {
-        let req = Request::get(format!("{base}/plain/ready"))
-            .body(Full::default())
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), h1.request(req)).await
-            && r.status() == StatusCode::OK
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the proxy never served /plain");
+    until_served(&h1, &format!("{base}/plain/ready")).await;
 
     // (what, client, request, answer: HTTP status and grpc-status, line: status and grpc_status)
     let grpc = |path: &str, ct: &str| grpc_call(&format!("{base}{path}"), ct);
@@ -287,20 +288,7 @@ async fn a_body_cut_as_too_slow_is_logged_and_counted_with_its_reason() {
     );
     let base = format!("http://127.0.0.1:{port}");
     let h1 = h1_client();
-    let mut up = false;
-    for _ in 0..300 {
-        let req = Request::get(format!("{base}/ready"))
-            .body(Full::default())
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), h1.request(req)).await
-            && r.status() == StatusCode::OK
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the proxy never served /ready");
+    until_served(&h1, &format!("{base}/ready")).await;
     let ready = line_for(&lines, "/ready");
     assert!(ready.get("client_timeout").is_none(), "{ready}");
 
@@ -369,19 +357,7 @@ async fn a_retried_request_names_each_failed_attempt() {
     let (_proxy, lines) = start_binary(&dir.join("table.json"), &t, free_port(), &[]);
     let c = h1_client();
     let base = format!("http://127.0.0.1:{port}");
-    let mut up = false;
-    for _ in 0..300 {
-        let req = Request::get(format!("{base}/first"))
-            .body(Full::default())
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
-            assert_eq!(r.status(), StatusCode::OK);
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the proxy never answered");
+    until_served(&c, &format!("{base}/first")).await;
     let l = line_for(&lines, "/first");
     assert_eq!(
         l["retried"],
@@ -439,19 +415,7 @@ async fn a_request_a_shadow_limit_would_have_refused_names_the_limit() {
     let (_proxy, lines) = start_binary(&dir.join("table.json"), &t, free_port(), &[]);
     let c = h1_client();
     let base = format!("http://127.0.0.1:{port}");
-    let mut up = false;
-    for _ in 0..300 {
-        let req = Request::get(format!("{base}/ready"))
-            .body(Full::default())
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
-            assert_eq!(r.status(), StatusCode::OK);
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the proxy never answered");
+    until_served(&c, &format!("{base}/ready")).await;
     for (path, shadow_limited) in [
         ("/limited/1", None),
         (
@@ -506,19 +470,7 @@ async fn the_access_log_writes_the_chosen_requests_fields_and_format() {
     );
     let c = h1_client();
     let base = format!("http://127.0.0.1:{port}");
-    let mut up = false;
-    for _ in 0..300 {
-        let req = Request::get(format!("{base}/app/ok"))
-            .body(Full::default())
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await {
-            assert_eq!(r.status(), StatusCode::OK);
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the proxy never answered");
+    until_served(&c, &format!("{base}/app/ok")).await;
     for path in [
         "/app/fine",
         "/missing",

@@ -554,6 +554,17 @@ enum RelayState {
     Cut,
 }
 
+/// Waits while the relay is frozen; false once it is cut (or gone).
+async fn passing(state: &mut tokio::sync::watch::Receiver<RelayState>) -> bool {
+    matches!(
+        state
+            .wait_for(|s| *s != RelayState::Frozen)
+            .await
+            .as_deref(),
+        Ok(RelayState::Open)
+    )
+}
+
 /// Copies `from` to `to`, holding each chunk while the relay is frozen; ends (closing both
 /// halves) when it is cut.
 async fn pipe(
@@ -564,13 +575,7 @@ async fn pipe(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !matches!(
-            state
-                .wait_for(|s| *s != RelayState::Frozen)
-                .await
-                .as_deref(),
-            Ok(RelayState::Open)
-        ) {
+        if !passing(&mut state).await {
             return;
         }
         let n = tokio::select! {
@@ -580,13 +585,7 @@ async fn pipe(
             },
             _ = state.wait_for(|s| *s == RelayState::Cut) => return,
         };
-        if !matches!(
-            state
-                .wait_for(|s| *s != RelayState::Frozen)
-                .await
-                .as_deref(),
-            Ok(RelayState::Open)
-        ) {
+        if !passing(&mut state).await {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {

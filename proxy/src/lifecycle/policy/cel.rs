@@ -318,6 +318,32 @@ impl Expr {
     }
 }
 
+/// Compiles `source` in [`ENV`] for a kind of expression whose variables are `known`: the least
+/// other variable it reads is refused with the error `unknown` makes of it, and so is a call
+/// to an undeclared function.
+fn compile_checked(
+    source: &str,
+    known: &[&str],
+    unknown: impl FnOnce(&str) -> CelError,
+) -> Result<Program, CelError> {
+    let program = ENV.compile(source).map_err(|e| CelError::Parse {
+        expr: source.to_owned(),
+        message: e.to_string(),
+    })?;
+    let mut names = Names::new();
+    names.walk(program.expression());
+    if let Some(v) = names.variables.iter().find(|v| !known.contains(v)) {
+        return Err(unknown(v));
+    }
+    if let Some(f) = names.unknown_functions.first() {
+        return Err(CelError::UnknownFunction {
+            expr: source.to_owned(),
+            function: (*f).to_owned(),
+        });
+    }
+    Ok(program)
+}
+
 /// The names an expression uses, found in its syntax tree. The crate's `references` would
 /// count `ip` in `ip.isCanonical(s)` as a variable: the parser does not know the environment,
 /// which says that `ip` is a function's namespace there. Nor does the parser refuse a call

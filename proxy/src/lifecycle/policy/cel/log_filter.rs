@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use cel::{Context, Program, Value};
 
-use super::{CelError, ENV, Names};
+use super::{CelError, ENV, compile_checked};
 
 /// The variables of a log filter.
 pub const LOG_VARIABLES: [&str; 5] = ["request", "response", "route", "duration_ms", "sample"];
@@ -50,27 +50,13 @@ impl std::fmt::Debug for LogFilter {
 impl LogFilter {
     /// Compiles `source`, refusing unknown variables and functions.
     pub fn compile(source: &str) -> Result<Self, CelError> {
-        let program = ENV.compile(source).map_err(|e| CelError::Parse {
+        let program = compile_checked(source, &LOG_VARIABLES, |v| CelError::Parse {
             expr: source.to_owned(),
-            message: e.to_string(),
+            message: format!(
+                "unknown variable `{v}` (a log filter knows: {})",
+                LOG_VARIABLES.join(", ")
+            ),
         })?;
-        let mut names = Names::new();
-        names.walk(program.expression());
-        if let Some(v) = names.variables.iter().find(|v| !LOG_VARIABLES.contains(v)) {
-            return Err(CelError::Parse {
-                expr: source.to_owned(),
-                message: format!(
-                    "unknown variable `{v}` (a log filter knows: {})",
-                    LOG_VARIABLES.join(", ")
-                ),
-            });
-        }
-        if let Some(f) = names.unknown_functions.first() {
-            return Err(CelError::UnknownFunction {
-                expr: source.to_owned(),
-                function: (*f).to_owned(),
-            });
-        }
         Ok(Self {
             program: Arc::new(program),
             source: source.into(),

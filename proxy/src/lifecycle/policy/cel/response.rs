@@ -23,7 +23,7 @@ use cel::{Context, Program, Value};
 use http::HeaderMap;
 
 use super::int::{self, ResponseData, ResponseInt};
-use super::{CelError, ENV, Names};
+use super::{CelError, ENV, compile_checked};
 
 /// The variable of response expressions.
 pub const RESPONSE_VARIABLES: [&str; 1] = ["response"];
@@ -53,29 +53,12 @@ pub fn check_response(source: &str) -> Result<(), CelError> {
 impl ResponseExpr {
     /// Compiles `source`, refusing variables other than `response` and unknown functions.
     pub fn compile(source: &str) -> Result<Self, CelError> {
-        let program = ENV.compile(source).map_err(|e| CelError::Parse {
-            expr: source.to_owned(),
-            message: e.to_string(),
+        let program = compile_checked(source, &RESPONSE_VARIABLES, |v| {
+            CelError::UnknownResponseVariable {
+                expr: source.to_owned(),
+                variable: v.to_owned(),
+            }
         })?;
-        let mut names = Names::new();
-        names.walk(program.expression());
-        // The least unknown one, so an expression always gets the same message.
-        if let Some(v) = names
-            .variables
-            .iter()
-            .find(|v| !RESPONSE_VARIABLES.contains(v))
-        {
-            return Err(CelError::UnknownResponseVariable {
-                expr: source.to_owned(),
-                variable: (*v).to_owned(),
-            });
-        }
-        if let Some(f) = names.unknown_functions.first() {
-            return Err(CelError::UnknownFunction {
-                expr: source.to_owned(),
-                function: (*f).to_owned(),
-            });
-        }
         let fast = int::compile_response(&program.expression().expr).map(Arc::new);
         let reads_body = reads_body(&program.expression().expr);
         Ok(Self {
