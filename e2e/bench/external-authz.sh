@@ -245,9 +245,8 @@ print("\nCheck calls per request count the service's answers over the pair's req
       "`cached`, over both). Check calls per service CPU-second is the service's own capacity, measured from its "
       "threads' CPU time over the same seconds. Without the cache the request waits for the service, which "
       "shares CPU 1 with wrk and nginx: its requests per second are bound by the service's, and the proxy's CPU "
-      "per request includes the gRPC client's work. With the cache the route costs about what the bare route "
-      "does (the ratio to the bare route per CPU-second: the digest of the forwarded attributes and the cache "
-      "lookup).")
+      "per request includes the gRPC client's work. With the cache the route costs a little more than the bare "
+      "route (its ratio to the bare route per CPU-second; where that goes: below).")
 print("\n## Where the cached path's cost goes\n")
 print("Profiled apart from this run, on 2026-12-07 (load average about 9): `perf record -F 4000 -p PID` on the "
       "`cached` proxy and the bare route's proxy at the same time for 8 s, each loaded by wrk (25 connections) "
