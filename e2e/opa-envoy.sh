@@ -4,7 +4,7 @@
 # Check call what OPA-Envoy's gRPC server does (the CheckRequest as the policy's input, a query
 # prepared once), with OPA-Envoy's tutorial policy built in (a JWT bearer token's `role` claim
 # against the method and path). A benchmark-only component: the external authorization
-# benchmark (e2e/bench/external-authz.sh SERVICE=opa) measures the decision cache against it.
+# benchmark (e2e/bench/external-authz.sh, SERVICES=opa) measures the decision cache against it.
 # OPA-Envoy's own module (github.com/open-policy-agent/opa-envoy-plugin) is not served by the Go
 # module proxy this project reaches; see e2e/opa-envoy/main.go. Built from its Go module and
 # cached like e2e/extauthz.sh caches extauthz-grpc; not built by e2e/test-all.sh.

@@ -1,7 +1,7 @@
 // opa-envoy-grpc: Open Policy Agent's policy engine (github.com/open-policy-agent/opa, the
 // Rego evaluator OPA-Envoy runs) behind Envoy's ext_authz gRPC protocol
 // (envoy.service.auth.v3.Authorization/Check, go-control-plane's published protos), for the
-// external authorization benchmark (e2e/bench/external-authz.sh SERVICE=opa).
+// external authorization benchmark (e2e/bench/external-authz.sh, SERVICES=opa).
 //
 // OPA-Envoy itself (module github.com/open-policy-agent/opa-envoy-plugin) is not served by the
 // Go module proxy this project can reach, so this program does per Check call what its gRPC
