@@ -6,8 +6,12 @@
 # (oha -n N -c 10) with instrumentation on. Traffic stays on 127.0.0.1.
 # Needs valgrind, nginx and oha (e2e/bench/run.sh installs oha). Writes callgrind.out.<variant>
 # files to OUT (kept): `callgrind_annotate --inclusive=yes OUT/callgrind.out.rl` for the breakdown.
+# With SET=external, the variants of the external authorization benchmark (`gen.py policies DIR
+# external`: bare, cached, uncached, ...), asking extauthz-grpc (e2e/extauthz.sh, started here on
+# core 1): `cached` is one Check call, then N hits of the decision cache.
 # Usage: e2e/bench/callgrind-policies.sh [N (default 5000)] [OUT (default a temp dir)]
-#        env: VARIANTS ("bare rl apikey jwt"), BUILD=0 to use the binaries already built
+#        env: SET (policies | external), VARIANTS ("bare rl apikey jwt"; external: "bare cached"),
+#        BUILD=0 to use the binaries already built
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bench=$PWD/e2e/bench
@@ -17,10 +21,17 @@ mkdir -p "$out"
 # shellcheck source=e2e/bench/callgrind-lib.sh
 . "$bench/callgrind-lib.sh"
 callgrind_setup
-python3 "$bench/gen.py" policies "$out/v" >/dev/null
+set=${SET:-policies}
+python3 "$bench/gen.py" policies "$out/v" "$set" >/dev/null
+variants=${VARIANTS:-bare rl apikey jwt}
+if [ "$set" = external ]; then
+  variants=${VARIANTS:-bare cached}
+  taskset -c 1 "$("$PWD/e2e/extauthz.sh" build)" -listen 127.0.0.1:19191 >"$out/extauthz.log" 2>&1 &
+  pids+=($!)
+fi
 
 admin=19930
-for v in ${VARIANTS:-bare rl apikey jwt}; do
+for v in $variants; do
   d=$out/v/$v
   "$bin/tollgate" compile "$d/manifests" --out "$d/table" >/dev/null
   IFS=$'\t' read -r -a fields <"$d/request" # port, then the headers every variant sends

@@ -96,11 +96,17 @@ does, each over three endpoints (127.0.0.1:19080, 19081, 19082, one EndpointSlic
   twin    18494  the bare route again (the control)
 
 `external` writes the variants of the external authorization benchmark (external-authz.sh), as
-`policies` does; the authorization service is extauthz-grpc on 127.0.0.1:19191 (gRPC, h2c):
-  bare      18590  the route alone
-  cached    18591  an AuthPolicy `external` gRPC rule with cacheTTL 1h (a hit after the first)
-  uncached  18592  the same rule without a cache: one Check call per request
-  twin      18593  the bare route again (the control)
+`policies` does; the authorization service is extauthz-grpc on 127.0.0.1:19191 (gRPC, h2c),
+or for the -opa variants opa-envoy-grpc (OPA with OPA-Envoy's tutorial policy) on 19193:
+  bare          18590  the route alone
+  cached        18591  an AuthPolicy `external` gRPC rule with cacheTTL 1h (a hit after the first)
+  uncached      18592  the same rule without a cache: one Check call per request
+  twin          18593  the bare route again (the control)
+  cached-opa    18594  `cached` asking opa-envoy-grpc
+  uncached-opa  18595  `uncached` asking opa-envoy-grpc
+Each variant's `request` holds its port and headers: `x-allow: yes` for extauthz-grpc, an HS256
+JWT bearer token with the tutorial's `role: guest` claim (secret `secret`) for OPA, which allows
+it GET /people/*.
 
 `oidc` writes the variants of the OIDC session benchmark (oidc.sh), as `policies` does; the
 OpenID Provider (e2e/oidc-provider.sh, client `bench`, secret `bench-secret`) is
@@ -733,12 +739,26 @@ def client(out, pp_version):
     print("xff proxy-protocol proxy-protocol-close twin twin-relay")
 
 
-EXTERNAL_PORTS = {"bare": 18590, "cached": 18591, "uncached": 18592, "twin": 18593}
+EXTERNAL_PORTS = {"bare": 18590, "cached": 18591, "uncached": 18592, "twin": 18593,
+                  "cached-opa": 18594, "uncached-opa": 18595}
 # extauthz-grpc (e2e/extauthz.sh) listens here: an Envoy ext_authz service allowing `x-allow: yes`.
 EXTAUTHZ_PORT = 19191
+# opa-envoy-grpc (e2e/opa-envoy.sh) listens here: OPA evaluating OPA-Envoy's tutorial policy.
+OPA_PORT = 19193
 
 
-def external_policy(cache_ttl):
+def opa_token():
+    """A token OPA-Envoy's tutorial policy allows GET /people/* for: HS256 with the secret
+    `secret`, role guest, valid from a minute ago for a day."""
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    now = int(time.time())
+    claims = {"role": "guest", "sub": b64url(b"alice"), "nbf": now - 60, "exp": now + 86400}
+    payload = b64url(json.dumps(claims).encode())
+    sig = hmac.new(b"secret", f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(sig)}"
+
+
+def external_policy(cache_ttl, port=EXTAUTHZ_PORT):
     ttl = f", cacheTTL: {cache_ttl}" if cache_ttl else ""
     return f"""---
 apiVersion: v1
@@ -750,7 +770,7 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {{name: authz-1, namespace: default, labels: {{kubernetes.io/service-name: authz}}}}
 addressType: IPv4
-ports: [{{name: grpc, port: {EXTAUTHZ_PORT}}}]
+ports: [{{name: grpc, port: {port}}}]
 endpoints: [{{addresses: ["127.0.0.1"]}}]
 """ + on_route("AuthPolicy", "bench-ext", f"""  rules:
     authorization:
@@ -760,16 +780,22 @@ endpoints: [{{addresses: ["127.0.0.1"]}}]
 
 
 def external(out):
-    """The variants of external-authz.sh: the bare route, the route asking extauthz-grpc with a
-    decision cache (1h: every request after the first is a hit) and without one."""
+    """The variants of external-authz.sh: the bare route, the route asking extauthz-grpc (or
+    opa-envoy-grpc) with a decision cache (1h: every request after the first is a hit) and
+    without one."""
     variants = {
         "bare": "",
         "cached": external_policy("1h"),
         "uncached": external_policy(None),
         "twin": "",
+        "cached-opa": external_policy("1h", OPA_PORT),
+        "uncached-opa": external_policy(None, OPA_PORT),
     }
+    bearer = opa_token()
     write_variants(out, {name: base(name, EXTERNAL_PORTS[name]) + extra for name, extra in variants.items()},
-                   lambda name: [EXTERNAL_PORTS[name], "x-allow: yes", "authorization: Bearer bench-user"])
+                   lambda name: [EXTERNAL_PORTS[name]] + (
+                       [f"authorization: Bearer {bearer}"] if name.endswith("-opa")
+                       else ["x-allow: yes", "authorization: Bearer bench-user"]))
 
 
 OIDC_PORTS = {"bare": 18490, "oidc": 18491, "twin": 18492}
