@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # e2e/go-build.sh — sourced by the scripts that build a test component from a small wrapper Go
 # module with pinned versions and cache the binary (e2e/kstatus.sh, e2e/helm.sh,
-# e2e/extauthz.sh, e2e/oidc-provider.sh, e2e/flux.sh). In: the caller's `log` and `die`, and
+# e2e/extauthz.sh, e2e/oidc-provider.sh, e2e/flux.sh, e2e/opa-envoy.sh). In: the caller's `log` and `die`, and
 # the environment (all optional) TOLLGATE_CACHE_DIR, TOLLGATE_BIN_DIR, TOLLGATE_BUILD_JOBS.
 # Out: CACHE_DIR, BIN_DIR, BUILD_JOBS and the functions below.
 #
