@@ -103,24 +103,50 @@ pub(crate) async fn count_from_body(resp: &mut Response<ProxyBody>, costs: Vec<B
     let inner = std::mem::replace(resp.body_mut(), crate::lifecycle::body::empty());
     *resp.body_mut() = CostBody {
         inner: Some(inner),
-        kept: Vec::new(),
-        cap,
-        over: false,
+        kept: Kept {
+            bytes: Vec::new(),
+            cap,
+            over: false,
+        },
         costs: Some(costs),
         counting: None,
     }
     .boxed();
 }
 
-/// A response body that keeps a copy of its bytes (up to `cap`) and counts the costs when it
-/// ends, before ending.
+/// A copy of a body's bytes, up to a cap.
+struct Kept {
+    bytes: Vec<u8>,
+    cap: usize,
+    /// More than `cap` bytes came: `bytes` was dropped.
+    over: bool,
+}
+
+impl Kept {
+    fn keep(&mut self, data: &Bytes) {
+        if self.over {
+            return;
+        }
+        if self.bytes.len() + data.len() > self.cap {
+            self.over = true;
+            self.bytes = Vec::new();
+        } else {
+            self.bytes.extend_from_slice(data);
+        }
+    }
+
+    /// What was read, when it is the whole body.
+    fn whole(&mut self) -> Option<Vec<u8>> {
+        (!self.over).then(|| std::mem::take(&mut self.bytes))
+    }
+}
+
+/// A response body that keeps a copy of its bytes (up to the cap) and counts the costs when
+/// it ends, before ending.
 struct CostBody {
     /// `None` once handed to a drain.
     inner: Option<ProxyBody>,
-    kept: Vec<u8>,
-    cap: usize,
-    /// More than `cap` bytes came: `kept` was dropped.
-    over: bool,
+    kept: Kept,
     /// `None` once counting has started.
     costs: Option<Costs>,
     /// The count in progress; the body ends when it is done.
@@ -128,23 +154,6 @@ struct CostBody {
 }
 
 impl CostBody {
-    fn keep(&mut self, data: &Bytes) {
-        if self.over {
-            return;
-        }
-        if self.kept.len() + data.len() > self.cap {
-            self.over = true;
-            self.kept = Vec::new();
-        } else {
-            self.kept.extend_from_slice(data);
-        }
-    }
-
-    /// What was read, when it is the whole body.
-    fn whole(&mut self) -> Option<Vec<u8>> {
-        (!self.over).then(|| std::mem::take(&mut self.kept))
-    }
-
     /// Starts counting on `body`.
     fn start(&mut self, body: Option<Vec<u8>>) {
         if let Some(costs) = self.costs.take() {
@@ -178,12 +187,12 @@ impl Body for CostBody {
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.keep(data);
+                    this.kept.keep(data);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
-                let body = this.whole();
+                let body = this.kept.whole();
                 this.start(body);
                 if this.counting.is_none() {
                     return Poll::Ready(None);
@@ -221,9 +230,14 @@ impl Drop for CostBody {
         };
         let drain = Drain {
             inner,
-            kept: std::mem::take(&mut self.kept),
-            cap: self.cap,
-            over: self.over,
+            kept: std::mem::replace(
+                &mut self.kept,
+                Kept {
+                    bytes: Vec::new(),
+                    cap: 0,
+                    over: true,
+                },
+            ),
         };
         runtime.spawn(async move {
             let body = tokio::time::timeout(DRAIN_LIMIT, drain.read())
@@ -238,25 +252,20 @@ impl Drop for CostBody {
 /// The rest of a body whose client left, read for its cost.
 struct Drain {
     inner: ProxyBody,
-    kept: Vec<u8>,
-    cap: usize,
-    over: bool,
+    kept: Kept,
 }
 
 impl Drain {
     /// The whole body, or `None` when it fails or passes the cap (read no further).
     async fn read(mut self) -> Option<Vec<u8>> {
-        if self.over {
-            return None;
-        }
-        while let Some(frame) = self.inner.frame().await {
+        while !self.kept.over {
+            let Some(frame) = self.inner.frame().await else {
+                return self.kept.whole();
+            };
             if let Ok(data) = frame.ok()?.into_data() {
-                if self.kept.len() + data.len() > self.cap {
-                    return None;
-                }
-                self.kept.extend_from_slice(&data);
+                self.kept.keep(&data);
             }
         }
-        Some(self.kept)
+        None
     }
 }
