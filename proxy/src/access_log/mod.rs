@@ -149,6 +149,8 @@ struct Sink {
     out: Mutex<Box<dyn Write + Send>>,
     /// stdout failed: nothing more is written.
     broken: AtomicBool,
+    /// The log was dropped: the writer writes what is pending and ends.
+    closed: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
@@ -166,6 +168,7 @@ impl Sink {
             wake: Condvar::new(),
             out: Mutex::new(out),
             broken: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             metrics,
         }
     }
@@ -239,10 +242,17 @@ impl Sink {
     }
 }
 
-/// The writer thread: batches until stdout fails.
+/// The writer thread: batches until stdout fails, or until its log is dropped (then it
+/// writes what is pending and ends, so a proxy that goes away, as a Gateway `tollgate run`
+/// stops serving, leaves no thread behind).
 fn write_loop(sink: &Sink) {
     let mut spare = Vec::with_capacity(2 * BATCH_BYTES);
-    while sink.write_batch(&mut spare, true).is_ok() {}
+    while !sink.closed.load(Ordering::Acquire) {
+        if sink.write_batch(&mut spare, true).is_err() {
+            return;
+        }
+    }
+    let _ = sink.write_batch(&mut spare, false);
 }
 
 /// A file several proxies of one process may share (`&File` writes).
@@ -330,6 +340,15 @@ impl AccessLog {
         if let Some(sink) = &self.sink {
             let mut spare = Vec::new();
             let _ = sink.write_batch(&mut spare, false);
+        }
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        if let Some(sink) = &self.sink {
+            sink.closed.store(true, Ordering::Release);
+            sink.wake.notify_one();
         }
     }
 }
@@ -448,6 +467,29 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(lines(&out).len(), 1_000);
+    }
+
+    #[test]
+    fn a_dropped_log_writes_its_last_lines_and_ends_its_writer_thread() {
+        let out = Shared::default();
+        let log = AccessLog::to(
+            Some(Box::new(out.clone())),
+            &LogSettings::default(),
+            Arc::new(Metrics::new()),
+        );
+        log.start();
+        let sink = log.sink.clone().unwrap();
+        log.log(&record());
+        drop(log);
+        // Bounded wait for the writer thread to let go of the sink (not a speed check).
+        for _ in 0..500 {
+            if Arc::strong_count(&sink) == 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(Arc::strong_count(&sink), 1, "the writer thread still runs");
+        assert_eq!(lines(&out).len(), 1, "the last line was not written");
     }
 
     fn record() -> AccessRecord<'static> {
