@@ -98,6 +98,7 @@ macro_rules! each_object_list {
         $m!(backend_policies);
         $m!(backend_traffic_policies);
         $m!(backend_tls_policies);
+        $m!(gateway_parameters);
     };
 }
 
@@ -133,6 +134,7 @@ struct Counts {
     backend_policies: usize,
     backend_traffic_policies: usize,
     backend_tls_policies: usize,
+    gateway_parameters: usize,
     warnings: usize,
 }
 
@@ -161,6 +163,7 @@ impl Counts {
             backend_policies: _,
             backend_traffic_policies: _,
             backend_tls_policies: _,
+            gateway_parameters: _,
             last_valid: _,
             reserved_ports: _,
             now: _,

@@ -62,7 +62,7 @@ fn conformance_claims() -> Vec<&'static str> {
 }
 
 #[test]
-fn gateway_class_with_parameters_ref_is_invalid_parameters() {
+fn gateway_class_with_foreign_parameters_ref_is_invalid_parameters_yet_served() {
     let out = run(
         &["listeners"],
         r"
@@ -92,10 +92,11 @@ spec:
         "False",
         "InvalidParameters",
     );
-    assert!(
-        !out.tables
-            .contains_key(&ObjectKey::new("infra", "params-gw"))
-    );
+    // Parameters concern provisioning: the routes stay served, the proxy is left alone.
+    let key = ObjectKey::new("infra", "params-gw");
+    assert!(out.tables.contains_key(&key));
+    let err = out.parameters[&key].as_ref().unwrap_err();
+    assert!(err.contains("only tollgate.dev/GatewayParameters"), "{err}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! GatewayClass acceptance.
 //!
-//! In: every GatewayClass. Out: for those whose `controllerName` is ours, whether they are
-//! accepted and the status they should carry (Accepted condition and `supportedFeatures`).
+//! In: every GatewayClass and the GatewayParameters. Out: for those whose `controllerName` is
+//! ours, the parameters they name (or why these cannot be used) and the status they should
+//! carry (Accepted condition and `supportedFeatures`).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::CONTROLLER_NAME;
 use super::conditions::{ACCEPTED, Conds, reason};
+use super::parameters::{self, ParametersIndex};
+use crate::crds::GatewayParametersSpec;
 
 /// Gateway API features this implementation supports, advertised in
 /// `GatewayClass.status.supportedFeatures` (sorted): the features `e2e/conformance.sh` claims
@@ -69,9 +72,11 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 
 /// One of our GatewayClasses.
 #[derive(Debug, Clone)]
-pub struct ClassModel {
-    /// Whether Gateways of this class may be compiled.
-    pub accepted: bool,
+pub struct ClassModel<'a> {
+    /// The GatewayParameters its `parametersRef` names (`None` without one), or why they
+    /// cannot be used. Either way its Gateways are compiled and served: invalid parameters
+    /// hold their provisioning, not their traffic.
+    pub parameters: Result<Option<&'a GatewayParametersSpec>, String>,
     /// Status to write.
     pub status: GatewayClassStatus,
 }
@@ -79,8 +84,9 @@ pub struct ClassModel {
 /// Compiles every GatewayClass whose controllerName is ours, by name.
 pub fn compile_classes<'a>(
     classes: &'a [GatewayClass],
+    index: &ParametersIndex<'a>,
     now: &Time,
-) -> BTreeMap<&'a str, ClassModel> {
+) -> BTreeMap<&'a str, ClassModel<'a>> {
     let mut features: Vec<&str> = SUPPORTED_FEATURES.to_vec();
     features.sort_unstable();
     features.dedup();
@@ -100,29 +106,19 @@ pub fn compile_classes<'a>(
             continue;
         };
         let conds = Conds::new(class.metadata.generation, now);
-        // We take no parameters: a parametersRef is something we cannot honour, and
-        // silently ignoring it would run the Gateway with settings the user did not ask for.
-        let (accepted, cond) = match &class.spec.parameters_ref {
-            None => (
-                true,
-                conds.yes(ACCEPTED, reason::ACCEPTED, "GatewayClass is accepted"),
-            ),
-            Some(p) => (
-                false,
-                conds.no(
-                    ACCEPTED,
-                    reason::INVALID_PARAMETERS,
-                    format!(
-                        "spec.parametersRef ({}/{} {}) is not supported by {CONTROLLER_NAME}",
-                        p.group, p.kind, p.name
-                    ),
-                ),
+        let parameters = parameters::class_parameters(class.spec.parameters_ref.as_ref(), index);
+        let cond = match &parameters {
+            Ok(_) => conds.yes(ACCEPTED, reason::ACCEPTED, "GatewayClass is accepted"),
+            Err(e) => conds.no(
+                ACCEPTED,
+                reason::INVALID_PARAMETERS,
+                format!("{e}; its Gateways are served, their proxies left as they are"),
             ),
         };
         out.insert(
             name,
             ClassModel {
-                accepted,
+                parameters,
                 status: GatewayClassStatus {
                     conditions: Some(vec![cond]),
                     supported_features: Some(supported.clone()),

@@ -251,11 +251,13 @@ impl ListenerModel<'_> {
 }
 
 /// Validates one Gateway of our class, with the ListenerSets that name it (`sets`, in
-/// precedence order: [`listenersets::by_parent`]).
+/// precedence order: [`listenersets::by_parent`]). `parameters_error` says why its
+/// GatewayParameters cannot be used: it is then not `Accepted` (`InvalidParameters`), yet
+/// served, since parameters concern its proxies' provisioning, not its traffic.
 pub fn compile_gateway<'a>(
     gw: &'a Gateway,
     sets: &'a [ListenerSetEntry<'a>],
-    class_accepted: bool,
+    parameters_error: Option<&str>,
     idx: &Index<'_>,
     reserved: &[u16],
     now: &Time,
@@ -277,7 +279,7 @@ pub fn compile_gateway<'a>(
         finish_listener(l, conflict, &conds);
     }
 
-    let (address, gateway_problem) = gateway_level_problems(gw, class_accepted);
+    let (address, gateway_problem) = gateway_level_problems(gw);
     let valid = listeners.iter().filter(|l| l.accepted).count();
     let own = listeners.len();
     let accepted_cond = if let Some(p) = &gateway_problem {
@@ -298,6 +300,10 @@ pub fn compile_gateway<'a>(
         conds.yes(ACCEPTED, reason::ACCEPTED, "Gateway is accepted")
     };
     let accepted = accepted_cond.status == "True";
+    let accepted_cond = match parameters_error {
+        Some(e) if accepted => conds.no(ACCEPTED, reason::INVALID_PARAMETERS, e),
+        _ => accepted_cond,
+    };
     if !accepted {
         // Nothing of a rejected Gateway is served, whatever its listeners look like.
         for l in listeners.iter_mut().filter(|l| l.programmed) {
@@ -506,32 +512,7 @@ fn add_listener_sets<'a>(
 }
 
 /// Problems that reject the whole Gateway; also picks the bind address.
-fn gateway_level_problems(gw: &Gateway, class_accepted: bool) -> (String, Option<Problem>) {
-    if !class_accepted {
-        let p = Problem::new(
-            reason::INVALID_PARAMETERS,
-            format!(
-                "GatewayClass {} is not accepted",
-                gw.spec.gateway_class_name
-            ),
-        );
-        return (DEFAULT_ADDRESS.to_owned(), Some(p));
-    }
-    if let Some(p) = gw
-        .spec
-        .infrastructure
-        .as_ref()
-        .and_then(|i| i.parameters_ref.as_ref())
-    {
-        let p = Problem::new(
-            reason::INVALID_PARAMETERS,
-            format!(
-                "spec.infrastructure.parametersRef ({}/{} {}) is not supported",
-                p.group, p.kind, p.name
-            ),
-        );
-        return (DEFAULT_ADDRESS.to_owned(), Some(p));
-    }
+fn gateway_level_problems(gw: &Gateway) -> (String, Option<Problem>) {
     let mut address = None;
     for (i, a) in gw.spec.addresses.iter().flatten().enumerate() {
         let ty = a.r#type.as_deref().unwrap_or("IPAddress");

@@ -6,7 +6,7 @@
 //! hash-map iteration: the same input gives byte-identical output whatever the input order.
 //!
 //! The pipeline, one module per concern:
-//! [`classes`] (GatewayClass acceptance) → [`listeners`] (Gateway and listener validation,
+//! [`classes`] (GatewayClass acceptance, [`parameters`]) → [`listeners`] (Gateway and listener validation,
 //! conflicts, [`certs`], unsupported [`tls`] settings) → [`routes`] (parentRef attachment, [`hostnames`], allowedRoutes) with
 //! [`rules`] (matches, [`filters`], timeouts), [`grpc`] (GRPCRoute matches), [`tlsroute`]
 //! (TLSRoute backends, for TLS passthrough listeners) and [`backends`]
@@ -33,6 +33,7 @@ pub mod listeners;
 pub mod listenersets;
 pub mod load;
 pub mod output;
+pub mod parameters;
 pub mod policies;
 pub mod precedence;
 pub mod routes;
@@ -60,7 +61,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
-use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{
+    AuthPolicy, BackendPolicy, ClientPolicy, GatewayParameters, GatewayParametersSpec,
+    PolicyStatus, RateLimitPolicy,
+};
 use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 pub use cache::{CacheStats, CompileCache};
@@ -115,6 +119,8 @@ pub struct Inputs {
     pub backend_traffic_policies: Vec<XBackendTrafficPolicy>,
     /// BackendTLSPolicies.
     pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    /// GatewayParameters (what GatewayClasses and Gateways say their proxies run with).
+    pub gateway_parameters: Vec<GatewayParameters>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -161,6 +167,7 @@ impl Inputs {
             backend_policies: Vec::new(),
             backend_traffic_policies: Vec::new(),
             backend_tls_policies: Vec::new(),
+            gateway_parameters: Vec::new(),
             last_valid: LastValid::default(),
             reserved_ports: Vec::new(),
             now,
@@ -192,6 +199,7 @@ impl Inputs {
         self.backend_traffic_policies
             .extend(other.backend_traffic_policies);
         self.backend_tls_policies.extend(other.backend_tls_policies);
+        self.gateway_parameters.extend(other.gateway_parameters);
         self.warnings.extend(other.warnings);
     }
 }
@@ -279,6 +287,11 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub backend_tls_policies: BTreeMap<ObjectKey, BackendTlsPolicyStatus>,
+    /// The GatewayParameters of every Gateway with a table (its class's merged with its own;
+    /// the default when neither names any), or why they cannot be used: then its proxy is
+    /// neither provisioned nor changed. Not serialized (the statuses say the same).
+    #[serde(skip)]
+    pub parameters: BTreeMap<ObjectKey, Result<GatewayParametersSpec, String>>,
     /// The policies valid now, or kept at their last valid version: the next compile's
     /// [`Inputs::last_valid`]. Not part of the serialized output (it is memory, not a result).
     #[serde(skip)]
@@ -306,25 +319,38 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
     }
     let now = &inputs.now;
 
-    let classes = classes::compile_classes(&inputs.gateway_classes, now);
+    let parameters_index = parameters::index(&inputs.gateway_parameters);
+    let classes = classes::compile_classes(&inputs.gateway_classes, &parameters_index, now);
+    let mut gateway_parameters = BTreeMap::new();
     let mut gateways: Vec<listeners::GatewayModel<'_>> = idx
         .gateways
         .iter()
         .filter_map(|gw| {
             let class = classes.get(gw.spec.gateway_class_name.as_str())?;
+            let params = parameters::gateway_parameters(
+                gw,
+                class
+                    .parameters
+                    .as_ref()
+                    .map(|p| *p)
+                    .map_err(String::as_str),
+                &parameters_index,
+            );
             let sets = idx
                 .listener_sets
                 .get(&index::key_of(&gw.metadata))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            Some(listeners::compile_gateway(
+            let model = listeners::compile_gateway(
                 gw,
                 sets,
-                class.accepted,
+                params.as_ref().err().map(String::as_str),
                 &idx,
                 &inputs.reserved_ports,
                 now,
-            ))
+            );
+            gateway_parameters.insert(model.key.clone(), params);
+            Some(model)
         })
         .collect();
     gateways.sort_by(|a, b| a.key.cmp(&b.key));
@@ -463,6 +489,9 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
             }
         }
     }
+    // Only Gateways with a table are provisioned.
+    gateway_parameters.retain(|k, _| tables.contains_key(k));
+    let parameters = gateway_parameters;
     Output {
         tables,
         gateway_classes: classes
@@ -482,6 +511,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         backend_policies,
         backend_traffic_policies,
         backend_tls_policies,
+        parameters,
         last_valid: policies.last_valid,
     }
 }

@@ -1,4 +1,5 @@
-//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy, ClientPolicy and BackendPolicy (group `tollgate.dev`, `v1alpha1`).
+//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy, ClientPolicy, BackendPolicy and
+//! GatewayParameters (group `tollgate.dev`, `v1alpha1`).
 //!
 //! In: nothing. Out: the Rust types (serde + JSON schema) the controller watches and the
 //! compiler reads, and [`crd_yaml`], the CRD manifests `tollgate crdgen` writes to crds/.
@@ -10,6 +11,7 @@ pub mod backend;
 pub mod client;
 pub mod common;
 pub mod external;
+pub mod parameters;
 pub mod ratelimit;
 pub mod reference;
 
@@ -17,6 +19,7 @@ pub use auth::{AuthPolicy, AuthPolicySpec};
 pub use backend::{BackendPolicy, BackendPolicySpec};
 pub use client::{ClientPolicy, ClientPolicySpec};
 pub use common::{PolicyStatus, Predicate, Strategy, TargetRef};
+pub use parameters::{GatewayParameters, GatewayParametersSpec};
 pub use ratelimit::{RateLimitPolicy, RateLimitPolicySpec};
 
 use kube::CustomResourceExt;
@@ -26,12 +29,13 @@ pub const GROUP: &str = "tollgate.dev";
 
 /// Every CRD as the API server gets it, sorted by name.
 pub fn crds()
--> [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; 4]
+-> [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; 5]
 {
     let mut crds = [
         AuthPolicy::crd(),
         BackendPolicy::crd(),
         ClientPolicy::crd(),
+        GatewayParameters::crd(),
         RateLimitPolicy::crd(),
     ];
     for crd in &mut crds {

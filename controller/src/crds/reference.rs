@@ -16,7 +16,8 @@ pub fn markdown() -> Result<String, serde_json::Error> {
          Tollgate's CRDs (group `tollgate.dev`); `cargo test -p tollgate --test crdgen` fails \
          when it is stale. In field paths, `[]` is an item of a list and `<name>` a value of a \
          map whose keys you choose. The guides: [Policies](../policies.md), \
-         [ClientPolicy](../client-policy.md), [Backends that fail](../backends.md).\n",
+         [ClientPolicy](../client-policy.md), [Backends that fail](../backends.md), \
+         [GatewayParameters](../gateway-parameters.md).\n",
     );
     for crd in super::crds() {
         let crd = serde_json::to_value(&crd)?;
@@ -239,6 +240,7 @@ mod tests {
             "AuthPolicy",
             "BackendPolicy",
             "ClientPolicy",
+            "GatewayParameters",
             "RateLimitPolicy",
         ] {
             assert!(page.contains(&format!("\n## {kind}\n")), "{kind}");

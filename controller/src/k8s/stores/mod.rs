@@ -66,7 +66,7 @@ use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
-use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, RateLimitPolicy};
+use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, GatewayParameters, RateLimitPolicy};
 use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// The kinds the controller watches.
@@ -114,6 +114,8 @@ pub enum Kind {
     ConfigMap,
     /// gateway.networking.k8s.io BackendTLSPolicy (optional, as TLSRoute).
     BackendTlsPolicy,
+    /// tollgate.dev GatewayParameters.
+    GatewayParameters,
 }
 
 impl Kind {
@@ -141,6 +143,7 @@ impl Kind {
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
             Self::BackendTlsPolicy => "BackendTLSPolicy",
+            Self::GatewayParameters => "GatewayParameters",
         }
     }
 }
@@ -232,6 +235,8 @@ pub struct Stores {
     pub referenced: Referenced,
     /// BackendTLSPolicies (empty while the CRD is not installed).
     pub backend_tls_policies: Store<Lenient<BackendTlsPolicy>>,
+    /// GatewayParameters (empty while the CRD is not installed).
+    pub gateway_parameters: Store<Lenient<GatewayParameters>>,
 }
 
 impl Stores {
@@ -353,6 +358,15 @@ impl Stores {
             OPTIONAL_RETRY,
         );
         tasks.push(t);
+        // Without the CRD no parameters resolve: Gateways naming some are InvalidParameters
+        // and their proxies left as they are, which grants nothing.
+        let (gateway_parameters, t) = w(Kind::GatewayParameters).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
         let (credential_secrets, t) = w(Kind::CredentialSecret)
             .spawn(Api::all(client.clone()), cfg().labels(CREDENTIAL_LABEL));
         tasks.push(t);
@@ -379,6 +393,7 @@ impl Stores {
             config_maps,
             referenced,
             backend_tls_policies,
+            gateway_parameters,
         };
         (stores, tasks)
     }
@@ -404,6 +419,7 @@ impl Stores {
         self.client_policies.wait_until_ready().await?;
         self.backend_policies.wait_until_ready().await?;
         self.backend_traffic_policies.wait_until_ready().await?;
+        self.gateway_parameters.wait_until_ready().await?;
         self.credential_secrets.wait_until_ready().await?;
         self.config_maps.wait_until_ready().await
     }
@@ -444,6 +460,7 @@ impl Stores {
         inputs.client_policies = well_formed(&self.client_policies);
         inputs.backend_policies = well_formed(&self.backend_policies);
         inputs.backend_traffic_policies = well_formed(&self.backend_traffic_policies);
+        inputs.gateway_parameters = well_formed(&self.gateway_parameters);
         inputs
     }
 }

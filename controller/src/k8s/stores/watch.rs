@@ -216,6 +216,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::ClientPolicy
             | Kind::BackendPolicy
             | Kind::BackendTrafficPolicy
+            | Kind::GatewayParameters
     );
     match old {
         Some(old @ Lenient::Ok(_)) if gateway_api && matches!(new, Lenient::Ok(_)) => {
