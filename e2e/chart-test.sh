@@ -157,6 +157,8 @@ for r in gatewayclasses gateways httproutes grpcroutes tlsroutes tcproutes udpro
   can yes update "$r.$GW" --subresource=status -n apps
 done
 can no patch "referencegrants.$GW" --subresource=status -n apps
+for verb in get list watch; do can yes "$verb" gatewayparameters.tollgate.dev -A; done
+can no update gatewayparameters.tollgate.dev -n apps
 for verb in get list watch; do can yes "$verb" xbackendtrafficpolicies.gateway.networking.x-k8s.io -A; done
 can yes patch xbackendtrafficpolicies.gateway.networking.x-k8s.io --subresource=status -n apps
 for r in ratelimitpolicies authpolicies clientpolicies backendpolicies; do
@@ -166,14 +168,14 @@ for r in ratelimitpolicies authpolicies clientpolicies backendpolicies; do
 done
 for r in secrets configmaps; do can yes get "$r" -A; done
 # The optional kinds' CRDs, and no other (a 404 is confirmed against the CRD).
-for crd in "tlsroutes.$GW" "tcproutes.$GW" "udproutes.$GW" "listenersets.$GW" "backendtlspolicies.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev xbackendtrafficpolicies.gateway.networking.x-k8s.io; do
+for crd in "tlsroutes.$GW" "tcproutes.$GW" "udproutes.$GW" "listenersets.$GW" "backendtlspolicies.$GW" ratelimitpolicies.tollgate.dev authpolicies.tollgate.dev clientpolicies.tollgate.dev backendpolicies.tollgate.dev gatewayparameters.tollgate.dev xbackendtrafficpolicies.gateway.networking.x-k8s.io; do
   can yes get "customresourcedefinitions.apiextensions.k8s.io/$crd"
 done
 can no get customresourcedefinitions.apiextensions.k8s.io/widgets.example.com
 can no list customresourcedefinitions.apiextensions.k8s.io
 can yes update "gateways.$GW" --subresource=finalizers -n apps
 for r in services namespaces secrets endpointslices.discovery.k8s.io; do can yes watch "$r" -A; done
-for r in serviceaccounts services deployments.apps; do
+for r in serviceaccounts services deployments.apps horizontalpodautoscalers.autoscaling poddisruptionbudgets.policy; do
   for verb in get create patch update delete; do can yes "$verb" "$r" -n apps; done
 done
 can yes create secrets -n apps

@@ -425,7 +425,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         service_type: args.service_type.clone(),
         controller_url: args.controller_url.clone(),
         controller_namespace: namespace.clone(),
-        proxy_args: [args.rate_limit.to_flags(), args.access_log.to_proxy_flags()].concat(),
+        proxy_args: args.rate_limit.to_flags(),
+        access_log: args.access_log.clone(),
     });
     // Refuse inconsistent storage and access log flags here rather than in every proxy.
     args.rate_limit.storage()?;

@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount, ServicePort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
+use tollgate::crds::GatewayParametersSpec;
 use tollgate::k8s::provision::{
     self, FIELD_MANAGER, ProvisionConfig, ProvisionError, REPLICAS_ANNOTATION,
 };
@@ -71,6 +72,7 @@ fn config() -> ProvisionConfig {
         controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
         controller_namespace: "tollgate-system".into(),
         proxy_args: vec!["--redis-url=redis://redis.cache:6379".into()],
+        access_log: tollgate_proxy::AccessLogArgs::default(),
     }
 }
 
@@ -159,9 +161,15 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     let ns = TestNamespace::new(&client, "create").await;
     let gw = create_gateway(&ns, "edge").await;
 
-    let addresses = provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    let addresses = provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
 
     let name = "edge-tollgate";
     let sa = ns.api::<ServiceAccount>().get(name).await.unwrap();
@@ -220,9 +228,15 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     );
 
     let before = versions(&ns, name).await;
-    let again = provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    let again = provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     assert_eq!(again, addresses);
     assert_eq!(
         versions(&ns, name).await,
@@ -236,9 +250,15 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "lb").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
 
     // Play the load-balancer provider.
     let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [
@@ -254,9 +274,15 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
         .await
         .unwrap();
 
-    let addresses = provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    let addresses = provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     let pairs: Vec<(String, String)> = addresses
         .into_iter()
         .map(|a| (a.r#type.unwrap(), a.value))
@@ -276,16 +302,28 @@ async fn cluster_ip_service_type_reports_the_cluster_ip() {
     let ns = TestNamespace::new(&client, "cip").await;
     let gw = create_gateway(&ns, "edge").await;
     // First a LoadBalancer (with node ports), then the operator switches to ClusterIP.
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     let config = ProvisionConfig {
         service_type: "ClusterIP".into(),
         ..config()
     };
-    let addresses = provision::provision(&client, &config, &gw, &[])
-        .await
-        .unwrap();
+    let addresses = provision::provision(
+        &client,
+        &config,
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
     let spec = svc.spec.unwrap();
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
@@ -305,18 +343,30 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "update").await;
     let mut gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
 
     let infra = gw.spec.infrastructure.as_mut().unwrap();
     infra.labels = Some(BTreeMap::from([("tier".into(), "edge".into())]));
     infra.annotations = None;
     gw.spec.listeners.truncate(1);
     gw.metadata.annotations = Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), "3".into())]));
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
 
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     let labels = deploy.metadata.labels.clone().unwrap();
@@ -341,9 +391,15 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
 
     // Dropping the annotation hands replicas back to the API server's default.
     gw.metadata.annotations = None;
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     assert_eq!(deploy.spec.unwrap().replicas, Some(1));
 }
@@ -357,9 +413,15 @@ async fn invalid_replicas_annotation_applies_nothing() {
         REPLICAS_ANNOTATION.into(),
         "lots".into(),
     )]));
-    let err = provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap_err();
+    let err = provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(err, ProvisionError::InvalidGateway { .. }),
         "{err}"
@@ -378,9 +440,15 @@ async fn deprovision_deletes_the_objects_and_tolerates_missing_ones() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "delete").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(&client, &config(), &gw, &[])
-        .await
-        .unwrap();
+    provision::provision(
+        &client,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
 
     provision::deprovision(&client, &ns.name, "edge")
         .await
@@ -479,13 +547,40 @@ async fn provision_works_with_only_the_charts_rbac() {
         "{user}: {denied}"
     );
 
-    let addresses = provision::provision(&controller, &config(), &gw, &[])
+    // GatewayParameters add an autoscaler and a disruption budget, which the chart's RBAC
+    // must allow too (creating them, then deleting them when the parameters drop them).
+    let scaled: GatewayParametersSpec = serde_json::from_value(serde_json::json!({
+        "autoscaling": {"maxReplicas": 3},
+        "podDisruptionBudget": {"minAvailable": 1}
+    }))
+    .unwrap();
+    let addresses = provision::provision(&controller, &config(), &gw, &scaled, &[])
         .await
         .unwrap_or_else(|e| panic!("provision as {user}: {e}"));
     assert_eq!(addresses.len(), 1);
-    provision::provision(&controller, &config(), &gw, &[])
-        .await
-        .unwrap();
+    assert!(
+        ns.api::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    provision::provision(
+        &controller,
+        &config(),
+        &gw,
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(
+        ns.api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
+            .get_opt("edge-tollgate")
+            .await
+            .unwrap()
+            .is_none()
+    );
     provision::deprovision(&controller, &ns.name, "edge")
         .await
         .unwrap_or_else(|e| panic!("deprovision as {user}: {e}"));

@@ -1,8 +1,10 @@
 //! The objects a Gateway's proxy needs, as plain values: no API calls, no clock.
 //!
-//! In: a [`ProvisionConfig`] and a Gateway as read from the API server (it must carry its
-//! namespace and uid, for the owner reference). Out: [`Desired`], the ServiceAccount,
-//! Deployment and Service to server-side apply, or a [`ProvisionError`] saying why the
+//! In: a [`ProvisionConfig`], a Gateway as read from the API server (it must carry its
+//! namespace and uid, for the owner reference) and its merged, checked GatewayParameters.
+//! Out: [`Desired`], the ServiceAccount, Deployment, Service and, when the parameters ask for
+//! them, HorizontalPodAutoscaler and PodDisruptionBudget ([`super::scaling`]) to server-side
+//! apply, or a [`ProvisionError`] saying why the
 //! Gateway cannot be provisioned (nothing is applied then, so a bad edit never takes down a
 //! running proxy). [`addresses`] turns the applied Service into `status.addresses`.
 //!
@@ -25,13 +27,15 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use super::names::{gateway_label_value, object_name, tls_secret_name};
+use super::scaling;
 use super::{ProvisionConfig, ProvisionError};
+use crate::compile::parameters::access_log_args;
+use crate::crds::GatewayParametersSpec;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use tollgate_api::Protocol;
 
-/// Gateway annotation overriding the proxy replica count (an integer, 0 to [`MAX_REPLICAS`]).
-pub const REPLICAS_ANNOTATION: &str = "tollgate.dev/replicas";
-/// Largest replica count [`REPLICAS_ANNOTATION`] accepts.
-pub const MAX_REPLICAS: i32 = 100;
+pub use crate::compile::parameters::{MAX_REPLICAS, REPLICAS_ANNOTATION};
 /// Port of the proxy's admin server (`/healthz`, `/readyz`, `/metrics`) inside the pod.
 pub const ADMIN_PORT: i32 = 9902;
 /// Where the proxy TLS Secret is mounted.
@@ -55,7 +59,7 @@ const NONROOT_ID: i64 = 65532;
 /// Ports below this need privilege to bind (`net.ipv4.ip_unprivileged_port_start`).
 const FIRST_UNPRIVILEGED_PORT: i32 = 1024;
 
-/// The three objects of one Gateway, ready for server-side apply.
+/// The objects of one Gateway, ready for server-side apply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     /// The proxy's ServiceAccount (no token mounted: the proxy does not call the API).
@@ -64,6 +68,10 @@ pub struct Desired {
     pub deployment: Deployment,
     /// The Service exposing every listener port.
     pub service: Service,
+    /// The autoscaler the parameters ask for; `None`: none (one left over is deleted).
+    pub autoscaler: Option<HorizontalPodAutoscaler>,
+    /// The disruption budget the parameters ask for; `None`: none.
+    pub disruption_budget: Option<PodDisruptionBudget>,
 }
 
 /// One Service/container port: a distinct (port, L4 protocol) of the Gateway's listeners.
@@ -74,11 +82,13 @@ struct ListenerPort {
     protocol: &'static str,
 }
 
-/// Builds the desired objects of `gateway`; `extra` are the ports its accepted ListenerSets
-/// add (port, protocol), exposed beside its own listeners'.
+/// Builds the desired objects of `gateway` with its `params` (checked by the compiler);
+/// `extra` are the ports its accepted ListenerSets add (port, protocol), exposed beside its
+/// own listeners'.
 pub fn desired(
     config: &ProvisionConfig,
     gateway: &Gateway,
+    params: &GatewayParametersSpec,
     extra: &[(u16, Protocol)],
 ) -> Result<Desired, ProvisionError> {
     let gw_name = gateway.metadata.name.clone().unwrap_or_default();
@@ -93,8 +103,17 @@ pub fn desired(
     }
     let owner = owner_reference(gateway)
         .ok_or_else(|| invalid("the Gateway has no uid (not read from the API server)".into()))?;
-    let service_type = service_type(config)?;
-    let replicas = replicas(gateway).map_err(invalid)?;
+    let service_type = match params.service.as_ref().and_then(|s| s.type_) {
+        Some(t) => t.as_str(),
+        None => service_type(config)?,
+    };
+    // Parameters that scale win; without them the annotation (the compiler drops a class's
+    // scaling when a Gateway carries the annotation).
+    let replicas = match (&params.autoscaling, params.replicas) {
+        (Some(_), _) => None,
+        (None, Some(n)) => Some(n),
+        (None, None) => replicas(gateway).map_err(invalid)?,
+    };
     let ports = listener_ports(gateway, extra);
     if ports.is_empty() {
         return Err(invalid("the Gateway has no listeners".into()));
@@ -139,16 +158,20 @@ pub fn desired(
     let pod = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
-            annotations: non_empty(annotations),
+            annotations: non_empty(annotations.clone()),
             ..ObjectMeta::default()
         }),
-        spec: Some(pod_spec(config, &namespace, &gw_name, &name, &ports)),
+        spec: Some(scaling::with_parameters(
+            pod_spec(config, params, &namespace, &gw_name, &name, &ports),
+            params,
+            &selector,
+        )),
     };
     let deployment = Deployment {
         metadata: meta.clone(),
         spec: Some(DeploymentSpec {
             // None leaves the field unowned: the API server defaults it to 1 and an
-            // autoscaler may own it; removing the annotation returns it to 1.
+            // autoscaler may own it (see `super::provision` for the hand-over to one).
             replicas,
             selector: LabelSelector {
                 match_labels: Some(selector.clone()),
@@ -160,8 +183,22 @@ pub fn desired(
         ..Deployment::default()
     };
 
+    let autoscaler = params
+        .autoscaling
+        .as_ref()
+        .map(|a| scaling::autoscaler(&meta, a));
+    let disruption_budget = params
+        .pod_disruption_budget
+        .as_ref()
+        .map(|b| scaling::disruption_budget(&meta, b, &selector));
+    let mut service_meta = meta;
+    if let Some(extra) = params.service.as_ref().and_then(|s| s.annotations.as_ref()) {
+        let mut all = annotations;
+        all.extend(extra.clone());
+        service_meta.annotations = non_empty(all);
+    }
     let service = Service {
-        metadata: meta,
+        metadata: service_meta,
         spec: Some(ServiceSpec {
             type_: Some(service_type.into()),
             // A static address (GatewayStaticAddresses): asked of the load balancer, which
@@ -191,6 +228,8 @@ pub fn desired(
         service_account,
         deployment,
         service,
+        autoscaler,
+        disruption_budget,
     })
 }
 
@@ -339,6 +378,7 @@ fn listener_ports(gateway: &Gateway, extra: &[(u16, Protocol)]) -> Vec<ListenerP
 
 fn pod_spec(
     config: &ProvisionConfig,
+    params: &GatewayParametersSpec,
     namespace: &str,
     gateway: &str,
     name: &str,
@@ -397,22 +437,47 @@ fn pod_spec(
             .map(String::from)
             .into_iter()
             .chain(config.proxy_args.iter().cloned())
+            .chain(
+                params
+                    .access_log
+                    .as_ref()
+                    .map_or_else(
+                        || config.access_log.clone(),
+                        |l| access_log_args(l, &config.access_log),
+                    )
+                    .to_proxy_flags(),
+            )
+            .chain(params.workers.map(|w| format!("--workers={w}")))
             .collect(),
         ),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-        ]),
+        env: Some(
+            [
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]
+            .into_iter()
+            .chain(params.log_level.map(|l| EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some(l.as_str().into()),
+                ..EnvVar::default()
+            }))
+            .collect(),
+        ),
         ports: Some(container_ports),
         readiness_probe: Some(probe("/readyz", 5)),
         liveness_probe: Some(probe("/healthz", 10)),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), Quantity("100m".into())),
-                ("memory".into(), Quantity("64Mi".into())),
-            ])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(
+            params
+                .resources
+                .clone()
+                .unwrap_or_else(|| ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".into(), Quantity("100m".into())),
+                        ("memory".into(), Quantity("64Mi".into())),
+                    ])),
+                    ..ResourceRequirements::default()
+                }),
+        ),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             read_only_root_filesystem: Some(true),
@@ -513,3 +578,7 @@ mod tests;
 #[cfg(test)]
 #[path = "addresses_tests.rs"]
 mod addresses_tests;
+
+#[cfg(test)]
+#[path = "parameters_tests.rs"]
+mod parameters_tests;

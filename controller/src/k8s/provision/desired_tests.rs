@@ -14,6 +14,7 @@ fn mk_config() -> ProvisionConfig {
         controller_url: "https://tollgate.tollgate-system.svc:9443".into(),
         controller_namespace: "tollgate-system".into(),
         proxy_args: vec!["--redis-url=redis://redis.cache:6379".into()],
+        access_log: tollgate_proxy::AccessLogArgs::default(),
     }
 }
 
@@ -35,7 +36,13 @@ spec:
 "#;
 
 fn web() -> Desired {
-    desired(&mk_config(), &mk_gateway(WEB), &[]).unwrap()
+    desired(
+        &mk_config(),
+        &mk_gateway(WEB),
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .unwrap()
 }
 
 fn pod_spec_of(d: &Desired) -> &PodSpec {
@@ -163,7 +170,7 @@ fn without_infrastructure_there_are_no_annotations() {
         "  infrastructure:\n    labels: {team: payments, app.kubernetes.io/name: hijack}\n    annotations: {example.com/cost-center: \"42\"}\n",
         "",
     ));
-    let d = desired(&mk_config(), &gw, &[]).unwrap();
+    let d = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap();
     for meta in metas(&d) {
         assert_eq!(meta.annotations, None);
         assert!(!meta.labels.as_ref().unwrap().contains_key("team"));
@@ -206,7 +213,13 @@ fn listener_set_ports_are_exposed_beside_the_gateways() {
         (8081, tollgate_api::Protocol::Http),
         (5353, tollgate_api::Protocol::Udp),
     ];
-    let d = desired(&mk_config(), &mk_gateway(WEB), &served).unwrap();
+    let d = desired(
+        &mk_config(),
+        &mk_gateway(WEB),
+        &GatewayParametersSpec::default(),
+        &served,
+    )
+    .unwrap();
     let service: Vec<(String, i32, String)> = d
         .service
         .spec
@@ -285,7 +298,13 @@ fn service_type_comes_from_the_config() {
         service_type: "ClusterIP".into(),
         ..mk_config()
     };
-    let d = desired(&config, &mk_gateway(WEB), &[]).unwrap();
+    let d = desired(
+        &config,
+        &mk_gateway(WEB),
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .unwrap();
     assert_eq!(
         d.service.spec.as_ref().unwrap().type_.as_deref(),
         Some("ClusterIP")
@@ -294,7 +313,13 @@ fn service_type_comes_from_the_config() {
         service_type: "External".into(),
         ..mk_config()
     };
-    let err = desired(&config, &mk_gateway(WEB), &[]).unwrap_err();
+    let err = desired(
+        &config,
+        &mk_gateway(WEB),
+        &GatewayParametersSpec::default(),
+        &[],
+    )
+    .unwrap_err();
     assert!(matches!(err, ProvisionError::InvalidConfig(_)), "{err}");
 }
 
@@ -382,7 +407,7 @@ fn pod_is_non_root_read_only_without_token_or_capabilities() {
             .replace("port: 443,", "port: 8443,")
             .replace("port: 53,", "port: 5353,"),
     );
-    let d = desired(&mk_config(), &gw, &[]).unwrap();
+    let d = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap();
     let pod = pod_spec_of(&d);
     assert_eq!(pod.automount_service_account_token, Some(false));
     assert_eq!(
@@ -443,7 +468,7 @@ fn replicas_annotation_sets_replicas() {
         let mut gw = mk_gateway(WEB);
         gw.metadata.annotations =
             Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), value.into())]));
-        let d = desired(&mk_config(), &gw, &[]).unwrap();
+        let d = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap();
         assert_eq!(
             d.deployment.spec.as_ref().unwrap().replicas,
             Some(expected),
@@ -458,7 +483,7 @@ fn invalid_replicas_annotation_rejects_the_gateway() {
         let mut gw = mk_gateway(WEB);
         gw.metadata.annotations =
             Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), value.into())]));
-        let err = desired(&mk_config(), &gw, &[]).unwrap_err();
+        let err = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap_err();
         assert!(
             matches!(&err, ProvisionError::InvalidGateway { reason, .. } if reason.contains(REPLICAS_ANNOTATION)),
             "{value}: {err}"
@@ -469,7 +494,7 @@ fn invalid_replicas_annotation_rejects_the_gateway() {
 #[test]
 fn listener_on_the_admin_port_rejects_the_gateway() {
     let gw = mk_gateway(&WEB.replace("port: 8080,", "port: 9902,"));
-    let err = desired(&mk_config(), &gw, &[]).unwrap_err();
+    let err = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap_err();
     assert!(err.to_string().contains("admin port"), "{err}");
 }
 
@@ -478,7 +503,7 @@ fn gateway_without_uid_is_rejected() {
     let mut gw = mk_gateway(WEB);
     gw.metadata.uid = None;
     assert!(matches!(
-        desired(&mk_config(), &gw, &[]),
+        desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]),
         Err(ProvisionError::InvalidGateway { .. })
     ));
 }
@@ -487,7 +512,7 @@ fn gateway_without_uid_is_rejected() {
 fn long_gateway_names_give_valid_names_and_labels() {
     let long = "g".repeat(100);
     let gw = mk_gateway(&WEB.replace("name: web,", &format!("name: {long},")));
-    let d = desired(&mk_config(), &gw, &[]).unwrap();
+    let d = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap();
     assert!(d.service.metadata.name.as_ref().unwrap().len() <= 63);
     for meta in metas(&d) {
         assert!(meta.labels.as_ref().unwrap()[GATEWAY_NAME_LABEL].len() <= 63);
@@ -514,7 +539,7 @@ fn a_static_address_is_requested_of_the_load_balancer() {
         "  addresses:\n  - {value: 127.0.1.250}\n  - {type: IPAddress, value: 127.0.1.251}\n  listeners:",
     ));
     assert_eq!(requested_addresses(&gw), ["127.0.1.250", "127.0.1.251"]);
-    let d = desired(&mk_config(), &gw, &[]).unwrap();
+    let d = desired(&mk_config(), &gw, &GatewayParametersSpec::default(), &[]).unwrap();
     let spec = d.service.spec.as_ref().unwrap();
     assert_eq!(spec.load_balancer_ip.as_deref(), Some("127.0.1.250"));
     // Without addresses, or with a Service type that has no load balancer, none is asked.
@@ -523,6 +548,6 @@ fn a_static_address_is_requested_of_the_load_balancer() {
         service_type: "ClusterIP".into(),
         ..mk_config()
     };
-    let d = desired(&cfg, &gw, &[]).unwrap();
+    let d = desired(&cfg, &gw, &GatewayParametersSpec::default(), &[]).unwrap();
     assert!(d.service.spec.unwrap().load_balancer_ip.is_none());
 }

@@ -92,8 +92,9 @@ impl Provisioner {
                 .get(&key)
                 .map(|t| t.ports.iter().map(|p| (p.port, p.protocol)).collect())
                 .unwrap_or_default();
+            let params = compiled.parameters.get(&key);
             let fingerprint = format!(
-                "{}/{:?}/{:?}/{:?}/{}/{served:?}",
+                "{}/{:?}/{:?}/{:?}/{}/{served:?}/{params:?}",
                 gw.uid().unwrap_or_default(),
                 gw.metadata.generation,
                 gw.metadata.labels,
@@ -111,7 +112,7 @@ impl Provisioner {
                 break;
             }
             let at = Instant::now();
-            let done = self.provision_one(&key, &gw, &served).await;
+            let done = self.provision_one(&key, &gw, params, &served).await;
             all_done &= done;
             let fingerprint = done.then_some(fingerprint);
             self.attempts.insert(key, Attempt { fingerprint, at });
@@ -153,10 +154,13 @@ impl Provisioner {
     }
 
     /// The proxy's TLS Secret (with a push CA) and objects (when provisioning) of one Gateway.
+    /// Parameters that cannot be used (`Err`, said in the Gateway's status) leave its objects
+    /// as they are: that is done, not retried, until an edit changes them.
     async fn provision_one(
         &self,
         key: &ObjectKey,
         gw: &gateway_types::gateways::Gateway,
+        params: Option<&Result<crate::crds::GatewayParametersSpec, String>>,
         served: &[(u16, tollgate_api::Protocol)],
     ) -> bool {
         let mut done = true;
@@ -172,10 +176,21 @@ impl Provisioner {
                 done = false;
             }
         }
+        let default = crate::crds::GatewayParametersSpec::default();
+        let params = match params {
+            None => &default,
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                if self.config.is_some() {
+                    warn!(gateway = %key, error = %e, "GatewayParameters invalid: proxy objects left as they are");
+                }
+                return done;
+            }
+        };
         if let Some(cfg) = &self.config {
             match bounded(
                 self.api_timeout,
-                provision::provision(&self.client, cfg, gw, served),
+                provision::provision(&self.client, cfg, gw, params, served),
             )
             .await
             {
