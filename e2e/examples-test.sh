@@ -30,7 +30,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${TOLLGATE_CACHE_DIR:-${XDG_CACHE_HO
 RELEASE=tg-examples
 SYSTEM_NS=tg-examples-system
 TIMEOUT=${TOLLGATE_EXAMPLES_TIMEOUT:-120}
-EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit llm-tokens api-key basic-auth jwt introspection ext-authz oidc mtls client-ip resilience backend-tls gitops)
+EXAMPLES=(quickstart https tls tcp udp listenerset traffic-split grpc rate-limit llm-tokens api-key basic-auth jwt introspection ext-authz oidc mtls client-ip resilience backend-tls gateway-parameters gitops)
 
 log() { printf '[examples %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -317,6 +317,19 @@ a=$(addr backend-tls backend-tls)
 expect "backend-tls: verified TLS to the backend, the gateway's certificate presented" '"x-client-cn": "alice"' body \
   "http://$a:8097/hello"
 expect "backend-tls: a backend certificate for another name is refused" '502' code "http://$a:8097/wrong-name"
+
+# --- gateway-parameters ----------------------------------------------------------------
+# The proxy of Gateway `scaled` runs as its GatewayParameters say: an autoscaler, a budget,
+# the memory limit on the container.
+a=$(addr gateway-parameters scaled)
+gp_ns=$(ns_of gateway-parameters)
+expect "gateway-parameters: the route is served" '"path": "/params"' body "http://$a:8093/params"
+expect "gateway-parameters: the autoscaler is provisioned (2 to 6 on CPU)" '2 6 70' kubectl -n "$gp_ns" get hpa scaled-tollgate \
+  -o 'jsonpath={.spec.minReplicas} {.spec.maxReplicas} {.spec.metrics[0].resource.target.averageUtilization}'
+expect "gateway-parameters: the disruption budget is provisioned" '1' kubectl -n "$gp_ns" get pdb scaled-tollgate \
+  -o 'jsonpath={.spec.minAvailable}'
+expect "gateway-parameters: the container has the parameters' memory limit" '256Mi' kubectl -n "$gp_ns" get deployment \
+  scaled-tollgate -o 'jsonpath={.spec.template.spec.containers[0].resources.limits.memory}'
 
 # --- gitops (the app the Argo CD Application and Flux Kustomization sync) ---------------
 a=$(addr gitops shop)
