@@ -161,6 +161,30 @@ async fn a_request_cost_is_admitted_only_when_the_whole_cost_fits() {
     assert_eq!(hits.load(Ordering::SeqCst), 4);
 }
 
+/// A request whose cost is above the limit can never fit: refused on a fresh counter, and
+/// counting nothing, so the next request that fits is admitted.
+#[tokio::test]
+async fn a_request_cost_above_the_limit_is_refused_even_on_a_fresh_counter() {
+    let (upstream, hits) = llm_backend(0).await;
+    let cost = Some(Cost::Request("int(request.headers['x-cost'])".into()));
+    let limit = tokens("bytes", 10, cost, LimitMode::Enforce);
+    let (_p, url, _metrics) = proxy_with_limits(upstream, vec![limit]).await;
+    let c = h1_client();
+    let refused = get_with(&c, &url, &[("x-user", "alice"), ("x-cost", "11")]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "11 > 10");
+    let huge = get_with(
+        &c,
+        &url,
+        &[("x-user", "alice"), ("x-cost", "9223372036854775807")],
+    )
+    .await;
+    assert_eq!(huge.status, StatusCode::TOO_MANY_REQUESTS);
+    let ok = get_with(&c, &url, &[("x-user", "alice"), ("x-cost", "10")]).await;
+    assert_eq!(ok.status, StatusCode::OK, "the refusals counted nothing");
+    assert_eq!(limit_headers(&ok), (Some("10"), Some("0")));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
+
 /// The same six requests through an enforced limit and through the same limit in shadow
 /// mode: the shadow proxy serves all six and sends no numbers of its own, and reports as
 /// would-be refusals exactly the requests the enforcing proxy refused.

@@ -186,8 +186,10 @@ impl CompiledLimit {
     /// `cost.request`: room for its cost (at least 1: a free request still needs a counter
     /// that is not over its limit), counts its cost; an expression that fails, or gives a
     /// negative number or no integer, costs 1, never 0 (a client that makes it fail must
-    /// not go unlimited). `cost.response`: room for 1, counts nothing now. A cost is at
-    /// most the limit's largest rate.
+    /// not go unlimited). `cost.response`: room for 1, counts nothing now. A request cost
+    /// above the limit's largest rate never fits: it asks for one more than that rate holds
+    /// (refused whatever the counter says, counting nothing), rather than being cut to the
+    /// limit and admitted on an empty counter.
     pub(crate) fn request_cost(&self, act: &Activation<'_>) -> RequestCost {
         match &self.cost {
             CostExpr::One => RequestCost {
@@ -201,16 +203,20 @@ impl CompiledLimit {
             CostExpr::Request(e) => {
                 let n = e.eval_int(act);
                 match n.filter(|n| *n >= 0) {
-                    Some(n) => {
-                        let n = n.min(self.max_cost);
-                        RequestCost {
-                            cost: Cost {
-                                need: n.max(1),
-                                take: n,
-                            },
-                            failed: false,
-                        }
-                    }
+                    Some(n) if n > self.max_cost => RequestCost {
+                        cost: Cost {
+                            need: self.max_cost.saturating_add(1),
+                            take: 0,
+                        },
+                        failed: false,
+                    },
+                    Some(n) => RequestCost {
+                        cost: Cost {
+                            need: n.max(1),
+                            take: n,
+                        },
+                        failed: false,
+                    },
                     None => RequestCost {
                         cost: Cost::ONE,
                         failed: true,
