@@ -6,6 +6,7 @@
 pub mod compile;
 pub mod crds;
 pub mod demo;
+pub mod explain;
 /// Thin wrappers for the fuzz targets (`fuzz/`); not a stable API.
 #[doc(hidden)]
 pub mod fuzzing;

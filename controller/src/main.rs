@@ -51,6 +51,9 @@ enum Command {
         #[arg(long, default_value = "demo-backend")]
         name: String,
     },
+    /// Explain how the Gateway of DIR decides a request: listener, route and rule (and the
+    /// nearest rules that do not match), filters, policies with their outcome, backends.
+    Explain(Box<tollgate::explain::ExplainArgs>),
     /// Print the status each object in DIR would get; exit 1 if any is rejected.
     Validate {
         /// Directory of .yaml/.yml manifests.
@@ -192,6 +195,25 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Explain(args) => {
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(tollgate::explain::run(&args, now())) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Compile { dir, out } => match compile_to(&dir, &out) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,

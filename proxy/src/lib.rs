@@ -38,6 +38,7 @@ mod access_log;
 mod admin;
 mod downstream;
 mod error;
+pub mod explain;
 mod lifecycle;
 mod limit_args;
 mod limits;

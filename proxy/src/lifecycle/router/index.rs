@@ -137,6 +137,11 @@ impl RouteSet {
         self.entries.get(best as usize)
     }
 
+    /// Every entry, in precedence order (for [`super::Router::trace`]).
+    pub(crate) fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
     /// The first entry matching the request, by linear scan: the definition `find` must
     /// agree with.
     #[cfg(test)]

@@ -212,6 +212,83 @@ impl Matcher {
     }
 }
 
+impl Matcher {
+    /// Why the request does not match, one reason per predicate that fails (empty when it
+    /// matches): for `tollgate explain`, never on the request path.
+    pub(crate) fn mismatches(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.path_matches(path) {
+            out.push(match &self.path {
+                PathMatcher::Exact(p) => format!("path {path} is not Exact {p}"),
+                PathMatcher::Prefix(p) => format!("path {path} is not under PathPrefix {p}"),
+                PathMatcher::Regex(r) => {
+                    format!(
+                        "path {path} does not match RegularExpression {}",
+                        unanchored(r.as_str())
+                    )
+                }
+            });
+        }
+        if let Some(m) = &self.method
+            && **m != *method.as_str()
+        {
+            out.push(format!("method {method} is not {m}"));
+        }
+        for h in &self.headers {
+            let value = h.name.as_ref().and_then(|n| header_value(headers, n));
+            let name = h.name.as_ref().map_or("(invalid name)", HeaderName::as_str);
+            match value {
+                None => out.push(format!("header {name} is missing ({})", h.value.describe())),
+                Some(v) if !h.value.matches(&v) => out.push(format!(
+                    "header {name}: {:?} is not {}",
+                    String::from_utf8_lossy(&v),
+                    h.value.describe()
+                )),
+                Some(_) => {}
+            }
+        }
+        for q in &self.query {
+            match query.and_then(|qs| query_value(qs, &q.name)) {
+                None => out.push(format!(
+                    "query parameter {} is missing ({})",
+                    q.name,
+                    q.value.describe()
+                )),
+                Some(v) if !q.value.matches(v.as_bytes()) => out.push(format!(
+                    "query parameter {}: {v:?} is not {}",
+                    q.name,
+                    q.value.describe()
+                )),
+                Some(_) => {}
+            }
+        }
+        out
+    }
+}
+
+impl ValueMatcher {
+    /// How the table wrote the predicate: `Exact "v"` or `RegularExpression "p"`.
+    fn describe(&self) -> String {
+        match self {
+            Self::Exact(v) => format!("Exact {:?}", String::from_utf8_lossy(v)),
+            Self::Regex(r) => format!("RegularExpression {:?}", unanchored(r.as_str())),
+        }
+    }
+}
+
+/// The pattern as the route wrote it, without the anchors [`anchored`] added.
+fn unanchored(p: &str) -> &str {
+    p.strip_prefix("^(?:")
+        .and_then(|p| p.strip_suffix(")$"))
+        .unwrap_or(p)
+}
+
 /// The value of a header, repeated values joined with `,` (allocates only then).
 fn header_value<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<Cow<'h, [u8]>> {
     let mut values = headers.get_all(name).iter();

@@ -22,6 +22,7 @@
 //! A route lookup allocates nothing unless the Host has upper-case letters or a matched
 //! header is repeated; it takes no lock.
 
+mod explain;
 mod host;
 mod index;
 mod matcher;
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use http::{HeaderMap, Method};
 use tollgate_api::{ObjectKey, Route, RouteTable};
 
+pub use explain::{Miss, Trace};
 pub use host::host_without_port;
 pub use matcher::split_path_and_query;
 
@@ -93,6 +95,8 @@ struct ListenerRoutes {
     passthrough: bool,
     /// Shared with the router this one was built from when their route lists are the same.
     vhosts: Vec<Arc<RouteSet>>,
+    /// The hostname of each virtual host, for [`Router::trace`].
+    vhost_names: Vec<Box<str>>,
     hosts: HostIndex,
 }
 
@@ -162,6 +166,7 @@ impl Router {
                     name: listener.name.as_str().into(),
                     passthrough: listener.passthrough,
                     vhosts: Vec::with_capacity(listener.virtual_hosts.len()),
+                    vhost_names: Vec::with_capacity(listener.virtual_hosts.len()),
                     hosts: HostIndex::default(),
                 };
                 for vh in &listener.virtual_hosts {
@@ -171,6 +176,7 @@ impl Router {
                     };
                     lr.hosts.insert(Some(&vh.hostname), lr.vhosts.len());
                     lr.vhosts.push(set);
+                    lr.vhost_names.push(vh.hostname.as_str().into());
                 }
                 pr.hosts
                     .insert(listener.hostname.as_deref(), pr.listeners.len());
