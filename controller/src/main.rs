@@ -93,9 +93,14 @@ enum Command {
 struct RunArgs {
     /// Directory of .yaml/.yml manifests (searched recursively).
     dir: PathBuf,
-    /// Admin address serving /metrics, /healthz and /readyz ("off" to disable).
+    /// Admin address serving /metrics, /healthz, /readyz and /debug/explain ("off" to
+    /// disable).
     #[arg(long, default_value = "127.0.0.1:9901")]
     admin: String,
+    /// A file holding the token `/debug/explain` callers must send as `Authorization: Bearer`;
+    /// without it, only loopback callers are answered.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
     /// Also start the built-in echo backend on this address (used by the quickstart).
     #[arg(long)]
     demo_backend: Option<SocketAddr>,
@@ -311,6 +316,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         dir,
         admin,
+        admin_token_file,
         demo_backend,
         access_log,
         rate_limit,
@@ -350,10 +356,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the admin address {addr}"))?;
-        info!(address = %addr, "admin listening (/metrics, /healthz, /readyz)");
+        info!(address = %addr, "admin listening (/metrics, /healthz, /readyz, /debug/explain)");
         let m = metrics.clone();
+        let explain = tollgate_proxy::ExplainAccess {
+            proxies: runner.explainable(),
+            token: admin_token_file
+                .as_deref()
+                .map(tollgate_proxy::read_admin_token)
+                .transpose()?,
+        };
         tokio::spawn(async move {
-            if let Err(e) = tollgate_proxy::serve_admin(listener, m, || true).await {
+            if let Err(e) = tollgate_proxy::serve_admin_with(listener, m, || true, explain).await {
                 warn!(error = %e, "admin server stopped");
             }
         });

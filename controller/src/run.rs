@@ -72,7 +72,12 @@ pub struct Runner {
     /// What the last compile hands the next: a change recompiles what it touched, and the
     /// virtual hosts it did not touch reach the proxies as the same shared route lists.
     cache: CompileCache,
+    /// The served proxies by Gateway, for the admin server's `/debug/explain`.
+    explainable: ProxyRegistry,
 }
+
+/// Proxies by Gateway (`namespace/name`), shared with the admin server.
+pub type ProxyRegistry = Arc<std::sync::RwLock<BTreeMap<String, Proxy>>>;
 
 impl Runner {
     /// A runner over `opts.dir`, reporting into `metrics`; an access log file that cannot
@@ -93,12 +98,19 @@ impl Runner {
             reported: BTreeSet::new(),
             loaded: false,
             cache: CompileCache::default(),
+            explainable: ProxyRegistry::default(),
         })
     }
 
     /// The Gateways being served.
     pub fn gateways(&self) -> Vec<ObjectKey> {
         self.served.keys().cloned().collect()
+    }
+
+    /// The served proxies by Gateway, kept current as Gateways come and go (for the admin
+    /// server's `/debug/explain`).
+    pub fn explainable(&self) -> ProxyRegistry {
+        self.explainable.clone()
     }
 
     /// The proxy serving `gateway`, if any.
@@ -142,6 +154,7 @@ impl Runner {
         for key in gone {
             if let Some(s) = self.served.remove(&key) {
                 info!(gateway = %key, "gateway no longer served");
+                self.registry_mut().remove(&key.to_string());
                 s.proxy.shutdown().await;
             }
         }
@@ -172,6 +185,10 @@ impl Runner {
                 Ok(()) => {
                     served.version += 1;
                     served.applied = table;
+                    self.explainable
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(key.to_string(), served.proxy.clone());
                     info!(gateway = %key, version = served.version, "route table applied");
                 }
                 Err(e) => {
@@ -216,8 +233,16 @@ impl Runner {
         self.reported = now;
     }
 
+    fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Proxy>> {
+        // Only inserts and removes happen under the lock: a poisoned one holds a usable map.
+        self.explainable
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Stops every proxy.
     pub async fn shutdown(&mut self) {
+        self.registry_mut().clear();
         for (_, s) in std::mem::take(&mut self.served) {
             s.proxy.shutdown().await;
         }

@@ -215,3 +215,162 @@ fn what_cannot_be_explained_is_an_error_naming_it() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The fixture with its Gateway on a free port (8080 may be taken), in a directory of its own.
+fn fixture_on_free_port() -> (tempdir::Dir, u16) {
+    let port = free_port();
+    let dir = tempdir::Dir::new();
+    let text = std::fs::read_to_string(fixture().join("gateway.yaml"))
+        .unwrap()
+        .replace("port: 8080", &format!("port: {port}"));
+    std::fs::write(dir.path().join("gateway.yaml"), text).unwrap();
+    (dir, port)
+}
+
+mod tempdir {
+    /// A directory removed when dropped.
+    pub struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        pub fn new() -> Self {
+            let p = std::env::temp_dir().join(format!(
+                "tollgate-explain-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos()
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+
+        pub fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// `tollgate run DIR --admin 127.0.0.1:ADMIN` with `extra`, killed when dropped.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(dir: &std::path::Path, admin: u16, extra: &[&str]) -> Running {
+    Running(
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("run")
+            .arg(dir)
+            .args([
+                "--admin",
+                &format!("127.0.0.1:{admin}"),
+                "--access-log",
+                "false",
+            ])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// `tollgate explain` with `args` (no directory), retried until the server answers at all.
+fn explain_live(args: &[&str]) -> (i32, String, String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("explain")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let refused = err.contains("connecting to") || err.contains("no route table yet");
+        if !refused || std::time::Instant::now() > deadline {
+            return (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                err,
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_running_gateway_explains_on_its_live_table_as_the_files_do() {
+    let (dir, port) = fixture_on_free_port();
+    let admin = free_port();
+    let _run = run(dir.path(), admin, &[]);
+    let url = format!("http://127.0.0.1:{admin}");
+    let request = [
+        "--host",
+        "shop.example.com",
+        "--path",
+        "/home",
+        "-H",
+        "x-cost: 11",
+    ];
+    let (code, live, err) = explain_live(&[&["--admin", url.as_str()][..], &request[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let dir_arg = dir.path().to_str().unwrap();
+    let (code, offline, err) = explain_live(&[&[dir_arg][..], &request[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(live, offline);
+    assert!(
+        live.contains(&format!("listener http (port {port})")),
+        "{live}"
+    );
+    assert!(live.contains("limited"), "{live}");
+}
+
+#[test]
+fn with_a_token_file_the_live_explanation_needs_the_token() {
+    let (dir, _) = fixture_on_free_port();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "  s3cret-token\n").unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-it").unwrap();
+    let admin = free_port();
+    let token_arg = token.to_str().unwrap();
+    // Only .yaml/.yml files are manifests: the token files beside them are not read as such.
+    let _run = run(dir.path(), admin, &["--admin-token-file", token_arg]);
+    let url = format!("http://127.0.0.1:{admin}");
+    let base = ["--admin", url.as_str(), "--host", "shop.example.com"];
+    let (code, _, err) = explain_live(&base);
+    assert_eq!(code, 2);
+    assert!(err.contains("403 Forbidden"), "{err}");
+    let (code, _, err) = explain_live(
+        &[
+            &base[..],
+            &["--admin-token-file", wrong.to_str().unwrap()][..],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("403 Forbidden"), "{err}");
+    let (code, out, err) =
+        explain_live(&[&base[..], &["--admin-token-file", token_arg][..]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("route default/web rule 0"), "{out}");
+}

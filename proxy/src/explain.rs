@@ -13,7 +13,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tollgate_api::{Filter, RouteTable};
 
 use crate::lifecycle::policy::auth::AuthState;
@@ -62,7 +62,7 @@ pub enum ExplainError {
 }
 
 /// How the table decides the request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Explanation {
     /// The Gateway (`namespace/name`).
     pub gateway: String,
@@ -85,7 +85,7 @@ pub struct Explanation {
 }
 
 /// A listener.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerOut {
     /// Its name.
     pub name: String,
@@ -96,7 +96,7 @@ pub struct ListenerOut {
 }
 
 /// A rule of a route.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleOut {
     /// Index in the route's `rules`.
     pub index: u32,
@@ -105,7 +105,7 @@ pub struct RuleOut {
 }
 
 /// A rule that did not match.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MissOut {
     /// The route (`namespace/name`).
     pub route: String,
@@ -116,7 +116,7 @@ pub struct MissOut {
 }
 
 /// A policy and what it decides.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyOut {
     /// `AuthPolicy`, `RateLimitPolicy`, or `Closed` for a rule invalid policies close.
     pub kind: String,
@@ -130,7 +130,7 @@ pub struct PolicyOut {
 }
 
 /// A backend of the rule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendOut {
     /// The table's backend key (`namespace/service:port`); `None` when the ref is unresolved.
     pub name: Option<String>,

@@ -61,7 +61,7 @@ pub use access_log::{
     AccessLogArgs, AccessLogArgsError, Fields as AccessLogFields, Format as AccessLogFormat,
     LogSettings,
 };
-pub use admin::serve_admin;
+pub use admin::{AdminTokenError, ExplainAccess, read_admin_token, serve_admin, serve_admin_with};
 pub use error::{ProxyError, Result};
 pub use limit_args::ClientLimitArgs;
 pub use metrics::Metrics;

@@ -20,7 +20,9 @@ use clap::Parser;
 use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::subscribe::{self, SubscribeConfig};
-use tollgate_proxy::{AccessLogArgs, ClientLimitArgs, Metrics, Proxy, ProxyOptions, serve_admin};
+use tollgate_proxy::{
+    AccessLogArgs, ClientLimitArgs, ExplainAccess, Metrics, Proxy, ProxyOptions, serve_admin_with,
+};
 
 /// jemalloc: the request path allocates a few buffers per request (hyper's read buffers, header
 /// blocks, channels); glibc malloc spent ~2.2k instructions per proxied request on them.
@@ -53,9 +55,13 @@ struct Args {
     /// This proxy's id in the controller's sync status (default: $POD_NAME, else the host name).
     #[arg(long)]
     id: Option<String>,
-    /// Admin address serving /metrics, /healthz and /readyz.
+    /// Admin address serving /metrics, /healthz, /readyz and /debug/explain.
     #[arg(long, default_value = "127.0.0.1:9902")]
     admin: SocketAddr,
+    /// A file holding the token `/debug/explain` callers must send as `Authorization: Bearer`;
+    /// without it, only loopback callers are answered.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
     /// Access log.
     #[command(flatten)]
     access_log: AccessLogArgs,
@@ -106,6 +112,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
     args.client_limits.apply(&mut options);
     let proxy = Proxy::new(options);
+    let token = match &args.admin_token_file {
+        Some(path) => Some(tollgate_proxy::read_admin_token(path)?),
+        None => None,
+    };
+    let mut gateway_key = args.gateway.clone().unwrap_or_default();
     // The subscription, kept alive until shutdown.
     let mut subscription = None;
     let ready: Arc<dyn Fn() -> bool + Send + Sync> = match (&args.table, &args.controller) {
@@ -115,10 +126,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             let stamp = Stamp::of(&table);
             let mut last =
                 std::fs::read(&table).with_context(|| format!("reading {}", table.display()))?;
-            proxy
-                .apply(parse(&table, &last)?)
-                .await
-                .context("applying the table")?;
+            let parsed = parse(&table, &last)?;
+            gateway_key = parsed.gateway.to_string();
+            proxy.apply(parsed).await.context("applying the table")?;
             info!(table = %table.display(), version = proxy.version(), "serving");
             let watched = proxy.clone();
             tokio::spawn(async move { watch_file(&watched, &table, &mut last, stamp).await });
@@ -137,8 +147,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let admin = tokio::net::TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("binding the admin address {}", args.admin))?;
+    let explain = ExplainAccess {
+        proxies: Arc::new(std::sync::RwLock::new(
+            [(gateway_key, proxy.clone())].into_iter().collect(),
+        )),
+        token,
+    };
     tokio::spawn(async move {
-        if let Err(e) = serve_admin(admin, metrics, move || ready()).await {
+        if let Err(e) = serve_admin_with(admin, metrics, move || ready(), explain).await {
             warn!(error = %e, "admin server stopped");
         }
     });

@@ -327,6 +327,7 @@ impl Proxy {
             ports,
             policies,
             clients,
+            table: Arc::new(table),
         });
         shared.snapshot.store(Some(snapshot.clone()));
         // After the store, not beside `build_balancers`: an apply that fails before it keeps
@@ -368,6 +369,18 @@ impl Proxy {
                 .map(|((_, port, _), h)| (*port, h.local_addr))
                 .collect();
         }
+    }
+
+    /// How the live table decides `req` (`tollgate explain`, `/debug/explain`); `None` before
+    /// the first table. Policies run as [`crate::explain`] says: on fresh counters, never on
+    /// the live ones (explaining a request must not count it).
+    pub async fn explain(
+        &self,
+        req: &crate::explain::ExplainRequest,
+    ) -> Option<std::result::Result<crate::explain::Explanation, crate::explain::ExplainError>>
+    {
+        let snapshot = self.inner.shared.snapshot.load_full()?;
+        Some(crate::explain::explain_with(&snapshot.table, &snapshot.router, req).await)
     }
 
     /// Version of the live table (0 before the first apply).

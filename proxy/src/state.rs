@@ -51,6 +51,9 @@ pub(crate) struct Snapshot {
     pub policies: FastMap<String, Arc<Enforcer>>,
     /// Client settings (ClientPolicy) by table port, for ports that have any.
     pub clients: FastMap<u16, Arc<crate::lifecycle::client::PortClient>>,
+    /// The table this was built from, for `/debug/explain` (its route lists are the ones
+    /// the router's virtual hosts keep anyway).
+    pub table: Arc<tollgate_api::RouteTable>,
 }
 
 impl Snapshot {
