@@ -76,6 +76,15 @@ fn config() -> ProvisionConfig {
     }
 }
 
+/// Provisions `gw` without GatewayParameters.
+async fn provision_plain(
+    client: &Client,
+    config: &ProvisionConfig,
+    gw: &Gateway,
+) -> Result<Vec<gateway_types::gateways::GatewayStatusAddresses>, ProvisionError> {
+    provision::provision(client, config, gw, &GatewayParametersSpec::default(), &[]).await
+}
+
 /// Creates Gateway `name` with infrastructure metadata and HTTP/HTTPS listeners.
 async fn create_gateway(ns: &TestNamespace, name: &str) -> Gateway {
     let gw: Gateway = serde_json::from_value(serde_json::json!({
@@ -161,15 +170,7 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     let ns = TestNamespace::new(&client, "create").await;
     let gw = create_gateway(&ns, "edge").await;
 
-    let addresses = provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    let addresses = provision_plain(&client, &config(), &gw).await.unwrap();
 
     let name = "edge-tollgate";
     let sa = ns.api::<ServiceAccount>().get(name).await.unwrap();
@@ -228,15 +229,7 @@ async fn provision_creates_owned_labelled_objects_and_reapplying_changes_nothing
     );
 
     let before = versions(&ns, name).await;
-    let again = provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    let again = provision_plain(&client, &config(), &gw).await.unwrap();
     assert_eq!(again, addresses);
     assert_eq!(
         versions(&ns, name).await,
@@ -250,15 +243,7 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "lb").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
 
     // Play the load-balancer provider.
     let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [
@@ -274,15 +259,7 @@ async fn load_balancer_ingress_becomes_the_gateway_address() {
         .await
         .unwrap();
 
-    let addresses = provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    let addresses = provision_plain(&client, &config(), &gw).await.unwrap();
     let pairs: Vec<(String, String)> = addresses
         .into_iter()
         .map(|a| (a.r#type.unwrap(), a.value))
@@ -302,28 +279,12 @@ async fn cluster_ip_service_type_reports_the_cluster_ip() {
     let ns = TestNamespace::new(&client, "cip").await;
     let gw = create_gateway(&ns, "edge").await;
     // First a LoadBalancer (with node ports), then the operator switches to ClusterIP.
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
     let config = ProvisionConfig {
         service_type: "ClusterIP".into(),
         ..config()
     };
-    let addresses = provision::provision(
-        &client,
-        &config,
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    let addresses = provision_plain(&client, &config, &gw).await.unwrap();
     let svc = ns.api::<Service>().get("edge-tollgate").await.unwrap();
     let spec = svc.spec.unwrap();
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
@@ -343,30 +304,14 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "update").await;
     let mut gw = create_gateway(&ns, "edge").await;
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
 
     let infra = gw.spec.infrastructure.as_mut().unwrap();
     infra.labels = Some(BTreeMap::from([("tier".into(), "edge".into())]));
     infra.annotations = None;
     gw.spec.listeners.truncate(1);
     gw.metadata.annotations = Some(BTreeMap::from([(REPLICAS_ANNOTATION.into(), "3".into())]));
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
 
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     let labels = deploy.metadata.labels.clone().unwrap();
@@ -391,15 +336,7 @@ async fn gateway_changes_are_applied_and_dropped_fields_removed() {
 
     // Dropping the annotation hands replicas back to the API server's default.
     gw.metadata.annotations = None;
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
     let deploy = ns.api::<Deployment>().get("edge-tollgate").await.unwrap();
     assert_eq!(deploy.spec.unwrap().replicas, Some(1));
 }
@@ -413,15 +350,7 @@ async fn invalid_replicas_annotation_applies_nothing() {
         REPLICAS_ANNOTATION.into(),
         "lots".into(),
     )]));
-    let err = provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap_err();
+    let err = provision_plain(&client, &config(), &gw).await.unwrap_err();
     assert!(
         matches!(err, ProvisionError::InvalidGateway { .. }),
         "{err}"
@@ -440,15 +369,7 @@ async fn deprovision_deletes_the_objects_and_tolerates_missing_ones() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "delete").await;
     let gw = create_gateway(&ns, "edge").await;
-    provision::provision(
-        &client,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&client, &config(), &gw).await.unwrap();
 
     provision::deprovision(&client, &ns.name, "edge")
         .await
@@ -565,15 +486,7 @@ async fn provision_works_with_only_the_charts_rbac() {
             .unwrap()
             .is_some()
     );
-    provision::provision(
-        &controller,
-        &config(),
-        &gw,
-        &GatewayParametersSpec::default(),
-        &[],
-    )
-    .await
-    .unwrap();
+    provision_plain(&controller, &config(), &gw).await.unwrap();
     assert!(
         ns.api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
             .get_opt("edge-tollgate")

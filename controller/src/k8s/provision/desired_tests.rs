@@ -45,7 +45,7 @@ fn web() -> Desired {
     .unwrap()
 }
 
-fn pod_spec_of(d: &Desired) -> &PodSpec {
+pub(super) fn pod_spec_of(d: &Desired) -> &PodSpec {
     d.deployment
         .spec
         .as_ref()

@@ -38,16 +38,7 @@ fn build(yaml: &str) -> Desired {
     desired(&config(), &gateway(""), &params(yaml), &[]).unwrap()
 }
 
-fn pod(d: &Desired) -> &PodSpec {
-    d.deployment
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-}
+use super::tests::pod_spec_of as pod;
 
 fn container(d: &Desired) -> &Container {
     &pod(d).containers[0]
