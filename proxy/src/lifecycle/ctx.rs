@@ -337,10 +337,16 @@ impl<'s> RequestCtx<'s> {
         )
     }
 
-    /// The answer as it leaves: counted by what it means, in gRPC form for a gRPC client
-    /// when it is the gateway's own, with `X-Request-Id`, and its body reporting the request
-    /// when it ends.
+    /// The answer as it leaves: the upstream's compressed when the port and the client say so
+    /// (after any costs read from its body, which read it as the upstream sent it), counted
+    /// by what it means, in gRPC form for a gRPC client when it is the gateway's own, with
+    /// `X-Request-Id`, and its body reporting the request when it ends.
     pub fn finish(self, mut resp: Response<ProxyBody>) -> ProxyResponse {
+        if let Some(offer) = self.compress
+            && self.done.upstream_answered
+        {
+            resp = offer.apply(resp, &self.shared.metrics);
+        }
         let mut done = self.done;
         // Metrics and the access log count the answer by what it means (a gRPC client's 404
         // is a 404, though it goes out as 200 with `grpc-status: 12`).

@@ -22,8 +22,8 @@
 //!    upstream call under the request and backend timeouts (→ 504), connection failures →
 //!    502, body over the limit → 413; upgrades spliced.
 //! 6. `RequestCtx::answer` (`response_filters`, module `call`): hop-by-hop removal, response header edits, CORS.
-//! 7. After any costs read from the body: compression of the upstream's answer for a client
-//!    that accepts it (module `compress`; the port's ClientPolicy, unless the route opts out).
+//! 7. `RequestCtx::finish`, after any costs read from the body: the upstream's answer
+//!    compressed for a client that accepts it (module `compress`), unless the route opts out.
 //!
 //! The gateway's own error answers to a gRPC client go out as gRPC statuses (module `grpc`).
 //! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
@@ -76,12 +76,6 @@ pub(crate) async fn handle(
     };
     if !ctx.rate_pending.is_empty() {
         count_response_costs(&mut ctx, &mut resp).await;
-    }
-    // After the costs read from the body: they read it as the upstream sent it.
-    if let Some(offer) = ctx.compress.take()
-        && ctx.done.upstream_answered
-    {
-        resp = offer.apply(resp, &shared.metrics);
     }
     Ok(ctx.finish(resp))
 }

@@ -32,10 +32,11 @@ const BROTLI_WINDOW_LOG: i32 = 18;
 const ZSTD_LEVEL: i32 = 3;
 const ZSTD_WINDOW_LOG: u32 = 18;
 
-/// One response's encoder, writing into its own buffer.
+/// One response's encoder, writing into its own buffer (brotli's state is boxed: 5.6 KB
+/// inline).
 enum Encoder {
     Gzip(GzipEncoder<Vec<u8>>),
-    Br(BrotliEncoder<Vec<u8>>),
+    Br(Box<BrotliEncoder<Vec<u8>>>),
     Zstd(ZstdEncoder<Vec<u8>>),
 }
 
@@ -46,13 +47,13 @@ impl Encoder {
                 Vec::new(),
                 Level::Precise(GZIP_LEVEL),
             )),
-            Encoding::Br => Self::Br(BrotliEncoder::with_params(
+            Encoding::Br => Self::Br(Box::new(BrotliEncoder::with_params(
                 Vec::new(),
                 async_compression::brotli::EncoderParams::default()
                     .quality(Level::Precise(BROTLI_QUALITY))
                     .window_size(BROTLI_WINDOW_LOG)
                     .text_mode(),
-            )),
+            ))),
             Encoding::Zstd => Self::Zstd(ZstdEncoder::with_quality_and_params(
                 Vec::new(),
                 Level::Precise(ZSTD_LEVEL),
