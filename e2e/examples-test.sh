@@ -303,6 +303,8 @@ expect "client-ip: an address outside the office networks is refused on /admin" 
 expect "client-ip: an office address behind the balancer reaches /admin" '200' code -H 'X-Forwarded-For: 10.1.2.3' "http://$a:8088/admin"
 expect "client-ip: an office address claimed left of the balancer's entry is refused" '403' code \
   -H 'X-Forwarded-For: 10.1.2.3, 203.0.113.7' "http://$a:8088/admin"
+expect "client-ip: answers compressed in the coding the client ranks highest" 'content-encoding: br' heads \
+  -H 'Accept-Encoding: gzip, br' "http://$a:8088/"
 
 # --- resilience ------------------------------------------------------------------------
 # On a cluster the endpoints are the demo backend's pods (no dead one): the route with its

@@ -258,7 +258,7 @@ fn on_an_httproute_only_the_body_limit_applies() {
     assert!(
         cond(c, "Accepted")
             .message
-            .contains("on an HTTPRoute only limits.maxRequestBodyBytes applies"),
+            .contains("on an HTTPRoute only limits.maxRequestBodyBytes and compression"),
         "{}",
         cond(c, "Accepted").message
     );

@@ -7,12 +7,15 @@
 # several (so a test can tell which endpoint answered). With BACKEND_XFF_ECHO=1 it also answers
 # /xff with the X-Forwarded-For it received (what a proxy under test sent as the client).
 # With BACKEND_JSON_USAGE=1 it answers an LLM API's JSON instead of "ok\n":
-# {"usage":{"total_tokens":1}} (application/json).
+# {"usage":{"total_tokens":1}} (application/json). With BACKEND_JSON_FILE=PATH it answers that
+# file as application/json (a static file: Content-Length, ETag, Accept-Ranges).
 backend_conf() {
   local dir=$1 port listens="" header="" echo="" answer='return 200 "ok\n";'
   shift
   [[ ${BACKEND_JSON_USAGE:-0} = 1 ]] &&
     answer="default_type application/json; return 200 '{\"usage\":{\"total_tokens\":1}}';"
+  [[ -n ${BACKEND_JSON_FILE:-} ]] &&
+    answer="default_type application/json; root $(dirname "$BACKEND_JSON_FILE"); try_files /$(basename "$BACKEND_JSON_FILE") =404;"
   for port in "${@:-19080}"; do listens+="    listen 127.0.0.1:$port;"$'\n'; done
   [[ $# -gt 1 ]] && header='add_header X-Port $server_port; '
   [[ ${BACKEND_XFF_ECHO:-0} = 1 ]] && echo='location = /xff { return 200 "$http_x_forwarded_for\n"; }'$'\n    '

@@ -60,6 +60,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     };

@@ -39,6 +39,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     }

@@ -20,7 +20,9 @@ use crate::lifecycle::policy::auth::AuthMetrics;
 use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
 mod backend;
+mod compression;
 pub(crate) use backend::BackendMetrics;
+pub(crate) use compression::{CompressionCounters, CompressionMetrics};
 
 /// Labels of `tollgate_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,6 +134,7 @@ pub struct Metrics {
     auth: AuthMetrics,
     rate_limit: RateLimitMetrics,
     backend: BackendMetrics,
+    compression: CompressionMetrics,
 }
 
 /// The metric handles of one route label, resolved once so a request records its outcome
@@ -368,11 +371,14 @@ impl Metrics {
         rate_limit.register(&mut registry);
         let backend = BackendMetrics::new();
         backend.register(&mut registry);
+        let compression = CompressionMetrics::new();
+        compression.register(&mut registry);
         let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
             auth,
             rate_limit,
             backend,
+            compression,
             registry,
             no_route,
             routes: Mutex::new(FastMap::default()),
@@ -402,6 +408,11 @@ impl Metrics {
     /// Backend metrics: retries, the circuit breaker, outlier detection, health checks.
     pub(crate) fn backend(&self) -> &BackendMetrics {
         &self.backend
+    }
+
+    /// The compression counters of one algorithm.
+    pub(crate) fn compression(&self, e: tollgate_api::client::Encoding) -> CompressionCounters {
+        self.compression.of(e)
     }
 
     /// Rate-limit metrics (shared handles, registered here).

@@ -129,6 +129,7 @@ fn route(name: &str, backend: &str) -> Route {
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     }

@@ -77,6 +77,7 @@ fn route(name: &str, backends: &[(&str, u32)]) -> Route {
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     }

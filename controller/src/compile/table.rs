@@ -24,6 +24,7 @@ use super::index::{LookupMap, LookupSet};
 use super::kinds::RouteKind;
 use super::listeners::GatewayModel;
 use super::policies::Policies;
+use super::policies::client::RuleSettings;
 use super::precedence::Precedence;
 use super::routes::Routes;
 
@@ -34,7 +35,7 @@ pub fn build_tables(
     gateways: &[GatewayModel<'_>],
     routes: &Routes<'_>,
     policies: &Policies,
-    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
+    body_limits: &BTreeMap<(ObjectKey, u32), RuleSettings>,
     cache: Option<&mut CompileCache>,
 ) -> BTreeMap<ObjectKey, RouteTable> {
     let no_policy =
@@ -166,7 +167,7 @@ fn virtual_hosts<'r>(
     attached: &[(usize, usize)],
     used: &mut LookupSet<&'r str>,
     policy_for: &mut dyn FnMut(RouteKind, &ObjectKey, u32) -> Option<String>,
-    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
+    body_limits: &BTreeMap<(ObjectKey, u32), RuleSettings>,
     mut memo: Option<(&mut CompileCache, &ObjectKey, &str)>,
 ) -> Vec<VirtualHost> {
     // Per route: the policy key of each rule (the same through every attachment); per host,
@@ -229,7 +230,7 @@ fn host_routes(
     routes: &Routes<'_>,
     attached: &[usize],
     rule_policies: &BTreeMap<usize, Vec<Option<String>>>,
-    body_limits: &BTreeMap<(ObjectKey, u32), u64>,
+    body_limits: &BTreeMap<(ObjectKey, u32), RuleSettings>,
 ) -> Vec<Route> {
     let mut entries: Vec<(Precedence, Route)> = Vec::new();
     for &ri in attached {
@@ -243,9 +244,10 @@ fn host_routes(
         for (k, rule) in rules.iter().enumerate() {
             let policy = policies.and_then(|p| p.get(k).cloned().flatten());
             // Only HTTPRoutes take a ClientPolicy's body limit (and only when there is one).
-            let max_request_body_bytes = (!body_limits.is_empty() && r.kind == RouteKind::Http)
+            let client = (!body_limits.is_empty() && r.kind == RouteKind::Http)
                 .then(|| body_limits.get(&(r.key.clone(), rule.index)).copied())
-                .flatten();
+                .flatten()
+                .unwrap_or_default();
             let matches = rule.matches.iter().zip(&rule.specificity);
             for (mi, (m, specificity)) in matches.enumerate() {
                 let (ns, name) = (&r.key.namespace, &r.key.name);
@@ -262,7 +264,8 @@ fn host_routes(
                     session: rule.session.clone(),
                     policy: policy.clone(),
                     request_trailers,
-                    max_request_body_bytes,
+                    max_request_body_bytes: client.max_request_body_bytes,
+                    compression_disabled: client.compression_disabled,
                 };
                 entries.push((key, entry));
             }

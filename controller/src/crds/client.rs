@@ -1,11 +1,12 @@
 //! ClientPolicy: what a Gateway's listeners do for their clients. Where the client address
 //! comes from behind load balancers (PROXY protocol, trusted `X-Forwarded-For` hops), how
-//! paths are normalized, and request and connection limits.
+//! paths are normalized, request and connection limits, and response compression.
 //!
 //! Attachment: a Gateway, or one listener (`sectionName`). These act per port (a port's
 //! listeners share one socket), so the listeners of one port must end up with the same
 //! settings; a listener policy that would split a port is `Conflicted`. An HTTPRoute (or one
-//! rule) may be targeted for `limits.maxRequestBodyBytes` alone.
+//! rule) may be targeted for `limits.maxRequestBodyBytes` and `compression: {disabled: true}`
+//! alone.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -31,8 +32,8 @@ use super::common::{PolicyStatus, TargetRef};
 #[serde(rename_all = "camelCase")]
 pub struct ClientPolicySpec {
     /// What the policy attaches to: Gateways, or listeners of them by `sectionName`; or
-    /// HTTPRoutes, or rules of them by `sectionName`, for `limits.maxRequestBodyBytes` only
-    /// (1 to 16 targets).
+    /// HTTPRoutes, or rules of them by `sectionName`, for `limits.maxRequestBodyBytes` and
+    /// `compression: {disabled: true}` only (1 to 16 targets).
     #[schemars(length(min = 1, max = 16))]
     pub target_refs: Vec<TargetRef>,
     /// Where the client address comes from. Unset: the connection's peer.
@@ -44,6 +45,41 @@ pub struct ClientPolicySpec {
     /// Request and connection limits; unset ones keep the proxy's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsSpec>,
+    /// Response compression (gzip, brotli, zstd) for clients that accept it. Unset: none.
+    /// On an HTTPRoute only `{disabled: true}`, which keeps its responses uncompressed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionSpec>,
+}
+
+/// Response compression of the targeted listeners' ports: the coding is chosen from the
+/// request's `Accept-Encoding` (its q-values; ties go to the earlier of `algorithms`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionSpec {
+    /// Codings offered, the preferred first: `zstd`, `br`, `gzip` (default all three in
+    /// this order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 3))]
+    #[schemars(extend("items" = {"type": "string", "enum": ["zstd", "br", "gzip"]}))]
+    pub algorithms: Option<Vec<String>>,
+    /// A response declaring a shorter `Content-Length` is not compressed, 0 to 16 MiB
+    /// (default 1024); one of unknown length (chunked, streamed) is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16_777_216))]
+    pub min_bytes: Option<u64>,
+    /// Media types compressed (`text/html`, or `text/*` for every subtype), compared
+    /// without parameters and case; 1 to 64. Default: text/html, text/plain, text/css,
+    /// text/javascript, text/xml, text/markdown, text/csv, application/javascript,
+    /// application/json, application/xml, application/xhtml+xml, application/rss+xml,
+    /// application/atom+xml, application/ld+json, application/manifest+json,
+    /// application/problem+json, image/svg+xml. gRPC (`application/grpc*`) never is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub content_types: Option<Vec<String>>,
+    /// `true`: no compression here (with no other field). On a listener, over its
+    /// Gateway's; on an HTTPRoute or one rule, over the port's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
 }
 
 /// Request and connection limits of the targeted listeners' ports.

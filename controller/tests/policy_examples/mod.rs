@@ -1,7 +1,7 @@
 //! The policy examples (examples/rate-limit, examples/llm-tokens, examples/api-key,
 //! examples/basic-auth, examples/jwt, examples/introspection, examples/ext-authz, examples/oidc,
 //! examples/mtls, examples/client-ip) served by `tollgate run`, checked against what
-//! their READMEs say: statuses, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
+//! their READMEs say: statuses, `Content-Encoding`, `WWW-Authenticate`, `X-RateLimit-*` and `Retry-After`, TLS
 //! handshakes refused for want of a client certificate, and what the demo backend received.
 //! Called one after another by `examples_serve_as_documented`, since every example uses the
 //! demo backend's port.
@@ -501,6 +501,31 @@ pub fn client_ip() {
         .filter(|r| r.status == 200)
     })
     .unwrap_or_else(|| panic!("never served; log:\n{}", tg.log()));
+
+    // The ClientPolicy's compression: the coding the client ranks highest among the
+    // policy's, ties to the policy's order (zstd, br, gzip); `Vary` either way.
+    // HEAD: the same header fields as GET, without the encoded body this client reads as text.
+    let ae = |method: &str, accept: &str| {
+        send_with(
+            8088,
+            method,
+            "127.0.0.1:8088",
+            "/",
+            &[
+                ("X-Forwarded-For", "192.0.2.201"),
+                ("Accept-Encoding", accept),
+            ],
+        )
+        .unwrap()
+    };
+    let coded = ae("HEAD", "gzip, br");
+    assert_eq!(coded.status, 200, "{coded:?}");
+    assert_eq!(coded.header("content-encoding"), Some("br"), "{coded:?}");
+    assert_eq!(coded.header("vary"), Some("Accept-Encoding"));
+    let plain = ae("GET", "identity");
+    assert_eq!(plain.header("content-encoding"), None, "{plain:?}");
+    assert_eq!(plain.header("vary"), Some("Accept-Encoding"));
+    assert_eq!(plain.json()["path"], "/");
 
     for (xff, want) in [
         ("10.1.2.3", 200),

@@ -132,6 +132,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     };

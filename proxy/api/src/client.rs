@@ -1,6 +1,6 @@
 //! What a port does for its clients, from the ClientPolicies of its listeners: where the
 //! client address comes from, how paths are normalized, and the request and connection
-//! limits. Per port, not per listener: a port's listeners share one socket, and these
+//! limits, and response compression ([`Compression`]). Per port, not per listener: a port's listeners share one socket, and these
 //! settings act before the request names a host (PROXY protocol, head size) or while none is
 //! known (connections per client).
 
@@ -25,6 +25,9 @@ pub struct ClientSettings {
     /// Request and connection limits (unset: the proxy's own settings).
     #[serde(default, skip_serializing_if = "ClientLimits::is_empty")]
     pub limits: ClientLimits,
+    /// Compress upstream responses for clients that accept it; `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
     /// ClientPolicies that are invalid and were never valid: what they would set is unknown
     /// (the client address above all, which authorization rules may read), so every request
     /// on the port answers 500 until they are fixed. Empty: the port serves.
@@ -37,6 +40,54 @@ impl ClientSettings {
     pub fn is_default(&self) -> bool {
         *self == Self::default()
     }
+}
+
+/// A content coding the proxy can apply to a response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Encoding {
+    /// Zstandard (RFC 8878), `zstd`.
+    #[serde(rename = "zstd")]
+    Zstd,
+    /// Brotli (RFC 7932), `br`.
+    #[serde(rename = "br")]
+    Br,
+    /// gzip (RFC 1952), `gzip`.
+    #[serde(rename = "gzip")]
+    Gzip,
+}
+
+impl Encoding {
+    /// Every coding, for parsing and metrics.
+    pub const ALL: [Encoding; 3] = [Encoding::Zstd, Encoding::Br, Encoding::Gzip];
+
+    /// The content-coding token (`Content-Encoding`, `Accept-Encoding`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Zstd => "zstd",
+            Encoding::Br => "br",
+            Encoding::Gzip => "gzip",
+        }
+    }
+
+    /// The coding named `token` (exact, lower case), if the proxy has it.
+    pub fn from_token(token: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == token)
+    }
+}
+
+/// Response compression of a port (ClientPolicy `compression`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Compression {
+    /// The codings offered, the preferred first: a tie in the client's `Accept-Encoding`
+    /// goes to the earlier one. Not empty, no repeats.
+    pub algorithms: Vec<Encoding>,
+    /// A response that declares a shorter `Content-Length` goes out as it came; one of
+    /// unknown length is compressed.
+    pub min_bytes: u64,
+    /// Media types compressed, lower case, parameters left out: `type/subtype`, or `type/*`
+    /// for every subtype. Not empty.
+    pub content_types: Vec<String>,
 }
 
 /// PROXY protocol on a port.

@@ -254,6 +254,10 @@ pub struct Route {
     /// HTTPRoute; `None`: the port's limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_request_body_bytes: Option<u64>,
+    /// Responses of this rule are never compressed (a ClientPolicy on its HTTPRoute with
+    /// `compression: {disabled: true}`), whatever the port's compression says.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub compression_disabled: bool,
     /// When a failed upstream attempt is made again (HTTPRoute `rules[].retry`); `None`:
     /// one attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -667,6 +671,7 @@ mod tests {
             policy: None,
             request_trailers: false,
             max_request_body_bytes: None,
+            compression_disabled: false,
             retry: Some(Retry {
                 attempts: 2,
                 backoff_ms: 25,

@@ -1,6 +1,6 @@
 //! A port's client settings at run time (ClientPolicy). In: the table's
 //! [`ClientSettings`] of a port (at table build) and, per request, the peer address and the
-//! `X-Forwarded-For` fields. Out: [`PortClient`], kept in the snapshot for ports with
+//! `X-Forwarded-For` fields. Out: [`PortClient`] (with the port's compression settings), kept in the snapshot for ports with
 //! settings, and [`PortClient::resolve`]: the address CEL `source.address`, rate-limit
 //! counters and the access log use, and the trusted chain the upstream's `X-Forwarded-For`
 //! carries (client first, what a client wrote left of its own entry dropped).
@@ -12,11 +12,13 @@
 //! someone else's rate-limit counter or pass a network rule.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
 use tollgate_api::ObjectKey;
 use tollgate_api::client::{Cidr, ClientLimits, ClientSettings, ForwardedFor};
 
+use crate::lifecycle::compress;
 use crate::lifecycle::forward::X_FORWARDED_FOR;
 use crate::lifecycle::normalize::PathOptions;
 
@@ -42,6 +44,8 @@ pub(crate) struct PortClient {
     pub closed_by: Vec<ObjectKey>,
     /// Limits over the proxy's own.
     pub limits: ClientLimits,
+    /// Response compression.
+    pub compression: Option<Arc<compress::Settings>>,
 }
 
 /// Why a port's settings cannot be served.
@@ -85,6 +89,10 @@ impl PortClient {
             },
             closed_by: s.closed_by.clone(),
             limits: s.limits,
+            compression: s
+                .compression
+                .as_ref()
+                .map(|c| Arc::new(compress::Settings::new(c))),
         }))
     }
 

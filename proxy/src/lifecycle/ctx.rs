@@ -35,6 +35,7 @@ use crate::lifecycle::body::{BodyFault, OnComplete, ProxyBody, TrackedBody};
 use crate::lifecycle::call::Retried;
 use crate::lifecycle::call::response_filters;
 use crate::lifecycle::client::{Forwarded, PortClient};
+use crate::lifecycle::compress;
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
 use crate::lifecycle::intake;
@@ -86,6 +87,9 @@ pub(crate) struct RequestCtx<'s> {
     pub auth_cookies: Vec<HeaderValue>,
     /// Headers an external authorization service added to the answer.
     pub auth_response_headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// Response compression on the port: the coding the client accepts. Cleared for a
+    /// route that opts out.
+    pub compress: Option<compress::Offer>,
     /// Reported when the answer's body ends.
     pub done: Completion,
 }
@@ -203,6 +207,9 @@ impl<'s> RequestCtx<'s> {
         let client_upgrade = upgrade
             .then(|| req.extensions_mut().remove::<OnUpgrade>())
             .flatten();
+        let compress = port
+            .and_then(|p| p.compression.as_ref())
+            .and_then(|c| compress::Offer::new(c, req, upgrade, grpc));
         Self {
             shared,
             conn,
@@ -219,6 +226,7 @@ impl<'s> RequestCtx<'s> {
             identity: None,
             auth_cookies: Vec::new(),
             auth_response_headers: Vec::new(),
+            compress,
             done: Completion {
                 shared: shared.clone(),
                 start,
@@ -329,10 +337,16 @@ impl<'s> RequestCtx<'s> {
         )
     }
 
-    /// The answer as it leaves: counted by what it means, in gRPC form for a gRPC client
-    /// when it is the gateway's own, with `X-Request-Id`, and its body reporting the request
-    /// when it ends.
+    /// The answer as it leaves: the upstream's compressed when the port and the client say so
+    /// (after any costs read from its body, which read it as the upstream sent it), counted
+    /// by what it means, in gRPC form for a gRPC client when it is the gateway's own, with
+    /// `X-Request-Id`, and its body reporting the request when it ends.
     pub fn finish(self, mut resp: Response<ProxyBody>) -> ProxyResponse {
+        if let Some(offer) = self.compress
+            && self.done.upstream_answered
+        {
+            resp = offer.apply(resp, &self.shared.metrics);
+        }
         let mut done = self.done;
         // Metrics and the access log count the answer by what it means (a gRPC client's 404
         // is a 404, though it goes out as 200 with `grpc-status: 12`).

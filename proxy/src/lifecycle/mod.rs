@@ -7,13 +7,15 @@
 //! route; `policy` authenticates, authorizes and rate-limits; `filters` and `forward` edit
 //! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
 //! the request body and counts the answer's; `cost_body` counts rate-limit costs read from
-//! the answer's body as it ends.
+//! the answer's body as it ends; `compress` encodes the upstream's answer for clients that
+//! accept it.
 
 pub(crate) mod affinity;
 pub(crate) mod answer;
 pub(crate) mod body;
 pub(crate) mod call;
 pub(crate) mod client;
+pub(crate) mod compress;
 pub(crate) mod cost_body;
 pub(crate) mod ctx;
 pub(crate) mod ext_auth;

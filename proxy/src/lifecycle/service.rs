@@ -22,6 +22,8 @@
 //!    upstream call under the request and backend timeouts (→ 504), connection failures →
 //!    502, body over the limit → 413; upgrades spliced.
 //! 6. `RequestCtx::answer` (`response_filters`, module `call`): hop-by-hop removal, response header edits, CORS.
+//! 7. `RequestCtx::finish`, after any costs read from the body: the upstream's answer
+//!    compressed for a client that accepts it (module `compress`), unless the route opts out.
 //!
 //! The gateway's own error answers to a gRPC client go out as gRPC statuses (module `grpc`).
 //! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
@@ -205,6 +207,9 @@ async fn proxy<'s>(
         return status(StatusCode::NOT_FOUND);
     };
     let route = &hit.route.api;
+    if route.compression_disabled {
+        ctx.compress = None;
+    }
     ctx.done.route = Some(hit.route.label.clone());
     ctx.done.metrics = hit.route.metrics.clone();
     // A declared body over the route's limit (a ClientPolicy on its HTTPRoute) or else the

@@ -237,6 +237,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     }

@@ -12,9 +12,9 @@
 //! end up with the same ones: a listener policy that would split a port loses that target
 //! (`Conflicted`, naming the port and its other listeners) and the port keeps the Gateway's.
 //!
-//! An HTTPRoute (or one named rule) may be targeted with `limits.maxRequestBodyBytes` alone:
-//! its rules get that limit in the table (the rule's policy over the route's), replacing
-//! the port's.
+//! An HTTPRoute (or one named rule) may be targeted with `limits.maxRequestBodyBytes` and
+//! `compression: {disabled: true}` alone: its rules get them in the table ([`RuleSettings`];
+//! each field the rule's policy over the route's), replacing the port's.
 //!
 //! Fail closed: the client address feeds authorization (`source.address`), so a policy that
 //! becomes invalid keeps its last valid version, and one never valid closes the ports of its
@@ -24,20 +24,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use tollgate_api::ObjectKey;
-use tollgate_api::client::{
-    Cidr, ClientLimits, ClientSettings, EscapedSlashes, ForwardedFor, PathOptions, ProxyProtocol,
-};
+use tollgate_api::client::ClientSettings;
 
+use super::client_fields::{Fields, fields};
 use super::last_valid::{self, State};
 use super::status::gateway_ancestor;
-use super::{Contribution, ENFORCED, PolicyRef, STALLED, invalid, reason};
+use super::{Contribution, ENFORCED, PolicyRef, STALLED, reason};
 use crate::compile::CONTROLLER_NAME;
-use crate::compile::conditions::{ACCEPTED, Conds, Problem};
+use crate::compile::conditions::{ACCEPTED, Conds};
 use crate::compile::grants::GATEWAY_GROUP;
 use crate::compile::index::key_of;
-use crate::compile::rules::parse_duration_ms;
 use crate::crds::ClientPolicy;
-use crate::crds::client::{ClientPolicySpec, EscapedSlashesSpec, LimitsSpec};
 use crate::crds::common::{PolicyStatus, TargetRef};
 
 /// Kind name.
@@ -69,47 +66,13 @@ pub struct ClientRoute {
     pub gateways: Vec<ObjectKey>,
 }
 
-/// What one policy sets; `None` leaves the field to the policy below (or the default).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Fields {
-    proxy_protocol: Option<ProxyProtocol>,
-    forwarded_for: Option<ForwardedFor>,
-    merge_slashes: Option<bool>,
-    escaped_slashes: Option<EscapedSlashes>,
-    limits: ClientLimits,
-}
-
-impl Fields {
-    /// `self`'s fields, each it lacks taken from `below`.
-    fn over(&self, below: &Self) -> Self {
-        Self {
-            proxy_protocol: self
-                .proxy_protocol
-                .clone()
-                .or_else(|| below.proxy_protocol.clone()),
-            forwarded_for: self
-                .forwarded_for
-                .clone()
-                .or_else(|| below.forwarded_for.clone()),
-            merge_slashes: self.merge_slashes.or(below.merge_slashes),
-            escaped_slashes: self.escaped_slashes.or(below.escaped_slashes),
-            limits: self.limits.or(below.limits),
-        }
-    }
-
-    fn settings(&self) -> ClientSettings {
-        let defaults = PathOptions::default();
-        ClientSettings {
-            proxy_protocol: self.proxy_protocol.clone(),
-            forwarded_for: self.forwarded_for.clone(),
-            path: PathOptions {
-                merge_slashes: self.merge_slashes.unwrap_or(defaults.merge_slashes),
-                escaped_slashes: self.escaped_slashes.unwrap_or(defaults.escaped_slashes),
-            },
-            limits: self.limits,
-            ..ClientSettings::default()
-        }
-    }
+/// What ClientPolicies on an HTTPRoute set for one of its rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleSettings {
+    /// The rule's request body limit, replacing the port's.
+    pub max_request_body_bytes: Option<u64>,
+    /// The rule's responses are never compressed.
+    pub compression_disabled: bool,
 }
 
 /// The compiled ClientPolicies.
@@ -117,8 +80,8 @@ impl Fields {
 pub struct ClientPolicies {
     /// Settings per (Gateway, port), for ports some policy reaches.
     pub ports: BTreeMap<(ObjectKey, u16), ClientSettings>,
-    /// Request body limits per (HTTPRoute, rule index), from policies on HTTPRoutes.
-    pub routes: BTreeMap<(ObjectKey, u32), u64>,
+    /// Settings per (HTTPRoute, rule index), from policies on HTTPRoutes.
+    pub routes: BTreeMap<(ObjectKey, u32), RuleSettings>,
     /// Policies affecting each HTTPRoute on each Gateway.
     pub affecting_routes: BTreeMap<(ObjectKey, ObjectKey), BTreeSet<PolicyRef>>,
     /// Status of every ClientPolicy.
@@ -127,146 +90,6 @@ pub struct ClientPolicies {
     pub affecting_gateways: BTreeMap<ObjectKey, BTreeSet<PolicyRef>>,
     /// Versions valid now or kept: the next compile's last valid ClientPolicies.
     pub last_valid: BTreeMap<ObjectKey, ClientPolicy>,
-}
-
-/// Compiles one version of a policy's spec.
-fn fields(spec: &ClientPolicySpec) -> Result<Fields, Problem> {
-    for t in &spec.target_refs {
-        if t.group != GATEWAY_GROUP || !matches!(t.kind.as_str(), "Gateway" | "HTTPRoute") {
-            return Err(invalid(format!(
-                "targetRef {} {}: a ClientPolicy targets Gateways (group {GATEWAY_GROUP}) or \
-                 one listener of one by sectionName, or HTTPRoutes (or one rule) for \
-                 limits.maxRequestBodyBytes",
-                t.kind, t.name
-            )));
-        }
-    }
-    let body_only = spec.client_ip.is_none()
-        && spec.path.is_none()
-        && spec.limits.as_ref().is_none_or(|l| {
-            *l == LimitsSpec {
-                max_request_body_bytes: l.max_request_body_bytes,
-                ..LimitsSpec::default()
-            }
-        });
-    if !body_only && spec.target_refs.iter().any(|t| t.kind == "HTTPRoute") {
-        return Err(invalid(
-            "on an HTTPRoute only limits.maxRequestBodyBytes applies: put the other settings \
-             in a ClientPolicy on the Gateway",
-        ));
-    }
-    let mut f = Fields::default();
-    if let Some(ip) = &spec.client_ip {
-        if let Some(pp) = &ip.proxy_protocol {
-            let trusted = pp.trusted_cidrs.clone().unwrap_or_default();
-            if pp.trusted_cidrs.is_some() && !(1..=64).contains(&trusted.len()) {
-                return Err(invalid(
-                    "clientIP.proxyProtocol.trustedCIDRs must list 1 to 64 networks",
-                ));
-            }
-            networks("clientIP.proxyProtocol.trustedCIDRs", &trusted)?;
-            f.proxy_protocol = Some(ProxyProtocol {
-                required: pp.required.unwrap_or(true),
-                trusted_cidrs: trusted,
-            });
-        }
-        if let Some(x) = &ip.x_forwarded_for {
-            f.forwarded_for = Some(match (x.num_trusted_hops, &x.trusted_cidrs) {
-                (Some(n), None) if (1..=64).contains(&n) => ForwardedFor::NumTrustedHops(n),
-                (Some(n), None) => {
-                    return Err(invalid(format!(
-                        "clientIP.xForwardedFor.numTrustedHops must be 1 to 64, not {n}"
-                    )));
-                }
-                (None, Some(cidrs)) if !cidrs.is_empty() && cidrs.len() <= 64 => {
-                    networks("clientIP.xForwardedFor.trustedCIDRs", cidrs)?;
-                    ForwardedFor::TrustedCidrs(cidrs.clone())
-                }
-                (None, Some(_)) => {
-                    return Err(invalid(
-                        "clientIP.xForwardedFor.trustedCIDRs must list 1 to 64 networks",
-                    ));
-                }
-                _ => {
-                    return Err(invalid(
-                        "clientIP.xForwardedFor needs exactly one of numTrustedHops and \
-                         trustedCIDRs",
-                    ));
-                }
-            });
-        }
-    }
-    if let Some(l) = &spec.limits {
-        f.limits = limits(l)?;
-    }
-    if let Some(p) = &spec.path {
-        f.merge_slashes = p.merge_slashes;
-        f.escaped_slashes = p.escaped_slashes.map(|e| match e {
-            EscapedSlashesSpec::Keep => EscapedSlashes::Keep,
-            EscapedSlashesSpec::Reject => EscapedSlashes::Reject,
-            EscapedSlashesSpec::Unescape => EscapedSlashes::Unescape,
-        });
-    }
-    Ok(f)
-}
-
-/// Checks a list of trusted networks: each parses, and none is every address (`/0` would
-/// let any client name its own address).
-fn networks(field: &str, cidrs: &[String]) -> Result<(), Problem> {
-    for c in cidrs {
-        let n: Cidr = c.parse().map_err(|e| invalid(format!("{field}: {e}")))?;
-        if n.prefix_len() == 0 {
-            return Err(invalid(format!(
-                "{field}: {c:?} trusts every address, so any client could name its own; \
-                 list the proxies' networks"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Compiles `limits`, checking what the schema says (`tollgate run` reads no schema).
-fn limits(l: &LimitsSpec) -> Result<ClientLimits, Problem> {
-    let range = |field: &str, v: Option<u32>, min: u32, max: u32| match v {
-        Some(n) if !(min..=max).contains(&n) => Err(invalid(format!(
-            "limits.{field} must be {min} to {max}, not {n}"
-        ))),
-        _ => Ok(v),
-    };
-    let duration = |field: &str, v: &Option<String>| -> Result<Option<u64>, Problem> {
-        let Some(s) = v else { return Ok(None) };
-        match parse_duration_ms(s) {
-            Ok(Some(ms)) => Ok(Some(ms)),
-            Ok(None) => Err(invalid(format!("limits.{field} must be more than 0s"))),
-            Err(e) => Err(invalid(format!("limits.{field}: {s:?}: {e}"))),
-        }
-    };
-    Ok(ClientLimits {
-        max_request_headers_bytes: range(
-            "maxRequestHeadersBytes",
-            l.max_request_headers_bytes,
-            1024,
-            1_048_576,
-        )?,
-        max_request_headers: range("maxRequestHeaders", l.max_request_headers, 1, 100)?,
-        max_request_body_bytes: l.max_request_body_bytes,
-        max_connections_per_client: range(
-            "maxConnectionsPerClient",
-            l.max_connections_per_client,
-            1,
-            u32::MAX,
-        )?,
-        request_header_timeout_ms: duration("requestHeaderTimeout", &l.request_header_timeout)?,
-        idle_timeout_ms: duration("idleTimeout", &l.idle_timeout)?,
-        request_body_timeout_ms: duration("requestBodyTimeout", &l.request_body_timeout)?,
-        request_timeout_ms: duration("requestTimeout", &l.request_timeout)?,
-        http2_max_concurrent_streams: range(
-            "http2MaxConcurrentStreams",
-            l.http2_max_concurrent_streams,
-            1,
-            10_000,
-        )?,
-    })
 }
 
 /// One policy after resolution.
@@ -406,17 +229,27 @@ pub fn compile_client_policies(
                 .as_ref()
                 .and_then(|n| holder.get(&(HTTPROUTE, r.key.clone(), Some(n.clone()))))
                 .copied();
-            let limit = |h: Option<usize>| {
-                h.and_then(|i| items[i].state.contribution())
-                    .and_then(|c| c.entries.limits.max_request_body_bytes)
+            // Each field from the rule's policy when it sets it, else from the route's.
+            let pick = |get: &dyn Fn(&Fields) -> Option<u64>| {
+                [rule_holder, route_holder].into_iter().find_map(|h| {
+                    let i = h?;
+                    let v = get(&items[i].state.contribution()?.entries)?;
+                    Some((i, v))
+                })
             };
-            let (source, value) = match (limit(rule_holder), limit(route_holder)) {
-                (Some(v), _) => (rule_holder, v),
-                (None, Some(v)) => (route_holder, v),
-                (None, None) => continue,
-            };
-            out.routes.insert((r.key.clone(), *index), value);
-            if let Some(i) = source {
+            let body = pick(&|f| f.limits.max_request_body_bytes);
+            let off = pick(&|f| matches!(f.compression, Some(None)).then_some(1));
+            if body.is_none() && off.is_none() {
+                continue;
+            }
+            out.routes.insert(
+                (r.key.clone(), *index),
+                RuleSettings {
+                    max_request_body_bytes: body.map(|(_, v)| v),
+                    compression_disabled: off.is_some(),
+                },
+            );
+            for (i, _) in body.into_iter().chain(off) {
                 for gw in &r.gateways {
                     items[i].enforced_on.insert(gw.clone());
                     out.affecting_routes

@@ -25,6 +25,7 @@ pub mod auth;
 pub mod backend;
 pub mod basic;
 pub mod client;
+mod client_fields;
 pub mod external;
 pub mod last_valid;
 pub mod oidc;

@@ -24,6 +24,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         policy: None,
         request_trailers: false,
         max_request_body_bytes: None,
+        compression_disabled: false,
         retry: None,
         session: None,
     }
