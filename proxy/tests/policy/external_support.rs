@@ -207,6 +207,7 @@ pub async fn proxy_with_external(
     let mut a = auth(vec![]);
     a.authorization = vec![AuthzRule {
         name: "check".into(),
+        policy: Default::default(),
         predicate: String::new(),
         external: Some(rule),
         when: vec![],

@@ -345,6 +345,7 @@ fn auth_needs(auth: &Auth, needs: &mut Needs) {
     let methods = authentication.iter().flat_map(|m| {
         let AuthnMethod {
             name: _,
+            policy: _,
             credentials: _,
             method: _,
             when,
@@ -354,6 +355,7 @@ fn auth_needs(auth: &Auth, needs: &mut Needs) {
     let rules = authorization.iter().flat_map(|r| {
         let AuthzRule {
             name: _,
+            policy: _,
             predicate,
             external: _,
             when,
