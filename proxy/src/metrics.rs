@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use crate::FastMap;
 use crate::lifecycle::policy::auth::AuthMetrics;
+use crate::lifecycle::policy::decisions::PolicyDecisions;
 use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
 mod backend;
@@ -131,6 +132,7 @@ pub struct Metrics {
     no_route: Arc<RouteMetrics>,
     auth: AuthMetrics,
     rate_limit: RateLimitMetrics,
+    policy_decisions: PolicyDecisions,
     backend: BackendMetrics,
 }
 
@@ -366,12 +368,15 @@ impl Metrics {
         auth.register(&mut registry);
         let rate_limit = RateLimitMetrics::new();
         rate_limit.register(&mut registry);
+        let policy_decisions = PolicyDecisions::new();
+        policy_decisions.register(&mut registry);
         let backend = BackendMetrics::new();
         backend.register(&mut registry);
         let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
             auth,
             rate_limit,
+            policy_decisions,
             backend,
             registry,
             no_route,
@@ -407,6 +412,11 @@ impl Metrics {
     /// Rate-limit metrics (shared handles, registered here).
     pub fn rate_limit(&self) -> &RateLimitMetrics {
         &self.rate_limit
+    }
+
+    /// Per-policy decision counters (shared handles, registered here).
+    pub fn policy_decisions(&self) -> &PolicyDecisions {
+        &self.policy_decisions
     }
 
     /// Encodes every metric as OpenMetrics text.
