@@ -45,6 +45,8 @@ fn external(out: &Output, name: &str) -> ExternalAuthz {
     let auth = set.unwrap().auth.unwrap();
     assert_eq!(auth.authorization.len(), 1);
     assert_eq!(auth.authorization[0].predicate, "");
+    // Proxies count the rule's decisions under the policy that defined it.
+    assert_eq!(auth.authorization[0].policy, ObjectKey::new("ext", name));
     auth.authorization[0].external.clone().unwrap()
 }
 

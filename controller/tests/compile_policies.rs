@@ -405,3 +405,58 @@ spec:
     assert_eq!(auth.authentication.len(), 1);
     assert_eq!(auth.authentication[0].method, Method::X509);
 }
+
+/// Proxies count each decision under the policy and rule that took it
+/// (`tollgate_policy_decisions_total`), so every rule that decides carries its policy into
+/// the table, through merges too: a Gateway-wide `merge` default adds its method and rule
+/// to the route's own policy's, each still naming where it came from.
+#[test]
+fn every_deciding_rule_names_the_policy_that_defined_it() {
+    let out = run(
+        &["policies"],
+        r#"
+apiVersion: tollgate.dev/v1alpha1
+kind: AuthPolicy
+metadata: {name: gw-auth, namespace: pol}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: gw}]
+  defaults:
+    strategy: merge
+    rules:
+      authentication:
+        sso: {jwt: {issuer: "https://sso.test", jwks: '{"keys": []}'}}
+      authorization:
+        no-delete: {predicate: "request.method != 'DELETE'"}
+"#,
+    );
+    assert_cond(ap(&out, "gw-auth"), "Enforced", "True", "Enforced");
+    let t = table(&out, "pol", "gw");
+    let (_, set) = policy_of(t, "http", "admin.test", "/");
+    let auth = set.auth.as_ref().unwrap();
+    let admin = ObjectKey::new("pol", "admin-auth");
+    let gw = ObjectKey::new("pol", "gw-auth");
+    assert_eq!(auth.sources, [admin.clone(), gw.clone()]);
+    let methods: Vec<(&str, &ObjectKey)> = auth
+        .authentication
+        .iter()
+        .map(|m| (m.name.as_str(), &m.policy))
+        .collect();
+    assert_eq!(methods, [("keys", &admin), ("sso", &gw), ("users", &admin)]);
+    let rules: Vec<(&str, &ObjectKey)> = auth
+        .authorization
+        .iter()
+        .map(|r| (r.name.as_str(), &r.policy))
+        .collect();
+    assert_eq!(rules, [("admins-only", &admin), ("no-delete", &gw)]);
+    // A limit's id is `namespace/policy/limit`: the policy and the limit's name.
+    assert_eq!(
+        limit_names(set),
+        ["pol/gw-defaults/global", "pol/gw-defaults/per-ip"]
+    );
+    // The table says so on the wire.
+    let json = serde_json::to_value(&auth.authentication[1]).unwrap();
+    assert_eq!(
+        json["policy"],
+        serde_json::json!({"namespace": "pol", "name": "gw-auth"})
+    );
+}

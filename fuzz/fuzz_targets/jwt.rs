@@ -36,6 +36,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         when: vec![],
         authentication: vec![AuthnMethod {
             name: "jwt".into(),
+            policy: Default::default(),
             credentials: Credentials::AuthorizationHeader {
                 prefix: "Bearer".into(),
             },

@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use crate::FastMap;
 use crate::lifecycle::policy::auth::AuthMetrics;
+use crate::lifecycle::policy::decisions::PolicyDecisions;
 use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
 mod backend;
@@ -133,6 +134,7 @@ pub struct Metrics {
     no_route: Arc<RouteMetrics>,
     auth: AuthMetrics,
     rate_limit: RateLimitMetrics,
+    policy_decisions: PolicyDecisions,
     backend: BackendMetrics,
     compression: CompressionMetrics,
 }
@@ -369,6 +371,8 @@ impl Metrics {
         auth.register(&mut registry);
         let rate_limit = RateLimitMetrics::new();
         rate_limit.register(&mut registry);
+        let policy_decisions = PolicyDecisions::new();
+        policy_decisions.register(&mut registry);
         let backend = BackendMetrics::new();
         backend.register(&mut registry);
         let compression = CompressionMetrics::new();
@@ -377,6 +381,7 @@ impl Metrics {
         Self {
             auth,
             rate_limit,
+            policy_decisions,
             backend,
             compression,
             registry,
@@ -418,6 +423,11 @@ impl Metrics {
     /// Rate-limit metrics (shared handles, registered here).
     pub fn rate_limit(&self) -> &RateLimitMetrics {
         &self.rate_limit
+    }
+
+    /// Per-policy decision counters (shared handles, registered here).
+    pub fn policy_decisions(&self) -> &PolicyDecisions {
+        &self.policy_decisions
     }
 
     /// Encodes every metric as OpenMetrics text.

@@ -211,6 +211,7 @@ impl Proxy {
         let policy = PolicyRuntime {
             auth: AuthState::new(opts.metrics.auth().clone()),
             limiter,
+            decisions: opts.metrics.policy_decisions().clone(),
         };
         let health = HealthChecker::new(opts.metrics.clone());
         let shared = Shared {

@@ -236,6 +236,7 @@ fn x509_auth() -> Auth {
         when: vec![],
         authentication: vec![AuthnMethod {
             name: "client-cert".into(),
+            policy: Default::default(),
             credentials: Credentials::AuthorizationHeader {
                 prefix: String::new(),
             },

@@ -177,6 +177,10 @@ pub struct Auth {
 pub struct AuthnMethod {
     /// Name in the policy (`rules.authentication.<name>`).
     pub name: String,
+    /// The AuthPolicy that defined the method: proxies count its decisions under it
+    /// (`tollgate_policy_decisions_total`). Empty in tables of compilers that predate it.
+    #[serde(default)]
+    pub policy: ObjectKey,
     /// Where the credential is read from. Defaults per method: `Authorization: Bearer` for JWT
     /// and introspection, `Authorization: APIKEY` for API keys; ignored for X.509.
     pub credentials: Credentials,
@@ -385,6 +389,9 @@ impl std::fmt::Debug for Oidc {
 pub struct AuthzRule {
     /// Name in the policy.
     pub name: String,
+    /// The AuthPolicy that defined the rule (see [`AuthnMethod::policy`]).
+    #[serde(default)]
+    pub policy: ObjectKey,
     /// CEL predicate that must hold; empty for an [`Self::external`] rule.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub predicate: String,

@@ -19,6 +19,7 @@ fn x_api_key() -> Credentials {
 fn rule(name: &str, predicate: &str, when: &[&str]) -> AuthzRule {
     AuthzRule {
         name: name.into(),
+        policy: Default::default(),
         predicate: predicate.into(),
         external: None,
         when: when.iter().map(|w| w.to_string()).collect(),

@@ -50,6 +50,7 @@ pub fn auth(methods: Vec<AuthnMethod>) -> Auth {
 pub fn method(name: &str, credentials: Credentials, method: Method) -> AuthnMethod {
     AuthnMethod {
         name: name.into(),
+        policy: Default::default(),
         credentials,
         method,
         when: vec![],

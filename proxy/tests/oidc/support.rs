@@ -103,6 +103,7 @@ pub fn provider(id_token_lifetime: &str) -> Option<Provider> {
 pub fn oidc_method(issuer: &str, keys: &[&str]) -> AuthnMethod {
     AuthnMethod {
         name: "browser".into(),
+        policy: Default::default(),
         credentials: Credentials::Cookie {
             name: COOKIE.into(),
         },

@@ -151,6 +151,7 @@ async fn an_authorization_rule_that_does_not_hold_is_403_without_a_challenge() {
     let mut a = jwt_auth();
     a.authorization = vec![AuthzRule {
         name: "admins-only".into(),
+        policy: Default::default(),
         predicate: "auth.identity.role == 'admin'".into(),
         external: None,
         when: vec!["request.url_path.startsWith('/admin')".into()],
@@ -207,6 +208,7 @@ fn admins_only() -> Auth {
     };
     a.authorization = vec![AuthzRule {
         name: "admins".into(),
+        policy: Default::default(),
         predicate: "auth.identity.metadata.labels.group == 'admins'".into(),
         external: None,
         when: vec![],
@@ -303,6 +305,7 @@ async fn cel_sees_method_host_path_scheme_headers_and_source() {
     let mut a = auth(vec![]);
     a.authorization = vec![AuthzRule {
         name: "everything".into(),
+        policy: Default::default(),
         predicate: [
             "request.method == 'POST'",
             "request.host == 'shop.example'",

@@ -17,6 +17,7 @@ const SHA512: &str = "$6$saltsalt$TVLlQcbpFVof5W3Yz4DTP6gRstiNuHwwTt6GLc1E5n0U0a
 fn basic_auth(users: &[(&str, String)]) -> tollgate_api::policy::Auth {
     let mut a = auth(vec![AuthnMethod {
         name: "staff".into(),
+        policy: Default::default(),
         credentials: Credentials::AuthorizationHeader {
             prefix: "Basic".into(),
         },

@@ -69,6 +69,8 @@ async fn a_denying_answer_reaches_the_client_with_its_status_headers_and_body() 
         "a denied request never reaches the backend"
     );
     assert_eq!(s.counted("denied"), 1);
+    assert_eq!(s.decided(Outcome::Denied), 1);
+    assert_eq!(s.decided(Outcome::Allowed), 0);
 }
 
 #[tokio::test]
@@ -79,6 +81,7 @@ async fn a_slow_service_denies_unless_the_rule_fails_open() {
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     assert_eq!(s.app.hits(), 0);
     assert_eq!(s.counted("error"), 1);
+    assert_eq!(s.decided(Outcome::Error), 1);
 
     let s = Setup::policy(http_rule(100, true, None)).await;
     let a = s.get("/orders", &slow).await;
@@ -87,6 +90,8 @@ async fn a_slow_service_denies_unless_the_rule_fails_open() {
     assert_eq!(a.upstream_header("x-auth-user"), None);
     assert_eq!(s.app.hits(), 1);
     assert_eq!(s.counted("fail_open"), 1);
+    assert_eq!(s.decided(Outcome::FailOpen), 1);
+    assert_eq!(s.decided(Outcome::Error), 0);
 }
 
 #[tokio::test]
@@ -125,6 +130,9 @@ async fn decisions_are_cached_per_forwarded_attributes() {
         assert_eq!(s.bearer("bad").await.status, StatusCode::UNAUTHORIZED);
     }
     assert_eq!(s.svc.checks(), 2, "a denial is cached too");
+    // Cached or not, each request is a decision of the rule.
+    assert_eq!(s.decided(Outcome::Allowed), 5);
+    assert_eq!(s.decided(Outcome::Denied), 3);
     // Another path is another decision.
     let a = s
         .get("/orders/7", &[("authorization", "Bearer good")])

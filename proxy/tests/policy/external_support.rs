@@ -19,9 +19,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tollgate_api::Backend;
 use tollgate_api::external::{AllowStatus, ExternalAuthz, ExternalProtocol, HttpCheck};
 use tollgate_api::policy::{AuthzRule, PolicySet};
+use tollgate_api::{Backend, ObjectKey};
+pub use tollgate_proxy::policy::decisions::Outcome;
 use tollgate_proxy::{Metrics, Proxy, ProxyOptions};
 
 use crate::common::*;
@@ -207,6 +208,7 @@ pub async fn proxy_with_external(
     let mut a = auth(vec![]);
     a.authorization = vec![AuthzRule {
         name: "check".into(),
+        policy: ObjectKey::new("default", "authz"),
         predicate: String::new(),
         external: Some(rule),
         when: vec![],
@@ -304,6 +306,13 @@ impl Setup {
     pub async fn bearer(&self, token: &str) -> Answer {
         self.get("/orders", &[("authorization", &format!("Bearer {token}"))])
             .await
+    }
+
+    /// Decisions of the rule counted in `tollgate_policy_decisions_total` with `outcome`.
+    pub fn decided(&self, outcome: Outcome) -> u64 {
+        let m = self.metrics.as_ref().expect("an AuthPolicy rule's metrics");
+        m.policy_decisions()
+            .count("default/authz", "authorization.check", outcome)
     }
 
     /// Checks of outcome `outcome` the policy counted.

@@ -3,7 +3,7 @@
 //! an echo backend on 127.0.0.1. What a client gets (401 with `WWW-Authenticate`, 403, 429
 //! with `Retry-After`, `X-RateLimit-*` on admitted answers), what the upstream sees (success
 //! headers set, spoofed ones gone), the order of the checks, rules closed by invalid
-//! policies (500), and cost and shadow limits.
+//! policies (500), cost and shadow limits, and the per-policy decision counters.
 //!
 //! Rate limits here count per minute in the default sliding window, so the numbers asserted
 //! hold whatever the wall clock: a test that crosses a minute boundary carries the previous
@@ -19,6 +19,7 @@ mod closed;
 mod common;
 mod cost;
 mod cost_body;
+mod decisions;
 mod external_grpc;
 mod external_http;
 mod external_support;

@@ -17,6 +17,7 @@ async fn denied_requests_do_not_consume_the_rate_limit() {
     let mut a = api_key_auth();
     a.authorization = vec![AuthzRule {
         name: "no-delete".into(),
+        policy: Default::default(),
         predicate: "request.method != 'DELETE'".into(),
         external: None,
         when: vec![],

@@ -93,6 +93,7 @@ pub fn sha256_hex(s: &str) -> String {
 pub fn api_keys(pairs: &[(&str, &str)]) -> AuthnMethod {
     AuthnMethod {
         name: "keys".into(),
+        policy: Default::default(),
         credentials: Credentials::CustomHeader {
             name: "x-api-key".into(),
         },
@@ -169,6 +170,7 @@ pub fn token_signed(sub: &str, role: &str, exp_in: i64, secret: &[u8]) -> String
 pub fn jwt_auth() -> Auth {
     let mut a = auth(vec![AuthnMethod {
         name: "users".into(),
+        policy: Default::default(),
         credentials: Credentials::AuthorizationHeader {
             prefix: "Bearer".into(),
         },

@@ -112,6 +112,7 @@ pub fn contribution(
             name.clone(),
             AuthzRule {
                 name: name.clone(),
+                policy: key.clone(),
                 predicate,
                 external,
                 when: predicates(&r.when, &format!("authorization.{name}.when"))?,
@@ -279,6 +280,7 @@ fn method(
     };
     Ok(AuthnMethod {
         name: name.to_owned(),
+        policy: key.clone(),
         credentials: credentials(m.credentials.as_ref(), default_prefix, &field)?,
         method,
         when: predicates(&m.when, &format!("{field}.when"))?,

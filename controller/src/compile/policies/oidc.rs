@@ -142,6 +142,7 @@ pub fn method(
     }
     Ok(AuthnMethod {
         name: name.to_owned(),
+        policy: key.clone(),
         credentials: Credentials::Cookie {
             name: cookie_name.clone(),
         },

@@ -12,6 +12,9 @@
 //! limiter's counters (in memory or in Redis), so a table swap neither refetches keys nor
 //! resets limits.
 //!
+//! Building an enforcer also resolves the decision counters of each of its rules
+//! ([`PolicyDecisions`]), so a request counts its decisions with atomic increments only.
+//!
 //! Per request the expressions read a snapshot of the request ([`Activation`]) that holds only
 //! what the set's expressions use ([`Needs`], computed at build), so a policy that reads no
 //! header copies none.
@@ -24,12 +27,14 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
 use tollgate_api::PolicySet;
 use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 
 use super::auth::external::{self, CheckInput, ExternalIo, ExternalRule};
 use super::auth::{AuthBuildError, AuthOutcome, AuthState, CompiledAuth};
 use super::cel::{Activation, Attrs, Expr, Needs};
+use super::decisions::{Outcome, PolicyDecisions, WHOLE_POLICY};
 use super::ratelimit::{CompiledLimit, Decision, LimitError, Pending, RateLimiter};
 
 /// Why a table's policies could not be compiled (the compiler validates the same things).
@@ -60,6 +65,8 @@ pub struct PolicyRuntime {
     pub auth: AuthState,
     /// Counters.
     pub limiter: RateLimiter,
+    /// `tollgate_policy_decisions_total`: every compiled rule resolves its counters here.
+    pub decisions: PolicyDecisions,
 }
 
 /// One route rule's compiled policies.
@@ -67,6 +74,8 @@ pub struct PolicyRuntime {
 pub struct Enforcer {
     /// Closed by invalid policies: every request answers 500, nothing else runs.
     closed: bool,
+    /// The `closed` decision counter of each closing policy.
+    closed_by: Vec<Counter>,
     auth: Option<CompiledAuth>,
     /// The auth rules' external authorization checks (after the CEL rules).
     external: Vec<ExternalRule>,
@@ -87,8 +96,8 @@ pub fn build_all(
         .map(|(k, set)| Enforcer::build(k, set, rt).map(|e| (k.clone(), Arc::new(e))))
         .collect::<Result<HashMap<_, _>, _>>()?;
     // A key in both (no compiler emits one) stays closed.
-    for k in closed.keys() {
-        out.insert(k.clone(), Arc::new(Enforcer::closed()));
+    for (k, c) in closed {
+        out.insert(k.clone(), Arc::new(Enforcer::closed_by(c, &rt.decisions)));
     }
     Ok(out)
 }
@@ -142,7 +151,11 @@ impl Enforcer {
         let auth = set
             .auth
             .as_ref()
-            .map(|a| CompiledAuth::build(a, &rt.auth))
+            .map(|a| {
+                let mut auth = CompiledAuth::build(a, &rt.auth)?;
+                auth.count_with(&rt.decisions);
+                Ok::<_, AuthBuildError>(auth)
+            })
             .transpose()
             .map_err(|source| PolicyError::Auth {
                 key: key.to_owned(),
@@ -151,7 +164,11 @@ impl Enforcer {
         let limits = set
             .rate_limits
             .iter()
-            .map(CompiledLimit::new)
+            .map(|l| {
+                let mut limit = CompiledLimit::new(l)?;
+                limit.count_with(&rt.decisions);
+                Ok::<_, LimitError>(limit)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|source| PolicyError::Limit {
                 key: key.to_owned(),
@@ -166,13 +183,20 @@ impl Enforcer {
                 key: key.to_owned(),
                 source,
             })?
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut rule| {
+                rule.count_with(&rt.decisions);
+                rule
+            })
+            .collect();
         let mut needs: Needs = limits.iter().flat_map(CompiledLimit::expressions).collect();
         if let Some(auth) = &set.auth {
             auth_needs(auth, &mut needs);
         }
         Ok(Self {
             closed: false,
+            closed_by: Vec::new(),
             auth,
             external,
             limits,
@@ -184,10 +208,26 @@ impl Enforcer {
     pub fn closed() -> Self {
         Self {
             closed: true,
+            closed_by: Vec::new(),
             auth: None,
             external: Vec::new(),
             limits: Vec::new(),
             needs: Needs::default(),
+        }
+    }
+
+    /// [`Self::closed`], counting each request as a `closed` decision of the policies
+    /// of `by` (`rule="-"`).
+    pub fn closed_by(by: &Closed, decisions: &PolicyDecisions) -> Self {
+        let whole: Arc<str> = WHOLE_POLICY.into();
+        let closed_by = by
+            .by
+            .iter()
+            .map(|k| decisions.counter(&k.to_string().into(), &whole, Outcome::Closed))
+            .collect();
+        Self {
+            closed_by,
+            ..Self::closed()
         }
     }
 
@@ -209,6 +249,9 @@ impl Enforcer {
         info: RequestInfo<'_>,
     ) -> Result<Admitted<'_>, Response<Bytes>> {
         if self.closed {
+            for c in &self.closed_by {
+                c.inc();
+            }
             let mut resp = Response::new(Bytes::from_static(b"Internal Server Error\n"));
             *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
             resp.headers_mut().insert(
@@ -315,7 +358,9 @@ impl Enforcer {
                 peer: info.peer,
                 body: info.body,
             };
-            match rule.check.check(io, &input, metrics).await {
+            let (decision, verdict) = rule.check.decide(io, &input, metrics).await;
+            rule.count(verdict);
+            match decision {
                 external::Decision::Allow(grant) => {
                     grant.apply(&mut parts.headers);
                     client.extend(grant.client.iter().cloned());
@@ -345,6 +390,7 @@ fn auth_needs(auth: &Auth, needs: &mut Needs) {
     let methods = authentication.iter().flat_map(|m| {
         let AuthnMethod {
             name: _,
+            policy: _,
             credentials: _,
             method: _,
             when,
@@ -354,6 +400,7 @@ fn auth_needs(auth: &Auth, needs: &mut Needs) {
     let rules = authorization.iter().flat_map(|r| {
         let AuthzRule {
             name: _,
+            policy: _,
             predicate,
             external: _,
             when,

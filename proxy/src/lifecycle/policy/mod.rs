@@ -6,9 +6,11 @@
 
 pub mod auth;
 pub mod cel;
+pub mod decisions;
 pub mod enforce;
 pub mod ratelimit;
 
+pub use decisions::PolicyDecisions;
 pub use enforce::{Enforcer, PolicyError, PolicyRuntime};
 pub mod storage_args;
 

@@ -18,6 +18,9 @@
 //!             4. set success headers from their expressions
 //! ```
 //!
+//! Each method, rule and skipped policy counts its decision under the policy that defined it
+//! (`tollgate_policy_decisions_total`, module `counted`), on counters resolved per table.
+//!
 //! Authentication never fails open: a method that cannot run (JWKS unreachable with no keys,
 //! introspection endpoint down or slow) fails, and so does a policy whose every method was
 //! skipped by `when`. A CEL predicate that errors is false, so a failing authorization
@@ -40,6 +43,7 @@
 
 mod apikey;
 mod basic;
+mod counted;
 mod credentials;
 pub mod external;
 mod http;
@@ -61,12 +65,15 @@ use tollgate_api::policy::{Auth, AuthnMethod, DenyResponse, Method};
 
 use self::apikey::ApiKeyVerifier;
 use self::basic::BasicVerifier;
+use self::counted::{MethodCounters, RuleCounters, WholeCounters};
 use self::credentials::Source;
 use self::introspect::Introspector;
 use self::jwt::JwtVerifier;
 use self::oidc::OidcVerifier;
 use crate::lifecycle::policy::cel::{Activation, CelError, Expr};
+use crate::lifecycle::policy::decisions::policy_label;
 
+pub(crate) use self::counted::sources_label;
 pub use self::jwt::LEEWAY_SECS;
 pub use self::metrics::{AuthMetrics, Cache, MethodKind, Outcome};
 pub use self::state::{AuthOptions, AuthState};
@@ -254,6 +261,9 @@ enum Verifier {
 #[derive(Debug, Clone)]
 struct CompiledMethod {
     name: Arc<str>,
+    /// `namespace/name` of the AuthPolicy that defined it.
+    policy: Arc<str>,
+    counted: MethodCounters,
     kind: MethodKind,
     source: Source,
     when: Vec<Expr>,
@@ -263,6 +273,9 @@ struct CompiledMethod {
 #[derive(Debug, Clone)]
 struct CompiledRule {
     name: Arc<str>,
+    /// `namespace/name` of the AuthPolicy that defined it.
+    policy: Arc<str>,
+    counted: RuleCounters,
     predicate: Expr,
     when: Vec<Expr>,
 }
@@ -273,6 +286,10 @@ pub struct CompiledAuth {
     shared: Arc<AuthShared>,
     /// `ns/name,…` of the contributing policies, for logs.
     sources: Arc<str>,
+    /// `ns/name` of each contributing policy.
+    policies: Vec<Arc<str>>,
+    /// Decisions of the policies as a whole.
+    whole: WholeCounters,
     /// The policy applies only when all hold.
     when: Vec<Expr>,
     methods: Vec<CompiledMethod>,
@@ -299,11 +316,12 @@ impl CompiledAuth {
     /// background so the first request finds them).
     pub fn build(auth: &Auth, state: &AuthState) -> Result<Self, AuthBuildError> {
         let shared = &state.shared;
+        let sources = sources_label(auth);
         let when = compile_all(&auth.when, "when")?;
         let methods = auth
             .authentication
             .iter()
-            .map(|m| compile_method(m, shared))
+            .map(|m| compile_method(m, shared, &sources))
             .collect::<Result<Vec<_>, _>>()?;
         // External rules run in the enforcer (module `external`): they need the snapshot's
         // backends and the request body.
@@ -315,6 +333,8 @@ impl CompiledAuth {
                 let ctx = format!("authorization.{}", r.name);
                 Ok(CompiledRule {
                     name: r.name.as_str().into(),
+                    policy: policy_label(&r.policy, &sources),
+                    counted: RuleCounters::default(),
                     predicate: compile(&r.predicate, &ctx)?,
                     when: compile_all(&r.when, &format!("{ctx}.when"))?,
                 })
@@ -338,15 +358,11 @@ impl CompiledAuth {
                 v.prefetch(shared);
             }
         }
-        let sources = auth
-            .sources
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
         Ok(Self {
             shared: shared.clone(),
-            sources: sources.into(),
+            policies: counted::policies(auth),
+            whole: WholeCounters::default(),
+            sources,
             when,
             methods,
             rules,
@@ -391,6 +407,9 @@ impl CompiledAuth {
             self.shared
                 .metrics
                 .outcome(MethodKind::None, Outcome::Skipped);
+            for c in &self.whole.skipped {
+                c.inc();
+            }
             return AuthOutcome::Allowed(Authenticated::anonymous());
         }
         let who = match self.authenticate(parts, peer_cert, act).await {
@@ -405,11 +424,16 @@ impl CompiledAuth {
         };
         act.set_identity(&who.identity);
         for rule in &self.rules {
-            if rule.when.iter().all(|w| w.eval_bool(act)) && !rule.predicate.eval_bool(act) {
-                tracing::debug!(policy = %self.sources, rule = %rule.name, "auth: authorization denied");
+            if !rule.when.iter().all(|w| w.eval_bool(act)) {
+                continue;
+            }
+            if !rule.predicate.eval_bool(act) {
+                tracing::debug!(policy = %rule.policy, rule = %rule.name, "auth: authorization denied");
+                rule.counted.forbidden.inc();
                 self.shared.metrics.outcome(who.kind, Outcome::Forbidden);
                 return AuthOutcome::Denied(self.unauthorized.denial(Outcome::Forbidden));
             }
+            rule.counted.allowed.inc();
         }
         for (name, expr) in &self.success_headers {
             match expr.eval_string(act).map(HeaderValue::try_from) {
@@ -438,15 +462,15 @@ impl CompiledAuth {
         let query = parts.uri.query();
         // What a failure is counted as: an error wins, then the first method that was shown
         // a credential, then the first method tried.
-        let mut error: Option<MethodKind> = None;
-        let mut presented: Option<MethodKind> = None;
-        let mut tried: Option<MethodKind> = None;
+        let mut error: Option<&CompiledMethod> = None;
+        let mut presented: Option<&CompiledMethod> = None;
+        let mut tried: Option<&CompiledMethod> = None;
         let mut set_cookies = Vec::new();
         for m in &self.methods {
             if !m.when.iter().all(|w| w.eval_bool(act)) {
                 continue;
             }
-            tried.get_or_insert(m.kind);
+            tried.get_or_insert(m);
             let result = match &m.verifier {
                 Verifier::X509 => match peer_cert {
                     None => continue,
@@ -476,9 +500,10 @@ impl CompiledAuth {
                     }
                 }
             };
-            presented.get_or_insert(m.kind);
+            presented.get_or_insert(m);
             match result {
                 Ok(identity) => {
+                    m.counted.authenticated.inc();
                     return Ok(Authenticated {
                         method: Some(m.name.clone()),
                         kind: m.kind,
@@ -487,27 +512,24 @@ impl CompiledAuth {
                     });
                 }
                 Err(Failure::Invalid(reason)) => {
-                    tracing::debug!(policy = %self.sources, method = %m.name, reason, "auth: credential refused");
+                    tracing::debug!(policy = %m.policy, method = %m.name, reason, "auth: credential refused");
                 }
                 Err(Failure::Unavailable(e)) => {
                     // Per request, so debug: `tollgate_auth_requests_total{outcome="error"}`
                     // and the fetch/introspection counters are the signal.
-                    tracing::debug!(policy = %self.sources, method = %m.name, error = %e, "auth: verification unavailable; denying");
-                    error.get_or_insert(m.kind);
+                    tracing::debug!(policy = %m.policy, method = %m.name, error = %e, "auth: verification unavailable; denying");
+                    error.get_or_insert(m);
                 }
             }
         }
-        Err(match (error, presented, tried) {
-            (Some(kind), _, _) => (kind, Outcome::Error),
-            (None, Some(kind), _) | (None, None, Some(kind)) => (kind, Outcome::Unauthenticated),
-            (None, None, None) => (MethodKind::None, Outcome::Unauthenticated),
-        })
+        Err(self.count_failure(error, presented.or(tried)))
     }
 }
 
 fn compile_method(
     m: &AuthnMethod,
     shared: &Arc<AuthShared>,
+    sources: &Arc<str>,
 ) -> Result<CompiledMethod, AuthBuildError> {
     let (kind, verifier) = match &m.method {
         Method::ApiKey(keys) => (
@@ -539,6 +561,8 @@ fn compile_method(
     };
     Ok(CompiledMethod {
         name: m.name.as_str().into(),
+        policy: policy_label(&m.policy, sources),
+        counted: MethodCounters::default(),
         kind,
         source: Source::compile(&m.credentials, &m.name)?,
         when: compile_all(&m.when, &format!("authentication.{}.when", m.name))?,

@@ -23,6 +23,8 @@ use super::KeyHasher;
 use super::algo::{Cost, MAX_EXACT, Spec};
 use super::metrics::DecisionCache;
 use crate::lifecycle::policy::cel::{Activation, CelError, Expr, ResponseExpr};
+use crate::lifecycle::policy::decisions::{Outcome, PolicyDecisions, rule_label};
+use prometheus_client::metrics::counter::Counter;
 
 /// Why a limit could not be compiled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +78,9 @@ pub struct CompiledLimit {
     shadow: bool,
     /// This limit's decision counters.
     metrics: DecisionCache,
+    /// Its `tollgate_policy_decisions_total` counters: allowed, and limited (shadow_limited
+    /// for a shadow limit); counting nowhere until [`Self::count_with`].
+    decided: [Counter; 2],
 }
 
 /// A limit's compiled `cost`.
@@ -159,6 +164,7 @@ impl CompiledLimit {
             max_cost,
             shadow: limit.mode == LimitMode::Shadow,
             metrics: DecisionCache::default(),
+            decided: Default::default(),
         })
     }
 
@@ -270,6 +276,32 @@ impl CompiledLimit {
 
     pub(crate) fn metrics_cache(&self) -> &DecisionCache {
         &self.metrics
+    }
+
+    /// The limit's name in its policy: the id after `namespace/policy/`.
+    pub fn name(&self) -> &str {
+        self.id.get(self.policy.len() + 1..).unwrap_or_default()
+    }
+
+    /// Resolves the limit's decision counters in `decisions` (`rule="limits.<name>"`): call
+    /// once when the table is applied.
+    pub fn count_with(&mut self, decisions: &PolicyDecisions) {
+        let refused = if self.shadow {
+            Outcome::ShadowLimited
+        } else {
+            Outcome::Limited
+        };
+        self.decided = decisions.counters(
+            &self.policy,
+            &rule_label("limits", self.name()),
+            [Outcome::Allowed, refused],
+        );
+    }
+
+    /// Counts one decision in the limit's decision counters.
+    pub(crate) fn count_decision(&self, allowed: bool) {
+        let [yes, no] = &self.decided;
+        if allowed { yes } else { no }.inc();
     }
 
     /// True when every `when` predicate holds (an expression that fails is false: the limit
@@ -538,6 +570,8 @@ mod tests {
         assert_eq!(policy_of("ns/pol/limit"), "ns/pol");
         assert_eq!(policy_of("ns/pol"), "ns/pol");
         assert_eq!(policy_of("x"), "x");
+        let l = CompiledLimit::new(&limit(&[], &[])).unwrap();
+        assert_eq!((l.policy(), l.name()), ("shop/per-user", "api"));
     }
 
     #[test]

@@ -340,6 +340,7 @@ impl RateLimiter {
     }
 
     fn record(&self, limit: &CompiledLimit, decision: Decision) {
+        limit.count_decision(decision.allowed);
         self.inner.metrics.decision_cached(
             limit.metrics_cache(),
             limit.policy_label(),

@@ -41,8 +41,10 @@ use tollgate_api::external::{ExternalAuthz, ExternalProtocol};
 use self::cache::DecisionCache;
 use super::metrics::AuthMetrics;
 use crate::FastMap;
+use crate::lifecycle::policy::decisions::{Outcome, PolicyDecisions, policy_label, rule_label};
 use crate::upstream::pool::UpstreamError;
 use crate::upstream::{Balancer, Upstream};
+use prometheus_client::metrics::counter::Counter;
 
 /// Decisions kept per rule.
 pub const CACHE_CAPACITY: usize = 10_000;
@@ -130,6 +132,28 @@ pub enum Decision {
     Allow(Arc<Grant>),
     /// Answer with this.
     Deny(Arc<Refusal>),
+}
+
+/// How a [`Decision`] was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The service (or its cached answer) allowed the request.
+    Allowed,
+    /// The service (or its cached answer) refused it.
+    Denied,
+    /// The service could not be asked: refused (fail closed).
+    Error,
+    /// The service could not be asked and the rule fails open: allowed.
+    FailOpen,
+}
+
+impl Verdict {
+    fn of(d: &Decision) -> Self {
+        match d {
+            Decision::Allow(_) => Self::Allowed,
+            Decision::Deny(_) => Self::Denied,
+        }
+    }
 }
 
 /// Header edits of an allowing answer; built with [`Grant::new`], which keeps out what the
@@ -337,6 +361,16 @@ impl ExternalCheck {
         input: &CheckInput<'_>,
         metrics: &AuthMetrics,
     ) -> Decision {
+        self.decide(io, input, metrics).await.0
+    }
+
+    /// [`Self::check`], and how the decision was reached.
+    pub async fn decide(
+        &self,
+        io: &ExternalIo<'_>,
+        input: &CheckInput<'_>,
+        metrics: &AuthMetrics,
+    ) -> (Decision, Verdict) {
         let label = self.protocol.label();
         let key = self
             .cache
@@ -346,7 +380,8 @@ impl ExternalCheck {
             && let Some(d) = cache.get(key)
         {
             metrics.external(label, "cache_hit");
-            return d;
+            let verdict = Verdict::of(&d);
+            return (d, verdict);
         }
         match tokio::time::timeout(self.timeout, self.ask(io, input)).await {
             Ok(Ok(d)) => {
@@ -360,7 +395,8 @@ impl ExternalCheck {
                 if let (Some(cache), Some(key)) = (&self.cache, key) {
                     cache.insert(key, d.clone());
                 }
-                d
+                let verdict = Verdict::of(&d);
+                (d, verdict)
             }
             failed => {
                 let e = match failed {
@@ -370,11 +406,14 @@ impl ExternalCheck {
                 if self.fail_open {
                     tracing::debug!(rule = %self.id, error = %e, "auth: external check failed; failOpen lets the request go on");
                     metrics.external(label, "fail_open");
-                    Decision::Allow(Arc::new(Grant::default()))
+                    (
+                        Decision::Allow(Arc::new(Grant::default())),
+                        Verdict::FailOpen,
+                    )
                 } else {
                     tracing::debug!(rule = %self.id, error = %e, "auth: external check failed; denying");
                     metrics.external(label, "error");
-                    Decision::Deny(Arc::new(Refusal::failed()))
+                    (Decision::Deny(Arc::new(Refusal::failed())), Verdict::Error)
                 }
             }
         }
@@ -473,6 +512,12 @@ pub struct ExternalRule {
     pub check: ExternalCheck,
     /// The rule applies only when all hold.
     when: Vec<crate::lifecycle::policy::cel::Expr>,
+    /// `namespace/name` of the AuthPolicy that defined it.
+    policy: Arc<str>,
+    /// `authorization.<name>`.
+    rule: Arc<str>,
+    /// Its decision counters, by [`Verdict`]: allowed, denied, error, fail_open.
+    counted: [Counter; 4],
 }
 
 impl ExternalRule {
@@ -480,6 +525,7 @@ impl ExternalRule {
     pub fn build_all(
         auth: &tollgate_api::policy::Auth,
     ) -> Result<Vec<Self>, super::AuthBuildError> {
+        let sources = super::sources_label(auth);
         auth.authorization
             .iter()
             .filter_map(|r| r.external.as_ref().map(|e| (r, e)))
@@ -487,9 +533,38 @@ impl ExternalRule {
                 Ok(Self {
                     check: ExternalCheck::build(e)?,
                     when: super::compile_all(&r.when, &format!("authorization.{}.when", r.name))?,
+                    policy: policy_label(&r.policy, &sources),
+                    rule: rule_label("authorization", &r.name),
+                    counted: Default::default(),
                 })
             })
             .collect()
+    }
+
+    /// Resolves the rule's decision counters in `decisions` (at table build).
+    pub fn count_with(&mut self, decisions: &PolicyDecisions) {
+        self.counted = decisions.counters(
+            &self.policy,
+            &self.rule,
+            [
+                Outcome::Allowed,
+                Outcome::Denied,
+                Outcome::Error,
+                Outcome::FailOpen,
+            ],
+        );
+    }
+
+    /// Counts one decision of the rule.
+    pub fn count(&self, verdict: Verdict) {
+        let [allowed, denied, error, fail_open] = &self.counted;
+        match verdict {
+            Verdict::Allowed => allowed,
+            Verdict::Denied => denied,
+            Verdict::Error => error,
+            Verdict::FailOpen => fail_open,
+        }
+        .inc();
     }
 
     /// Whether every `when` predicate holds.
