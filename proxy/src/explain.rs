@@ -327,9 +327,11 @@ async fn policies(
     }
     let set = table.policies.get(key)?;
     let metrics = Metrics::default();
+    // A registry of its own: explaining a request counts nothing the proxy reports.
     let rt = PolicyRuntime {
         auth: AuthState::new(metrics.auth().clone()),
         limiter: RateLimiter::in_memory(metrics.rate_limit().clone()),
+        decisions: metrics.policy_decisions().clone(),
     };
     let verdict = match Enforcer::build(key, set, &rt) {
         Err(e) => Err(format!("500: {e}")),
