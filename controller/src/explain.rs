@@ -240,12 +240,7 @@ pub fn text(e: &Explanation) -> String {
     if !e.policies.is_empty() {
         s.push_str("policies:\n");
         for p in &e.policies {
-            let limit = p
-                .limit
-                .as_deref()
-                .map(|l| format!(" limit {l}"))
-                .unwrap_or_default();
-            let _ = writeln!(s, "  {} {}{limit}: {}", p.kind, p.name, p.outcome);
+            let _ = writeln!(s, "  {} {} {}: {}", p.kind, p.name, p.rule, p.outcome);
         }
     }
     if !e.backends.is_empty() {

@@ -51,7 +51,7 @@ route default/api rule 0 (prod)
 near misses:
   default/api rule 1 (writes): method GET is not POST
 policies:
-  AuthPolicy default/api-keys: allowed
+  AuthPolicy default/api-keys authentication.keys: authenticated
 backends:
   default/api:80 (weight 1): 10.0.0.1:9080, 10.0.0.2:9080
 answer: forwarded to default/api:80
@@ -78,7 +78,7 @@ near misses:
   default/api rule 1 (writes): method GET is not POST
   default/api rule 0 (prod): header x-env: \"staging\" is not Exact \"prod\"
 policies:
-  RateLimitPolicy default/web-budget limit per-client: counts
+  RateLimitPolicy default/web-budget limits.per-client: allowed
 backends:
   default/web:80 (weight 1): no endpoints
 answer: 503: no endpoints
@@ -106,7 +106,7 @@ route default/api rule 1 (writes)
 filters:
   RequestHeaderModifier {\"set\":[[\"x-write\",\"yes\"]]}
 policies:
-  AuthPolicy default/api-keys: denied 401
+  AuthPolicy default/api-keys authentication.keys: unauthenticated
 backends:
   default/api:80 (weight 1): 10.0.0.1:9080, 10.0.0.2:9080
 answer: 401: not authenticated
@@ -133,7 +133,7 @@ near misses:
   default/api rule 1 (writes): path /home is not under PathPrefix /api; method GET is not POST
   default/api rule 0 (prod): path /home is not under PathPrefix /api; header x-env is missing (Exact \"prod\")
 policies:
-  RateLimitPolicy default/web-budget limit per-client: limited
+  RateLimitPolicy default/web-budget limits.per-client: limited
 backends:
   default/web:80 (weight 1): no endpoints
 answer: 429: rate limited
@@ -176,7 +176,7 @@ fn json_carries_listener_route_rule_policies_and_backends() {
     assert_eq!(v["rule"], serde_json::json!({"index": 0, "name": "prod"}));
     assert_eq!(
         v["policies"],
-        serde_json::json!([{"kind": "AuthPolicy", "name": "default/api-keys", "outcome": "denied 401"}])
+        serde_json::json!([{"kind": "AuthPolicy", "name": "default/api-keys", "rule": "authentication.keys", "outcome": "unauthenticated"}])
     );
     assert_eq!(v["backends"][0]["name"], "default/api:80");
     assert_eq!(
@@ -373,4 +373,38 @@ fn with_a_token_file_the_live_explanation_needs_the_token() {
         explain_live(&[&base[..], &["--admin-token-file", token_arg][..]].concat());
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("route default/web rule 0"), "{out}");
+}
+
+#[test]
+fn each_rule_of_a_policy_has_its_own_outcome() {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/api-key");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("explain")
+        .arg(&example)
+        .args([
+            "--host",
+            "localhost",
+            "--path",
+            "/admin/stats",
+            "-H",
+            "X-API-Key: bob-demo-key",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(
+            "policies:
+  AuthPolicy default/orders-auth authentication.api-keys: authenticated
+  AuthPolicy default/orders-auth authorization.admins-only-on-admin: forbidden
+"
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with("answer: 403: not authorized\n"), "{text}");
 }

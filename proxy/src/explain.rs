@@ -3,12 +3,14 @@
 //! In: a [`RouteTable`] and an [`ExplainRequest`] (method, host, path, headers, source
 //! address, listener or port). Out: an [`Explanation`]: the listener and virtual host that take
 //! the request, the route and rule that match (and the nearest rules that do not, with the
-//! predicates they fail), the rule's filters, each policy with its outcome for this request,
-//! the backends with their endpoints, and the answer the proxy would give. The routing part is
-//! [`Router::trace`], the proxy's own router; authentication runs the proxy's own
-//! [`Enforcer`] against a fresh runtime (API keys, basic auth, CEL rules; JWT keys are
-//! fetched as the proxy would), so the outcome is the proxy's, not a second implementation.
-//! Rate limits count on fresh counters: offline a limit is reported as counting.
+//! predicates they fail), the rule's filters, each policy rule with its outcome for this
+//! request, the backends with their endpoints, and the answer the proxy would give. The
+//! routing part is [`Router::trace`], the proxy's own router; policies run the proxy's own
+//! [`Enforcer`] against a fresh runtime (API keys, basic auth, CEL rules, limits; JWT keys are
+//! fetched as the proxy would) and each rule's outcome is what that runtime's
+//! `tollgate_policy_decisions_total` counted, so the verdict is the proxy's, not a second
+//! implementation. Limits count on fresh counters: one is `limited` only when the request
+//! alone exceeds it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tollgate_api::{Filter, RouteTable};
 
 use crate::lifecycle::policy::auth::AuthState;
+use crate::lifecycle::policy::decisions::WHOLE_POLICY;
 use crate::lifecycle::policy::enforce::{Enforcer, PolicyRuntime, RequestInfo};
 use crate::lifecycle::policy::ratelimit::RateLimiter;
 use crate::metrics::Metrics;
@@ -115,17 +118,20 @@ pub struct MissOut {
     pub reasons: Vec<String>,
 }
 
-/// A policy and what it decides.
+/// A rule of a policy and what it decides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyOut {
-    /// `AuthPolicy`, `RateLimitPolicy`, or `Closed` for a rule invalid policies close.
+    /// `AuthPolicy` or `RateLimitPolicy`.
     pub kind: String,
     /// `namespace/name`.
     pub name: String,
-    /// The limit's name (rate limits).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limit: Option<String>,
-    /// `allowed`, `denied 401`, `denied 403`, `counts`, `limited`, `not reached`, `closed`.
+    /// The rule, as `tollgate_policy_decisions_total` names it: `authentication.<method>`,
+    /// `authorization.<rule>`, `limits.<limit>`, or `-` for the policy as a whole.
+    pub rule: String,
+    /// The rule's outcome as the proxy counts it (`authenticated`, `unauthenticated`,
+    /// `error`, `allowed`, `forbidden`, `denied`, `fail_open`, `skipped`, `limited`,
+    /// `shadow_limited`, `closed`), or `not reached` when the request was decided before it
+    /// (or another method authenticated it first).
     pub outcome: String,
 }
 
@@ -317,9 +323,9 @@ async fn policies(
     if let Some(closed) = table.closed.get(key) {
         for by in &closed.by {
             out.policies.push(PolicyOut {
-                kind: "Closed".into(),
+                kind: "AuthPolicy".into(),
                 name: by.to_string(),
-                limit: None,
+                rule: WHOLE_POLICY.into(),
                 outcome: "closed".into(),
             });
         }
@@ -366,44 +372,91 @@ async fn policies(
             }
         }
     };
-    let status = verdict.as_ref().err().cloned();
-    let auth_denied = status
-        .as_deref()
-        .is_some_and(|s| s.starts_with("401") || s.starts_with("403"));
+    let decided = decisions(&metrics.encode());
+    let mut rules: Vec<(&str, String, String)> = Vec::new();
     if let Some(auth) = &set.auth {
-        let outcome = match status.as_deref() {
-            Some(s) if auth_denied => format!("denied {}", s.get(..3).unwrap_or(s)),
-            _ => "allowed".to_owned(),
-        };
-        for source in &auth.sources {
-            out.policies.push(PolicyOut {
-                kind: "AuthPolicy".into(),
-                name: source.to_string(),
-                limit: None,
-                outcome: outcome.clone(),
-            });
+        for m in &auth.authentication {
+            rules.push((
+                "AuthPolicy",
+                m.policy.to_string(),
+                format!("authentication.{}", m.name),
+            ));
+        }
+        for r in &auth.authorization {
+            rules.push((
+                "AuthPolicy",
+                r.policy.to_string(),
+                format!("authorization.{}", r.name),
+            ));
+        }
+        for p in &auth.sources {
+            rules.push(("AuthPolicy", p.to_string(), WHOLE_POLICY.to_owned()));
         }
     }
     for limit in &set.rate_limits {
-        let (policy, name) = limit
-            .id
-            .rsplit_once('/')
-            .map_or((limit.id.clone(), None), |(p, l)| {
-                (p.to_owned(), Some(l.to_owned()))
-            });
-        let outcome = match status.as_deref() {
-            _ if auth_denied => "not reached",
-            Some(s) if s.starts_with("429") => "limited",
-            _ => "counts",
-        };
-        out.policies.push(PolicyOut {
-            kind: "RateLimitPolicy".into(),
-            name: policy,
-            limit: name,
-            outcome: outcome.into(),
-        });
+        let (policy, name) = limit.id.rsplit_once('/').unwrap_or((&limit.id, ""));
+        rules.push((
+            "RateLimitPolicy",
+            policy.to_owned(),
+            format!("limits.{name}"),
+        ));
     }
-    status
+    for (kind, name, rule) in rules {
+        let outcomes: Vec<&str> = decided
+            .iter()
+            .filter(|(p, r, _)| *p == name && *r == rule)
+            .map(|(_, _, o)| o.as_str())
+            .collect();
+        // The policy as a whole appears only when it decided (skipped, closed, ...).
+        if rule == WHOLE_POLICY && outcomes.is_empty() {
+            continue;
+        }
+        let outcome = if outcomes.is_empty() {
+            "not reached".to_owned()
+        } else {
+            outcomes.join(", ")
+        };
+        if !out
+            .policies
+            .iter()
+            .any(|p| p.name == name && p.rule == rule)
+        {
+            out.policies.push(PolicyOut {
+                kind: kind.into(),
+                name,
+                rule,
+                outcome,
+            });
+        }
+    }
+    verdict.err()
+}
+
+/// The (policy, rule, outcome) series above zero in an OpenMetrics text: what the fresh
+/// runtime counted for the one request explained.
+fn decisions(metrics: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("tollgate_policy_decisions_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if value.trim().parse::<f64>().map_or(true, |v| v <= 0.0) {
+            continue;
+        }
+        let label = |key: &str| {
+            labels
+                .split("\",")
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+        };
+        if let (Some(p), Some(r), Some(o)) = (label("policy"), label("rule"), label("outcome")) {
+            out.push((p, r, o));
+        }
+    }
+    out
 }
 
 fn answer_of(status: StatusCode) -> String {
