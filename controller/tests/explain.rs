@@ -408,3 +408,30 @@ fn each_rule_of_a_policy_has_its_own_outcome() {
     );
     assert!(text.ends_with("answer: 403: not authorized\n"), "{text}");
 }
+
+#[test]
+fn an_external_authorization_service_is_not_called_nor_taken_for_a_refusal() {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/ext-authz");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("explain")
+        .arg(&example)
+        .args(["--host", "localhost", "--path", "/orders"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("  AuthPolicy default/orders-auth authorization.demo-service: not evaluated (external service)\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "answer: depends on the external authorization service (not called to explain)\n"
+        ),
+        "{text}"
+    );
+}

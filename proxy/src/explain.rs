@@ -373,6 +373,25 @@ async fn policies(
         }
     };
     let decided = decisions(&metrics.encode());
+    // External authorization services are not called to explain a request (that would be a
+    // real check, with its side effects): the enforcer refuses without one, which is no
+    // verdict of the service's.
+    let external: Vec<String> = set
+        .auth
+        .iter()
+        .flat_map(|a| &a.authorization)
+        .filter(|r| r.external.is_some())
+        .map(|r| format!("authorization.{}", r.name))
+        .collect();
+    let refused_by_rule = decided
+        .iter()
+        .any(|(_, r, o)| r.starts_with("authorization.") && (o == "forbidden" || o == "denied"));
+    let verdict = match verdict {
+        Err(s) if s.starts_with("403") && !external.is_empty() && !refused_by_rule => {
+            Err("depends on the external authorization service (not called to explain)".to_owned())
+        }
+        v => v,
+    };
     let mut rules: Vec<(&str, String, String)> = Vec::new();
     if let Some(auth) = &set.auth {
         for m in &auth.authentication {
@@ -411,10 +430,10 @@ async fn policies(
         if rule == WHOLE_POLICY && outcomes.is_empty() {
             continue;
         }
-        let outcome = if outcomes.is_empty() {
-            "not reached".to_owned()
-        } else {
-            outcomes.join(", ")
+        let outcome = match outcomes.is_empty() {
+            true if external.contains(&rule) => "not evaluated (external service)".to_owned(),
+            true => "not reached".to_owned(),
+            false => outcomes.join(", "),
         };
         if !out
             .policies
