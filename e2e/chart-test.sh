@@ -61,13 +61,13 @@ helm() { "$E2E/helm.sh" "$@"; }
 declare -A VARIANTS=(
   [default]=""
   [scoped]="--set rbac.gatewayNamespaces={${SCOPED_NS[0]},${SCOPED_NS[1]}} --set gatewayClass.create=false --set controller.replicas=1 --set proxy.serviceType=ClusterIP"
-  [minimal]="--set provision.enabled=false --set controller.push.enabled=false --set gatewayClass.name=tollgate-chart-test --set controller.podDisruptionBudget.enabled=false --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=kubernetes.io/os --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=In --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values[0]=linux"
+  [minimal]="--set metrics.dashboards.enabled=true --set provision.enabled=false --set controller.push.enabled=false --set gatewayClass.name=tollgate-chart-test --set controller.podDisruptionBudget.enabled=false --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=kubernetes.io/os --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=In --set controller.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values[0]=linux"
 )
 # Kinds each variant renders (sorted, with repeats).
 declare -A KINDS=(
   [default]="ClusterRole ClusterRoleBinding Deployment GatewayClass PodDisruptionBudget Role RoleBinding Service ServiceAccount"
   [scoped]="ClusterRole ClusterRole ClusterRoleBinding Deployment Role RoleBinding RoleBinding RoleBinding Service ServiceAccount"
-  [minimal]="ClusterRole ClusterRoleBinding Deployment GatewayClass Role RoleBinding Service ServiceAccount"
+  [minimal]="ClusterRole ClusterRoleBinding ConfigMap ConfigMap Deployment GatewayClass Role RoleBinding Service ServiceAccount"
 )
 
 render() { # render VARIANT: helm template into $WORK/VARIANT.yaml
@@ -93,11 +93,17 @@ grep -q -- '--proxy-image=ghcr.io/tollgate-dev/tollgate-proxy:' "$WORK/default.y
 grep -q -- '--controller-url=https://tollgate-controller.tollgate-chart-test.svc:9443' "$WORK/default.yaml" ||
   fail "unexpected --controller-url"
 if grep -q 'kind: PodDisruptionBudget' "$WORK/scoped.yaml"; then fail "PDB with 1 replica"; fi
+# The monitors render (their CRDs are not on this cluster; e2e/dashboards-test.sh installs
+# them with the CRDs and checks what they select).
+helm template tollgate "$CHART" --namespace "$NS" --set metrics.serviceMonitor.enabled=true \
+  --set metrics.podMonitor.enabled=true >"$WORK/monitors.yaml"
+kinds=$(awk '/^kind: [A-Za-z]*Monitor/ { print $2 }' "$WORK/monitors.yaml" | LC_ALL=C sort | xargs)
+[[ $kinds == "PodMonitor ServiceMonitor" ]] || fail "the monitors rendered '$kinds'"
 
 # --- 4. schema rejections -------------------------------------------------------
 for bad in controller.replicas=0 controller.unknown=1 proxy.serviceType=External \
   controller.metricsPort=70000 'rbac.gatewayNamespaces={Not_A_Namespace}' \
-  controller.image.pullPolicy=Sometimes gatewayClass.description="$(printf 'x%.0s' {1..65})"; do
+  controller.image.pullPolicy=Sometimes metrics.podMonitor.interval=soon 'metrics.podMonitor.gatewayClasses={Bad_Class}' gatewayClass.description="$(printf 'x%.0s' {1..65})"; do
   if helm template tollgate "$CHART" --namespace "$NS" --set "$bad" >/dev/null 2>"$WORK/err.txt"; then
     fail "the schema accepted --set $bad"
   fi

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # e2e/go-build.sh — sourced by the scripts that build a test component from a small wrapper Go
 # module with pinned versions and cache the binary (e2e/kstatus.sh, e2e/helm.sh,
-# e2e/extauthz.sh, e2e/oidc-provider.sh, e2e/flux.sh, e2e/opa-envoy.sh). In: the caller's `log` and `die`, and
+# e2e/extauthz.sh, e2e/oidc-provider.sh, e2e/flux.sh, e2e/opa-envoy.sh, e2e/prometheus.sh). In: the caller's `log` and `die`, and
 # the environment (all optional) TOLLGATE_CACHE_DIR, TOLLGATE_BIN_DIR, TOLLGATE_BUILD_JOBS.
 # Out: CACHE_DIR, BIN_DIR, BUILD_JOBS and the functions below.
 #
@@ -42,7 +42,8 @@ go_unlock() { exec 8>&-; }
 
 # go_build NAME BIN MODULE_DIR PACKAGE LDFLAGS WHAT [NOTE]: builds BIN when it is missing, with
 # `go build PACKAGE` in MODULE_DIR; the caller holds the lock. WHAT follows NAME in the message
-# (the version, e.g. "(cli-utils v0.37.2)"), NOTE precedes "nice -n 19" in it.
+# (the version, e.g. "(cli-utils v0.37.2)"), NOTE precedes "nice -n 19" in it. GO_BUILD_TAGS
+# (optional, comma-separated) is passed as -tags, e.g. to leave out code a test never runs.
 go_build() {
   local name=$1 bin=$2 dir=$3 package=$4 ldflags=$5 what=$6 note=${7:-} start tmp
   [[ -x $bin ]] && return 0
@@ -50,7 +51,7 @@ go_build() {
   log "building $name $what -> $bin (${note}nice -n 19, -p=$BUILD_JOBS)"
   start=$SECONDS
   if ! (cd "$dir" && CGO_ENABLED=0 GOFLAGS="-p=$BUILD_JOBS -mod=readonly" nice -n 19 \
-      go build -trimpath -ldflags "$ldflags" -o "$tmp" "$package"); then
+      go build -trimpath -tags "${GO_BUILD_TAGS:-}" -ldflags "$ldflags" -o "$tmp" "$package"); then
     rm -f "$tmp"
     die "building $name failed"
   fi

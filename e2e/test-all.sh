@@ -75,12 +75,14 @@ cargo test --workspace --locked
 
 if [[ $(id -u) -eq 0 ]]; then
   # The Go builds the loopback-cluster steps below need (kube-controller-manager, echo-basic,
-  # CoreDNS, the node agent, Flux's controllers, the conformance suite: about 25 minutes of one
-  # core on a fresh machine, nothing once cached) run beside the fuzz targets, which keep one
-  # core busy, and the chart test, instead of one after another later.
+  # CoreDNS, the node agent, Flux's controllers, the conformance suite, Prometheus and the
+  # Prometheus Operator's CRDs for the dashboards test: about 25 minutes of one core on a fresh
+  # machine plus Prometheus's (e2e/prometheus.sh), nothing once cached) run beside the fuzz
+  # targets, which keep one core busy, and the chart test, instead of one after another later.
   PREBUILD_LOG=$(mktemp /tmp/tollgate-prebuild.XXXXXX)
   step "building the loopback cluster's parts in the background (log: $PREBUILD_LOG)"
-  setsid bash -c 'e2e/cluster.sh build --full && e2e/flux.sh build && e2e/conformance.sh --build' >"$PREBUILD_LOG" 2>&1 &
+  setsid bash -c 'e2e/cluster.sh build --full && e2e/flux.sh build && e2e/conformance.sh --build &&
+    e2e/prometheus.sh build && e2e/prometheus.sh crds' >"$PREBUILD_LOG" 2>&1 &
   PREBUILD_PID=$!
 fi
 
@@ -112,6 +114,8 @@ if [[ $(id -u) -eq 0 ]]; then
   TOLLGATE_REQUIRE_FULL=1 e2e/full-gateway-test.sh
   step "e2e/examples-test.sh (every example applied with kubectl, served through its Gateway's address, kstatus Current)"
   TOLLGATE_REQUIRE_FULL=1 e2e/examples-test.sh
+  step "e2e/dashboards-test.sh (the chart's ServiceMonitor, PodMonitor and Grafana dashboards: Prometheus, built from its Go module, scrapes the controller and a proxy pod; every panel query returns data)"
+  TOLLGATE_REQUIRE_FULL=1 e2e/dashboards-test.sh
   step "e2e/docs-test.sh (the README's tour on this machine, docs/getting-started.md on the loopback cluster, as a user pastes them)"
   TOLLGATE_REQUIRE_FULL=1 e2e/docs-test.sh
   step "e2e/flux-test.sh (docs/gitops.md's Flux section: Flux's source-controller and kustomize-controller, built from Go modules, syncing a Git repository served on loopback; cached, about 8 minutes the first time)"
