@@ -37,7 +37,6 @@ use gateway_types::tcproutes::TcpRoute;
 use gateway_types::tlsroutes::TlsRoute;
 use gateway_types::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tollgate_api::{ObjectKey, Route};
 
 use super::Output;
@@ -116,13 +115,21 @@ struct VhostMemo {
     epoch: u64,
 }
 
-/// A copy of the route object a memo was compiled from. Boxed: memos move from one
-/// compile's list to the next, and a route object inline is over a kilobyte.
+/// What a memo knows of the route object it was compiled from: its resourceVersion when it has
+/// one, else a copy of the whole object.
 ///
-/// Compared whole, metadata included: a virtual host's memo relies on it, since its route
-/// order reads `creationTimestamp`, which a comparison of `spec` alone would miss.
+/// A resourceVersion names one object, metadata included (the API server gives every write a
+/// new one, and [`ManifestDir`](crate::manifests::ManifestDir) sets one from the content of
+/// the object it read), so an equal version means an equal object, as a comparison of the
+/// whole would find; a virtual host's memo relies on that, since its route order reads
+/// `creationTimestamp`. Keeping the version alone keeps one copy of each route in memory (the
+/// watch store's, or the manifest directory's) instead of two. Objects without a version
+/// (built in code, or read by [`inputs_from_yaml`](super::inputs_from_yaml) directly) are
+/// copied and compared field by field. Boxed: memos move from one compile's list to the next,
+/// and a route object inline is over a kilobyte.
 #[derive(Debug)]
 enum SourceCopy {
+    Version(Box<str>),
     Http(Box<HttpRoute>),
     Grpc(Box<GrpcRoute>),
     Tls(Box<TlsRoute>),
@@ -132,6 +139,9 @@ enum SourceCopy {
 
 impl SourceCopy {
     fn of(r: RouteSource<'_>) -> Self {
+        if let Some(v) = r.meta().resource_version.as_deref() {
+            return Self::Version(v.into());
+        }
         match r {
             RouteSource::Http(r) => Self::Http(Box::new(r.clone())),
             RouteSource::Grpc(r) => Self::Grpc(Box::new(r.clone())),
@@ -141,29 +151,14 @@ impl SourceCopy {
         }
     }
 
-    fn meta(&self) -> &ObjectMeta {
-        match self {
-            Self::Http(r) => &r.metadata,
-            Self::Grpc(r) => &r.metadata,
-            Self::Tls(r) => &r.metadata,
-            Self::Tcp(r) => &r.metadata,
-            Self::Udp(r) => &r.metadata,
-        }
-    }
-
-    /// Whether `r` is the object copied. When both carry a resourceVersion, that decides:
-    /// the API server gives every write of an object a new one, and
-    /// [`ManifestDir`](crate::manifests::ManifestDir) sets one from the content of the file
-    /// it read the object from. Without one (objects built in code or read by
-    /// [`inputs_from_yaml`](super::inputs_from_yaml) directly), field by field.
+    /// Whether `r` is the object the memo was compiled from: the same resourceVersion, or,
+    /// for an object kept whole, equal field by field. An object that gained or lost its
+    /// version is not taken for the same.
     fn is(&self, r: RouteSource<'_>) -> bool {
-        if let (Some(a), Some(b)) = (
-            self.meta().resource_version.as_deref(),
-            r.meta().resource_version.as_deref(),
-        ) {
-            return a == b;
-        }
+        let version = r.meta().resource_version.as_deref();
         match (self, r) {
+            (Self::Version(a), _) => version == Some(&**a),
+            (_, _) if version.is_some() => false,
             (Self::Http(a), RouteSource::Http(b)) => **a == *b,
             (Self::Grpc(a), RouteSource::Grpc(b)) => **a == *b,
             (Self::Tls(a), RouteSource::Tls(b)) => **a == *b,
