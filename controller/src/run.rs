@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tollgate_api::{ObjectKey, RouteTable};
+use tollgate_api::ObjectKey;
 use tollgate_proxy::policy::ratelimit::RateLimiter;
 use tollgate_proxy::{
     AccessLogArgs, AccessLogArgsError, ClientLimitArgs, LogSettings, Metrics, Proxy, ProxyOptions,
@@ -51,8 +51,8 @@ pub struct RunOptions {
 /// One served Gateway.
 struct Served {
     proxy: Proxy,
-    /// The table last applied, with `version` zeroed, to detect real changes.
-    applied: RouteTable,
+    /// The version of the table last applied (the proxy keeps the table itself: a new table
+    /// is compared with that one, not with a copy).
     version: u64,
 }
 
@@ -160,7 +160,6 @@ impl Runner {
         }
 
         for (key, mut table) in tables {
-            table.version = 0;
             let served = self.served.entry(key.clone()).or_insert_with(|| {
                 let mut opts = ProxyOptions {
                     metrics: self.metrics.clone(),
@@ -172,19 +171,22 @@ impl Runner {
                 self.client_limits.apply(&mut opts);
                 Served {
                     proxy: Proxy::new(opts),
-                    applied: RouteTable::default(),
                     version: 0,
                 }
             });
-            if served.version > 0 && served.applied == table {
+            table.version = served.version;
+            if served.version > 0
+                && served
+                    .proxy
+                    .table()
+                    .is_some_and(|live| live.version == served.version && *live == table)
+            {
                 continue;
             }
-            let mut versioned = table.clone();
-            versioned.version = served.version + 1;
-            match served.proxy.apply(versioned).await {
+            table.version = served.version + 1;
+            match served.proxy.apply(table).await {
                 Ok(()) => {
                     served.version += 1;
-                    served.applied = table;
                     self.explainable
                         .write()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)

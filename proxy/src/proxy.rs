@@ -372,6 +372,15 @@ impl Proxy {
         }
     }
 
+    /// The table being served, `None` before the first.
+    pub fn table(&self) -> Option<Arc<RouteTable>> {
+        self.inner
+            .shared
+            .snapshot
+            .load_full()
+            .map(|s| s.table.clone())
+    }
+
     /// How the live table decides `req` (`tollgate explain`, `/debug/explain`); `None` before
     /// the first table. Policies run as [`crate::explain`] says: on fresh counters, never on
     /// the live ones (explaining a request must not count it).
