@@ -251,9 +251,11 @@ impl ManifestDir {
         let mut offset = Counts::default();
         let mut changed = !self.scanned;
         self.scanned = true;
+        // Built by the first file parsed, then shared by the others, dropped after the scan.
+        let mut schemas = None;
         for path in all {
             if paths.contains(&path) {
-                match self.refresh(&path, &offset, now) {
+                match self.refresh(&path, &offset, now, &mut schemas) {
                     Ok(Refresh::Unchanged) => {}
                     Ok(Refresh::Read) => read += 1,
                     Ok(Refresh::Parsed) => {
@@ -292,6 +294,7 @@ impl ManifestDir {
         path: &Path,
         offset: &Counts,
         now: &Time,
+        schemas: &mut Option<std::sync::Arc<crate::schema::Schemas>>,
     ) -> Result<Refresh, ManifestError> {
         let stamp = std::fs::metadata(path).ok().map(|m| Stamp::of(&m));
         let known = self.files.get(path);
@@ -317,6 +320,7 @@ impl ManifestDir {
         }
         // On a parse error the stamp is not recorded: the next scan reads the file and
         // reports it again.
+        schemas.get_or_insert_with(crate::schema::Schemas::shared);
         let mut inputs =
             inputs_from_manifests(&text, now.clone()).map_err(|source| ManifestError::Parse {
                 path: path.to_path_buf(),

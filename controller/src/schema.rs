@@ -14,7 +14,7 @@
 //! to evaluate; each is skipped, never reported, so a valid object is never refused here.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde_json::{Map, Value};
 
@@ -105,10 +105,21 @@ pub struct Schemas {
 }
 
 impl Schemas {
-    /// The schemas built into this binary (built once).
-    pub fn embedded() -> &'static Self {
-        static SCHEMAS: OnceLock<Schemas> = OnceLock::new();
-        SCHEMAS.get_or_init(|| Self::from_yaml(gateway_types::CRDS.iter().chain(OWN_CRDS).copied()))
+    /// The schemas built into this binary, built when no caller holds them: they are about
+    /// 8 MB compiled, which `tollgate run` needs only while it parses a changed file, so they
+    /// are dropped with the last holder and built again (tens of milliseconds) when next
+    /// needed. Hold the result across a batch of checks.
+    pub fn shared() -> Arc<Self> {
+        static SCHEMAS: Mutex<Weak<Schemas>> = Mutex::new(Weak::new());
+        let mut held = SCHEMAS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = held.upgrade() {
+            return s;
+        }
+        let s = Arc::new(Self::from_yaml(
+            gateway_types::CRDS.iter().chain(OWN_CRDS).copied(),
+        ));
+        *held = Arc::downgrade(&s);
+        s
     }
 
     /// Schemas from CRD documents; documents that are no CRD are ignored.

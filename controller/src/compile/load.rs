@@ -78,15 +78,16 @@ impl std::fmt::Display for Violations {
 /// Checks one object of a group Tollgate reads against its CRD's schema
 /// ([`crate::schema`]), as the API server would. Objects of other groups (core, apps) are
 /// left to the API server.
-fn check_schema(index: usize, value: &Value) -> Result<(), LoadError> {
+fn check_schema(
+    schemas: &crate::schema::Schemas,
+    index: usize,
+    value: &Value,
+) -> Result<(), LoadError> {
     let Ok(obj) = serde_json::to_value(value) else {
         // Not representable in JSON (a non-string key): the typed parse reports it.
         return Ok(());
     };
-    let Some(violations) = crate::schema::Schemas::embedded()
-        .check(&obj)
-        .filter(|v| !v.is_empty())
-    else {
+    let Some(violations) = schemas.check(&obj).filter(|v| !v.is_empty()) else {
         return Ok(());
     };
     Err(LoadError::Schema {
@@ -126,16 +127,20 @@ impl std::fmt::Display for LoadWarning {
 /// Parses multi-document YAML into [`Inputs`] stamped with `now`; skipped documents are
 /// listed in [`Inputs::warnings`].
 pub fn inputs_from_yaml(docs: &str, now: Time) -> Result<Inputs, LoadError> {
-    load(docs, now, false)
+    load(docs, now, None)
 }
 
 /// [`inputs_from_yaml`], refusing as the API server would every object its CRD's schema
 /// refuses ([`LoadError::Schema`]): what `tollgate run` and `tollgate validate` read.
 pub fn inputs_from_manifests(docs: &str, now: Time) -> Result<Inputs, LoadError> {
-    load(docs, now, true)
+    load(docs, now, Some(&crate::schema::Schemas::shared()))
 }
 
-fn load(docs: &str, now: Time, schemas: bool) -> Result<Inputs, LoadError> {
+fn load(
+    docs: &str,
+    now: Time,
+    schemas: Option<&crate::schema::Schemas>,
+) -> Result<Inputs, LoadError> {
     let mut loaded = Inputs::new(now);
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(docs).enumerate() {
         let value = Value::deserialize(doc).map_err(|source| LoadError::Yaml { index, source })?;
@@ -152,7 +157,12 @@ fn str_field<'v>(v: &'v Value, path: &[&str]) -> Option<&'v str> {
     cur.as_str()
 }
 
-fn add(loaded: &mut Inputs, index: usize, value: Value, schemas: bool) -> Result<(), LoadError> {
+fn add(
+    loaded: &mut Inputs,
+    index: usize,
+    value: Value,
+    schemas: Option<&crate::schema::Schemas>,
+) -> Result<(), LoadError> {
     if value.is_null() {
         return Ok(()); // empty document (`---` at the end)
     }
@@ -188,8 +198,10 @@ fn add(loaded: &mut Inputs, index: usize, value: Value, schemas: bool) -> Result
             loaded.$field.push(obj);
         }};
     }
-    if schemas && crate::schema::GROUPS.contains(&group) {
-        check_schema(index, &value)?;
+    if let Some(schemas) = schemas
+        && crate::schema::GROUPS.contains(&group)
+    {
+        check_schema(schemas, index, &value)?;
     }
     match (group, kind.as_str()) {
         ("", "List") => {

@@ -5,7 +5,7 @@ use super::*;
 
 fn check(yaml: &str) -> Vec<String> {
     let v: Value = serde_yaml_ng::from_str(yaml).unwrap();
-    Schemas::embedded()
+    Schemas::shared()
         .check(&v)
         .unwrap()
         .iter()
@@ -123,7 +123,7 @@ fn unknown_kinds_of_our_groups_are_named() {
         ["no matches for kind \"TCPRoute\" in version \"gateway.networking.k8s.io/v9\""]
     );
     let other: Value = serde_yaml_ng::from_str("apiVersion: apps/v1\nkind: Deployment\n").unwrap();
-    assert!(Schemas::embedded().check(&other).is_none());
+    assert!(Schemas::shared().check(&other).is_none());
 }
 
 /// Every CEL rule of the CRDs parses, transition rules aside (they are skipped by design).
