@@ -50,6 +50,11 @@ pub fn programmed(status: &mut GatewayStatus, sync: &SyncState, live_true: bool)
     if let Some((proxy, msg)) = sync.nacks.first() {
         c.reason = "Invalid".to_owned();
         c.message = format!("proxy {proxy} rejected version {}: {msg}", sync.version);
+    } else if sync.connected == 0 {
+        // No version in the message: a restarted controller numbers its tables afresh, and a
+        // message naming one would rewrite the status of every Gateway without proxies.
+        c.reason = "Pending".to_owned();
+        c.message = "waiting for a proxy to connect".to_owned();
     } else {
         c.reason = "Pending".to_owned();
         c.message = format!(

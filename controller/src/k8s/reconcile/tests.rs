@@ -50,6 +50,24 @@ fn programmed_waits_for_a_proxy_in_sync() {
 }
 
 #[test]
+fn programmed_without_proxies_names_no_version() {
+    // The same message whatever the version: a restart, which numbers tables afresh, must
+    // not rewrite the status of a Gateway no proxy has connected to.
+    let (mut a, mut b) = (gateway(true), gateway(true));
+    programmed(&mut a, &sync(7, 0, 0), false);
+    programmed(&mut b, &sync(1_796_649_043_607, 0, 0), false);
+    assert_eq!(programmed_of(&a), programmed_of(&b));
+    assert_eq!(
+        programmed_of(&a),
+        (
+            "False".into(),
+            "Pending".into(),
+            "waiting for a proxy to connect".into()
+        )
+    );
+}
+
+#[test]
 fn programmed_stays_true_while_a_new_version_rolls_out_but_not_on_a_nack() {
     let mut s = gateway(true);
     programmed(&mut s, &sync(8, 2, 0), true);
