@@ -20,7 +20,9 @@ use tracing::{info, warn};
 
 /// jemalloc, as in tollgate-proxy: a reload of `tollgate run` allocates and frees the whole
 /// compiled model (about a third of its time went to glibc's malloc/free with 10k routes), and
-/// `run` serves requests in-process too.
+/// `run` serves requests in-process too. The `system-allocator` feature leaves it out, for heap
+/// profilers that follow the C allocator (heaptrack; docs/performance.md).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
