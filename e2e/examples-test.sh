@@ -209,6 +209,9 @@ expect "grpc: a call reaches the backend over HTTP/2" '"path": "/helloworld.Gree
   --http2-prior-knowledge -X POST -H 'content-type: application/grpc' "http://$a:8083/helloworld.Greeter/SayHello"
 expect "grpc: a method without a route is UNIMPLEMENTED" 'grpc-status: 12' heads \
   --http2-prior-knowledge -X POST -H 'content-type: application/grpc' "http://$a:8083/helloworld.Greeter/SayGoodbye"
+expect "grpc: a browser's preflight from the annotation's origin is answered" \
+  'access-control-allow-origin: http://localhost:3000' heads -X OPTIONS -H 'origin: http://localhost:3000' \
+  -H 'access-control-request-method: POST' "http://$a:8083/helloworld.Greeter/SayHello"
 
 # --- rate-limit ------------------------------------------------------------------------
 a=$(addr rate-limit rate-limit)

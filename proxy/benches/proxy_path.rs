@@ -61,6 +61,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     };

@@ -40,6 +40,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     }

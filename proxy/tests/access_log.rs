@@ -1,10 +1,11 @@
 //! The access log of the `tollgate-proxy` binary (one JSON line per request on stdout): a gRPC
 //! call's line carries its `grpc_status`, wherever the status came from (the upstream's
 //! trailers, the upstream's Trailers-Only head, or the gateway's own answer); other lines
-//! have none. A request whose body was cut as too slow carries why (`client_timeout`),
-//! which the metrics count too. A request retried under its route's retry rule names each
-//! retried attempt (`retried`). A request a shadow rate limit would have refused names the
-//! limit (`shadow_limited`).
+//! have none; a gRPC-Web call's line has it too (from the trailers the gateway turned into its
+//! last message) and `grpc_web: true`. A request whose body was cut as too slow carries why
+//! (`client_timeout`), which the metrics count too. A request retried under its route's retry
+//! rule names each retried attempt (`retried`). A request a shadow rate limit would have
+//! refused names the limit (`shadow_limited`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -182,7 +183,11 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
         vec![http_port(
             port,
             vec![
-                route("grpc", "/svc.Up/", vec![wb("grpc", 1)]),
+                // A GRPCRoute's: gRPC-Web calls are translated.
+                tollgate_api::Route {
+                    grpc_web: true,
+                    ..route("grpc", "/svc.Up/", vec![wb("grpc", 1)])
+                },
                 route("plain", "/plain", vec![wb("plain", 1)]),
             ],
         )],
@@ -227,6 +232,20 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
             (200, None),
         ),
         (
+            "a gRPC-Web call: the status of the trailers it got as its last message",
+            &h1,
+            grpc("/svc.Up/WebGet", "application/grpc-web"),
+            (StatusCode::OK, None),
+            (200, Some(5)),
+        ),
+        (
+            "a gRPC-Web call answered Trailers-Only",
+            &h1,
+            grpc("/svc.Up/web/TrailersOnly", "application/grpc-web+proto"),
+            (StatusCode::OK, Some("7")),
+            (200, Some(7)),
+        ),
+        (
             "not a gRPC call: no field",
             &h1,
             Request::get(format!("{base}/plain/x"))
@@ -245,6 +264,10 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
     ];
     for (what, client, req, answer, line) in cases {
         let path = req.uri().path().to_owned();
+        let web = req
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc-web"));
         let got = exchange(client, req).await;
         assert_eq!(got, (answer.0, answer.1.map(str::to_owned)), "{what}");
         let l = line_for(&lines, &path);
@@ -252,6 +275,10 @@ async fn access_log_lines_of_grpc_calls_carry_their_grpc_status() {
         match line.1 {
             Some(code) => assert_eq!(l["grpc_status"], code, "{what}: {l}"),
             None => assert!(l.get("grpc_status").is_none(), "{what}: {l}"),
+        }
+        match web {
+            true => assert_eq!(l["grpc_web"], true, "{what}: {l}"),
+            false => assert!(l.get("grpc_web").is_none(), "{what}: {l}"),
         }
     }
 

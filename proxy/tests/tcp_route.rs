@@ -109,6 +109,7 @@ fn route(name: &str, backends: &[(&str, u32)]) -> Route {
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     }

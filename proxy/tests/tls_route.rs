@@ -130,6 +130,7 @@ fn route(name: &str, backend: &str) -> Route {
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     }

@@ -469,7 +469,7 @@ fn mirror(
     })
 }
 
-fn cors(c: &HttpRouteRulesFiltersCors, field: &str) -> Result<Cors, Problem> {
+pub(super) fn cors(c: &HttpRouteRulesFiltersCors, field: &str) -> Result<Cors, Problem> {
     let field = format!("{field}.cors");
     let max_age = u32::try_from(c.max_age.unwrap_or(5))
         .map_err(|_| unsupported(&field, "maxAge must not be negative"))?;

@@ -18,6 +18,9 @@
 //! regular expression) for precedence. Filters and backendRefs have the HTTPRoute schema (a subset of its
 //! filter types) and are compiled by [`compile_actions`], with backends spoken to over h2c.
 //!
+//! Every rule serves gRPC-Web too (`Route::grpc_web`: the proxy translates it), and takes
+//! CORS from the route's `tollgate.dev/cors` annotation (module `grpc_cors`).
+//!
 //! Rejected (`UnsupportedValue`), mirroring the CRD's validation for files `tollgate run`
 //! reads: a method match with neither service nor method, an Exact service or method with
 //! characters gRPC names cannot have, a RegularExpression the `regex` crate refuses; plus
@@ -57,6 +60,7 @@ pub fn compile_grpc_route(route: &GrpcRoute, resolver: &mut Resolver<'_, '_>) ->
         |i, rule, unresolved| compile_rule(i, rule, ns, resolver, unresolved),
     );
     read_request_trailers(&route.metadata, &mut compiled);
+    super::grpc_cors::read_cors(&route.metadata, &mut compiled);
     compiled
 }
 

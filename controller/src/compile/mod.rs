@@ -26,6 +26,7 @@ pub mod ext_auth_filter;
 pub mod filters;
 pub mod grants;
 pub mod grpc;
+pub mod grpc_cors;
 pub mod hostnames;
 pub mod index;
 pub mod kinds;

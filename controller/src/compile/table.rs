@@ -266,6 +266,7 @@ fn host_routes(
                     request_trailers,
                     max_request_body_bytes: client.max_request_body_bytes,
                     compression_disabled: client.compression_disabled,
+                    grpc_web: r.kind == RouteKind::Grpc,
                 };
                 entries.push((key, entry));
             }

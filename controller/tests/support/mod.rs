@@ -118,6 +118,11 @@ pub fn get(port: u16, host: &str, path: &str) -> Option<Resp> {
     parse(&raw)
 }
 
+/// A whole HTTP/1.1 response as read off a connection, parsed (a chunked body de-chunked).
+pub fn parse_raw(raw: &[u8]) -> Option<Resp> {
+    parse(raw)
+}
+
 fn parse(raw: &[u8]) -> Option<Resp> {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text.split_once("\r\n\r\n")?;

@@ -265,6 +265,10 @@ pub struct Route {
     /// Keeps a client on one endpoint (HTTPRoute `rules[].sessionPersistence`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<backend::Session>,
+    /// gRPC-Web calls (`application/grpc-web`, `application/grpc-web-text`) are translated
+    /// to gRPC for the backend and their answers back: set on every GRPCRoute rule.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub grpc_web: bool,
 }
 
 /// When to send a request upstream again (HTTPRoute `rules[].retry`, GEP-1731). A failed
@@ -672,6 +676,7 @@ mod tests {
             request_trailers: false,
             max_request_body_bytes: None,
             compression_disabled: false,
+            grpc_web: false,
             retry: Some(Retry {
                 attempts: 2,
                 backoff_ms: 25,

@@ -20,7 +20,7 @@ pub enum Format {
 }
 
 /// The fields a line may carry, in the order they are written.
-pub const FIELD_NAMES: [&str; 15] = [
+pub const FIELD_NAMES: [&str; 16] = [
     "time",
     "method",
     "host",
@@ -36,11 +36,12 @@ pub const FIELD_NAMES: [&str; 15] = [
     "client_timeout",
     "retried",
     "shadow_limited",
+    "grpc_web",
 ];
 
 /// A set of [`FIELD_NAMES`] (`--access-log-fields`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fields(u16);
+pub struct Fields(u32);
 
 impl Default for Fields {
     fn default() -> Self {
@@ -55,7 +56,7 @@ impl Fields {
     /// A comma-separated list of field names; an unknown name is an error naming it and the
     /// known ones.
     pub fn parse(list: &str) -> Result<Self, String> {
-        let mut bits = 0u16;
+        let mut bits = 0u32;
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let Some(i) = FIELD_NAMES.iter().position(|f| *f == name) else {
                 return Err(format!(
@@ -123,6 +124,7 @@ pub(crate) fn write_line(out: &mut Vec<u8>, r: &AccessRecord<'_>, format: Format
             14 if !r.shadow_limited.is_empty() => {
                 w.list(name, r.shadow_limited.iter().map(|s| Str(s)));
             }
+            15 if r.grpc_web => w.number(name, true),
             _ => {}
         }
     }
@@ -319,6 +321,7 @@ mod tests {
             request_id: "r1",
             peer: "127.0.0.1:4000".parse().unwrap(),
             grpc_status: None,
+            grpc_web: false,
             client_timeout: None,
             retried: &[],
             shadow_limited: &[],

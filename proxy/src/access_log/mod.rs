@@ -77,6 +77,9 @@ pub(crate) struct AccessRecord<'a> {
     /// answers such a call itself) or in the trailers. Absent otherwise: the HTTP `status` of
     /// a gRPC call is 200 whatever the call's outcome.
     pub grpc_status: Option<u32>,
+    /// The call was gRPC-Web (`application/grpc-web` or `-text`): written `true`, absent
+    /// otherwise.
+    pub grpc_web: bool,
     /// Why the client's request body was cut as too slow (`body_idle`, `body_rate`,
     /// `body_deadline`, as `tollgate_client_timeouts_total`'s kinds); absent otherwise.
     pub client_timeout: Option<&'static str>,
@@ -506,6 +509,7 @@ mod tests {
             request_id: "r",
             peer: "127.0.0.1:1".parse().unwrap(),
             grpc_status: None,
+            grpc_web: false,
             client_timeout: None,
             retried: &[],
             shadow_limited: &[],
@@ -522,7 +526,13 @@ mod tests {
     fn optional_fields_are_written_only_when_set() {
         let mut rec = record();
         let plain = json(&rec);
-        for absent in ["shadow_limited", "grpc_status", "client_timeout", "retried"] {
+        for absent in [
+            "shadow_limited",
+            "grpc_status",
+            "client_timeout",
+            "retried",
+            "grpc_web",
+        ] {
             assert!(plain.get(absent).is_none(), "{absent}: {plain}");
         }
         let shadow: [Arc<str>; 1] = [Arc::from("shop/tokens/per-user")];
@@ -532,11 +542,13 @@ mod tests {
         }];
         rec.shadow_limited = &shadow;
         rec.grpc_status = Some(14);
+        rec.grpc_web = true;
         rec.client_timeout = Some("body_rate");
         rec.retried = &retried;
         let all = json(&rec);
         assert_eq!(all["shadow_limited"][0], "shop/tokens/per-user", "{all}");
         assert_eq!(all["grpc_status"], 14, "{all}");
+        assert_eq!(all["grpc_web"], true, "{all}");
         assert_eq!(all["client_timeout"], "body_rate", "{all}");
         assert_eq!(
             all["retried"][0],

@@ -19,6 +19,8 @@ pub(crate) enum ClientBody {
     /// Read whole before the upstream call (an external authorization rule forwards it);
     /// `None` once sent.
     Held(Option<Bytes>),
+    /// A gRPC-Web call's body, decoded and checked on its way to a gRPC backend.
+    GrpcWeb(Box<crate::lifecycle::grpc_web::decode::RequestBody<ClientBody>>),
     Empty,
 }
 
@@ -38,6 +40,7 @@ impl Body for ClientBody {
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(Into::into))),
             Self::Held(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Self::GrpcWeb(b) => Pin::new(&mut **b).poll_frame(cx),
             Self::Empty => Poll::Ready(None),
         }
     }
@@ -47,6 +50,7 @@ impl Body for ClientBody {
             Self::Hyper(b) => b.is_end_stream(),
             Self::H1(b) => b.is_end_stream(),
             Self::Held(b) => b.as_ref().is_none_or(Bytes::is_empty),
+            Self::GrpcWeb(b) => b.is_end_stream(),
             Self::Empty => true,
         }
     }
@@ -56,6 +60,7 @@ impl Body for ClientBody {
             Self::Hyper(b) => b.size_hint(),
             Self::H1(b) => b.size_hint(),
             Self::Held(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Self::GrpcWeb(b) => b.size_hint(),
             Self::Empty => SizeHint::with_exact(0),
         }
     }

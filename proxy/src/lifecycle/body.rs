@@ -202,8 +202,13 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 // The client's fault, not the upstream's: 400, even once the upstream
-                // request has begun (it is cut off).
-                this.fault.set(BodyFault::CLIENT);
+                // request has begun (it is cut off); 413 for a message that declared more
+                // than the limit (module `grpc_web`) before its bytes came.
+                this.fault.set(if e.is::<BodyTooLarge>() {
+                    BodyFault::TOO_LARGE
+                } else {
+                    BodyFault::CLIENT
+                });
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => Poll::Ready(None),

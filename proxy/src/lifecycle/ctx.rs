@@ -38,6 +38,7 @@ use crate::lifecycle::client::{Forwarded, PortClient};
 use crate::lifecycle::compress;
 use crate::lifecycle::forward::{self, Added, X_REQUEST_ID};
 use crate::lifecycle::grpc;
+use crate::lifecycle::grpc_web;
 use crate::lifecycle::intake;
 use crate::lifecycle::normalize::PathOptions;
 use crate::lifecycle::policy::ratelimit::{Decision, Pending};
@@ -72,6 +73,11 @@ pub(crate) struct RequestCtx<'s> {
     pub origin: Option<HeaderValue>,
     /// A gRPC call: the gateway's own error answers go out as gRPC statuses.
     pub grpc: bool,
+    /// A gRPC-Web call: the gateway's own error answers go out as gRPC statuses in its form;
+    /// translated to gRPC and back when its route is a GRPCRoute's (`web_translated`).
+    pub web: Option<grpc_web::Web>,
+    /// The call went to the backend as gRPC: its answer goes back as gRPC-Web.
+    pub web_translated: bool,
     /// The client's side of an HTTP/1 upgrade, put there by our HTTP/1 server.
     pub client_upgrade: Option<OnUpgrade>,
     /// What the route's filters decided (phases 3 and 4).
@@ -138,9 +144,13 @@ struct LogFields {
     uri: Uri,
     host: String,
     peer: SocketAddr,
-    /// A gRPC call: its status is read from the answer's head or trailers.
+    /// A gRPC (or gRPC-Web) call: its status is read from the answer's head or trailers.
     grpc: bool,
     grpc_status: Option<u32>,
+    /// A gRPC-Web call.
+    grpc_web: bool,
+    /// Where a translated gRPC-Web answer leaves its trailers' status (module `grpc_web`).
+    web_status: Option<Arc<grpc_web::StatusSlot>>,
     /// The request body's fault, read when the answer ends: why a slow body was cut.
     fault: Option<Arc<BodyFault>>,
 }
@@ -160,6 +170,9 @@ impl<'s> RequestCtx<'s> {
         let request_id = seen.request_id();
         // A gRPC call is a POST (a CONNECT must keep its non-2xx answer: a 2xx opens a tunnel).
         let grpc = req.method() == Method::POST && seen.content_type.is_some_and(grpc::is_grpc);
+        let web = (!grpc)
+            .then(|| grpc_web::Web::of(req.method(), seen.content_type))
+            .flatten();
         let paths = port.map_or_else(PathOptions::default, |p| p.paths);
         let front = intake::front_door(&seen, req.uri(), req.version(), paths);
         // Read before `strip_client`, which leaves the forwarding fields to phase 5.
@@ -199,8 +212,10 @@ impl<'s> RequestCtx<'s> {
                 uri: req.uri().clone(),
                 host: host.to_str().unwrap_or("").to_owned(),
                 peer: client.unwrap_or(conn.peer),
-                grpc,
+                grpc: grpc || web.is_some(),
                 grpc_status: None,
+                grpc_web: web.is_some(),
+                web_status: None,
                 fault: None,
             })
         });
@@ -209,7 +224,7 @@ impl<'s> RequestCtx<'s> {
             .flatten();
         let compress = port
             .and_then(|p| p.compression.as_ref())
-            .and_then(|c| compress::Offer::new(c, req, upgrade, grpc));
+            .and_then(|c| compress::Offer::new(c, req, upgrade, grpc || web.is_some()));
         Self {
             shared,
             conn,
@@ -219,6 +234,8 @@ impl<'s> RequestCtx<'s> {
             declared_len,
             origin,
             grpc,
+            web,
+            web_translated: false,
             client_upgrade,
             plan: Plan::default(),
             rate_limit: None,
@@ -339,8 +356,9 @@ impl<'s> RequestCtx<'s> {
 
     /// The answer as it leaves: the upstream's compressed when the port and the client say so
     /// (after any costs read from its body, which read it as the upstream sent it), counted
-    /// by what it means, in gRPC form for a gRPC client when it is the gateway's own, with
-    /// `X-Request-Id`, and its body reporting the request when it ends.
+    /// by what it means, in gRPC form for a gRPC client when it is the gateway's own (in
+    /// gRPC-Web form for a gRPC-Web client, whose translated calls get their answer translated
+    /// back here), with `X-Request-Id`, and its body reporting the request when it ends.
     pub fn finish(self, mut resp: Response<ProxyBody>) -> ProxyResponse {
         if let Some(offer) = self.compress
             && self.done.upstream_answered
@@ -354,7 +372,18 @@ impl<'s> RequestCtx<'s> {
         if self.grpc && !done.upstream_answered {
             resp = grpc::trailers_only(resp);
         }
-        if self.grpc
+        if let Some(web) = &self.web {
+            if !done.upstream_answered {
+                resp = web.local(resp);
+            } else if self.web_translated {
+                let slot = done
+                    .log
+                    .as_mut()
+                    .map(|log| log.web_status.get_or_insert_with(Default::default).clone());
+                resp = web.answer(resp, slot);
+            }
+        }
+        if (self.grpc || self.web.is_some())
             && let Some(log) = done.log.as_mut()
         {
             // Trailers-Only (the gateway's own answer, or an upstream's); else the trailers say.
@@ -404,7 +433,12 @@ impl OnComplete for Completion {
                 bytes,
                 request_id: &request_id,
                 peer: log.peer,
-                grpc_status: log.grpc_status,
+                grpc_status: log.grpc_status.or_else(|| {
+                    log.web_status
+                        .as_deref()
+                        .and_then(grpc_web::StatusSlot::get)
+                }),
+                grpc_web: log.grpc_web,
                 client_timeout: log
                     .fault
                     .as_deref()

@@ -77,7 +77,7 @@ pub(crate) struct Override {
 }
 
 /// Whether `content_type` is gRPC's: `application/grpc`, alone or with a `+format` or
-/// parameters (`application/grpc-web` is another protocol, answered as plain HTTP).
+/// parameters (`application/grpc-web` is another protocol: module `grpc_web`).
 pub(crate) fn is_grpc(content_type: &HeaderValue) -> bool {
     let v = content_type.as_bytes();
     const GRPC: &[u8] = b"application/grpc";

@@ -8,7 +8,7 @@
 //! the request and answer; `call` sends it upstream (`mirror` sends copies); `body` bounds
 //! the request body and counts the answer's; `cost_body` counts rate-limit costs read from
 //! the answer's body as it ends; `compress` encodes the upstream's answer for clients that
-//! accept it.
+//! accept it; `grpc_web` translates gRPC-Web calls on GRPCRoutes to gRPC and back.
 
 pub(crate) mod affinity;
 pub(crate) mod answer;
@@ -22,6 +22,7 @@ pub(crate) mod ext_auth;
 pub mod filters;
 pub(crate) mod forward;
 pub(crate) mod grpc;
+pub(crate) mod grpc_web;
 pub(crate) mod intake;
 pub(crate) mod mirror;
 pub mod normalize;

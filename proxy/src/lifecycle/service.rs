@@ -25,7 +25,9 @@
 //! 7. `RequestCtx::finish`, after any costs read from the body: the upstream's answer
 //!    compressed for a client that accepts it (module `compress`), unless the route opts out.
 //!
-//! The gateway's own error answers to a gRPC client go out as gRPC statuses (module `grpc`).
+//! The gateway's own error answers to a gRPC client go out as gRPC statuses (module `grpc`);
+//! a gRPC-Web call on a GRPCRoute is translated to gRPC for phase 5 and back in phase 7
+//! (module `grpc_web`).
 //! Every answer gets `X-Request-Id`, and is counted and logged when its body finishes
 //! (`ctx::Completion`, the part of the context the answer's body carries). The request keeps its snapshot `Arc` to the end, across any swap.
 
@@ -52,6 +54,7 @@ use crate::lifecycle::ctx::{Plan, RequestCtx};
 use crate::lifecycle::ext_auth;
 use crate::lifecycle::filters::{self, RequestView};
 use crate::lifecycle::grpc;
+use crate::lifecycle::grpc_web::decode::RequestBody;
 use crate::lifecycle::mirror;
 use crate::lifecycle::policy::auth::external::ExternalIo;
 use crate::lifecycle::policy::cel::Attrs;
@@ -333,7 +336,14 @@ async fn proxy<'s>(
         Err(resp) => return *resp,
     };
 
-    // Phase 5: forward.
+    // Phase 5: forward. A gRPC-Web call on a GRPCRoute goes to the backend as gRPC, its
+    // body decoded and checked on the way (module `grpc_web`).
+    if route.grpc_web
+        && let Some(web) = &ctx.web
+    {
+        ctx.web_translated = true;
+        body = ClientBody::GrpcWeb(Box::new(RequestBody::new(body, web.text, max_body_bytes)));
+    }
     let protocol = if ctx.client_upgrade.is_some() {
         BackendProtocol::Http1
     } else {
@@ -352,6 +362,9 @@ async fn proxy<'s>(
             Ok(added) => added,
             Err(code) => return status(code),
         };
+        if let Some(web) = ctx.web.as_ref().filter(|_| ctx.web_translated) {
+            web.upstream_head(&mut parts.headers);
+        }
         let call = Call {
             shared,
             snapshot,

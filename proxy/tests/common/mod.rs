@@ -238,6 +238,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     }

@@ -25,6 +25,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         request_trailers: false,
         max_request_body_bytes: None,
         compression_disabled: false,
+        grpc_web: false,
         retry: None,
         session: None,
     }
