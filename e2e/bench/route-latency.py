@@ -24,10 +24,12 @@ import json
 import math
 import os
 import re
-import ssl
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kubeapi  # noqa: E402
 
 POLL_LIMIT = 30.0
 POLL_SLEEP = 0.002
@@ -38,33 +40,16 @@ GAP = float(os.environ.get("GAP_MS", "500")) / 1000
 GROUP = "/apis/gateway.networking.k8s.io/v1"
 
 
-def kubeconfig(path):
-    """server, CA file, client cert file, client key file (file paths only, no inline data)."""
-    text = open(path).read()
-    out = {}
-    for key in ("server", "certificate-authority", "client-certificate", "client-key"):
-        m = re.search(rf"^\s*{key}:\s*(\S+)\s*$", text, re.M)
-        if not m:
-            sys.exit(f"route-latency: {key} (as a file path) not found in {path}")
-        out[key] = m.group(1).strip("'\"")
-    return out
-
-
 class Api:
-    def __init__(self, kc):
-        m = re.match(r"https://([^:/]+):(\d+)", kc["server"])
-        if not m:
-            sys.exit(f"route-latency: unsupported server {kc['server']}")
-        self.host, self.port = m.group(1), int(m.group(2))
-        self.ctx = ssl.create_default_context(cafile=kc["certificate-authority"])
-        self.ctx.load_cert_chain(kc["client-certificate"], kc["client-key"])
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
         self.conn = None
 
     def call(self, method, path, body=None, ctype="application/json"):
         for attempt in range(3):
             try:
                 if self.conn is None:
-                    self.conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=30)
+                    self.conn = self.endpoint.connect()
                 headers = {"Accept": "application/json"}
                 data = None
                 if body is not None:
@@ -181,7 +166,7 @@ def main():
     kc_path, ns, gw, port, state_dir, n = sys.argv[1:7]
     port, n = int(port), int(n)
     backgrounds = [int(b) for b in sys.argv[7:]]
-    api = Api(kubeconfig(kc_path))
+    api = Api(kubeapi.Endpoint(kc_path, "route-latency"))
     probe = Prober(port)
     tag = f"{int(time.time()) % 100000}"
     have = 0

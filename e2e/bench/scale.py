@@ -41,12 +41,14 @@ import math
 import os
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kubeapi  # noqa: E402
 
 GW = "/apis/gateway.networking.k8s.io/v1"
 ENV = os.environ
@@ -66,29 +68,15 @@ def log(msg):
     print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {msg}", file=sys.stderr, flush=True)
 
 
-def kubeconfig(path):
-    text = open(path).read()
-    out = {}
-    for key in ("server", "certificate-authority", "client-certificate", "client-key"):
-        m = re.search(rf"^\s*{key}:\s*(\S+)\s*$", text, re.M)
-        if not m:
-            sys.exit(f"scale: {key} (as a file path) not found in {path}")
-        out[key] = m.group(1).strip("'\"")
-    return out
-
-
 class Api:
     """One persistent HTTPS connection to the API server (one per thread)."""
 
-    def __init__(self, kc):
-        m = re.match(r"https://([^:/]+):(\d+)", kc["server"])
-        self.host, self.port = m.group(1), int(m.group(2))
-        self.ctx = ssl.create_default_context(cafile=kc["certificate-authority"])
-        self.ctx.load_cert_chain(kc["client-certificate"], kc["client-key"])
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
         self.conn = None
 
     def connect(self, timeout=60):
-        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
+        return self.endpoint.connect(timeout)
 
     def call(self, method, path, body=None, ctype="application/json"):
         for attempt in range(5):
@@ -324,7 +312,7 @@ def probe_get(conn_box, port, path):
 
 def main():
     kc_path, state_file = sys.argv[1], sys.argv[2]
-    kc = kubeconfig(kc_path)
+    kc = kubeapi.Endpoint(kc_path, "scale")
     api = Api(kc)
     cls, cn = ENV["SCALE_CLASS"], ENV["SCALE_CONTROLLER_NAME"]
     listen, mport = int(ENV["SCALE_LISTEN_PORT"]), int(ENV["SCALE_METRICS_PORT"])
