@@ -10,7 +10,8 @@ mod tls_examples;
 use std::time::Duration;
 
 use support::{
-    Tollgate, eventually, free_port, get, get_tls, get_with, post_h2c, temp_dir, workspace,
+    Tollgate, eventually, free_port, gateway_yaml, get, get_tls, get_with, post_h2c, temp_dir,
+    workspace,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -430,25 +431,6 @@ spec:
         Some("/helloworld.Greeter/SayHello")
     );
     drop(rt);
-}
-
-fn gateway_yaml(port: u16) -> String {
-    format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: tollgate}}
-spec: {{controllerName: tollgate.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: tollgate
-  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
-  listeners:
-  - {{name: http, protocol: HTTP, port: {port}}}
-"#
-    )
 }
 
 fn backend_yaml(port: u16) -> String {

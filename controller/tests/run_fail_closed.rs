@@ -7,27 +7,14 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Tollgate, eventually, free_port, get, get_with, temp_dir};
+use support::{Tollgate, eventually, free_port, gateway_yaml, get, get_with, temp_dir};
 
 const WAIT: Duration = Duration::from_secs(60);
 const KEY: (&str, &str) = ("x-api-key", "alice-key");
 
 fn base_yaml(gw_port: u16, be_port: u16) -> String {
     format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: tollgate}}
-spec: {{controllerName: tollgate.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: tollgate
-  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
-  listeners:
-  - {{name: http, protocol: HTTP, port: {gw_port}}}
----
+        r#"{gateway}---
 apiVersion: v1
 kind: Service
 metadata: {{name: echo, namespace: default}}
@@ -53,6 +40,7 @@ stringData: {{api_key: alice-key}}
         route_yaml("locked"),
         route_yaml("open"),
         route_yaml("never"),
+        gateway = gateway_yaml(gw_port),
     )
 }
 

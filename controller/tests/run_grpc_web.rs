@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use support::{Tollgate, eventually, free_port, post_h2c, send_with, temp_dir, workspace};
+use support::{
+    Tollgate, eventually, free_port, gateway_yaml, post_h2c, send_with, temp_dir, workspace,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -122,20 +124,7 @@ fn grpc_upstream(rt: &tokio::runtime::Runtime) -> u16 {
 
 fn files(dir: &std::path::Path, gw_port: u16, upstream: u16, annotation: &str) {
     let yaml = format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: tollgate}}
-spec: {{controllerName: tollgate.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: tollgate
-  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
-  listeners:
-  - {{name: http, protocol: HTTP, port: {gw_port}}}
----
+        r#"{gateway}---
 apiVersion: v1
 kind: Service
 metadata: {{name: greeter, namespace: default}}
@@ -163,7 +152,8 @@ spec:
   parentRefs: [{{name: gw}}]
   rules:
   - backendRefs: [{{name: greeter, port: 80}}]
-"#
+"#,
+        gateway = gateway_yaml(gw_port),
     );
     std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }

@@ -9,6 +9,27 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The GatewayClass `tollgate` and Gateway `default/gw` (an HTTP listener on 127.0.0.1:`port`)
+/// that the `tollgate run` tests serve their routes on.
+pub fn gateway_yaml(port: u16) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tollgate}}
+spec: {{controllerName: tollgate.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  gatewayClassName: tollgate
+  addresses: [{{type: IPAddress, value: 127.0.0.1}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: {port}}}
+"#
+    )
+}
+
 /// A running `tollgate` process, killed when dropped.
 pub struct Tollgate {
     child: Child,
