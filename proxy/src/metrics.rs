@@ -615,6 +615,23 @@ mod tests {
     }
 
     #[test]
+    fn a_route_has_no_duration_series_before_its_first_request() {
+        let m = Metrics::new();
+        let idle = m.route("default/idle");
+        let text = m.encode();
+        assert!(
+            !text.contains(r#"route="default/idle""#),
+            "a route no request took shows no series: {text}"
+        );
+        idle.observe(200, 0.02);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"tollgate_request_duration_seconds_count{route="default/idle"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn encodes_health_check_counters_and_the_healthy_endpoints_gauge() {
         let m = Metrics::new();
         m.backend().health_check(true);
