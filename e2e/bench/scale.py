@@ -208,7 +208,7 @@ class Watch(threading.Thread):
         rv = None
         while True:
             if rv is None:
-                cont, items = None, []
+                cont = None
                 while True:
                     q = "?limit=5000" + (f"&continue={cont}" if cont else "")
                     status, raw = self.api.call("GET", f"{GW}/httproutes{q}")
@@ -216,7 +216,6 @@ class Watch(threading.Thread):
                     for o in body.get("items", []):
                         self.record(o, "ADDED")
                     cont = body["metadata"].get("continue")
-                    rv = body["metadata"]["resourceVersion"] if not cont else rv
                     if not cont:
                         rv = body["metadata"]["resourceVersion"]
                         break
