@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use serde_json::{Value, json};
 
-use k8s_support::{TestEnv, client_as, eventually, free_port, kubeconfig_as};
+use k8s_support::{TestEnv, eventually, free_port, kubeconfig_as};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -43,16 +43,6 @@ fn rules(namespace_verbs: &[&str]) -> Value {
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     ])
-}
-
-/// Waits until RBAC lets `user` list namespaces (a new binding takes a moment to apply).
-async fn wait_granted(user: &str) {
-    let namespaces: Api<Namespace> = Api::all(client_as(user).await);
-    let granted = eventually(WAIT, || async {
-        namespaces.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    assert!(granted.is_some(), "{user} never got its permissions");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +74,6 @@ async fn a_namespace_that_may_not_be_created_stops_the_controller_with_advice() 
     // What the chart grants on namespaces: read, not create.
     env.grant(&user, &user, rules(&["get", "list", "watch"]))
         .await;
-    wait_granted(&user).await;
     let kubeconfig = kubeconfig_as(&env, &user);
     let ns = format!("{}-own", env.ns);
     let stderr = env.dir.join("nsdeny.stderr");
@@ -144,7 +133,6 @@ async fn an_existing_namespace_that_may_not_be_read_changes_nothing() {
     let env = TestEnv::new("nsread").await;
     let user = format!("tollgate-test-{}", env.ns);
     env.grant(&user, &user, rules(&["list", "watch"])).await;
-    wait_granted(&user).await;
     let kubeconfig = kubeconfig_as(&env, &user);
     let ctl = env.controller("a", &["--kubeconfig", kubeconfig.to_str().unwrap()]);
     let led = eventually(WAIT, || holder(&env, &env.ns)).await;

@@ -630,9 +630,57 @@ impl TestEnv {
     /// Grants `user` the RBAC `rules`: a ClusterRole `name` and its ClusterRoleBinding.
     pub async fn grant(&self, name: &str, user: &str, rules: Value) {
         use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-        let _: ClusterRole = self.apply_cluster(cluster_role(name, rules)).await;
+        let role: ClusterRole = self.apply_cluster(cluster_role(name, rules)).await;
         let _: ClusterRoleBinding = self.apply_cluster(cluster_role_binding(name, user)).await;
+        for rule in rules_of(&role) {
+            wait_allowed(&self.client, user, &rule).await;
+        }
     }
+}
+
+/// The first group, resource, verb and resource name of each of `role`'s rules: one access
+/// each rule grants.
+fn rules_of(
+    role: &k8s_openapi::api::rbac::v1::ClusterRole,
+) -> Vec<k8s_openapi::api::authorization::v1::ResourceAttributes> {
+    use k8s_openapi::api::authorization::v1::ResourceAttributes;
+    let first = |v: &Option<Vec<String>>| v.as_ref().and_then(|v| v.first().cloned());
+    role.rules
+        .iter()
+        .flatten()
+        .map(|r| ResourceAttributes {
+            group: first(&r.api_groups),
+            resource: first(&r.resources),
+            verb: r.verbs.first().cloned(),
+            name: first(&r.resource_names),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Waits until the API server's authorizer allows `user` the access `attrs`: a binding takes
+/// effect once the authorizer's caches have seen it, a moment after it is written.
+async fn wait_allowed(
+    client: &Client,
+    user: &str,
+    attrs: &k8s_openapi::api::authorization::v1::ResourceAttributes,
+) {
+    use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewSpec};
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            resource_attributes: Some(attrs.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let allowed = eventually(Duration::from_secs(30), || async {
+        let answer = reviews.create(&Default::default(), &review).await.ok()?;
+        answer.status.is_some_and(|s| s.allowed).then_some(())
+    })
+    .await;
+    assert!(allowed.is_some(), "{user} was never allowed {attrs:?}");
 }
 
 /// A copy of the test cluster's kubeconfig, written into `env.dir`, that acts as `user`
