@@ -346,7 +346,10 @@ impl ManifestDir {
                 let counts = Counts::of(&inputs);
                 macro_rules! splice {
                     ($f:ident) => {
-                        m.$f.splice(offset.$f..offset.$f + old.$f, inputs.$f.drain(..));
+                        m.$f.splice(
+                            offset.$f..offset.$f + old.$f,
+                            std::mem::take(&mut inputs.$f),
+                        );
                     };
                 }
                 each_list!(splice);

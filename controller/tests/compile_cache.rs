@@ -11,7 +11,9 @@ use compile_support::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use tollgate::compile::{CompileCache, Inputs, Output, compile, compile_cached, inputs_from_yaml};
+use tollgate::compile::{
+    CompileCache, Inputs, Objects, Output, compile, compile_cached, inputs_from_yaml,
+};
 use tollgate_api::{ObjectKey, RouteTable};
 
 /// A world with HTTPRoutes over three listeners, a GRPCRoute, TLSRoutes, cross-namespace
@@ -50,7 +52,7 @@ fn step(inputs: &Inputs, cache: CompileCache, what: &str) -> (Output, CompileCac
 }
 
 /// The object named `name` among `objects`.
-fn named<'a, T: ResourceExt>(objects: &'a mut [T], name: &str) -> &'a mut T {
+fn named<'a, T: ResourceExt + Clone>(objects: &'a mut Objects<T>, name: &str) -> &'a mut T {
     objects
         .iter_mut()
         .find(|o| o.name_any() == name)

@@ -6,7 +6,7 @@
 mod compile_support;
 
 use compile_support::*;
-use tollgate::compile::{Inputs, Output, compile};
+use tollgate::compile::{Inputs, Objects, Output, compile};
 
 fn json(out: &Output) -> String {
     serde_json::to_string_pretty(out).unwrap()
@@ -55,7 +55,8 @@ fn golden_statuses() {
 }
 
 /// A deterministic reshuffle: reverse, then interleave from both ends.
-fn shuffle<T: Clone>(v: &mut Vec<T>) {
+fn shuffle<T: Clone>(objects: &mut Objects<T>) {
+    let mut v: Vec<T> = objects.iter().cloned().collect();
     v.reverse();
     let mut out = Vec::with_capacity(v.len());
     let (mut i, mut j) = (0usize, v.len());
@@ -67,7 +68,7 @@ fn shuffle<T: Clone>(v: &mut Vec<T>) {
         }
         i += 1;
     }
-    *v = out;
+    *objects = out.into();
 }
 
 fn shuffled(mut i: Inputs) -> Inputs {

@@ -42,6 +42,7 @@ use super::CONTROLLER_NAME;
 use super::backends::RefSpec;
 use super::conditions::{ACCEPTED, Conds, Problem, RESOLVED_REFS, reason};
 use super::index::{Index, Ref, key_of, name_of, ns_of};
+use crate::compile::Objects;
 
 /// Route `ResolvedRefs=False` reason for a backendRef to a Service port whose
 /// BackendTLSPolicy is not valid: the Service requires TLS the Gateway cannot set up, so the
@@ -93,7 +94,10 @@ pub struct Targets {
 
 impl Targets {
     /// Evaluates `policies` against the ConfigMaps in `config_maps`.
-    pub fn new(policies: &[BackendTlsPolicy], config_maps: &BTreeMap<Ref<'_>, &ConfigMap>) -> Self {
+    pub fn new(
+        policies: &Objects<BackendTlsPolicy>,
+        config_maps: &BTreeMap<Ref<'_>, &ConfigMap>,
+    ) -> Self {
         // One object per namespace/name (the same policy in two files: the first by key and
         // JSON, as the index keeps other kinds), then precedence: older first, then by
         // namespace/name.

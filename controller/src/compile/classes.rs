@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::CONTROLLER_NAME;
 use super::conditions::{ACCEPTED, Conds, reason};
 use super::parameters::{self, ParametersIndex};
+use crate::compile::Objects;
 use crate::crds::GatewayParametersSpec;
 
 /// Gateway API features this implementation supports, advertised in
@@ -83,7 +84,7 @@ pub struct ClassModel<'a> {
 
 /// Compiles every GatewayClass whose controllerName is ours, by name.
 pub fn compile_classes<'a>(
-    classes: &'a [GatewayClass],
+    classes: &'a Objects<GatewayClass>,
     index: &ParametersIndex<'a>,
     now: &Time,
 ) -> BTreeMap<&'a str, ClassModel<'a>> {

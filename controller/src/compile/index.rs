@@ -201,15 +201,15 @@ pub fn labels_match<'s>(
 /// (namespace, name, resourceVersion), borrowed from an object's metadata.
 type SortKey<'a> = (&'a str, &'a str, Option<&'a str>);
 
-pub(super) fn by_key<'a, T: Serialize>(
-    items: &'a [T],
+pub(super) fn by_key<'a, T: Serialize + 'a>(
+    items: impl IntoIterator<Item = &'a T>,
     meta: impl Fn(&T) -> &ObjectMeta,
 ) -> Vec<&'a T> {
     // Borrowed keys, taken once per object rather than per comparison, and no allocation per
     // object (10k routes are sorted on every compile). Unstable: objects whose keys are equal
     // are the duplicates ordered below.
     let mut keyed: Vec<(SortKey<'a>, &'a T)> = items
-        .iter()
+        .into_iter()
         .map(|t| {
             let m = meta(t);
             ((ns_of(m), name_of(m), m.resource_version.as_deref()), t)

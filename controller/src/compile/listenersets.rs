@@ -22,6 +22,7 @@ use tollgate_api::ObjectKey;
 
 use super::grants::GATEWAY_GROUP;
 use super::index::{by_key, key_of, ns_of};
+use crate::compile::Objects;
 
 /// The kind routes name in a parentRef, and ReferenceGrants in `from`.
 pub const KIND: &str = "ListenerSet";
@@ -50,7 +51,7 @@ impl ListenerSetEntry<'_> {
 }
 
 /// ListenerSets by the key of the Gateway they name, each list in precedence order.
-pub fn by_parent(sets: &[ListenerSet]) -> BTreeMap<ObjectKey, Vec<ListenerSetEntry<'_>>> {
+pub fn by_parent(sets: &Objects<ListenerSet>) -> BTreeMap<ObjectKey, Vec<ListenerSetEntry<'_>>> {
     let mut out: BTreeMap<ObjectKey, Vec<ListenerSetEntry<'_>>> = BTreeMap::new();
     // The same ListenerSet in two files is kept once, as every kind is.
     for set in by_key(sets, |s| &s.metadata) {

@@ -33,6 +33,7 @@ pub mod kinds;
 pub mod listeners;
 pub mod listenersets;
 pub mod load;
+pub mod objects;
 pub mod output;
 pub mod parameters;
 pub mod policies;
@@ -71,6 +72,7 @@ use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 pub use cache::{CacheStats, CompileCache};
 pub use kinds::RouteKind;
 pub use load::{LoadError, LoadWarning, inputs_from_yaml};
+pub use objects::Objects;
 pub use output::Rejection;
 pub use policies::LastValid;
 
@@ -81,47 +83,47 @@ pub const CONTROLLER_NAME: &str = "tollgate.dev/gateway-controller";
 #[derive(Debug, Clone)]
 pub struct Inputs {
     /// GatewayClasses (all controllers; only ours are compiled).
-    pub gateway_classes: Vec<GatewayClass>,
+    pub gateway_classes: Objects<GatewayClass>,
     /// Gateways (all classes; only ours are compiled).
-    pub gateways: Vec<Gateway>,
+    pub gateways: Objects<Gateway>,
     /// HTTPRoutes.
-    pub http_routes: Vec<HttpRoute>,
+    pub http_routes: Objects<HttpRoute>,
     /// GRPCRoutes.
-    pub grpc_routes: Vec<GrpcRoute>,
+    pub grpc_routes: Objects<GrpcRoute>,
     /// TLSRoutes.
-    pub tls_routes: Vec<TlsRoute>,
+    pub tls_routes: Objects<TlsRoute>,
     /// TCPRoutes.
-    pub tcp_routes: Vec<TcpRoute>,
+    pub tcp_routes: Objects<TcpRoute>,
     /// UDPRoutes.
-    pub udp_routes: Vec<UdpRoute>,
+    pub udp_routes: Objects<UdpRoute>,
     /// ListenerSets.
-    pub listener_sets: Vec<ListenerSet>,
+    pub listener_sets: Objects<ListenerSet>,
     /// ReferenceGrants.
-    pub reference_grants: Vec<ReferenceGrant>,
+    pub reference_grants: Objects<ReferenceGrant>,
     /// Services.
-    pub services: Vec<Service>,
+    pub services: Objects<Service>,
     /// EndpointSlices.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Objects<EndpointSlice>,
     /// Secrets (only `kubernetes.io/tls` ones referenced by listeners are read).
-    pub secrets: Vec<Secret>,
+    pub secrets: Objects<Secret>,
     /// Namespaces, for `allowedRoutes.namespaces.selector`.
-    pub namespaces: Vec<Namespace>,
+    pub namespaces: Objects<Namespace>,
     /// ConfigMaps (only those Gateways name as frontend `caCertificateRefs` are read).
-    pub config_maps: Vec<ConfigMap>,
+    pub config_maps: Objects<ConfigMap>,
     /// RateLimitPolicies.
-    pub rate_limit_policies: Vec<RateLimitPolicy>,
+    pub rate_limit_policies: Objects<RateLimitPolicy>,
     /// AuthPolicies.
-    pub auth_policies: Vec<AuthPolicy>,
+    pub auth_policies: Objects<AuthPolicy>,
     /// ClientPolicies.
-    pub client_policies: Vec<ClientPolicy>,
+    pub client_policies: Objects<ClientPolicy>,
     /// BackendPolicies.
-    pub backend_policies: Vec<BackendPolicy>,
+    pub backend_policies: Objects<BackendPolicy>,
     /// XBackendTrafficPolicies (retry budgets, session persistence).
-    pub backend_traffic_policies: Vec<XBackendTrafficPolicy>,
+    pub backend_traffic_policies: Objects<XBackendTrafficPolicy>,
     /// BackendTLSPolicies.
-    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    pub backend_tls_policies: Objects<BackendTlsPolicy>,
     /// GatewayParameters (what GatewayClasses and Gateways say their proxies run with).
-    pub gateway_parameters: Vec<GatewayParameters>,
+    pub gateway_parameters: Objects<GatewayParameters>,
     /// The policies an earlier compile found valid: what a policy that became invalid keeps
     /// enforcing (fail closed, see [`policies::last_valid`]). Callers that compile again and
     /// again (the controller, `tollgate run`) pass the previous [`Output::last_valid`];
@@ -148,27 +150,27 @@ impl Inputs {
     /// No objects, conditions stamped with `now`.
     pub fn new(now: Time) -> Self {
         Self {
-            gateway_classes: Vec::new(),
-            gateways: Vec::new(),
-            http_routes: Vec::new(),
-            grpc_routes: Vec::new(),
-            tls_routes: Vec::new(),
-            tcp_routes: Vec::new(),
-            udp_routes: Vec::new(),
-            listener_sets: Vec::new(),
-            reference_grants: Vec::new(),
-            services: Vec::new(),
-            endpoint_slices: Vec::new(),
-            secrets: Vec::new(),
-            namespaces: Vec::new(),
-            config_maps: Vec::new(),
-            rate_limit_policies: Vec::new(),
-            auth_policies: Vec::new(),
-            client_policies: Vec::new(),
-            backend_policies: Vec::new(),
-            backend_traffic_policies: Vec::new(),
-            backend_tls_policies: Vec::new(),
-            gateway_parameters: Vec::new(),
+            gateway_classes: Objects::new(),
+            gateways: Objects::new(),
+            http_routes: Objects::new(),
+            grpc_routes: Objects::new(),
+            tls_routes: Objects::new(),
+            tcp_routes: Objects::new(),
+            udp_routes: Objects::new(),
+            listener_sets: Objects::new(),
+            reference_grants: Objects::new(),
+            services: Objects::new(),
+            endpoint_slices: Objects::new(),
+            secrets: Objects::new(),
+            namespaces: Objects::new(),
+            config_maps: Objects::new(),
+            rate_limit_policies: Objects::new(),
+            auth_policies: Objects::new(),
+            client_policies: Objects::new(),
+            backend_policies: Objects::new(),
+            backend_traffic_policies: Objects::new(),
+            backend_tls_policies: Objects::new(),
+            gateway_parameters: Objects::new(),
             last_valid: LastValid::default(),
             reserved_ports: Vec::new(),
             now,

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tollgate_proxy::AccessLogArgs;
 
+use crate::compile::Objects;
 use crate::crds::parameters::{AccessLogParameters, GatewayParametersSpec, ServiceParameters};
 use crate::crds::{GROUP, GatewayParameters};
 
@@ -34,7 +35,7 @@ pub const MAX_WORKERS: u32 = 64;
 pub type ParametersIndex<'a> = BTreeMap<(&'a str, &'a str), &'a GatewayParametersSpec>;
 
 /// Indexes `objects` by namespace and name.
-pub fn index(objects: &[GatewayParameters]) -> ParametersIndex<'_> {
+pub fn index(objects: &Objects<GatewayParameters>) -> ParametersIndex<'_> {
     objects
         .iter()
         .filter_map(|p| {

@@ -6,6 +6,7 @@
 //! deserialize (and retries it forever); wrapping the type makes the item's failure its own.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -16,17 +17,16 @@ use serde::{Deserialize, Deserializer};
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A watched object that may have failed to deserialize into `K`.
-// The store keeps each object behind an `Arc` already, and `Malformed` is the rare case:
-// boxing `K` would cost every object an allocation for nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Lenient<K> {
-    /// The typed object.
-    Ok(K),
+    /// The typed object, shared: the compiler's snapshot of the stores holds it too, so a
+    /// snapshot copies a pointer per object.
+    Ok(Arc<K>),
     /// The object did not fit `K`: only its metadata is kept.
     Malformed {
-        /// Metadata (default when even that does not parse).
-        metadata: ObjectMeta,
+        /// Metadata (default when even that does not parse); boxed, so that the common case,
+        /// a pointer, does not pay for the rare one's size.
+        metadata: Box<ObjectMeta>,
         /// The deserialization error.
         error: String,
     },
@@ -36,12 +36,13 @@ impl<K: DeserializeOwned> Lenient<K> {
     /// Converts one object's JSON.
     pub fn from_value(value: serde_json::Value) -> Self {
         match K::deserialize(&value) {
-            Ok(k) => Self::Ok(k),
+            Ok(k) => Self::Ok(Arc::new(k)),
             Err(e) => Self::Malformed {
                 metadata: value
                     .get("metadata")
                     .and_then(|m| ObjectMeta::deserialize(m).ok())
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
                 error: e.to_string(),
             },
         }
@@ -56,9 +57,17 @@ impl<K> Lenient<K> {
             Self::Malformed { .. } => None,
         }
     }
+
+    /// The typed object, shared, if it deserialized.
+    pub fn shared(&self) -> Option<&Arc<K>> {
+        match self {
+            Self::Ok(k) => Some(k),
+            Self::Malformed { .. } => None,
+        }
+    }
 }
 
-impl<K: Resource<DynamicType = ()>> Lenient<K> {
+impl<K: Resource<DynamicType = ()> + Clone> Lenient<K> {
     /// Drops what the controller never reads and that can be large: `managedFields` and the
     /// client-side-apply annotation.
     pub fn strip(&mut self) {
@@ -92,7 +101,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
+impl<K: Resource<DynamicType = ()> + Clone> Resource for Lenient<K> {
     type DynamicType = ();
     type Scope = K::Scope;
 
@@ -116,7 +125,8 @@ impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         match self {
-            Self::Ok(k) => k.meta_mut(),
+            // Unshared while the watch strips it (the only writer): no copy there.
+            Self::Ok(k) => Arc::make_mut(k).meta_mut(),
             Self::Malformed { metadata, .. } => metadata,
         }
     }

@@ -20,7 +20,7 @@ use kube::{Client, Resource};
 use tracing::debug;
 
 use super::lenient::Lenient;
-use crate::compile::Inputs;
+use crate::compile::{Inputs, Objects};
 
 /// Longest wait for one referenced object's payload.
 const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -77,7 +77,7 @@ impl Payload for ConfigMap {
 }
 
 /// Drops the payload of `o` unless it is referenced (called on every watched object).
-pub fn trim<K: Payload>(o: &mut Lenient<K>, refs: &Referenced) {
+pub fn trim<K: Payload + Clone>(o: &mut Lenient<K>, refs: &Referenced) {
     let Lenient::Ok(k) = o else { return };
     let m = k.meta();
     let (ns, name) = (
@@ -87,6 +87,8 @@ pub fn trim<K: Payload>(o: &mut Lenient<K>, refs: &Referenced) {
     if refs.contains(K::KIND, &ns, &name) {
         return;
     }
+    // Unshared here: the watch trims an object before the store (and a snapshot) holds it.
+    let k = Arc::make_mut(k);
     k.drop_payload();
     k.meta_mut()
         .annotations
@@ -338,7 +340,7 @@ impl Fetched {
 
 async fn fill_kind<K>(
     client: &Client,
-    objects: &mut [K],
+    objects: &mut Objects<K>,
     fetched: &mut BTreeMap<(String, String), (String, K)>,
     refs: &BTreeSet<RefKey>,
 ) -> Result<(), Unreadable>
@@ -350,8 +352,9 @@ where
 {
     fetched.retain(|(ns, name), _| refs.contains(&(K::KIND, ns.clone(), name.clone())));
     let mut first_failure = Ok(());
-    for o in objects.iter_mut() {
-        if !omitted(o) {
+    // Only the objects filled in are copied out of the share with the stores.
+    for o in objects.shared_mut() {
+        if !omitted(&**o) {
             continue;
         }
         let m = o.meta();
@@ -363,6 +366,7 @@ where
             continue;
         }
         let rv = m.resource_version.clone().unwrap_or_default();
+        let o = Arc::make_mut(o);
         if let Some((have, obj)) = fetched.get(&key)
             && *have == rv
         {

@@ -21,6 +21,7 @@ use tollgate_api::{BackendProtocol, LoadBalancer, ObjectKey, RouteTable};
 use tollgate_proxy::policy::cel;
 
 use super::services;
+use crate::compile::Objects;
 use crate::compile::index::{Index, key_of};
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::backend::{
@@ -53,7 +54,7 @@ pub struct Compiled {
 
 /// Applies the policies to `tables`; the status of each policy.
 pub fn apply(
-    policies: &[BackendPolicy],
+    policies: &Objects<BackendPolicy>,
     idx: &Index<'_>,
     tables: &mut BTreeMap<ObjectKey, RouteTable>,
     now: &Time,

@@ -31,6 +31,7 @@ use super::last_valid::{self, State};
 use super::status::gateway_ancestor;
 use super::{Contribution, ENFORCED, PolicyRef, STALLED, reason};
 use crate::compile::CONTROLLER_NAME;
+use crate::compile::Objects;
 use crate::compile::conditions::{ACCEPTED, Conds};
 use crate::compile::grants::GATEWAY_GROUP;
 use crate::compile::index::key_of;
@@ -114,7 +115,7 @@ struct Item {
 
 /// Compiles every ClientPolicy. `existing`: every Gateway in the inputs, ours or not.
 pub fn compile_client_policies(
-    policies: &[ClientPolicy],
+    policies: &Objects<ClientPolicy>,
     last: &BTreeMap<ObjectKey, ClientPolicy>,
     gateways: &[ClientGateway],
     routes: &[ClientRoute],

@@ -45,8 +45,11 @@ pub struct Resolution {
 }
 
 /// `items` oldest first, then by key: the order that settles conflicts.
-pub fn oldest_first<T>(items: &[T], meta: impl Fn(&T) -> &ObjectMeta) -> Vec<&T> {
-    let mut order: Vec<&T> = items.iter().collect();
+pub fn oldest_first<'a, T: 'a>(
+    items: impl IntoIterator<Item = &'a T>,
+    meta: impl Fn(&T) -> &ObjectMeta,
+) -> Vec<&'a T> {
+    let mut order: Vec<&T> = items.into_iter().collect();
     order.sort_by(|a, b| {
         let created = |m: &ObjectMeta| m.creation_timestamp.as_ref().map(|t| t.0);
         created(meta(a))

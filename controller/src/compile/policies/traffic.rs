@@ -20,6 +20,7 @@ use tollgate_api::backend::{RetryBudget, Session};
 use tollgate_api::{ObjectKey, RouteTable};
 
 use super::services;
+use crate::compile::Objects;
 use crate::compile::index::{Index, key_of};
 use crate::compile::rules::parse_duration_ms;
 use crate::crds::common::PolicyStatus;
@@ -40,7 +41,7 @@ pub struct Compiled {
 
 /// Applies the policies to `tables`; the status of each policy.
 pub fn apply(
-    policies: &[XBackendTrafficPolicy],
+    policies: &Objects<XBackendTrafficPolicy>,
     idx: &Index<'_>,
     tables: &mut BTreeMap<ObjectKey, RouteTable>,
     now: &Time,

@@ -64,8 +64,8 @@ use super::metrics::{Metrics, kind as kind_label};
 pub use super::optional::Optional;
 use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
-use crate::compile::Inputs;
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
+use crate::compile::{Inputs, Objects};
 use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, GatewayParameters, RateLimitPolicy};
 use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
@@ -429,31 +429,11 @@ impl Stores {
         let mut inputs = Inputs::new(now);
         inputs.gateway_classes = well_formed(&self.gateway_classes);
         inputs.gateways = well_formed(&self.gateways);
-        inputs.http_routes = well_formed_with(&self.http_routes, |r| HttpRoute {
-            metadata: r.metadata.clone(),
-            spec: r.spec.clone(),
-            status: None,
-        });
-        inputs.grpc_routes = well_formed_with(&self.grpc_routes, |r| GrpcRoute {
-            metadata: r.metadata.clone(),
-            spec: r.spec.clone(),
-            status: None,
-        });
-        inputs.tls_routes = well_formed_with(&self.tls_routes, |r| TlsRoute {
-            metadata: r.metadata.clone(),
-            spec: r.spec.clone(),
-            status: None,
-        });
-        inputs.tcp_routes = well_formed_with(&self.tcp_routes, |r| TcpRoute {
-            metadata: r.metadata.clone(),
-            spec: r.spec.clone(),
-            status: None,
-        });
-        inputs.udp_routes = well_formed_with(&self.udp_routes, |r| UdpRoute {
-            metadata: r.metadata.clone(),
-            spec: r.spec.clone(),
-            status: None,
-        });
+        inputs.http_routes = well_formed(&self.http_routes);
+        inputs.grpc_routes = well_formed(&self.grpc_routes);
+        inputs.tls_routes = well_formed(&self.tls_routes);
+        inputs.tcp_routes = well_formed(&self.tcp_routes);
+        inputs.udp_routes = well_formed(&self.udp_routes);
         inputs.listener_sets = well_formed(&self.listener_sets);
         inputs.backend_tls_policies = well_formed(&self.backend_tls_policies);
         inputs.reference_grants = well_formed(&self.reference_grants);
@@ -485,23 +465,12 @@ impl Stores {
     }
 }
 
-fn well_formed<K: Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>) -> Vec<K> {
-    well_formed_with(store, K::clone)
-}
-
-/// The well-formed objects of `store`, each copied by `copy`. Routes are copied without their
-/// status: the compiler writes a route's status and never reads it, and every reconcile
-/// copies every route (50k of them at scale), so the statuses were a large part of each
-/// snapshot.
-fn well_formed_with<K: Resource<DynamicType = ()> + Clone>(
-    store: &Store<Lenient<K>>,
-    copy: impl Fn(&K) -> K,
-) -> Vec<K> {
-    store
-        .state()
-        .iter()
-        .filter_map(|o| o.as_ok().map(&copy))
-        .collect()
+/// The well-formed objects of `store`, shared with it: every reconcile snapshots every object
+/// (50k routes at scale), so a snapshot copies pointers, not objects.
+fn well_formed<K: Resource<DynamicType = ()> + Clone>(store: &Store<Lenient<K>>) -> Objects<K> {
+    let mut objects = Objects::new();
+    objects.extend(store.state().iter().filter_map(|o| o.shared().cloned()));
+    objects
 }
 
 /// The watch [`Stores::spawn`] runs for an optional kind (TLSRoute in [`Optional::Forgiving`]

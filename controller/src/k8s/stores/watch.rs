@@ -168,7 +168,7 @@ impl Watch {
         }
     }
 
-    fn report_malformed<K: Resource<DynamicType = ()>>(&self, o: &Lenient<K>) {
+    fn report_malformed<K: Resource<DynamicType = ()> + Clone>(&self, o: &Lenient<K>) {
         if let Lenient::Malformed { metadata, error } = o {
             self.metrics
                 .malformed_objects
@@ -194,7 +194,7 @@ fn base_relevance(kind: Kind) -> Relevance {
 
 /// What an update from `old` to `new` requires. For the Gateway API kinds a change that keeps
 /// `metadata.generation`, labels, annotations and deletion timestamp is a status change.
-pub fn relevance<K: Resource<DynamicType = ()>>(
+pub fn relevance<K: Resource<DynamicType = ()> + Clone>(
     kind: Kind,
     old: Option<&Lenient<K>>,
     new: &Lenient<K>,
