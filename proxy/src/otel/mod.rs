@@ -115,7 +115,12 @@ impl Tracer {
             parent: parent.map(|p| p.span_id),
             sampled,
             keep_state,
-            start: SystemTime::now(),
+            // No clock read for a request nothing of which is recorded.
+            start: if sampled {
+                SystemTime::now()
+            } else {
+                SystemTime::UNIX_EPOCH
+            },
             method: method.clone(),
             target: sampled.then(|| (target.to_owned(), host.to_owned())),
             attempts: AtomicU32::new(0),
@@ -144,6 +149,7 @@ pub struct RequestTrace {
     pub sampled: bool,
     /// Pass the client's `tracestate` on (its parent was valid, its state well-formed).
     keep_state: bool,
+    /// The arrival (the epoch for an unsampled request: never read).
     start: SystemTime,
     method: Method,
     /// The request target and host, for the server span (sampled requests only).
@@ -199,7 +205,11 @@ impl RequestTrace {
         }
         Attempt {
             span_id,
-            start: SystemTime::now(),
+            start: if self.sampled {
+                SystemTime::now()
+            } else {
+                SystemTime::UNIX_EPOCH
+            },
             resend: self.attempts.fetch_add(1, Ordering::Relaxed),
         }
     }
