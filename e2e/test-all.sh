@@ -73,6 +73,9 @@ e2e/oidc-provider.sh build >/dev/null
 step "cargo test"
 cargo test --workspace --locked
 
+step "e2e/tracing-test.sh (OpenTelemetry tracing of tollgate run against a real OpenTelemetry Collector built from Go modules, both OTLP protocols; the collector cached, minutes the first time)"
+e2e/tracing-test.sh
+
 if [[ $(id -u) -eq 0 ]]; then
   # The Go builds the loopback-cluster steps below need (kube-controller-manager, echo-basic,
   # CoreDNS, the node agent, Flux's controllers, the conformance suite, Prometheus and the

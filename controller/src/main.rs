@@ -115,6 +115,9 @@ struct RunArgs {
     /// Slow-client limits of every served Gateway.
     #[command(flatten)]
     client_limits: ClientLimitArgs,
+    /// OpenTelemetry tracing of every served Gateway.
+    #[command(flatten)]
+    tracing: tollgate_proxy::otel::TraceArgs,
 }
 
 #[derive(clap::Args)]
@@ -323,6 +326,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         access_log,
         rate_limit,
         client_limits,
+        tracing,
     } = args;
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
@@ -344,6 +348,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         access_log,
         rate_limiter: Some(limiter),
         client_limits,
+        tracing: tracing.settings()?,
     };
     let mut runner = Runner::new(&opts, metrics.clone())?;
     runner

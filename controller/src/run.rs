@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub rate_limiter: Option<RateLimiter>,
     /// Slow-client limits of every served Gateway.
     pub client_limits: ClientLimitArgs,
+    /// OpenTelemetry tracing of every served Gateway (`None`: off).
+    pub tracing: Option<tollgate_proxy::otel::TraceSettings>,
 }
 
 /// One served Gateway.
@@ -64,6 +66,7 @@ pub struct Runner {
     access_log_settings: LogSettings,
     rate_limiter: RateLimiter,
     client_limits: ClientLimitArgs,
+    tracing: Option<tollgate_proxy::otel::TraceSettings>,
     served: BTreeMap<ObjectKey, Served>,
     reported: BTreeSet<String>,
     /// True once the manifests have been compiled and every table applied: a later scan that
@@ -94,6 +97,7 @@ impl Runner {
             access_log: opts.access_log.access_log,
             access_log_settings,
             client_limits: opts.client_limits.clone(),
+            tracing: opts.tracing.clone(),
             served: BTreeMap::new(),
             reported: BTreeSet::new(),
             loaded: false,
@@ -166,6 +170,7 @@ impl Runner {
                     access_log: self.access_log,
                     access_log_settings: self.access_log_settings.clone(),
                     rate_limiter: Some(self.rate_limiter.clone()),
+                    tracing: self.tracing.clone(),
                     ..ProxyOptions::default()
                 };
                 self.client_limits.apply(&mut opts);

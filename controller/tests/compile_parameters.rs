@@ -309,6 +309,14 @@ fn parameters_out_of_range_are_invalid_with_every_reason() {
             "accessLog: {filter: 'response.code >'}",
             "spec.accessLog: --access-log-filter",
         ),
+        (
+            "telemetry: {tracing: {endpoint: 'collector:4317'}}",
+            "spec.telemetry.tracing.endpoint \"collector:4317\" is not an http:// or https:// URL",
+        ),
+        (
+            "telemetry: {tracing: {endpoint: 'http://c:4317', samplingRatio: 1.5}}",
+            "spec.telemetry.tracing.samplingRatio 1.5 is out of range (0 to 1)",
+        ),
     ] {
         let extra = format!(
             "apiVersion: tollgate.dev/v1alpha1\nkind: GatewayParameters\nmetadata: {{name: edge, namespace: infra}}\nspec:\n  {spec}\n"

@@ -43,6 +43,7 @@ mod lifecycle;
 mod limit_args;
 mod limits;
 pub mod metrics;
+pub mod otel;
 mod proxy;
 mod signal;
 mod state;

@@ -74,6 +74,9 @@ struct Args {
     /// Slow-client limits.
     #[command(flatten)]
     client_limits: ClientLimitArgs,
+    /// OpenTelemetry tracing.
+    #[command(flatten)]
+    tracing: tollgate_proxy::otel::TraceArgs,
 }
 
 fn parse(path: &Path, text: &[u8]) -> anyhow::Result<RouteTable> {
@@ -111,6 +114,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     args.access_log.apply(&mut options)?;
     options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
     args.client_limits.apply(&mut options);
+    options.tracing = args.tracing.settings()?;
     let proxy = Proxy::new(options);
     let token = match &args.admin_token_file {
         Some(path) => Some(tollgate_proxy::read_admin_token(path)?),

@@ -129,6 +129,7 @@ pub struct Metrics {
     active_connections: Gauge,
     table_version: Gauge,
     access_log_dropped: Counter,
+    trace_spans_dropped: Counter,
     /// Handles per route label, kept across snapshots.
     routes: Mutex<FastMap<String, Arc<RouteMetrics>>>,
     no_route: Arc<RouteMetrics>,
@@ -299,6 +300,7 @@ impl Metrics {
         let connections_refused = Family::<ReasonLabels, Counter>::default();
         let table_version = Gauge::default();
         let access_log_dropped = Counter::default();
+        let trace_spans_dropped = Counter::default();
         registry.register(
             "requests",
             "Requests answered, by route and status class",
@@ -374,6 +376,11 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        registry.register(
+            "trace_spans_dropped",
+            "Trace spans dropped because the export queue was full (the collector fell behind)",
+            trace_spans_dropped.clone(),
+        );
         let auth = AuthMetrics::new();
         auth.register(&mut registry);
         let rate_limit = RateLimitMetrics::new();
@@ -409,6 +416,7 @@ impl Metrics {
             active_connections,
             table_version,
             access_log_dropped,
+            trace_spans_dropped,
         }
     }
 
@@ -566,6 +574,11 @@ impl Metrics {
     }
 
     /// Counts an access log line dropped under back-pressure.
+    /// `tollgate_trace_spans_dropped_total`, for the tracer to count on.
+    pub(crate) fn trace_spans_dropped(&self) -> Counter {
+        self.trace_spans_dropped.clone()
+    }
+
     pub(crate) fn access_log_dropped(&self) {
         self.access_log_dropped.inc();
     }

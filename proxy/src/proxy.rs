@@ -46,6 +46,8 @@ pub struct ProxyOptions {
     /// Format, fields, filter and destination of the access log. Default: JSON, every
     /// field, every request, stdout.
     pub access_log_settings: LogSettings,
+    /// OpenTelemetry tracing (module `otel`); `None`: off, no span work per request.
+    pub tracing: Option<crate::otel::TraceSettings>,
     /// Largest request header block; more is answered 431. Default 64 KiB.
     pub max_header_bytes: usize,
     /// Largest request body; more is answered 413. Default 10 MiB.
@@ -130,6 +132,7 @@ impl Default for ProxyOptions {
             metrics: Arc::new(Metrics::new()),
             access_log: false,
             access_log_settings: LogSettings::default(),
+            tracing: None,
             max_header_bytes: 64 * 1024,
             max_body_bytes: 10 * 1024 * 1024,
             rate_limiter: None,
@@ -214,7 +217,12 @@ impl Proxy {
             decisions: opts.metrics.policy_decisions().clone(),
         };
         let health = HealthChecker::new(opts.metrics.clone());
+        let tracer = opts
+            .tracing
+            .as_ref()
+            .and_then(|t| crate::otel::Tracer::start(t, opts.metrics.trace_spans_dropped()));
         let shared = Shared {
+            tracer,
             health,
             policy,
             snapshot: ArcSwapOption::empty(),

@@ -87,4 +87,6 @@ pub(crate) struct Shared {
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
     /// The active health-check tasks of the live snapshot's endpoints.
     pub health: HealthChecker,
+    /// OpenTelemetry tracing; `None`: off.
+    pub tracer: Option<Arc<crate::otel::Tracer>>,
 }

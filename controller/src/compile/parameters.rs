@@ -15,9 +15,12 @@ use gateway_types::gateways::Gateway;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tollgate_proxy::AccessLogArgs;
+use tollgate_proxy::otel::{Protocol, TraceArgs, TraceArgsError};
 
 use crate::compile::Objects;
-use crate::crds::parameters::{AccessLogParameters, GatewayParametersSpec, ServiceParameters};
+use crate::crds::parameters::{
+    AccessLogParameters, GatewayParametersSpec, OtlpProtocol, ServiceParameters, TracingParameters,
+};
 use crate::crds::{GROUP, GatewayParameters};
 
 /// Gateway annotation setting the proxy replica count (an integer, 0 to [`MAX_REPLICAS`]):
@@ -183,6 +186,7 @@ pub fn merge(
         service,
         log_level: gateway.log_level.or(class.log_level),
         access_log,
+        telemetry: or(&gateway.telemetry, &class.telemetry),
     }
 }
 
@@ -255,6 +259,17 @@ pub fn check(spec: &GatewayParametersSpec) -> Result<(), String> {
     {
         errors.push(format!("spec.accessLog: {e}"));
     }
+    if let Some(t) = spec.telemetry.as_ref().and_then(|t| t.tracing.as_ref()) {
+        match tracing_args(t).settings() {
+            Ok(_) => {}
+            Err(TraceArgsError::Endpoint(e)) => errors.push(format!(
+                "spec.telemetry.tracing.endpoint {e:?} is not an http:// or https:// URL with a host"
+            )),
+            Err(TraceArgsError::Ratio(r)) => errors.push(format!(
+                "spec.telemetry.tracing.samplingRatio {r} is out of range (0 to 1)"
+            )),
+        }
+    }
     if errors.is_empty() {
         Ok(())
     } else {
@@ -277,6 +292,18 @@ fn check_merged(spec: &GatewayParametersSpec) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The proxy's tracing flags for `t`.
+pub fn tracing_args(t: &TracingParameters) -> TraceArgs {
+    TraceArgs {
+        otlp_endpoint: Some(t.endpoint.clone()),
+        otlp_protocol: match t.protocol {
+            None | Some(OtlpProtocol::Grpc) => Protocol::Grpc,
+            Some(OtlpProtocol::Http) => Protocol::Http,
+        },
+        trace_sampling: t.sampling_ratio.unwrap_or(1.0),
+    }
 }
 
 /// The access log flags `log` sets over `base` (the controller's own flags).

@@ -72,6 +72,47 @@ pub struct GatewayParametersSpec {
     /// The proxies' access log; unset fields keep the controller's `--access-log*` flags.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<AccessLogParameters>,
+    /// The proxies' telemetry beyond metrics and logs. A Gateway's section replaces its
+    /// class's whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetryParameters>,
+}
+
+/// Telemetry of the proxies.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TelemetryParameters {
+    /// OpenTelemetry tracing (the proxies' `--otlp-*` and `--trace-sampling` flags); off
+    /// without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingParameters>,
+}
+
+/// Where and how the proxies export spans.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TracingParameters {
+    /// The OTLP collector's URL, e.g. `http://otel-collector.observability:4317`.
+    pub endpoint: String,
+    /// `grpc` (default) or `http` (OTLP/HTTP with protobuf bodies, posted to
+    /// `<endpoint>/v1/traces`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<OtlpProtocol>,
+    /// Share of new traces sampled, 0 to 1 (default 1); a request with a W3C `traceparent`
+    /// follows its sampled flag.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_ratio: Option<f64>,
+}
+
+/// An OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC.
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    Http,
 }
 
 /// A HorizontalPodAutoscaler over the proxy Deployment.

@@ -23,7 +23,7 @@ pub struct AccessLogArgs {
     pub access_log_format: Format,
     /// Fields written, comma-separated (default: all): time, method, host, path, status,
     /// duration_ms, route, upstream, bytes, request_id, peer, grpc_status, client_timeout,
-    /// retried, shadow_limited, grpc_web.
+    /// retried, shadow_limited, grpc_web, trace_id.
     #[arg(long)]
     pub access_log_fields: Option<String>,
     /// Write only the requests this CEL expression keeps, e.g. `response.code >= 500 ||

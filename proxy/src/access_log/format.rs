@@ -20,7 +20,7 @@ pub enum Format {
 }
 
 /// The fields a line may carry, in the order they are written.
-pub const FIELD_NAMES: [&str; 16] = [
+pub const FIELD_NAMES: [&str; 17] = [
     "time",
     "method",
     "host",
@@ -37,6 +37,7 @@ pub const FIELD_NAMES: [&str; 16] = [
     "retried",
     "shadow_limited",
     "grpc_web",
+    "trace_id",
 ];
 
 /// A set of [`FIELD_NAMES`] (`--access-log-fields`).
@@ -125,6 +126,11 @@ pub(crate) fn write_line(out: &mut Vec<u8>, r: &AccessRecord<'_>, format: Format
                 w.list(name, r.shadow_limited.iter().map(|s| Str(s)));
             }
             15 if r.grpc_web => w.number(name, true),
+            16 => {
+                if let Some(t) = r.trace_id {
+                    w.shown(name, t);
+                }
+            }
             _ => {}
         }
     }
@@ -325,6 +331,7 @@ mod tests {
             client_timeout: None,
             retried: &[],
             shadow_limited: &[],
+            trace_id: None,
         }
     }
 

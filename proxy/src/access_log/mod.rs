@@ -89,6 +89,8 @@ pub(crate) struct AccessRecord<'a> {
     /// The `mode: Shadow` rate limits (`namespace/policy/limit`) that would have refused the
     /// request, had they been enforced; absent when none would.
     pub shadow_limited: &'a [Arc<str>],
+    /// The trace id, when the request was traced and sampled.
+    pub trace_id: Option<opentelemetry::trace::TraceId>,
 }
 
 /// A time written as RFC 3339 UTC with milliseconds, formatted without allocating.
@@ -513,6 +515,7 @@ mod tests {
             client_timeout: None,
             retried: &[],
             shadow_limited: &[],
+            trace_id: None,
         }
     }
 

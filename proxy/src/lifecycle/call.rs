@@ -53,6 +53,8 @@ pub(crate) struct Call<'a> {
     pub request_trailers: bool,
     /// The rule's retries; `None`: one attempt.
     pub retry: Option<&'a Retry>,
+    /// The request's trace: each attempt is a client span and carries its `traceparent`.
+    pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
 /// The request body as the attempts send it.
@@ -195,6 +197,7 @@ impl Call<'_> {
         added: &Added<'_>,
         seen: &Seen,
     ) -> Result<Response<PooledBody>, Failure> {
+        let span = self.trace.map(|t| t.begin_attempt(&mut parts.headers));
         let call = self
             .shared
             .upstream
@@ -214,6 +217,15 @@ impl Call<'_> {
         }
         if self.balancer.settings.outlier.is_some() {
             self.record(endpoint, &resp, seen);
+        }
+        if let (Some(t), Some(span)) = (self.trace, span) {
+            let outcome = match &resp {
+                Ok(r) => Ok(r.status().as_u16()),
+                Err(Failure::Timeout) => Err("timeout"),
+                Err(Failure::BodyRead) => Err("request_body"),
+                Err(Failure::Upstream(_)) => Err("upstream"),
+            };
+            t.end_attempt(span, endpoint.addr, outcome);
         }
         resp
     }

@@ -134,6 +134,8 @@ pub(crate) struct Completion {
     pub shadow_limited: Vec<Arc<str>>,
     /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
     log: Option<Box<LogFields>>,
+    /// The request's trace (module `otel`); `None` when tracing is off.
+    pub trace: Option<Box<crate::otel::RequestTrace>>,
 }
 
 /// The request as the access log reports it.
@@ -219,6 +221,15 @@ impl<'s> RequestCtx<'s> {
                 fault: None,
             })
         });
+        let trace = shared.tracer.as_ref().map(|t| {
+            let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+            t.begin(
+                req.headers(),
+                req.method(),
+                target,
+                host.to_str().unwrap_or(""),
+            )
+        });
         let client_upgrade = upgrade
             .then(|| req.extensions_mut().remove::<OnUpgrade>())
             .flatten();
@@ -257,6 +268,7 @@ impl<'s> RequestCtx<'s> {
                 upstream_answered: false,
                 shadow_limited: Vec::new(),
                 log,
+                trace,
             },
         }
     }
@@ -419,6 +431,7 @@ impl OnComplete for Completion {
     fn complete(self, bytes: u64) {
         let elapsed = self.start.elapsed();
         self.metrics.observe(self.status, elapsed.as_secs_f64());
+        let trace_id = self.trace.as_ref().and_then(|t| t.sampled_id());
         if let Some(log) = self.log {
             let request_id = String::from_utf8_lossy(self.request_id.as_bytes());
             self.shared.access_log.log(&AccessRecord {
@@ -446,7 +459,11 @@ impl OnComplete for Completion {
                     .map(Cut::as_str),
                 retried: &self.retried,
                 shadow_limited: &self.shadow_limited,
+                trace_id,
             });
+        }
+        if let Some(t) = self.trace {
+            (*t).finish(self.status, self.route.as_deref(), bytes);
         }
     }
 

@@ -215,6 +215,9 @@ async fn proxy<'s>(
     }
     ctx.done.route = Some(hit.route.label.clone());
     ctx.done.metrics = hit.route.metrics.clone();
+    if let Some(t) = ctx.done.trace.as_deref_mut() {
+        t.set_rule(route.rule_name.as_deref(), route.rule_index);
+    }
     // A declared body over the route's limit (a ClientPolicy on its HTTPRoute) or else the
     // port's is refused before anything else reads it.
     let max_body_bytes = route
@@ -257,7 +260,11 @@ async fn proxy<'s>(
             body: held.as_ref(),
             external: Some(ExternalIo::new(&snapshot.backends, &shared.upstream)),
         };
-        match enforcer.enforce(&shared.policy, &mut parts, info).await {
+        let enforced = crate::otel::with_decisions(
+            ctx.done.trace.as_deref_mut(),
+            enforcer.enforce(&shared.policy, &mut parts, info),
+        );
+        match enforced.await {
             Ok(admitted) => {
                 ctx.rate_limit = admitted.decision;
                 ctx.identity = admitted.identity;
@@ -382,6 +389,7 @@ async fn proxy<'s>(
                 .retry
                 .as_ref()
                 .filter(|_| ctx.client_upgrade.is_none()),
+            trace: ctx.done.trace.as_deref(),
         };
         let send = call.send(&mut parts, body, &added, &mut guard, &mut retried);
         match deadline {

@@ -240,3 +240,46 @@ fn access_log_parameters_replace_the_controllers_flags_field_by_field() {
     names.dedup();
     assert_eq!(names.len(), all, "{args:?}");
 }
+
+#[test]
+fn tracing_parameters_become_the_proxys_tracing_flags() {
+    let d = build(
+        "telemetry: {tracing: {endpoint: 'http://otel.observability:4318', protocol: http, samplingRatio: 0.25}}",
+    );
+    let args = container(&d).args.as_ref().unwrap();
+    for flag in [
+        "--otlp-endpoint=http://otel.observability:4318",
+        "--otlp-protocol=http",
+        "--trace-sampling=0.25",
+    ] {
+        assert!(args.contains(&flag.to_owned()), "{flag}: {args:?}");
+    }
+    // The proxy's own flag parser reads them back.
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        tracing: tollgate_proxy::otel::TraceArgs,
+    }
+    let d = build("telemetry: {tracing: {endpoint: 'http://otel:4317'}}");
+    let args = container(&d).args.as_ref().unwrap();
+    let ours = args
+        .iter()
+        .filter(|a| a.starts_with("--otlp") || a.starts_with("--trace"));
+    let parsed = <Flags as clap::Parser>::try_parse_from(
+        std::iter::once("tollgate-proxy").chain(ours.map(String::as_str)),
+    )
+    .unwrap();
+    let settings = parsed.tracing.settings().unwrap().unwrap();
+    assert_eq!(settings.endpoint, "http://otel:4317");
+    assert_eq!(settings.protocol, tollgate_proxy::otel::Protocol::Grpc);
+    assert!((settings.sampling_ratio - 1.0).abs() < f64::EPSILON);
+    // Without the section: tracing off, no flag.
+    let d = build("workers: 2");
+    let args = container(&d).args.as_ref().unwrap();
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--otlp") || a.starts_with("--trace")),
+        "{args:?}"
+    );
+}

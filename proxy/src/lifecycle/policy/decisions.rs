@@ -88,6 +88,30 @@ struct Labels {
     outcome: &'static str,
 }
 
+/// One (policy, rule, outcome)'s counter: each increment also notes the decision on the
+/// sampled request being enforced, as a span event (module `otel`). `Default`: counting
+/// nowhere.
+#[derive(Debug, Clone, Default)]
+pub struct Decided {
+    counter: Counter,
+    labels: Option<Arc<Labels>>,
+}
+
+impl Decided {
+    /// Counts one decision.
+    pub fn inc(&self) {
+        self.counter.inc();
+        if let Some(l) = &self.labels {
+            crate::otel::note_decision(&l.policy, &l.rule, l.outcome);
+        }
+    }
+
+    /// The value counted.
+    pub fn get(&self) -> u64 {
+        self.counter.get()
+    }
+}
+
 /// The family of decision counters. Cheap to clone (a shared handle); `Default` gives one
 /// that is registered nowhere (tests, tools).
 #[derive(Debug, Clone, Default)]
@@ -113,14 +137,16 @@ impl PolicyDecisions {
 
     /// The counter of one (policy, rule, outcome), created at 0 when new: call at table
     /// build, keep the handle, increment it per request.
-    pub fn counter(&self, policy: &Arc<str>, rule: &Arc<str>, outcome: Outcome) -> Counter {
-        self.family
-            .get_or_create(&Labels {
-                policy: policy.clone(),
-                rule: rule.clone(),
-                outcome: outcome.as_str(),
-            })
-            .clone()
+    pub fn counter(&self, policy: &Arc<str>, rule: &Arc<str>, outcome: Outcome) -> Decided {
+        let labels = Labels {
+            policy: policy.clone(),
+            rule: rule.clone(),
+            outcome: outcome.as_str(),
+        };
+        Decided {
+            counter: self.family.get_or_create(&labels).clone(),
+            labels: Some(Arc::new(labels)),
+        }
     }
 
     /// The counters of one rule for each of `outcomes`, in that order.
@@ -129,7 +155,7 @@ impl PolicyDecisions {
         policy: &Arc<str>,
         rule: &Arc<str>,
         outcomes: [Outcome; N],
-    ) -> [Counter; N] {
+    ) -> [Decided; N] {
         outcomes.map(|o| self.counter(policy, rule, o))
     }
 

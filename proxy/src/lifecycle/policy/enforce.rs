@@ -23,11 +23,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::lifecycle::policy::decisions::Decided as Counter;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
-use prometheus_client::metrics::counter::Counter;
 use tollgate_api::PolicySet;
 use tollgate_api::policy::{Auth, AuthnMethod, AuthzRule, Closed};
 

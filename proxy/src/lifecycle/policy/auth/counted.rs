@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use prometheus_client::metrics::counter::Counter;
+use crate::lifecycle::policy::decisions::Decided as Counter;
 
 use super::{CompiledAuth, CompiledMethod, MethodKind, Outcome as AuthOutcome};
 use crate::lifecycle::policy::decisions::{

@@ -23,8 +23,8 @@ use super::KeyHasher;
 use super::algo::{Cost, MAX_EXACT, Spec};
 use super::metrics::DecisionCache;
 use crate::lifecycle::policy::cel::{Activation, CelError, Expr, ResponseExpr};
+use crate::lifecycle::policy::decisions::Decided as Counter;
 use crate::lifecycle::policy::decisions::{Outcome, PolicyDecisions, rule_label};
-use prometheus_client::metrics::counter::Counter;
 
 /// Why a limit could not be compiled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -41,10 +41,10 @@ use tollgate_api::external::{ExternalAuthz, ExternalProtocol};
 use self::cache::DecisionCache;
 use super::metrics::AuthMetrics;
 use crate::FastMap;
+use crate::lifecycle::policy::decisions::Decided as Counter;
 use crate::lifecycle::policy::decisions::{Outcome, PolicyDecisions, policy_label, rule_label};
 use crate::upstream::pool::UpstreamError;
 use crate::upstream::{Balancer, Upstream};
-use prometheus_client::metrics::counter::Counter;
 
 /// Decisions kept per rule.
 pub const CACHE_CAPACITY: usize = 10_000;

@@ -1,0 +1,163 @@
+//! W3C Trace Context (<https://www.w3.org/TR/trace-context/>): the `traceparent` field
+//! parsed strictly and written back. In: the client's field value. Out: its trace id,
+//! parent span id and sampled flag, or `None` for anything malformed (the request is then
+//! treated as carrying no parent: a new trace, and the client's `tracestate` ignored, as
+//! §3.3 says).
+
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
+
+/// `traceparent`.
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+/// `tracestate`.
+pub const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
+/// A parent as the client sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub sampled: bool,
+}
+
+/// Parses a `traceparent` value: `version-traceid-parentid-flags`, lowercase hex only.
+/// Version `00` must be exactly 55 bytes; a higher version may carry more after a `-`
+/// (forward compatibility, §3.2.4); version `ff`, an all-zero trace or span id, or any
+/// other deviation is malformed.
+pub fn parse(value: &[u8]) -> Option<Parent> {
+    if value.len() < 55 {
+        return None;
+    }
+    let version = hex_u8(&value[0..2])?;
+    if version == 0xff || (version == 0 && value.len() != 55) {
+        return None;
+    }
+    if value.len() > 55 && value[55] != b'-' {
+        return None;
+    }
+    if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+        return None;
+    }
+    let trace = hex_u128(&value[3..35])?;
+    let span = hex_u64(&value[36..52])?;
+    let flags = hex_u8(&value[53..55])?;
+    if trace == 0 || span == 0 {
+        return None;
+    }
+    Some(Parent {
+        trace_id: TraceId::from(trace),
+        span_id: SpanId::from(span),
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// The `traceparent` value (version 00) naming `span_id` in `trace_id`.
+pub fn format(trace_id: TraceId, span_id: SpanId, flags: TraceFlags) -> http::HeaderValue {
+    let mut buf = [0u8; 55];
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf[0] = b'0';
+    buf[1] = b'0';
+    buf[2] = b'-';
+    for (i, b) in trace_id.to_bytes().iter().enumerate() {
+        buf[3 + 2 * i] = HEX[usize::from(b >> 4)];
+        buf[4 + 2 * i] = HEX[usize::from(b & 0xf)];
+    }
+    buf[35] = b'-';
+    for (i, b) in span_id.to_bytes().iter().enumerate() {
+        buf[36 + 2 * i] = HEX[usize::from(b >> 4)];
+        buf[37 + 2 * i] = HEX[usize::from(b & 0xf)];
+    }
+    buf[52] = b'-';
+    let f = flags.to_u8();
+    buf[53] = HEX[usize::from(f >> 4)];
+    buf[54] = HEX[usize::from(f & 0xf)];
+    // Only ASCII hex digits and dashes: always a valid field value.
+    http::HeaderValue::from_bytes(&buf).unwrap_or_else(|_| http::HeaderValue::from_static(""))
+}
+
+/// A `tracestate` worth passing on: at most 512 bytes (§3.3.1.5 lets a vendor truncate
+/// beyond; we drop it whole instead of cutting entries), printable ASCII, each list member
+/// `key=value` or empty.
+pub fn valid_state(value: &[u8]) -> bool {
+    value.len() <= 512
+        && value.iter().all(|&b| (0x20..0x7f).contains(&b))
+        && value.split(|&b| b == b',').all(|m| {
+            let m = m.trim_ascii();
+            m.is_empty()
+                || m.iter()
+                    .position(|&b| b == b'=')
+                    .is_some_and(|i| i > 0 && i + 1 < m.len())
+        })
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn hex_u8(s: &[u8]) -> Option<u8> {
+    Some(hex_digit(s[0])? << 4 | hex_digit(s[1])?)
+}
+
+fn hex_u64(s: &[u8]) -> Option<u64> {
+    s.iter()
+        .try_fold(0u64, |acc, &b| Some(acc << 4 | u64::from(hex_digit(b)?)))
+}
+
+fn hex_u128(s: &[u8]) -> Option<u128> {
+    s.iter()
+        .try_fold(0u128, |acc, &b| Some(acc << 4 | u128::from(hex_digit(b)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn parses_and_formats_the_spec_example() {
+        let p = parse(GOOD.as_bytes()).unwrap();
+        assert!(p.sampled);
+        assert_eq!(
+            p.trace_id,
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()
+        );
+        assert_eq!(p.span_id, SpanId::from_hex("00f067aa0ba902b7").unwrap());
+        assert_eq!(format(p.trace_id, p.span_id, TraceFlags::SAMPLED), GOOD);
+        let unsampled = parse(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        assert!(!unsampled.sampled);
+    }
+
+    #[test]
+    fn malformed_values_are_absent() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(parse(bad.as_bytes()), None, "{bad}");
+        }
+        // A later version may append fields after a dash.
+        assert!(parse(b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what").is_some());
+    }
+
+    #[test]
+    fn tracestate_checks() {
+        assert!(valid_state(b"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
+        assert!(valid_state(b""));
+        assert!(!valid_state(b"congo"));
+        assert!(!valid_state(b"=x"));
+        assert!(!valid_state("a=\u{e9}".as_bytes()));
+        assert!(!valid_state(&[b'a'; 600]));
+    }
+}
