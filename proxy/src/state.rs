@@ -87,4 +87,6 @@ pub(crate) struct Shared {
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
     /// The active health-check tasks of the live snapshot's endpoints.
     pub health: HealthChecker,
+    /// The shared HTTP cache of CachePolicy rules, if the proxy has one.
+    pub cache: Option<Arc<crate::HttpCache>>,
 }
