@@ -115,6 +115,10 @@ struct RunArgs {
     /// Slow-client limits of every served Gateway.
     #[command(flatten)]
     client_limits: ClientLimitArgs,
+    /// Memory bound of the shared HTTP cache CachePolicy rules use, for every served
+    /// Gateway together (bytes, or with Ki, Mi, Gi); 0: no cache.
+    #[arg(long, default_value = tollgate_proxy::DEFAULT_CACHE_SIZE, value_parser = tollgate_proxy::parse_cache_size)]
+    cache_size: u64,
 }
 
 #[derive(clap::Args)]
@@ -323,6 +327,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         access_log,
         rate_limit,
         client_limits,
+        cache_size,
     } = args;
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
@@ -344,6 +349,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         access_log,
         rate_limiter: Some(limiter),
         client_limits,
+        http_cache: (cache_size > 0).then(|| tollgate_proxy::HttpCache::new(cache_size, &metrics)),
     };
     let mut runner = Runner::new(&opts, metrics.clone())?;
     runner
@@ -366,6 +372,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .map(tollgate_proxy::read_admin_token)
                 .transpose()?,
+            cache: opts.http_cache.clone(),
         };
         tokio::spawn(async move {
             if let Err(e) = tollgate_proxy::serve_admin_with(listener, m, || true, explain).await {

@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub rate_limiter: Option<RateLimiter>,
     /// Slow-client limits of every served Gateway.
     pub client_limits: ClientLimitArgs,
+    /// The shared HTTP cache every served Gateway's CachePolicy rules use (`None`: none).
+    pub http_cache: Option<Arc<tollgate_proxy::HttpCache>>,
 }
 
 /// One served Gateway.
@@ -74,6 +76,8 @@ pub struct Runner {
     cache: CompileCache,
     /// The served proxies by Gateway, for the admin server's `/debug/explain`.
     explainable: ProxyRegistry,
+    /// One cache, one memory bound, for every served Gateway.
+    http_cache: Option<Arc<tollgate_proxy::HttpCache>>,
 }
 
 /// Proxies by Gateway (`namespace/name`), shared with the admin server.
@@ -99,6 +103,7 @@ impl Runner {
             loaded: false,
             cache: CompileCache::default(),
             explainable: ProxyRegistry::default(),
+            http_cache: opts.http_cache.clone(),
         })
     }
 
@@ -166,6 +171,7 @@ impl Runner {
                     access_log: self.access_log,
                     access_log_settings: self.access_log_settings.clone(),
                     rate_limiter: Some(self.rate_limiter.clone()),
+                    cache: self.http_cache.clone(),
                     ..ProxyOptions::default()
                 };
                 self.client_limits.apply(&mut opts);

@@ -215,6 +215,7 @@ pub fn relevance<K: Resource<DynamicType = ()>>(
             | Kind::AuthPolicy
             | Kind::ClientPolicy
             | Kind::BackendPolicy
+            | Kind::CachePolicy
             | Kind::BackendTrafficPolicy
             | Kind::GatewayParameters
     );
