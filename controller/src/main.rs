@@ -61,6 +61,9 @@ enum Command {
         /// Directory of .yaml/.yml manifests.
         dir: PathBuf,
     },
+    /// The shared HTTP cache of a running proxy.
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Run the Kubernetes controller: watch Gateway API objects, compile them, write their
     /// status (leader only), push tables to proxies and provision them.
     Controller(Box<ControllerArgs>),
@@ -88,6 +91,14 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         docs: Option<PathBuf>,
     },
+}
+
+/// `tollgate cache ...`.
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Remove entries (by host, route or key prefix; all of them when none is given) through
+    /// the admin server's `POST /cache/purge`.
+    Purge(tollgate::cache_cli::PurgeArgs),
 }
 
 /// The arguments of `tollgate run`.
@@ -206,6 +217,25 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Cache(CacheCommand::Purge(args)) => {
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(tollgate::cache_cli::purge(&args)) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Explain(args) => {
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
