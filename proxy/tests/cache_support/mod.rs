@@ -169,6 +169,16 @@ pub struct Cached {
 
 /// A proxy with a 16 MiB cache, one route `/` to `origin` under `rule` (edited by `edit`).
 pub async fn cached(origin: &Origin, rule: CacheRule, edit: impl FnOnce(&mut Route)) -> Cached {
+    cached_with(origin, rule, edit, vec![]).await
+}
+
+/// [`cached`], with `policies` in the table (the route names one with `policy`).
+pub async fn cached_with(
+    origin: &Origin,
+    rule: CacheRule,
+    edit: impl FnOnce(&mut Route),
+    policies: Vec<(&str, tollgate_api::PolicySet)>,
+) -> Cached {
     let metrics = Arc::new(Metrics::new());
     let cache = HttpCache::new(16 << 20, &metrics);
     let proxy = Proxy::new(ProxyOptions {
@@ -179,14 +189,16 @@ pub async fn cached(origin: &Origin, rule: CacheRule, edit: impl FnOnce(&mut Rou
     let mut r = route("site", "/", vec![wb("o", 1)]);
     r.cache = Some(Box::new(rule));
     edit(&mut r);
-    proxy
-        .apply(table(
-            1,
-            vec![http_port(0, vec![r])],
-            vec![("o", backend_at(origin.addr))],
-        ))
-        .await
-        .unwrap();
+    let mut t = table(
+        1,
+        vec![http_port(0, vec![r])],
+        vec![("o", backend_at(origin.addr))],
+    );
+    t.policies = policies
+        .into_iter()
+        .map(|(k, s)| (k.to_owned(), s))
+        .collect();
+    proxy.apply(t).await.unwrap();
     let url = format!("http://{}", proxy.local_addr(0).unwrap());
     Cached {
         proxy,
