@@ -303,3 +303,17 @@ async fn the_key_is_the_routed_host_and_the_kept_query() {
     .await;
     assert_eq!(x_cache(&evil), "MISS");
 }
+
+#[tokio::test]
+async fn an_identity_key_without_an_identity_does_not_share_credentialed_answers() {
+    // The key reads auth.identity, but no AuthPolicy set one: every request's expression is
+    // null, so two clients' credentials must not meet in one entry.
+    let o = origin().await;
+    let mut r = rule();
+    r.expressions = vec!["auth.identity.sub".into()];
+    let c = cached(&o, r, |_| {}).await;
+    let h = (CC, "cache-control: max-age=60");
+    fetch(&c.url, "/id", &[h, ("authorization", "Bearer alice")]).await;
+    let bob = fetch(&c.url, "/id", &[h, ("authorization", "Bearer bob")]).await;
+    assert_eq!((x_cache(&bob), body(&bob).as_str()), ("MISS", "/id #2"));
+}

@@ -109,7 +109,10 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
         method: req.method.clone(),
         request: HeaderMap::new(),
         authorization: req.headers.contains_key(AUTHORIZATION),
-        identity_keyed: rule.expressions.iter().any(|e| e.contains("auth.identity")),
+        // Keyed on the identity only when the policies established one: without it every
+        // expression reads null and all credentials would share one entry.
+        identity_keyed: req.identity.is_some()
+            && rule.expressions.iter().any(|e| e.contains("auth.identity")),
         no_store: request_cc.no_store,
         stale: None,
         revalidating: false,
