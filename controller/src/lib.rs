@@ -3,6 +3,7 @@
 //! `validate`, `compile`, `controller`).
 #![forbid(unsafe_code)]
 
+pub mod cache_cli;
 pub mod compile;
 pub mod crds;
 pub mod demo;

@@ -61,6 +61,9 @@ enum Command {
         /// Directory of .yaml/.yml manifests.
         dir: PathBuf,
     },
+    /// The shared HTTP cache of a running proxy.
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Run the Kubernetes controller: watch Gateway API objects, compile them, write their
     /// status (leader only), push tables to proxies and provision them.
     Controller(Box<ControllerArgs>),
@@ -88,6 +91,14 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         docs: Option<PathBuf>,
     },
+}
+
+/// `tollgate cache ...`.
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Remove entries (by host, route or key prefix; all of them when none is given) through
+    /// the admin server's `POST /cache/purge`.
+    Purge(tollgate::cache_cli::PurgeArgs),
 }
 
 /// The arguments of `tollgate run`.
@@ -118,6 +129,10 @@ struct RunArgs {
     /// OpenTelemetry tracing of every served Gateway.
     #[command(flatten)]
     tracing: tollgate_proxy::otel::TraceArgs,
+    /// Memory bound of the shared HTTP cache CachePolicy rules use, for every served
+    /// Gateway together (bytes, or with Ki, Mi, Gi); 0: no cache.
+    #[arg(long, default_value = tollgate_proxy::DEFAULT_CACHE_SIZE, value_parser = tollgate_proxy::parse_cache_size)]
+    cache_size: u64,
 }
 
 #[derive(clap::Args)]
@@ -205,6 +220,25 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Cache(CacheCommand::Purge(args)) => {
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(tollgate::cache_cli::purge(&args)) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Explain(args) => {
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
@@ -327,6 +361,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         rate_limit,
         client_limits,
         tracing,
+        cache_size,
     } = args;
     if let Some(addr) = demo_backend {
         let (bound, _task) = tollgate::demo::spawn(addr, "demo-backend")
@@ -349,6 +384,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         rate_limiter: Some(limiter),
         client_limits,
         tracing: tracing.settings()?,
+        http_cache: (cache_size > 0).then(|| tollgate_proxy::HttpCache::new(cache_size, &metrics)),
     };
     let mut runner = Runner::new(&opts, metrics.clone())?;
     runner
@@ -371,6 +407,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .map(tollgate_proxy::read_admin_token)
                 .transpose()?,
+            cache: opts.http_cache.clone(),
         };
         tokio::spawn(async move {
             if let Err(e) = tollgate_proxy::serve_admin_with(listener, m, || true, explain).await {

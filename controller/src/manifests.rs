@@ -96,6 +96,7 @@ macro_rules! each_object_list {
         $m!(auth_policies);
         $m!(client_policies);
         $m!(backend_policies);
+        $m!(cache_policies);
         $m!(backend_traffic_policies);
         $m!(backend_tls_policies);
         $m!(gateway_parameters);
@@ -132,6 +133,7 @@ struct Counts {
     auth_policies: usize,
     client_policies: usize,
     backend_policies: usize,
+    cache_policies: usize,
     backend_traffic_policies: usize,
     backend_tls_policies: usize,
     gateway_parameters: usize,
@@ -161,6 +163,7 @@ impl Counts {
             auth_policies: _,
             client_policies: _,
             backend_policies: _,
+            cache_policies: _,
             backend_traffic_policies: _,
             backend_tls_policies: _,
             gateway_parameters: _,

@@ -48,6 +48,8 @@ pub struct RunOptions {
     pub client_limits: ClientLimitArgs,
     /// OpenTelemetry tracing of every served Gateway (`None`: off).
     pub tracing: Option<tollgate_proxy::otel::TraceSettings>,
+    /// The shared HTTP cache every served Gateway's CachePolicy rules use (`None`: none).
+    pub http_cache: Option<Arc<tollgate_proxy::HttpCache>>,
 }
 
 /// One served Gateway.
@@ -77,6 +79,8 @@ pub struct Runner {
     cache: CompileCache,
     /// The served proxies by Gateway, for the admin server's `/debug/explain`.
     explainable: ProxyRegistry,
+    /// One cache, one memory bound, for every served Gateway.
+    http_cache: Option<Arc<tollgate_proxy::HttpCache>>,
 }
 
 /// Proxies by Gateway (`namespace/name`), shared with the admin server.
@@ -103,6 +107,7 @@ impl Runner {
             loaded: false,
             cache: CompileCache::default(),
             explainable: ProxyRegistry::default(),
+            http_cache: opts.http_cache.clone(),
         })
     }
 
@@ -171,6 +176,7 @@ impl Runner {
                     access_log_settings: self.access_log_settings.clone(),
                     rate_limiter: Some(self.rate_limiter.clone()),
                     tracing: self.tracing.clone(),
+                    cache: self.http_cache.clone(),
                     ..ProxyOptions::default()
                 };
                 self.client_limits.apply(&mut opts);

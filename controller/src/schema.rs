@@ -29,6 +29,7 @@ pub const GROUPS: &[&str] = &[
 const OWN_CRDS: &[&str] = &[
     include_str!("../../crds/authpolicies.tollgate.dev.yaml"),
     include_str!("../../crds/backendpolicies.tollgate.dev.yaml"),
+    include_str!("../../crds/cachepolicies.tollgate.dev.yaml"),
     include_str!("../../crds/clientpolicies.tollgate.dev.yaml"),
     include_str!("../../crds/gatewayparameters.tollgate.dev.yaml"),
     include_str!("../../crds/ratelimitpolicies.tollgate.dev.yaml"),

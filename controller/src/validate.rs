@@ -134,6 +134,7 @@ pub fn render(out: &Output) -> String {
         ("AuthPolicy", &out.auth_policies),
         ("ClientPolicy", &out.client_policies),
         ("BackendPolicy", &out.backend_policies),
+        ("CachePolicy", &out.cache_policies),
         ("XBackendTrafficPolicy", &out.backend_traffic_policies),
     ] {
         for (key, st) in statuses {

@@ -11,6 +11,7 @@ fn crds_dir_and_chart_copy_match_the_rust_types() {
         [
             "authpolicies.tollgate.dev.yaml",
             "backendpolicies.tollgate.dev.yaml",
+            "cachepolicies.tollgate.dev.yaml",
             "clientpolicies.tollgate.dev.yaml",
             "gatewayparameters.tollgate.dev.yaml",
             "ratelimitpolicies.tollgate.dev.yaml"

@@ -62,6 +62,7 @@ fn table(backend: std::net::SocketAddr) -> RouteTable {
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     };

@@ -41,6 +41,7 @@ fn route(name: String, path: PathMatch, header: Option<(&str, String)>) -> Route
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     }

@@ -35,7 +35,10 @@ pub struct ExplainAccess {
     /// and go.
     pub proxies: Arc<RwLock<BTreeMap<String, Proxy>>>,
     /// The bearer token callers must send; `None`: loopback callers only, without one.
+    /// `POST /cache/purge` is refused without one.
     pub token: Option<Arc<str>>,
+    /// The shared cache `POST /cache/purge` empties (module `admin_purge`).
+    pub cache: Option<Arc<crate::HttpCache>>,
 }
 
 /// Why an admin token file cannot be used.
@@ -100,7 +103,8 @@ pub async fn serve_admin_with(
         let explain = explain.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
-                let resp = if req.uri().path() == "/debug/explain" {
+                let path = req.uri().path();
+                let resp = if path == "/debug/explain" || path == "/cache/purge" {
                     Err((req, explain.clone()))
                 } else {
                     Ok(answer(&req, &metrics, ready.as_ref()))
@@ -108,6 +112,14 @@ pub async fn serve_admin_with(
                 async move {
                     Ok::<_, std::convert::Infallible>(match resp {
                         Ok(r) => r,
+                        Err((req, access)) if req.uri().path() == "/cache/purge" => {
+                            crate::admin_purge::purge(
+                                req,
+                                access.cache.as_ref(),
+                                access.token.as_deref(),
+                            )
+                            .await
+                        }
                         Err((req, access)) => debug_explain(&req, peer, &access).await,
                     })
                 }

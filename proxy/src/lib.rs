@@ -36,6 +36,7 @@
 
 mod access_log;
 mod admin;
+mod admin_purge;
 mod downstream;
 mod error;
 pub mod explain;
@@ -64,6 +65,7 @@ pub use access_log::{
 };
 pub use admin::{AdminTokenError, ExplainAccess, read_admin_token, serve_admin, serve_admin_with};
 pub use error::{ProxyError, Result};
+pub use lifecycle::cache::{DEFAULT_CACHE_SIZE, HttpCache, Purge, parse_cache_size};
 pub use limit_args::ClientLimitArgs;
 pub use metrics::Metrics;
 pub use proxy::{Proxy, ProxyOptions};

@@ -21,7 +21,8 @@ use tollgate_api::{ObjectKey, RouteTable};
 use tollgate_proxy::policy::RateLimitArgs;
 use tollgate_proxy::subscribe::{self, SubscribeConfig};
 use tollgate_proxy::{
-    AccessLogArgs, ClientLimitArgs, ExplainAccess, Metrics, Proxy, ProxyOptions, serve_admin_with,
+    AccessLogArgs, ClientLimitArgs, ExplainAccess, HttpCache, Metrics, Proxy, ProxyOptions,
+    serve_admin_with,
 };
 
 /// jemalloc: the request path allocates a few buffers per request (hyper's read buffers, header
@@ -62,6 +63,10 @@ struct Args {
     /// without it, only loopback callers are answered.
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
+    /// Memory bound of the shared HTTP cache CachePolicy rules use (bytes, or with Ki, Mi,
+    /// Gi); 0: no cache.
+    #[arg(long, default_value = tollgate_proxy::DEFAULT_CACHE_SIZE, value_parser = tollgate_proxy::parse_cache_size)]
+    cache_size: u64,
     /// Access log.
     #[command(flatten)]
     access_log: AccessLogArgs,
@@ -115,6 +120,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     options.rate_limiter = Some(options.rate_limiter(args.rate_limit.storage()?)?);
     args.client_limits.apply(&mut options);
     options.tracing = args.tracing.settings()?;
+    options.cache = (args.cache_size > 0).then(|| HttpCache::new(args.cache_size, &metrics));
+    let cache = options.cache.clone();
     let proxy = Proxy::new(options);
     let token = match &args.admin_token_file {
         Some(path) => Some(tollgate_proxy::read_admin_token(path)?),
@@ -156,6 +163,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             [(gateway_key, proxy.clone())].into_iter().collect(),
         )),
         token,
+        cache,
     };
     tokio::spawn(async move {
         if let Err(e) = serve_admin_with(admin, metrics, move || ready(), explain).await {

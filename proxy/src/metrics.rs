@@ -21,8 +21,10 @@ use crate::lifecycle::policy::decisions::PolicyDecisions;
 use crate::lifecycle::policy::ratelimit::RateLimitMetrics;
 
 mod backend;
+mod cache;
 mod compression;
 pub(crate) use backend::BackendMetrics;
+pub(crate) use cache::CacheMetrics;
 pub(crate) use compression::{CompressionCounters, CompressionMetrics};
 
 /// Labels of `tollgate_requests_total`.
@@ -138,6 +140,7 @@ pub struct Metrics {
     policy_decisions: PolicyDecisions,
     backend: BackendMetrics,
     compression: CompressionMetrics,
+    cache: CacheMetrics,
 }
 
 /// The metric handles of one route label, resolved once so a request records its outcome
@@ -391,6 +394,8 @@ impl Metrics {
         backend.register(&mut registry);
         let compression = CompressionMetrics::new();
         compression.register(&mut registry);
+        let cache = CacheMetrics::new();
+        cache.register(&mut registry);
         let no_route = Arc::new(RouteMetrics::new(NO_ROUTE, &requests, &durations));
         Self {
             auth,
@@ -398,6 +403,7 @@ impl Metrics {
             policy_decisions,
             backend,
             compression,
+            cache,
             registry,
             no_route,
             routes: Mutex::new(FastMap::default()),
@@ -428,6 +434,11 @@ impl Metrics {
     /// Backend metrics: retries, the circuit breaker, outlier detection, health checks.
     pub(crate) fn backend(&self) -> &BackendMetrics {
         &self.backend
+    }
+
+    /// The shared cache's handles.
+    pub(crate) fn cache(&self) -> &CacheMetrics {
+        &self.cache
     }
 
     /// The compression counters of one algorithm.

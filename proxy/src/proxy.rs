@@ -109,6 +109,9 @@ pub struct ProxyOptions {
     /// unreachable mirror backend cannot pile up tasks, sockets and buffered bodies. Default
     /// 1024.
     pub max_mirrors_in_flight: usize,
+    /// The shared HTTP cache CachePolicy rules use (one memory bound, shareable by several
+    /// proxies); `None`: no answer is cached and such rules are served as without one.
+    pub cache: Option<Arc<crate::HttpCache>>,
 }
 
 impl ProxyOptions {
@@ -140,6 +143,7 @@ impl Default for ProxyOptions {
             udp_flow_idle_timeout: Duration::from_secs(60),
             udp_max_flows: 4096,
             max_mirrors_in_flight: 1024,
+            cache: None,
             request_body_idle_timeout: Duration::from_secs(60),
             request_body_timeout: Duration::from_secs(300),
             request_body_min_rate: 256,
@@ -239,6 +243,7 @@ impl Proxy {
             idle: Notify::new(),
             per_client: Arc::default(),
             mirror_slots: Arc::new(tokio::sync::Semaphore::new(opts.max_mirrors_in_flight)),
+            cache: opts.cache,
         };
         Self {
             inner: Arc::new(Inner {

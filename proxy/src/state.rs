@@ -89,4 +89,6 @@ pub(crate) struct Shared {
     pub health: HealthChecker,
     /// OpenTelemetry tracing; `None`: off.
     pub tracer: Option<Arc<crate::otel::Tracer>>,
+    /// The shared HTTP cache of CachePolicy rules, if the proxy has one.
+    pub cache: Option<Arc<crate::HttpCache>>,
 }

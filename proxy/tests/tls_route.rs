@@ -131,6 +131,7 @@ fn route(name: &str, backend: &str) -> Route {
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     }

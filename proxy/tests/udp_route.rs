@@ -79,6 +79,7 @@ fn route(name: &str, backends: &[(&str, u32)]) -> Route {
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     }

@@ -225,6 +225,7 @@ fn add(
         ("tollgate.dev", "AuthPolicy") => push!(auth_policies),
         ("tollgate.dev", "ClientPolicy") => push!(client_policies),
         ("tollgate.dev", "BackendPolicy") => push!(backend_policies),
+        ("tollgate.dev", "CachePolicy") => push!(cache_policies),
         ("tollgate.dev", "GatewayParameters") => push!(gateway_parameters),
         ("gateway.networking.x-k8s.io", "XBackendTrafficPolicy") => {
             push!(backend_traffic_policies)

@@ -64,7 +64,7 @@ use serde::Serialize;
 use tollgate_api::{ObjectKey, RouteTable};
 
 use crate::crds::{
-    AuthPolicy, BackendPolicy, ClientPolicy, GatewayParameters, GatewayParametersSpec,
+    AuthPolicy, BackendPolicy, CachePolicy, ClientPolicy, GatewayParameters, GatewayParametersSpec,
     PolicyStatus, RateLimitPolicy,
 };
 use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
@@ -118,6 +118,8 @@ pub struct Inputs {
     pub client_policies: Objects<ClientPolicy>,
     /// BackendPolicies.
     pub backend_policies: Objects<BackendPolicy>,
+    /// CachePolicies.
+    pub cache_policies: Objects<CachePolicy>,
     /// XBackendTrafficPolicies (retry budgets, session persistence).
     pub backend_traffic_policies: Objects<XBackendTrafficPolicy>,
     /// BackendTLSPolicies.
@@ -168,6 +170,7 @@ impl Inputs {
             auth_policies: Objects::new(),
             client_policies: Objects::new(),
             backend_policies: Objects::new(),
+            cache_policies: Objects::new(),
             backend_traffic_policies: Objects::new(),
             backend_tls_policies: Objects::new(),
             gateway_parameters: Objects::new(),
@@ -199,6 +202,7 @@ impl Inputs {
         self.auth_policies.extend(other.auth_policies);
         self.client_policies.extend(other.client_policies);
         self.backend_policies.extend(other.backend_policies);
+        self.cache_policies.extend(other.cache_policies);
         self.backend_traffic_policies
             .extend(other.backend_traffic_policies);
         self.backend_tls_policies.extend(other.backend_tls_policies);
@@ -278,6 +282,12 @@ pub struct Output {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub backend_policies: BTreeMap<ObjectKey, PolicyStatus>,
+    /// Status of every CachePolicy.
+    #[serde(
+        serialize_with = "output::keyed",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub cache_policies: BTreeMap<ObjectKey, PolicyStatus>,
     /// Status of every XBackendTrafficPolicy (its `ancestors` are what the API takes).
     #[serde(
         serialize_with = "output::keyed",
@@ -396,6 +406,14 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
             p.client = settings;
         }
     }
+    let cache_policies = policies::cache::compile_cache_policies(
+        &inputs.cache_policies,
+        &client_gateways(&gateways),
+        &client_routes(&gateways, &routes),
+        &existing_targets(inputs),
+        now,
+    );
+    policies::cache::apply(&mut tables, &cache_policies);
     let backend_policies =
         policies::backend::apply(&inputs.backend_policies, &idx, &mut tables, now);
     let backend_traffic_policies =
@@ -409,7 +427,23 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
             .or_default()
             .extend(by);
     }
-    for ((route, gw), by) in std::mem::take(&mut client.affecting_routes) {
+    let policies::cache::CachePolicies {
+        status: cache_status,
+        affecting_routes: cache_routes,
+        affecting_gateways: cache_gateways,
+        ..
+    } = cache_policies;
+    for (gw, by) in cache_gateways {
+        policies
+            .affecting_gateways
+            .entry(gw)
+            .or_default()
+            .extend(by);
+    }
+    for ((route, gw), by) in cache_routes
+        .into_iter()
+        .chain(std::mem::take(&mut client.affecting_routes))
+    {
         policies
             .affecting_routes
             .entry((RouteKind::Http.as_str(), route, gw))
@@ -512,6 +546,7 @@ fn compile_with(inputs: &Inputs, mut cache: Option<&mut CompileCache>) -> Output
         auth_policies: policies.auth_status,
         client_policies: client.status,
         backend_policies,
+        cache_policies: cache_status,
         backend_traffic_policies,
         backend_tls_policies,
         parameters,
@@ -699,7 +734,12 @@ fn affected(
     now: &Time,
 ) {
     let conds = conditions::Conds::new(generation, now);
-    for kind in ["AuthPolicy", "ClientPolicy", "RateLimitPolicy"] {
+    for kind in [
+        "AuthPolicy",
+        "CachePolicy",
+        "ClientPolicy",
+        "RateLimitPolicy",
+    ] {
         let names: Vec<String> = by
             .iter()
             .filter(|(k, _)| *k == kind)

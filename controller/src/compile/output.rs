@@ -118,6 +118,7 @@ impl Output {
             ("AuthPolicy", &self.auth_policies),
             ("ClientPolicy", &self.client_policies),
             ("BackendPolicy", &self.backend_policies),
+            ("CachePolicy", &self.cache_policies),
             ("XBackendTrafficPolicy", &self.backend_traffic_policies),
         ] {
             for (key, s) in statuses {

@@ -267,6 +267,7 @@ fn host_routes(
                     max_request_body_bytes: client.max_request_body_bytes,
                     compression_disabled: client.compression_disabled,
                     grpc_web: r.kind == RouteKind::Grpc,
+                    cache: None,
                 };
                 entries.push((key, entry));
             }

@@ -1,5 +1,5 @@
-//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy, ClientPolicy, BackendPolicy and
-//! GatewayParameters (group `tollgate.dev`, `v1alpha1`).
+//! Tollgate's own CRDs: RateLimitPolicy, AuthPolicy, ClientPolicy, BackendPolicy,
+//! CachePolicy and GatewayParameters (group `tollgate.dev`, `v1alpha1`).
 //!
 //! In: nothing. Out: the Rust types (serde + JSON schema) the controller watches and the
 //! compiler reads, and [`crd_yaml`], the CRD manifests `tollgate crdgen` writes to crds/.
@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod backend;
+pub mod cache;
 pub mod client;
 pub mod common;
 pub mod external;
@@ -17,6 +18,7 @@ pub mod reference;
 
 pub use auth::{AuthPolicy, AuthPolicySpec};
 pub use backend::{BackendPolicy, BackendPolicySpec};
+pub use cache::{CachePolicy, CachePolicySpec};
 pub use client::{ClientPolicy, ClientPolicySpec};
 pub use common::{PolicyStatus, Predicate, Strategy, TargetRef};
 pub use parameters::{GatewayParameters, GatewayParametersSpec};
@@ -29,11 +31,12 @@ pub const GROUP: &str = "tollgate.dev";
 
 /// Every CRD as the API server gets it, sorted by name.
 pub fn crds()
--> [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; 5]
+-> [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; 6]
 {
     let mut crds = [
         AuthPolicy::crd(),
         BackendPolicy::crd(),
+        CachePolicy::crd(),
         ClientPolicy::crd(),
         GatewayParameters::crd(),
         RateLimitPolicy::crd(),

@@ -134,6 +134,7 @@ pub fn table_with_path(endpoints: &[SocketAddr], path: PathMatch) -> RouteTable 
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     };

@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub mod backend;
 pub mod backend_tls;
+pub mod cache;
 pub mod client;
 pub mod external;
 pub mod policy;
@@ -269,6 +270,10 @@ pub struct Route {
     /// to gRPC for the backend and their answers back: set on every GRPCRoute rule.
     #[serde(default, skip_serializing_if = "is_false")]
     pub grpc_web: bool,
+    /// The rule's answers go through the proxy's shared cache (a CachePolicy); `None`:
+    /// never cached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Box<cache::CacheRule>>,
 }
 
 /// When to send a request upstream again (HTTPRoute `rules[].retry`, GEP-1731). A failed
@@ -287,7 +292,7 @@ pub struct Retry {
     pub codes: Vec<u16>,
 }
 
-fn is_false(b: &bool) -> bool {
+pub(crate) fn is_false(b: &bool) -> bool {
     !*b
 }
 
@@ -677,6 +682,7 @@ mod tests {
             max_request_body_bytes: None,
             compression_disabled: false,
             grpc_web: false,
+            cache: None,
             retry: Some(Retry {
                 attempts: 2,
                 backoff_ms: 25,

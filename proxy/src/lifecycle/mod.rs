@@ -13,6 +13,7 @@
 pub(crate) mod affinity;
 pub(crate) mod answer;
 pub(crate) mod body;
+pub(crate) mod cache;
 pub(crate) mod call;
 pub(crate) mod client;
 pub(crate) mod compress;

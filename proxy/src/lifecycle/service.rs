@@ -47,6 +47,7 @@ use crate::downstream::pace::BodyPace;
 use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
 use crate::lifecycle::body::{BodyFault, ProxyBody};
+use crate::lifecycle::cache;
 use crate::lifecycle::call::{Call, Failure, failure_response};
 use crate::lifecycle::cost_body::{self, BodyCost};
 pub(crate) use crate::lifecycle::ctx::ProxyResponse;
@@ -318,6 +319,19 @@ async fn proxy<'s>(
         (a, b) => a.or(b),
     };
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
+    // Phase 3b: the shared cache (module `cache`), after the policies: a hit is authorized
+    // and counted as any request.
+    let mut fill = None;
+    if let (Some(rule), Some(store)) = (route.cache.as_deref(), &shared.cache) {
+        match cache::look(store, rule, cache_request(ctx, &mut parts, &view, deadline)).await {
+            cache::Look::Answer(mut resp) => {
+                cache::response_filters(&ctx.plan, ctx.origin.as_ref(), resp.headers_mut());
+                ctx.done.upstream_answered = true;
+                return decorate(ctx, resp);
+            }
+            cache::Look::Fetch(f) => fill = Some(f),
+        }
+    }
     let balancer = match pick_backend(snapshot, &route.backends, &mut parts, &view, &mut ctx.plan) {
         Ok(b) => b,
         Err(resp) => return *resp,
@@ -327,7 +341,7 @@ async fn proxy<'s>(
     if let Some(breaker) = &balancer.breaker {
         match Box::pin(admit(shared, breaker, deadline)).await {
             Ok(a) => ctx.done.admission = Some(a),
-            Err(resp) => return *resp,
+            Err(resp) => return cache::finish_failed(fill, *resp, &ctx.plan, ctx.origin.as_ref()),
         }
     }
     let caller = affinity::Caller {
@@ -340,7 +354,7 @@ async fn proxy<'s>(
         session,
     } = match pick_endpoint(shared, balancer, route, &parts, &view, caller) {
         Ok(picked) => picked,
-        Err(resp) => return *resp,
+        Err(resp) => return cache::finish_failed(fill, *resp, &ctx.plan, ctx.origin.as_ref()),
     };
 
     // Phase 5: forward. A gRPC-Web call on a GRPCRoute goes to the backend as gRPC, its
@@ -420,15 +434,29 @@ async fn proxy<'s>(
     ctx.done.upstream_answered = result.is_ok();
     let mut resp = match result {
         // Phase 6.
-        Ok(resp) => ctx.answer(resp),
+        Ok(resp) => {
+            if let Some(f) = fill.as_mut() {
+                f.observe(resp.status(), resp.headers());
+            }
+            ctx.answer(resp)
+        }
         Err(f) => failure_response(shared, f, fault.as_deref()),
     };
+    if let Some(f) = fill {
+        resp = f.finish(resp, &ctx.plan, ctx.origin.as_ref());
+    }
     if let Some(cookie) = set_cookie {
         resp.headers_mut().append(http::header::SET_COOKIE, cookie);
     }
     if let Some((name, value)) = session_field {
         resp.headers_mut().append(name, value);
     }
+    decorate(ctx, resp)
+}
+
+/// What every answer past the policy phase carries for this request: its rate-limit
+/// headers and the authentication's cookies and headers.
+fn decorate(ctx: &mut RequestCtx<'_>, mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
     if let Some(decision) = &ctx.rate_limit {
         decision.insert_headers(resp.headers_mut());
     }
@@ -439,6 +467,31 @@ async fn proxy<'s>(
         resp.headers_mut().append(name, value);
     }
     resp
+}
+
+/// The request as the cache reads it (phase 3b).
+fn cache_request<'a>(
+    ctx: &'a RequestCtx<'_>,
+    parts: &'a mut Parts,
+    view: &'a RequestView<'_>,
+    deadline: Option<tokio::time::Instant>,
+) -> cache::Request<'a> {
+    cache::Request {
+        method: &parts.method,
+        headers: &mut parts.headers,
+        scheme: view.scheme,
+        host: view.host,
+        target: ctx.plan.path_and_query.as_deref().unwrap_or(
+            parts
+                .uri
+                .path_and_query()
+                .map_or("/", http::uri::PathAndQuery::as_str),
+        ),
+        identity: ctx.identity.as_ref(),
+        source: ctx.source().0,
+        route: ctx.done.route.clone(),
+        deadline,
+    }
 }
 
 /// True for a CORS preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`)

@@ -239,6 +239,7 @@ pub fn route(name: &str, prefix: &str, backends: Vec<WeightedBackend>) -> Route 
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     }

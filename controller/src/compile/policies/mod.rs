@@ -24,6 +24,7 @@
 pub mod auth;
 pub mod backend;
 pub mod basic;
+pub mod cache;
 pub mod client;
 mod client_fields;
 pub mod external;

@@ -78,6 +78,7 @@ pub fn final_status(
             .values_mut()
             .chain(out.auth_policies.values_mut())
             .chain(out.client_policies.values_mut())
+            .chain(out.cache_policies.values_mut())
         {
             enforced(st, &programmed);
         }
@@ -148,6 +149,7 @@ macro_rules! on_object {
             "AuthPolicy" => s.auth_policies.get(&r!()).and_then(|$o| $e),
             "ClientPolicy" => s.client_policies.get(&r!()).and_then(|$o| $e),
             "BackendPolicy" => s.backend_policies.get(&r!()).and_then(|$o| $e),
+            "CachePolicy" => s.cache_policies.get(&r!()).and_then(|$o| $e),
             "BackendTLSPolicy" => s.backend_tls_policies.get(&r!()).and_then(|$o| $e),
             "XBackendTrafficPolicy" => s.backend_traffic_policies.get(&r!()).and_then(|$o| $e),
             _ => s.http_routes.get(&r!()).and_then(|$o| $e),

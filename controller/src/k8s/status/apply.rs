@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::{API_VERSION, NewRejection, StatusWrite, live, policy_statuses};
 use crate::compile::conditions::{ACCEPTED, PROGRAMMED, RESOLVED_REFS};
-use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, RateLimitPolicy};
+use crate::crds::{AuthPolicy, BackendPolicy, CachePolicy, ClientPolicy, RateLimitPolicy};
 use crate::k8s::route_status::{apply_route, route_rejections};
 use crate::k8s::stores::Stores;
 use gateway_types::gateways::GatewayStatus;
@@ -138,6 +138,7 @@ pub fn new_rejections(write: &StatusWrite, stores: &Stores) -> Vec<NewRejection>
                 "RateLimitPolicy" => policy_statuses(&stores.rate_limit_policies).remove(key),
                 "ClientPolicy" => policy_statuses(&stores.client_policies).remove(key),
                 "BackendPolicy" => policy_statuses(&stores.backend_policies).remove(key),
+                "CachePolicy" => policy_statuses(&stores.cache_policies).remove(key),
                 _ => policy_statuses(&stores.auth_policies).remove(key),
             }
             .unwrap_or_default();
@@ -254,6 +255,10 @@ pub async fn apply(client: &Client, write: &StatusWrite, manager: &str) -> Resul
                     .await?;
             } else if *kind == "ClientPolicy" {
                 Api::<ClientPolicy>::namespaced(client.clone(), &key.namespace)
+                    .patch_status(&key.name, &pp, &patch)
+                    .await?;
+            } else if *kind == "CachePolicy" {
+                Api::<CachePolicy>::namespaced(client.clone(), &key.namespace)
                     .patch_status(&key.name, &pp, &patch)
                     .await?;
             } else if *kind == "BackendPolicy" {

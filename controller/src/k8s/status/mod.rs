@@ -35,7 +35,9 @@ pub use super::route_status::RouteStatusKind;
 use super::route_status::plan_routes;
 use super::stores::Stores;
 use crate::compile::Output;
-use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, PolicyStatus, RateLimitPolicy};
+use crate::crds::{
+    AuthPolicy, BackendPolicy, CachePolicy, ClientPolicy, PolicyStatus, RateLimitPolicy,
+};
 
 /// Field manager of status writes of the default controller; every controller writes status
 /// as its own controller name (see [`apply`]), so two Tollgate controllers with different
@@ -278,6 +280,11 @@ pub fn plan(out: &Output, stores: &Stores, controller_name: &str) -> Vec<StatusW
             &out.backend_policies,
             policy_statuses(&stores.backend_policies),
         ),
+        (
+            "CachePolicy",
+            &out.cache_policies,
+            policy_statuses(&stores.cache_policies),
+        ),
     ] {
         for (key, desired) in desired_all {
             let Some(old) = store.get(key) else {
@@ -408,6 +415,10 @@ fn store_meta(
             .backend_policies
             .get(&ObjectRef::new(name).within(ns))
             .map(|o| o.meta().clone()),
+        "CachePolicy" => stores
+            .cache_policies
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|o| o.meta().clone()),
         _ => stores
             .auth_policies
             .get(&ObjectRef::new(name).within(ns))
@@ -448,6 +459,12 @@ impl HasPolicyStatus for RateLimitPolicy {
 }
 
 impl HasPolicyStatus for BackendPolicy {
+    fn policy_status(&self) -> Option<&PolicyStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl HasPolicyStatus for CachePolicy {
     fn policy_status(&self) -> Option<&PolicyStatus> {
         self.status.as_ref()
     }

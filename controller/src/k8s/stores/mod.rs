@@ -66,7 +66,9 @@ use super::optional::{Verdict, probe, verdict};
 use super::referenced::{DATA_OMITTED, Referenced, trim};
 use crate::compile::policies::auth::CREDENTIAL_LABEL;
 use crate::compile::{Inputs, Objects};
-use crate::crds::{AuthPolicy, BackendPolicy, ClientPolicy, GatewayParameters, RateLimitPolicy};
+use crate::crds::{
+    AuthPolicy, BackendPolicy, CachePolicy, ClientPolicy, GatewayParameters, RateLimitPolicy,
+};
 use gateway_types::experimental::xbackendtrafficpolicies::XBackendTrafficPolicy;
 
 /// The kinds the controller watches.
@@ -106,6 +108,8 @@ pub enum Kind {
     ClientPolicy,
     /// tollgate.dev BackendPolicy.
     BackendPolicy,
+    /// tollgate.dev CachePolicy.
+    CachePolicy,
     /// gateway.networking.x-k8s.io XBackendTrafficPolicy.
     BackendTrafficPolicy,
     /// core Secret labelled `tollgate.dev/credential` (API keys, introspection clients).
@@ -139,6 +143,7 @@ impl Kind {
             Self::AuthPolicy => "AuthPolicy",
             Self::ClientPolicy => "ClientPolicy",
             Self::BackendPolicy => "BackendPolicy",
+            Self::CachePolicy => "CachePolicy",
             Self::BackendTrafficPolicy => "XBackendTrafficPolicy",
             Self::CredentialSecret => "CredentialSecret",
             Self::ConfigMap => "ConfigMap",
@@ -225,6 +230,8 @@ pub struct Stores {
     pub client_policies: Store<Lenient<ClientPolicy>>,
     /// BackendPolicies.
     pub backend_policies: Store<Lenient<BackendPolicy>>,
+    /// CachePolicies.
+    pub cache_policies: Store<Lenient<CachePolicy>>,
     /// XBackendTrafficPolicies.
     pub backend_traffic_policies: Store<Lenient<XBackendTrafficPolicy>>,
     /// Secrets labelled [`CREDENTIAL_LABEL`].
@@ -341,6 +348,14 @@ impl Stores {
             OPTIONAL_RETRY,
         );
         tasks.push(t);
+        // Leaving CachePolicies out weakens no access rule either: answers go uncached.
+        let (cache_policies, t) = w(Kind::CachePolicy).spawn_optional(
+            Api::all(client.clone()),
+            cfg(),
+            Optional::Forgiving,
+            OPTIONAL_RETRY,
+        );
+        tasks.push(t);
         // Leaving BackendPolicies out weakens no access rule: a cluster without the CRD
         // (or RBAC for it) is served as before the kind existed.
         let (backend_policies, t) = w(Kind::BackendPolicy).spawn_optional(
@@ -388,6 +403,7 @@ impl Stores {
             auth_policies,
             client_policies,
             backend_policies,
+            cache_policies,
             backend_traffic_policies,
             credential_secrets,
             config_maps,
@@ -418,6 +434,7 @@ impl Stores {
         self.auth_policies.wait_until_ready().await?;
         self.client_policies.wait_until_ready().await?;
         self.backend_policies.wait_until_ready().await?;
+        self.cache_policies.wait_until_ready().await?;
         self.backend_traffic_policies.wait_until_ready().await?;
         self.gateway_parameters.wait_until_ready().await?;
         self.credential_secrets.wait_until_ready().await?;
@@ -459,6 +476,7 @@ impl Stores {
         inputs.auth_policies = well_formed(&self.auth_policies);
         inputs.client_policies = well_formed(&self.client_policies);
         inputs.backend_policies = well_formed(&self.backend_policies);
+        inputs.cache_policies = well_formed(&self.cache_policies);
         inputs.backend_traffic_policies = well_formed(&self.backend_traffic_policies);
         inputs.gateway_parameters = well_formed(&self.gateway_parameters);
         inputs

@@ -215,6 +215,7 @@ pub fn relevance<K: Resource<DynamicType = ()> + Clone>(
             | Kind::AuthPolicy
             | Kind::ClientPolicy
             | Kind::BackendPolicy
+            | Kind::CachePolicy
             | Kind::BackendTrafficPolicy
             | Kind::GatewayParameters
     );

@@ -26,6 +26,7 @@ pub(crate) fn mk_route(name: &str, path: PathMatch) -> Route {
         max_request_body_bytes: None,
         compression_disabled: false,
         grpc_web: false,
+        cache: None,
         retry: None,
         session: None,
     }

@@ -1,0 +1,226 @@
+//! A stored answer. In: the upstream's status, headers (hop-by-hop fields removed) and
+//! whole body, with when it was asked and answered. Out: its age and freshness now
+//! (RFC 9111 §4.2), the answer it gives a client (with `Age` and `X-Cache`, or a 304 for
+//! the client's own conditional request), and the conditional fields that revalidate it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{AGE, CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+
+use super::control::{Directives, date};
+use crate::lifecycle::body::{ProxyBody, empty, full};
+
+/// `X-Cache`: how the answer was found.
+pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+
+/// What one stored answer holds.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub directives: Directives,
+    /// Its age when it arrived (§4.2.3 `corrected_initial_age`).
+    pub initial_age: Duration,
+    /// When it arrived (resident time runs from here).
+    pub stored: Instant,
+    /// Freshness lifetime, already capped by the rule's `maxTTL`.
+    pub lifetime: Duration,
+    /// How long past freshness it may answer while being refreshed, or when the upstream fails.
+    pub stale_while_revalidate: Duration,
+    pub stale_if_error: Duration,
+    /// The normalized host and the route label, for purges.
+    pub host: Arc<str>,
+    pub route: Option<Arc<str>>,
+    /// Stored in answer to a request with `Authorization` under an identity key, or one
+    /// whose answer allowed it: such requests may be answered from it.
+    pub authorized_ok: bool,
+}
+
+/// How fresh an entry is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    Fresh,
+    /// Stale, within `staleWhileRevalidate`.
+    StaleRevalidate,
+    /// Stale, within `staleIfError` only.
+    StaleIfError,
+    /// Stale beyond every window (or not to be served stale at all).
+    Stale,
+}
+
+impl Entry {
+    /// Bytes the entry holds, for the memory bound.
+    pub(crate) fn weight(&self) -> u64 {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .sum();
+        (self.body.len() + headers + 256) as u64
+    }
+
+    /// Its current age (§4.2.3 `current_age`).
+    pub(crate) fn age(&self) -> Duration {
+        self.initial_age + self.stored.elapsed()
+    }
+
+    pub(crate) fn freshness(&self) -> Freshness {
+        let age = self.age();
+        // `no-cache`: every use is a revalidation (§5.2.2.4).
+        if age < self.lifetime && !self.directives.no_cache {
+            return Freshness::Fresh;
+        }
+        if self.directives.no_stale() || self.directives.no_cache {
+            return Freshness::Stale;
+        }
+        let past = age.saturating_sub(self.lifetime);
+        if past < self.stale_while_revalidate {
+            Freshness::StaleRevalidate
+        } else if past < self.stale_if_error {
+            Freshness::StaleIfError
+        } else {
+            Freshness::Stale
+        }
+    }
+
+    /// Within `staleIfError` now (an upstream failure may be answered from it).
+    pub(crate) fn serves_on_error(&self) -> bool {
+        !self.directives.no_stale()
+            && !self.directives.no_cache
+            && self.age().saturating_sub(self.lifetime) < self.stale_if_error
+    }
+
+    /// It has a validator to revalidate with.
+    pub(crate) fn validators(&self) -> bool {
+        self.headers.contains_key(ETAG) || self.headers.contains_key(LAST_MODIFIED)
+    }
+
+    /// Sets the request's conditional fields to revalidate this entry (the client's own
+    /// are answered from the entry afterwards, module `flow`).
+    pub(crate) fn revalidate(&self, request: &mut HeaderMap) {
+        request.remove(IF_NONE_MATCH);
+        request.remove(IF_MODIFIED_SINCE);
+        request.remove(http::header::IF_MATCH);
+        request.remove(http::header::IF_UNMODIFIED_SINCE);
+        if let Some(etag) = self.headers.get(ETAG) {
+            request.insert(IF_NONE_MATCH, etag.clone());
+        }
+        if let Some(lm) = self.headers.get(LAST_MODIFIED) {
+            request.insert(IF_MODIFIED_SINCE, lm.clone());
+        }
+    }
+
+    /// A copy refreshed by a 304 (§4.3.4): its headers updated from the 304's (but not the
+    /// framing), its age starting again.
+    pub(crate) fn refreshed(&self, not_modified: &HeaderMap, fresh: Fresh) -> Entry {
+        let mut headers = self.headers.clone();
+        for name in not_modified.keys() {
+            if name == CONTENT_LENGTH || *name == http::header::TRANSFER_ENCODING {
+                continue;
+            }
+            headers.remove(name);
+            for v in not_modified.get_all(name) {
+                headers.append(name.clone(), v.clone());
+            }
+        }
+        let directives = Directives::parse(&headers);
+        Entry {
+            status: self.status,
+            headers,
+            body: self.body.clone(),
+            directives,
+            initial_age: fresh.initial_age,
+            stored: Instant::now(),
+            lifetime: fresh.lifetime,
+            stale_while_revalidate: self.stale_while_revalidate,
+            stale_if_error: self.stale_if_error,
+            host: self.host.clone(),
+            route: self.route.clone(),
+            authorized_ok: self.authorized_ok,
+        }
+    }
+
+    /// The answer to `method` with `X-Cache: outcome`: the stored one, or 304 when the
+    /// client's own conditional fields match it (RFC 9110 §13.1.2, §13.1.3).
+    pub(crate) fn answer(
+        &self,
+        method: &Method,
+        request: &HeaderMap,
+        outcome: &'static str,
+    ) -> Response<ProxyBody> {
+        let not_modified = self.matches_conditional(request);
+        let body = if not_modified || *method == Method::HEAD {
+            empty()
+        } else {
+            full(self.body.clone())
+        };
+        let mut resp = Response::new(body);
+        *resp.status_mut() = if not_modified {
+            StatusCode::NOT_MODIFIED
+        } else {
+            self.status
+        };
+        let h = resp.headers_mut();
+        h.clone_from(&self.headers);
+        if not_modified {
+            h.remove(CONTENT_LENGTH);
+        }
+        h.insert(AGE, HeaderValue::from(self.age().as_secs()));
+        h.insert(X_CACHE.clone(), HeaderValue::from_static(outcome));
+        resp
+    }
+
+    /// The client's `If-None-Match` (weak comparison) or, without it, `If-Modified-Since`
+    /// holds for this 200: the answer is 304.
+    fn matches_conditional(&self, request: &HeaderMap) -> bool {
+        if self.status != StatusCode::OK {
+            return false;
+        }
+        if request.contains_key(IF_NONE_MATCH) {
+            let Some(etag) = self.headers.get(ETAG).and_then(|v| v.to_str().ok()) else {
+                return false;
+            };
+            let weak = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+            let ours = weak(etag);
+            return request
+                .get_all(IF_NONE_MATCH)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .any(|t| t.trim() == "*" || weak(t) == ours);
+        }
+        match (
+            date(request, IF_MODIFIED_SINCE),
+            date(&self.headers, LAST_MODIFIED),
+        ) {
+            (Some(since), Some(modified)) => modified <= since,
+            _ => false,
+        }
+    }
+}
+
+/// Freshness of an answer as it arrives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fresh {
+    pub initial_age: Duration,
+    pub lifetime: Duration,
+}
+
+impl Fresh {
+    /// `lifetime` capped by `max`, with the age of an answer asked at `asked`.
+    pub(crate) fn new(
+        headers: &HeaderMap,
+        lifetime: Duration,
+        max: Option<Duration>,
+        asked: SystemTime,
+    ) -> Self {
+        Self {
+            initial_age: super::control::initial_age(headers, asked, SystemTime::now()),
+            lifetime: max.map_or(lifetime, |m| lifetime.min(m)),
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The cache's decisions for one request. In: the request as routing and the policies left
+//! it ([`Request`]), its rule's [`CacheRule`]. Out: [`Look::Answer`], an answer from the
+//! store, or [`Look::Fetch`], a [`Fill`] that goes with the request upstream and, given the
+//! answer (or the gateway's own error), stores it, refreshes the entry it revalidated, or
+//! answers with a stale entry when the upstream failed.
+//!
+//! Bypassed (never looked up, never stored, `X-Cache: BYPASS`): methods the rule does not
+//! list, `Range` requests, upgrades, a request's `no-store`, a key expression that does not
+//! compile. A request with `Authorization` is answered only from entries that allow it
+//! (RFC 9111 §3.5: `public`, `s-maxage`, `must-revalidate`) unless the key holds the
+//! identity (an expression reading `auth.identity`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, RANGE, SET_COOKIE, UPGRADE};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use tollgate_api::cache::CacheRule;
+
+use super::control::{Directives, lifetime, understood};
+use super::entry::{Entry, Fresh, Freshness, X_CACHE};
+use super::fill::{Pending, StoreBody};
+use super::flight::{Lead, lead_or_wait};
+use super::{HttpCache, Slot, key};
+use crate::lifecycle::answer::status;
+use crate::lifecycle::body::ProxyBody;
+use crate::lifecycle::ctx::Plan;
+use crate::lifecycle::filters;
+use crate::lifecycle::policy::cel::Attrs;
+
+/// How long a coalesced request waits for the lead when its route sets no deadline; then it
+/// goes upstream itself (a slow or endless lead holds no one for longer).
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The request as the cache reads it.
+pub(crate) struct Request<'a> {
+    pub method: &'a Method,
+    /// Its headers (the revalidation's conditional fields are set here).
+    pub headers: &'a mut HeaderMap,
+    pub scheme: &'a str,
+    /// The host routing matched, without port.
+    pub host: &'a str,
+    /// The path and query routing matched.
+    pub target: &'a str,
+    pub identity: Option<&'a Arc<serde_json::Value>>,
+    pub source: SocketAddr,
+    pub route: Option<Arc<str>>,
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+/// What the cache did with a request.
+pub(crate) enum Look {
+    /// Answered from the store.
+    Answer(Response<ProxyBody>),
+    /// Goes upstream, with what stores the answer.
+    Fetch(Box<Fill>),
+}
+
+/// A request on its way upstream, and what its answer does to the store.
+pub(crate) struct Fill {
+    cache: Arc<HttpCache>,
+    /// `None`: bypassed, nothing stored.
+    key: Option<String>,
+    method: Method,
+    /// The request's fields (for the Vary variant and the client's own conditions).
+    request: HeaderMap,
+    authorization: bool,
+    identity_keyed: bool,
+    no_store: bool,
+    /// The entry being revalidated or kept for `staleIfError`.
+    stale: Option<Arc<Entry>>,
+    revalidating: bool,
+    lead: Option<Lead>,
+    asked: SystemTime,
+    rule: Rule,
+    host: Arc<str>,
+    route: Option<Arc<str>>,
+    /// The upstream's status and fields, before the route's response filters.
+    head: Option<(StatusCode, HeaderMap)>,
+}
+
+/// The rule's numbers.
+#[derive(Clone, Copy)]
+struct Rule {
+    default_ttl: Option<Duration>,
+    max_ttl: Option<Duration>,
+    swr: Duration,
+    sie: Duration,
+    max_entry: usize,
+    store_set_cookie: bool,
+}
+
+/// Looks `req` up; see the module docs.
+pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<'_>) -> Look {
+    let metrics = &cache.metrics;
+    let numbers = Rule {
+        default_ttl: rule.default_ttl_ms.map(Duration::from_millis),
+        max_ttl: rule.max_ttl_ms.map(Duration::from_millis),
+        swr: Duration::from_millis(rule.stale_while_revalidate_ms),
+        sie: Duration::from_millis(rule.stale_if_error_ms),
+        max_entry: usize::try_from(rule.max_entry_bytes).unwrap_or(usize::MAX),
+        store_set_cookie: rule.store_set_cookie,
+    };
+    let request_cc = Directives::parse(req.headers);
+    let mut fill = Fill {
+        cache: cache.clone(),
+        key: None,
+        method: req.method.clone(),
+        request: HeaderMap::new(),
+        authorization: req.headers.contains_key(AUTHORIZATION),
+        // Keyed on the identity only when the policies established one: without it every
+        // expression reads null and all credentials would share one entry.
+        identity_keyed: req.identity.is_some()
+            && rule.expressions.iter().any(|e| e.contains("auth.identity")),
+        no_store: request_cc.no_store,
+        stale: None,
+        revalidating: false,
+        lead: None,
+        asked: SystemTime::now(),
+        rule: numbers,
+        host: req.host.to_ascii_lowercase().into(),
+        route: req.route.clone(),
+        head: None,
+    };
+    let bypass = !rule.methods.iter().any(|m| m == req.method.as_str())
+        || req.headers.contains_key(RANGE)
+        || req.headers.contains_key(UPGRADE)
+        || request_cc.no_store;
+    let Some(primary) = (!bypass).then(|| primary_key(cache, rule, &req)).flatten() else {
+        metrics.bypass.inc();
+        return Look::Fetch(Box::new(fill));
+    };
+    // A shared answer may serve this request; one made for it alone may not be shared.
+    let shareable = !fill.authorization || fill.identity_keyed;
+    let revalidate_asked = request_cc.no_cache || request_cc.max_age == Some(0);
+    for round in 0..2 {
+        let found = find(cache, &primary, req.headers);
+        if let Some(entry) = &found
+            && (shareable || entry.authorized_ok)
+            && !revalidate_asked
+        {
+            match entry.freshness() {
+                Freshness::Fresh => {
+                    metrics.hits.inc();
+                    return Look::Answer(entry.answer(req.method, req.headers, "HIT"));
+                }
+                // Someone is refreshing it: this one need not wait.
+                Freshness::StaleRevalidate if cache.flights.busy(&primary) => {
+                    metrics.stale.inc();
+                    return Look::Answer(entry.answer(req.method, req.headers, "STALE"));
+                }
+                _ => {}
+            }
+        }
+        if !shareable {
+            break;
+        }
+        match lead_or_wait(cache, &primary) {
+            Ok(lead) => {
+                fill.lead = Some(lead);
+                fill.stale = found;
+                break;
+            }
+            Err(_) if round > 0 => {
+                fill.stale = found;
+                break;
+            }
+            Err(wait) => {
+                metrics.coalesced.inc();
+                let until = req
+                    .deadline
+                    .unwrap_or_else(|| tokio::time::Instant::now() + LOCK_WAIT);
+                if tokio::time::timeout_at(until, wait.done()).await.is_err()
+                    && req
+                        .deadline
+                        .is_some_and(|d| tokio::time::Instant::now() >= d)
+                {
+                    return Look::Answer(status(StatusCode::GATEWAY_TIMEOUT));
+                }
+            }
+        }
+    }
+    metrics.misses.inc();
+    fill.key = Some(primary);
+    fill.request = req.headers.clone();
+    if let Some(entry) = &fill.stale
+        && entry.validators()
+        && (shareable || entry.authorized_ok)
+    {
+        entry.revalidate(req.headers);
+        fill.revalidating = true;
+    }
+    Look::Fetch(Box::new(fill))
+}
+
+/// The primary key, `None` when a key expression does not compile (bypass).
+fn primary_key(cache: &HttpCache, rule: &CacheRule, req: &Request<'_>) -> Option<String> {
+    let (path, query) = crate::lifecycle::router::split_path_and_query(req.target);
+    let mut hashes = Vec::with_capacity(rule.expressions.len());
+    if !rule.expressions.is_empty() {
+        let attrs = Attrs {
+            method: req.method.as_str(),
+            host: req.host,
+            path: req.target,
+            scheme: req.scheme,
+            headers: req.headers,
+            source: req.source,
+        };
+        for source in &rule.expressions {
+            hashes.push(cache.expr(source)?.hash(&attrs, req.identity));
+        }
+    }
+    Some(key::primary(
+        req.method.as_str(),
+        req.scheme,
+        req.host,
+        path,
+        query,
+        &rule.query,
+        &hashes,
+    ))
+}
+
+/// The stored answer `headers` select under `primary`.
+fn find(cache: &HttpCache, primary: &str, headers: &HeaderMap) -> Option<Arc<Entry>> {
+    match cache.get(primary)? {
+        Slot::Entry(e) => Some(e),
+        Slot::Vary(names) => match cache.get(&key::secondary(primary, &names, headers))? {
+            Slot::Entry(e) => Some(e),
+            Slot::Vary(_) => None,
+        },
+    }
+}
+
+/// The route's response filters on an answer the store gave (module `call` runs them on
+/// the upstream's): header edits and CORS for this request's `Origin`.
+pub(crate) fn response_filters(plan: &Plan<'_>, origin: Option<&HeaderValue>, h: &mut HeaderMap) {
+    for m in &plan.response_mods {
+        filters::modify_headers(m, h);
+    }
+    for c in &plan.cors {
+        filters::cors_decorate(c, origin, h);
+    }
+}
+
+impl Fill {
+    /// The upstream's answer head, before the route's filters edit it.
+    pub(crate) fn observe(&mut self, status: StatusCode, headers: &HeaderMap) {
+        if self.key.is_some() {
+            self.head = Some((status, headers.clone()));
+        }
+    }
+
+    /// The answer that leaves, given the one phases 5 and 6 made (the upstream's, or the
+    /// gateway's own error when no upstream answered).
+    pub(crate) fn finish(
+        mut self,
+        resp: Response<ProxyBody>,
+        plan: &Plan<'_>,
+        origin: Option<&HeaderValue>,
+    ) -> Response<ProxyBody> {
+        let Some(key) = self.key.take() else {
+            return tag(resp, "BYPASS");
+        };
+        let from_stale = |e: &Entry, outcome| {
+            let mut r = e.answer(&self.method, &self.request, outcome);
+            response_filters(plan, origin, r.headers_mut());
+            r
+        };
+        let Some((status, head)) = self.head.take() else {
+            // No upstream answer: connection failure, timeout, no endpoint.
+            if let Some(e) = self.stale.as_deref().filter(|e| e.serves_on_error()) {
+                self.cache.metrics.stale.inc();
+                return from_stale(e, "STALE");
+            }
+            return tag(resp, "MISS");
+        };
+        if status.is_server_error()
+            && let Some(e) = self.stale.as_deref().filter(|e| e.serves_on_error())
+        {
+            self.cache.metrics.stale.inc();
+            return from_stale(e, "STALE");
+        }
+        if status == StatusCode::NOT_MODIFIED
+            && self.revalidating
+            && let Some(old) = self.stale.clone()
+        {
+            let d = Directives::parse(&head);
+            let merged_lifetime = lifetime(
+                old.status,
+                &merge(&old.headers, &head),
+                &d,
+                self.rule.default_ttl,
+            )
+            .unwrap_or(Duration::ZERO);
+            let fresh = Fresh::new(&head, merged_lifetime, self.rule.max_ttl, self.asked);
+            let entry = Arc::new(old.refreshed(&head, fresh));
+            let slot_key = match super::key::vary_names(&entry.headers) {
+                Some(names) if !names.is_empty() => key::secondary(&key, &names, &self.request),
+                _ => key.clone(),
+            };
+            self.cache.insert(slot_key, Slot::Entry(entry.clone()));
+            return from_stale(&entry, "HIT");
+        }
+        let (parts, body) = resp.into_parts();
+        let mut resp = Response::from_parts(parts, body);
+        if let Some(pending) = self.storable(key, status, head) {
+            let (parts, body) = resp.into_parts();
+            resp = Response::from_parts(
+                parts,
+                http_body_util::BodyExt::boxed(StoreBody::new(body, pending)),
+            );
+        }
+        tag(resp, "MISS")
+    }
+
+    /// What storing this answer takes, when RFC 9111 and the rule allow it.
+    fn storable(
+        &mut self,
+        key: String,
+        status: StatusCode,
+        mut head: HeaderMap,
+    ) -> Option<Pending> {
+        let d = Directives::parse(&head);
+        if self.no_store || !understood(status) || d.no_store || d.private {
+            return None;
+        }
+        if head.contains_key(SET_COOKIE) && !self.rule.store_set_cookie {
+            return None;
+        }
+        let authorized_ok = self.identity_keyed || d.allows_authorized();
+        if self.authorization && !authorized_ok {
+            return None;
+        }
+        let vary = key::vary_names(&head)?;
+        let lifetime = lifetime(status, &head, &d, self.rule.default_ttl)?;
+        let validators =
+            head.contains_key(http::header::ETAG) || head.contains_key(http::header::LAST_MODIFIED);
+        if lifetime.is_zero() && !validators {
+            return None;
+        }
+        let declared = head
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.rule.max_entry as u64) {
+            return None;
+        }
+        let fresh = Fresh::new(&head, lifetime, self.rule.max_ttl, self.asked);
+        strip_hop_by_hop(&mut head);
+        let (slot_key, marker) = if vary.is_empty() {
+            (key, None)
+        } else {
+            let secondary = key::secondary(&key, &vary, &self.request);
+            (secondary, Some((key, Slot::Vary(vary.into()))))
+        };
+        Some(Pending {
+            cache: self.cache.clone(),
+            key: slot_key,
+            entry: Entry {
+                status,
+                headers: head,
+                body: bytes::Bytes::new(),
+                directives: d,
+                initial_age: fresh.initial_age,
+                stored: std::time::Instant::now(),
+                lifetime: fresh.lifetime,
+                stale_while_revalidate: self.rule.swr,
+                stale_if_error: self.rule.sie,
+                host: self.host.clone(),
+                route: self.route.clone(),
+                authorized_ok,
+            },
+            vary: marker,
+            lead: self.lead.take(),
+            max: self.rule.max_entry,
+        })
+    }
+}
+
+/// The gateway's answer to a request whose fetch never got an upstream answer, through
+/// the cache (a stale entry within `staleIfError` answers instead).
+pub(crate) fn finish_failed(
+    fill: Option<Box<Fill>>,
+    resp: Response<ProxyBody>,
+    plan: &Plan<'_>,
+    origin: Option<&HeaderValue>,
+) -> Response<ProxyBody> {
+    match fill {
+        Some(f) => f.finish(resp, plan, origin),
+        None => resp,
+    }
+}
+
+fn tag(mut resp: Response<ProxyBody>, outcome: &'static str) -> Response<ProxyBody> {
+    resp.headers_mut()
+        .insert(X_CACHE.clone(), HeaderValue::from_static(outcome));
+    resp
+}
+
+/// `old` with the fields of `new` replacing its own.
+fn merge(old: &HeaderMap, new: &HeaderMap) -> HeaderMap {
+    let mut h = old.clone();
+    for name in new.keys() {
+        h.remove(name);
+        for v in new.get_all(name) {
+            h.append(name.clone(), v.clone());
+        }
+    }
+    h
+}
+
+/// Fields about the connection, not the answer (RFC 9110 §7.6.1), and `Age` (computed
+/// when served).
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<http::HeaderName> = h
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "age",
+        "x-cache",
+    ] {
+        h.remove(n);
+    }
+}

@@ -1,0 +1,170 @@
+//! Cache keys. In: the request as routing matched it (method, scheme, the normalized host
+//! and path with query, module `intake`), the rule's key settings and the values of its key
+//! expressions. Out: the primary key, `METHOD scheme://host/path?query`, readable so a purge
+//! can name a prefix of it, and for an answer with `Vary` the secondary key of one variant.
+//!
+//! Never a raw header: the host is the one routing used (lower case, no port), so two
+//! spellings of one name share entries and no unrouted spelling can plant one.
+
+use http::{HeaderMap, HeaderName};
+use tollgate_api::cache::QueryKey;
+
+/// `METHOD scheme://host` + path + the query parameters the rule keys on, then one
+/// ` #hash` per key expression (`-` when it has no value).
+pub(crate) fn primary(
+    method: &str,
+    scheme: &str,
+    host: &str,
+    path: &str,
+    query: Option<&str>,
+    rule: &QueryKey,
+    expression_hashes: &[Option<u64>],
+) -> String {
+    let mut key = String::with_capacity(method.len() + host.len() + path.len() + 16);
+    key.push_str(method);
+    key.push(' ');
+    key.push_str(scheme);
+    key.push_str("://");
+    key.push_str(&host.to_ascii_lowercase());
+    key.push_str(path);
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        let kept: Vec<&str> = match rule {
+            QueryKey::All => vec![q],
+            QueryKey::Include(names) => q
+                .split('&')
+                .filter(|p| names.iter().any(|n| n == param_name(p)))
+                .collect(),
+            QueryKey::Exclude(names) => q
+                .split('&')
+                .filter(|p| !p.is_empty() && !names.iter().any(|n| n == param_name(p)))
+                .collect(),
+        };
+        if !kept.is_empty() {
+            key.push('?');
+            key.push_str(&kept.join("&"));
+        }
+    }
+    for h in expression_hashes {
+        match h {
+            Some(h) => key.push_str(&format!(" #{h:016x}")),
+            None => key.push_str(" #-"),
+        }
+    }
+    key
+}
+
+/// A query parameter's name (before `=`), as sent.
+fn param_name(p: &str) -> &str {
+    p.split_once('=').map_or(p, |(n, _)| n)
+}
+
+/// The names an answer's `Vary` lists (lower case); `None` for `Vary: *` (never stored).
+pub(crate) fn vary_names(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for v in headers.get_all(http::header::VARY) {
+        let text = v.to_str().ok()?;
+        for n in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if n == "*" {
+                return None;
+            }
+            let name = HeaderName::from_bytes(n.as_bytes()).ok()?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    Some(names)
+}
+
+/// The variant of `primary` a request selects: the values of the `Vary` fields it sent,
+/// combined as RFC 9111 §4.1 compares them (several lines joined by `, `, surrounding
+/// whitespace dropped; an absent field differs from an empty one).
+pub(crate) fn secondary(primary: &str, names: &[HeaderName], request: &HeaderMap) -> String {
+    let mut key = String::from(primary);
+    for n in names {
+        key.push('\u{1e}');
+        key.push_str(n.as_str());
+        let values: Vec<&str> = request
+            .get_all(n)
+            .iter()
+            .map(|v| v.to_str().map_or("\u{1f}", str::trim))
+            .collect();
+        if values.is_empty() {
+            key.push('\u{0}');
+        } else {
+            key.push('=');
+            key.push_str(&values.join(", "));
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_include_and_exclude() {
+        let k = |q: &QueryKey| {
+            primary(
+                "GET",
+                "http",
+                "A.example",
+                "/p",
+                Some("b=2&utm_source=x&a=1"),
+                q,
+                &[],
+            )
+        };
+        assert_eq!(
+            k(&QueryKey::All),
+            "GET http://a.example/p?b=2&utm_source=x&a=1"
+        );
+        assert_eq!(
+            k(&QueryKey::Exclude(vec!["utm_source".into()])),
+            "GET http://a.example/p?b=2&a=1"
+        );
+        assert_eq!(
+            k(&QueryKey::Include(vec!["a".into()])),
+            "GET http://a.example/p?a=1"
+        );
+        assert_eq!(
+            k(&QueryKey::Include(vec!["z".into()])),
+            "GET http://a.example/p"
+        );
+        assert_eq!(
+            primary(
+                "HEAD",
+                "https",
+                "h",
+                "/",
+                None,
+                &QueryKey::All,
+                &[Some(1), None]
+            ),
+            "HEAD https://h/ #0000000000000001 #-"
+        );
+    }
+
+    #[test]
+    fn vary_star_is_none_and_names_sort() {
+        let mut h = HeaderMap::new();
+        h.append("vary", "Accept-Language, accept".parse().unwrap());
+        let names = vary_names(&h).unwrap();
+        assert_eq!(
+            names,
+            vec![
+                HeaderName::from_static("accept"),
+                HeaderName::from_static("accept-language")
+            ]
+        );
+        h.append("vary", "*".parse().unwrap());
+        assert!(vary_names(&h).is_none());
+        let mut req = HeaderMap::new();
+        req.append("accept", "text/html".parse().unwrap());
+        let a = secondary("k", &names, &req);
+        req.append("accept-language", "".parse().unwrap());
+        assert_ne!(a, secondary("k", &names, &req));
+    }
+}

@@ -1,0 +1,94 @@
+//! The cache runs after the route's policies: a request the AuthPolicy refuses is refused
+//! even when its answer is stored, and every hit is counted by the rate limit (the request
+//! past the limit is refused, though a stored answer was there for it).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cache_support;
+mod common;
+
+use cache_support::*;
+use serde_json::json;
+use tollgate_api::ObjectKey;
+use tollgate_api::PolicySet;
+use tollgate_api::policy::{
+    ApiKey, ApiKeys, Auth, AuthnMethod, Credentials, DenyResponse, Method as Verify, Rate,
+    RateLimit,
+};
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An API key (`x-api-key: alice-key`) and a limit of 3 requests a minute per identity.
+fn policies() -> PolicySet {
+    PolicySet {
+        auth: Some(Auth {
+            sources: vec![ObjectKey::new("default", "auth")],
+            when: vec![],
+            authentication: vec![AuthnMethod {
+                name: "keys".into(),
+                policy: Default::default(),
+                credentials: Credentials::CustomHeader {
+                    name: "x-api-key".into(),
+                },
+                method: Verify::ApiKey(ApiKeys {
+                    keys: vec![ApiKey {
+                        sha256: sha256_hex("alice-key"),
+                        identity: json!({"metadata": {"name": "alice", "namespace": "default", "labels": {}, "annotations": {}}}),
+                    }],
+                }),
+                when: vec![],
+            }],
+            authorization: vec![],
+            success_headers: vec![],
+            unauthenticated: DenyResponse::unauthenticated(),
+            unauthorized: DenyResponse::unauthorized(),
+        }),
+        rate_limits: vec![RateLimit {
+            id: "default/limits/all".into(),
+            rates: vec![Rate {
+                limit: 3,
+                window_ms: 60_000,
+            }],
+            algorithm: Default::default(),
+            counters: vec!["auth.identity.metadata.name".into()],
+            when: vec![],
+            cost: None,
+            cost_max_body_bytes: None,
+            mode: Default::default(),
+        }],
+    }
+}
+
+#[tokio::test]
+async fn a_stored_answer_is_still_authenticated_and_rate_limited() {
+    let o = origin().await;
+    let c = cached_with(
+        &o,
+        rule(),
+        |r| r.policy = Some("p".into()),
+        vec![("p", policies())],
+    )
+    .await;
+    let cc = ("x-origin-header", "cache-control: public, max-age=60");
+    let key = ("x-api-key", "alice-key");
+    let first = fetch(&c.url, "/doc", &[cc]).await;
+    assert_eq!(first.status.as_u16(), 401, "{first:?}");
+    let a = fetch(&c.url, "/doc", &[cc, key]).await;
+    assert_eq!((a.status.as_u16(), x_cache(&a)), (200, "MISS"));
+    let b = fetch(&c.url, "/doc", &[cc, key]).await;
+    assert_eq!((b.status.as_u16(), x_cache(&b)), (200, "HIT"));
+    // Stored, yet a request without the key is refused, not answered from the cache.
+    let anon = fetch(&c.url, "/doc", &[cc]).await;
+    assert_eq!(anon.status.as_u16(), 401);
+    assert_ne!(x_cache(&anon), "HIT");
+    // The hits were counted: the third admitted request is the last under the limit.
+    assert_eq!(x_cache(&fetch(&c.url, "/doc", &[cc, key]).await), "HIT");
+    let over = fetch(&c.url, "/doc", &[cc, key]).await;
+    assert_eq!(over.status.as_u16(), 429);
+    assert_eq!(o.count("/doc"), 1);
+}
