@@ -25,6 +25,7 @@ use super::client::{ClientGateway, ClientRoute};
 use super::status::gateway_ancestor;
 use super::{ENFORCED, PolicyRef, STALLED, reason};
 use crate::compile::CONTROLLER_NAME;
+use crate::compile::Objects;
 use crate::compile::conditions::{ACCEPTED, Conds};
 use crate::compile::grants::GATEWAY_GROUP;
 use crate::compile::index::key_of;
@@ -32,7 +33,6 @@ use crate::compile::rules::parse_duration_ms;
 use crate::crds::CachePolicy;
 use crate::crds::cache::CachePolicySpec;
 use crate::crds::common::PolicyStatus;
-use crate::compile::Objects;
 
 const KIND: &str = "CachePolicy";
 /// Default `maxEntryBytes`: 1 MiB.
