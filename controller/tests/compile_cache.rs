@@ -317,7 +317,7 @@ fn sequence_of_changes() {
     let (_, cache) = step(&inputs, cache, "policies removed");
 
     // A GRPCRoute changed.
-    let grpc = inputs.grpc_routes.first_mut().unwrap();
+    let grpc = &mut inputs.grpc_routes[0];
     grpc.spec.hostnames = Some(vec!["grpc-changed.example.com".into()]);
     let (_, cache) = step(&inputs, cache, "grpc route changed");
 

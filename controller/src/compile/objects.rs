@@ -30,11 +30,6 @@ impl<K> Objects<K> {
         self.0.insert(index, Arc::new(object));
     }
 
-    /// Appends an object shared with its other holders (no copy).
-    pub fn push_shared(&mut self, object: Arc<K>) {
-        self.0.push(object);
-    }
-
     /// How many objects there are.
     pub fn len(&self) -> usize {
         self.0.len()
@@ -50,29 +45,9 @@ impl<K> Objects<K> {
         self.0.iter().map(|o| &**o)
     }
 
-    /// The first object.
-    pub fn first(&self) -> Option<&K> {
-        self.0.first().map(|o| &**o)
-    }
-
-    /// The last object.
-    pub fn last(&self) -> Option<&K> {
-        self.0.last().map(|o| &**o)
-    }
-
     /// Keeps the objects `keep` accepts.
     pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
         self.0.retain(|o| keep(o));
-    }
-
-    /// Removes every object.
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    /// Sorts by `key`.
-    pub fn sort_by_key<T: Ord>(&mut self, mut key: impl FnMut(&K) -> T) {
-        self.0.sort_by_key(|o| key(o));
     }
 
     /// Removes the objects in `range`.
@@ -88,11 +63,6 @@ impl<K> Objects<K> {
     /// The shared pointers, to copy (`Arc::make_mut`) only the objects a caller changes.
     pub fn shared_mut(&mut self) -> impl Iterator<Item = &mut Arc<K>> {
         self.0.iter_mut()
-    }
-
-    /// Moves every object of `other` to the end.
-    pub fn append(&mut self, other: &mut Self) {
-        self.0.append(&mut other.0);
     }
 }
 
@@ -110,16 +80,6 @@ impl<K: Clone> Objects<K> {
     /// The objects, mutable: a shared one is copied first.
     pub fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut K> + ExactSizeIterator {
         self.0.iter_mut().map(Arc::make_mut)
-    }
-
-    /// The first object, mutable (copied first when shared).
-    pub fn first_mut(&mut self) -> Option<&mut K> {
-        self.0.first_mut().map(Arc::make_mut)
-    }
-
-    /// The last object, mutable (copied first when shared).
-    pub fn last_mut(&mut self) -> Option<&mut K> {
-        self.0.last_mut().map(Arc::make_mut)
     }
 }
 
@@ -201,17 +161,6 @@ impl<K> Index<usize> for Objects<K> {
 impl<K: Clone> IndexMut<usize> for Objects<K> {
     fn index_mut(&mut self, index: usize) -> &mut K {
         Arc::make_mut(&mut self.0[index])
-    }
-}
-
-impl<K: PartialEq> PartialEq for Objects<K> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.len() == other.0.len()
-            && self
-                .0
-                .iter()
-                .zip(&other.0)
-                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
     }
 }
 
