@@ -1,6 +1,7 @@
 //! The cache runs after the route's policies: a request the AuthPolicy refuses is refused
 //! even when its answer is stored, and every hit is counted by the rate limit (the request
-//! past the limit is refused, though a stored answer was there for it).
+//! past the limit is refused, though a stored answer was there for it); and an answer made
+//! for one credential is not shared with another.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -25,6 +26,12 @@ fn sha256_hex(s: &str) -> String {
 
 /// An API key (`x-api-key: alice-key`) and a limit of 3 requests a minute per identity.
 fn policies() -> PolicySet {
+    with_keys(&[("alice-key", "alice")])
+}
+
+/// API keys in `x-api-key` (key, identity name), and a limit of 3 requests a minute per
+/// identity.
+fn with_keys(keys: &[(&str, &str)]) -> PolicySet {
     PolicySet {
         auth: Some(Auth {
             sources: vec![ObjectKey::new("default", "auth")],
@@ -36,10 +43,13 @@ fn policies() -> PolicySet {
                     name: "x-api-key".into(),
                 },
                 method: Verify::ApiKey(ApiKeys {
-                    keys: vec![ApiKey {
-                        sha256: sha256_hex("alice-key"),
-                        identity: json!({"metadata": {"name": "alice", "namespace": "default", "labels": {}, "annotations": {}}}),
-                    }],
+                    keys: keys
+                        .iter()
+                        .map(|(key, name)| ApiKey {
+                            sha256: sha256_hex(key),
+                            identity: json!({"metadata": {"name": name, "namespace": "default", "labels": {}, "annotations": {}}}),
+                        })
+                        .collect(),
                 }),
                 when: vec![],
             }],
@@ -91,4 +101,29 @@ async fn a_stored_answer_is_still_authenticated_and_rate_limited() {
     let over = fetch(&c.url, "/doc", &[cc, key]).await;
     assert_eq!(over.status.as_u16(), 429);
     assert_eq!(o.count("/doc"), 1);
+}
+
+/// A credential outside `Authorization` (here an API key header) makes an answer its user's
+/// own, as RFC 9111 §3.5 says of `Authorization`: stored only when marked shareable, so a
+/// `max-age` answer made for alice is neither stored nor served to bob.
+#[tokio::test]
+async fn an_answer_for_a_credential_in_another_header_is_not_shared() {
+    let o = origin().await;
+    let c = cached_with(
+        &o,
+        rule(),
+        |r| r.policy = Some("p".into()),
+        vec![(
+            "p",
+            with_keys(&[("alice-key", "alice"), ("bob-key", "bob")]),
+        )],
+    )
+    .await;
+    let cc = ("x-origin-header", "cache-control: max-age=60");
+    let alice = fetch(&c.url, "/mine", &[cc, ("x-api-key", "alice-key")]).await;
+    assert_eq!(alice.status.as_u16(), 200, "{alice:?}");
+    let bob = fetch(&c.url, "/mine", &[cc, ("x-api-key", "bob-key")]).await;
+    assert_eq!(bob.status.as_u16(), 200, "{bob:?}");
+    assert_ne!(x_cache(&bob), "HIT");
+    assert_eq!(o.count("/mine"), 2);
 }

@@ -64,12 +64,30 @@ impl KeyExpr {
         attrs: &Attrs<'_>,
         identity: Option<&Arc<serde_json::Value>>,
     ) -> Option<u64> {
+        self.eval(attrs, identity, |v| v.map(|s| hash(s.as_bytes())))
+    }
+
+    /// The expression's value for the request, as a string (`None`: it does not evaluate to
+    /// one).
+    pub fn value(
+        &self,
+        attrs: &Attrs<'_>,
+        identity: Option<&Arc<serde_json::Value>>,
+    ) -> Option<String> {
+        self.eval(attrs, identity, |v| v.map(str::to_owned))
+    }
+
+    fn eval<T>(
+        &self,
+        attrs: &Attrs<'_>,
+        identity: Option<&Arc<serde_json::Value>>,
+        with: impl FnOnce(Option<&str>) -> Option<T>,
+    ) -> Option<T> {
         let mut act = Activation::with_needs(attrs, &self.needs);
         if let Some(identity) = identity {
             act.set_identity(identity);
         }
-        self.expr
-            .eval_str_with(&act, |v| v.map(|s| hash(s.as_bytes())))
+        self.expr.eval_str_with(&act, with)
     }
 }
 

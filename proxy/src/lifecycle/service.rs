@@ -323,7 +323,13 @@ async fn proxy<'s>(
     // and counted as any request.
     let mut fill = None;
     if let (Some(rule), Some(store)) = (route.cache.as_deref(), &shared.cache) {
-        match cache::look(store, rule, cache_request(ctx, &mut parts, &view, deadline)).await {
+        match cache::look(
+            store,
+            rule,
+            cache_request(ctx, &mut parts, &view, route.rule_index, deadline),
+        )
+        .await
+        {
             cache::Look::Answer(mut resp) => {
                 cache::response_filters(&ctx.plan, ctx.origin.as_ref(), resp.headers_mut());
                 ctx.done.upstream_answered = true;
@@ -474,6 +480,7 @@ fn cache_request<'a>(
     ctx: &'a RequestCtx<'_>,
     parts: &'a mut Parts,
     view: &'a RequestView<'_>,
+    rule_index: u32,
     deadline: Option<tokio::time::Instant>,
 ) -> cache::Request<'a> {
     cache::Request {
@@ -490,6 +497,7 @@ fn cache_request<'a>(
         identity: ctx.identity.as_ref(),
         source: ctx.source().0,
         route: ctx.done.route.clone(),
+        rule_index,
         deadline,
     }
 }

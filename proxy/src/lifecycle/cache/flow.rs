@@ -46,6 +46,8 @@ pub(crate) struct Request<'a> {
     pub identity: Option<&'a Arc<serde_json::Value>>,
     pub source: SocketAddr,
     pub route: Option<Arc<str>>,
+    /// The index of the route's rule that matched (part of the key).
+    pub rule_index: u32,
     pub deadline: Option<tokio::time::Instant>,
 }
 
@@ -108,7 +110,9 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
         key: None,
         method: req.method.clone(),
         request: HeaderMap::new(),
-        authorization: req.headers.contains_key(AUTHORIZATION),
+        // A credential in any form (a header, a query parameter, a cookie, a certificate)
+        // makes the answer the user's own, not only `Authorization`.
+        authorization: req.headers.contains_key(AUTHORIZATION) || req.identity.is_some(),
         // Keyed on the identity only when the policies established one: without it every
         // expression reads null and all credentials would share one entry.
         identity_keyed: req.identity.is_some()
@@ -197,7 +201,7 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
 /// The primary key, `None` when a key expression does not compile (bypass).
 fn primary_key(cache: &HttpCache, rule: &CacheRule, req: &Request<'_>) -> Option<String> {
     let (path, query) = crate::lifecycle::router::split_path_and_query(req.target);
-    let mut hashes = Vec::with_capacity(rule.expressions.len());
+    let mut values = Vec::with_capacity(rule.expressions.len());
     if !rule.expressions.is_empty() {
         let attrs = Attrs {
             method: req.method.as_str(),
@@ -208,7 +212,7 @@ fn primary_key(cache: &HttpCache, rule: &CacheRule, req: &Request<'_>) -> Option
             source: req.source,
         };
         for source in &rule.expressions {
-            hashes.push(cache.expr(source)?.hash(&attrs, req.identity));
+            values.push(cache.expr(source)?.value(&attrs, req.identity));
         }
     }
     Some(key::primary(
@@ -218,7 +222,8 @@ fn primary_key(cache: &HttpCache, rule: &CacheRule, req: &Request<'_>) -> Option
         path,
         query,
         &rule.query,
-        &hashes,
+        &format!("{}#{}", req.route.as_deref().unwrap_or(""), req.rule_index),
+        &values,
     ))
 }
 

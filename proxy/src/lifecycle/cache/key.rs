@@ -18,7 +18,8 @@ pub(crate) fn primary(
     path: &str,
     query: Option<&str>,
     rule: &QueryKey,
-    expression_hashes: &[Option<u64>],
+    scope: &str,
+    expression_values: &[Option<String>],
 ) -> String {
     let mut key = String::with_capacity(method.len() + host.len() + path.len() + 16);
     key.push_str(method);
@@ -44,9 +45,18 @@ pub(crate) fn primary(
             key.push_str(&kept.join("&"));
         }
     }
-    for h in expression_hashes {
-        match h {
-            Some(h) => key.push_str(&format!(" #{h:016x}")),
+    // The route and rule that matched: rules on one path that differ by a header, a method
+    // or a rewrite send different requests upstream, so they never share an entry.
+    key.push_str(" @");
+    key.push_str(scope);
+    // The values themselves, length-prefixed so that no value can forge a neighbour: a hash
+    // here could be collided on purpose to reach another identity's entry.
+    for v in expression_values {
+        match v {
+            Some(v) => {
+                key.push_str(&format!(" #{}:", v.len()));
+                key.push_str(v);
+            }
             None => key.push_str(" #-"),
         }
     }
@@ -114,24 +124,25 @@ mod tests {
                 "/p",
                 Some("b=2&utm_source=x&a=1"),
                 q,
+                "ns/r#0",
                 &[],
             )
         };
         assert_eq!(
             k(&QueryKey::All),
-            "GET http://a.example/p?b=2&utm_source=x&a=1"
+            "GET http://a.example/p?b=2&utm_source=x&a=1 @ns/r#0"
         );
         assert_eq!(
             k(&QueryKey::Exclude(vec!["utm_source".into()])),
-            "GET http://a.example/p?b=2&a=1"
+            "GET http://a.example/p?b=2&a=1 @ns/r#0"
         );
         assert_eq!(
             k(&QueryKey::Include(vec!["a".into()])),
-            "GET http://a.example/p?a=1"
+            "GET http://a.example/p?a=1 @ns/r#0"
         );
         assert_eq!(
             k(&QueryKey::Include(vec!["z".into()])),
-            "GET http://a.example/p"
+            "GET http://a.example/p @ns/r#0"
         );
         assert_eq!(
             primary(
@@ -141,10 +152,28 @@ mod tests {
                 "/",
                 None,
                 &QueryKey::All,
-                &[Some(1), None]
+                "ns/r#1",
+                &[Some("alice #3:bob".to_owned()), None]
             ),
-            "HEAD https://h/ #0000000000000001 #-"
+            "HEAD https://h/ @ns/r#1 #12:alice #3:bob #-"
         );
+        // Two rules of one route, one path: two keys.
+        let rule = |scope| primary("GET", "http", "h", "/", None, &QueryKey::All, scope, &[]);
+        assert_ne!(rule("ns/r#0"), rule("ns/r#1"));
+        // A value cannot forge a neighbouring one.
+        let two = |a: &str, b: &str| {
+            primary(
+                "GET",
+                "http",
+                "h",
+                "/",
+                None,
+                &QueryKey::All,
+                "ns/r#0",
+                &[Some(a.to_owned()), Some(b.to_owned())],
+            )
+        };
+        assert_ne!(two("a #1:b", "c"), two("a", "b #1:c"));
     }
 
     #[test]
