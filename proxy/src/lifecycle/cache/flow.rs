@@ -215,16 +215,16 @@ fn primary_key(cache: &HttpCache, rule: &CacheRule, req: &Request<'_>) -> Option
             values.push(cache.expr(source)?.value(&attrs, req.identity));
         }
     }
-    Some(key::primary(
+    let request = key::primary(
         req.method.as_str(),
         req.scheme,
         req.host,
         path,
         query,
         &rule.query,
-        &format!("{}#{}", req.route.as_deref().unwrap_or(""), req.rule_index),
-        &values,
-    ))
+    );
+    let scope = format!("{}#{}", req.route.as_deref().unwrap_or(""), req.rule_index);
+    Some(key::scoped(request, &scope, &values))
 }
 
 /// The stored answer `headers` select under `primary`.

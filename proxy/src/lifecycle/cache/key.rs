@@ -18,8 +18,6 @@ pub(crate) fn primary(
     path: &str,
     query: Option<&str>,
     rule: &QueryKey,
-    scope: &str,
-    expression_values: &[Option<String>],
 ) -> String {
     let mut key = String::with_capacity(method.len() + host.len() + path.len() + 16);
     key.push_str(method);
@@ -45,6 +43,12 @@ pub(crate) fn primary(
             key.push_str(&kept.join("&"));
         }
     }
+    key
+}
+
+/// `key` (from [`primary`]) scoped to the route and rule that matched (`namespace/name#rule`)
+/// and the key expressions' values.
+pub(crate) fn scoped(mut key: String, scope: &str, expression_values: &[Option<String>]) -> String {
     // The route and rule that matched: rules on one path that differ by a header, a method
     // or a rewrite send different requests upstream, so they never share an entry.
     key.push_str(" @");
@@ -124,51 +128,45 @@ mod tests {
                 "/p",
                 Some("b=2&utm_source=x&a=1"),
                 q,
-                "ns/r#0",
-                &[],
             )
         };
         assert_eq!(
             k(&QueryKey::All),
-            "GET http://a.example/p?b=2&utm_source=x&a=1 @ns/r#0"
+            "GET http://a.example/p?b=2&utm_source=x&a=1"
         );
         assert_eq!(
             k(&QueryKey::Exclude(vec!["utm_source".into()])),
-            "GET http://a.example/p?b=2&a=1 @ns/r#0"
+            "GET http://a.example/p?b=2&a=1"
         );
         assert_eq!(
             k(&QueryKey::Include(vec!["a".into()])),
-            "GET http://a.example/p?a=1 @ns/r#0"
+            "GET http://a.example/p?a=1"
         );
         assert_eq!(
             k(&QueryKey::Include(vec!["z".into()])),
-            "GET http://a.example/p @ns/r#0"
+            "GET http://a.example/p"
         );
         assert_eq!(
-            primary(
-                "HEAD",
-                "https",
-                "h",
-                "/",
-                None,
-                &QueryKey::All,
+            scoped(
+                primary("HEAD", "https", "h", "/", None, &QueryKey::All),
                 "ns/r#1",
                 &[Some("alice #3:bob".to_owned()), None]
             ),
             "HEAD https://h/ @ns/r#1 #12:alice #3:bob #-"
         );
         // Two rules of one route, one path: two keys.
-        let rule = |scope| primary("GET", "http", "h", "/", None, &QueryKey::All, scope, &[]);
+        let rule = |scope| {
+            scoped(
+                primary("GET", "http", "h", "/", None, &QueryKey::All),
+                scope,
+                &[],
+            )
+        };
         assert_ne!(rule("ns/r#0"), rule("ns/r#1"));
         // A value cannot forge a neighbouring one.
         let two = |a: &str, b: &str| {
-            primary(
-                "GET",
-                "http",
-                "h",
-                "/",
-                None,
-                &QueryKey::All,
+            scoped(
+                primary("GET", "http", "h", "/", None, &QueryKey::All),
                 "ns/r#0",
                 &[Some(a.to_owned()), Some(b.to_owned())],
             )
