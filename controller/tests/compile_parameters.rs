@@ -311,7 +311,11 @@ fn parameters_out_of_range_are_invalid_with_every_reason() {
         ),
         (
             "telemetry: {tracing: {endpoint: 'collector:4317'}}",
-            "spec.telemetry.tracing.endpoint \"collector:4317\" is not an http:// or https:// URL",
+            "spec.telemetry.tracing.endpoint \"collector:4317\" is not an http:// URL",
+        ),
+        (
+            "telemetry: {tracing: {endpoint: 'https://c:4317'}}",
+            "spec.telemetry.tracing.endpoint \"https://c:4317\" is not an http:// URL with a host (TLS to the collector is not supported)",
         ),
         (
             "telemetry: {tracing: {endpoint: 'http://c:4317', samplingRatio: 1.5}}",

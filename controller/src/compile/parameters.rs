@@ -263,7 +263,7 @@ pub fn check(spec: &GatewayParametersSpec) -> Result<(), String> {
         match tracing_args(t).settings() {
             Ok(_) => {}
             Err(TraceArgsError::Endpoint(e)) => errors.push(format!(
-                "spec.telemetry.tracing.endpoint {e:?} is not an http:// or https:// URL with a host"
+                "spec.telemetry.tracing.endpoint {e:?} is not an http:// URL with a host (TLS to the collector is not supported)"
             )),
             Err(TraceArgsError::Ratio(r)) => errors.push(format!(
                 "spec.telemetry.tracing.samplingRatio {r} is out of range (0 to 1)"

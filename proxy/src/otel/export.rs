@@ -2,7 +2,8 @@
 //! without waiting. Out: batches (up to `batch_size`, or what came within `batch_delay`)
 //! sent one at a time with the OTLP exporter of `opentelemetry-otlp`; while one is being
 //! sent the queue fills, and spans beyond its bound are dropped and counted by the tracer.
-//! An exporter that cannot be built (logged) leaves every span dropped and counted.
+//! An exporter that cannot be built (logged) leaves every span dropped and counted, and so
+//! does a batch the collector refuses or never answers (logged when failing starts and ends).
 
 use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
 use opentelemetry_sdk::Resource;
@@ -43,6 +44,9 @@ pub(super) async fn run(settings: TraceSettings, mut rx: Receiver<SpanData>, dro
             .build(),
     );
     let mut batch = Vec::with_capacity(settings.batch_size);
+    // Logged when exporting starts failing and when it recovers, not once per batch: an
+    // unreachable collector would otherwise log several lines a second under load.
+    let mut failing = false;
     loop {
         if rx.recv_many(&mut batch, settings.batch_size).await == 0 {
             break;
@@ -56,8 +60,19 @@ pub(super) async fn run(settings: TraceSettings, mut rx: Receiver<SpanData>, dro
             }
         }
         let n = batch.len();
-        if let Err(e) = exporter.export(std::mem::take(&mut batch)).await {
-            tracing::warn!(spans = n, error = %e, "tracing: export failed");
+        match exporter.export(std::mem::take(&mut batch)).await {
+            Err(e) => {
+                dropped.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+                if !failing {
+                    tracing::warn!(spans = n, error = %e, "tracing: export failing; spans are dropped and counted until it recovers");
+                    failing = true;
+                }
+            }
+            Ok(()) if failing => {
+                tracing::info!("tracing: export recovered");
+                failing = false;
+            }
+            Ok(()) => {}
         }
     }
 }

@@ -273,8 +273,8 @@ impl RequestTrace {
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let mut attributes = vec![
             KeyValue::new("http.request.method", self.method.as_str().to_owned()),
-            KeyValue::new("url.path", path.to_owned()),
-            KeyValue::new("server.address", host),
+            KeyValue::new("url.path", capped(path).to_owned()),
+            KeyValue::new("server.address", capped(&host).to_owned()),
             KeyValue::new("http.response.status_code", i64::from(status)),
             KeyValue::new(
                 "http.response.body.size",
@@ -282,7 +282,7 @@ impl RequestTrace {
             ),
         ];
         if !query.is_empty() {
-            attributes.push(KeyValue::new("url.query", query.to_owned()));
+            attributes.push(KeyValue::new("url.query", capped(query).to_owned()));
         }
         if let Some(route) = route {
             attributes.push(KeyValue::new("tollgate.route", route.to_owned()));
@@ -392,5 +392,35 @@ pub fn note_decision(policy: &Arc<str>, rule: &Arc<str>, outcome: &'static str) 
     });
 }
 
+/// Longest attribute taken from the request (path, query, host): the export queue is
+/// bounded in spans, so a client must not make each span as large as its request line.
+const ATTRIBUTE_MAX: usize = 1024;
+
+/// `s` cut to at most [`ATTRIBUTE_MAX`] bytes, on a character boundary.
+fn capped(s: &str) -> &str {
+    if s.len() <= ATTRIBUTE_MAX {
+        return s;
+    }
+    let mut end = ATTRIBUTE_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// How long a batch waits for more spans before it is sent.
 pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(1000);
+
+#[cfg(test)]
+mod capped_tests {
+    use super::{ATTRIBUTE_MAX, capped};
+
+    #[test]
+    fn long_attributes_are_cut_on_a_character_boundary() {
+        assert_eq!(capped("/short"), "/short");
+        let long = "é".repeat(ATTRIBUTE_MAX);
+        let cut = capped(&long);
+        assert!(cut.len() <= ATTRIBUTE_MAX && cut.len() >= ATTRIBUTE_MAX - 1);
+        assert!(long.starts_with(cut));
+    }
+}
