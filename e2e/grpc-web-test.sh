@@ -2,12 +2,14 @@
 # e2e/grpc-web-test.sh — gRPC-Web checked with real gRPC-Web clients from npm: `tollgate run`
 # on a Gateway with a GRPCRoute (CORS from its tollgate.dev/cors annotation) to a real gRPC
 # server (extauthz-grpc, grpc-go, serving grpc.health.v1.Health: e2e/extauthz/health.go), on
-# loopback. e2e/grpc-web-client/client.mjs calls it with @connectrpc/connect-web's gRPC-Web
-# transport on Node's fetch (HTTP/1.1) and @connectrpc/connect-node's over HTTP/2: a unary
-# Check, a server-streaming Watch ending with an error in the trailers, a NOT_FOUND, and the
-# CORS preflights (its header lists the assertions). Both clients speak binary gRPC-Web
-# (`application/grpc-web+proto`); `-text` is covered by proxy/tests/grpc_web.rs. Then the
-# access log is checked: every call logged with `grpc_web: true` and the backend's status.
+# loopback. e2e/grpc-web-client/client.mjs calls it in binary gRPC-Web
+# (`application/grpc-web+proto`) with @connectrpc/connect-web's transport on Node's fetch
+# (HTTP/1.1) and @connectrpc/connect-node's over HTTP/2, text-client.mjs in
+# `application/grpc-web-text` with grpc/grpc-web's own client on an XMLHttpRequest (xhr2,
+# HTTP/1.1): each a unary Check, a server-streaming Watch ending with an error in the
+# trailers, and a NOT_FOUND; client.mjs also the CORS preflights (their headers list the
+# assertions). Then the access log is checked: every call logged with `grpc_web: true` and
+# the backend's status.
 #
 # The client's packages come from package-lock.json (`npm ci`, exact versions) into
 # e2e/grpc-web-client/node_modules (not committed), reinstalled only when the lock file
@@ -150,10 +152,14 @@ log "running the gRPC-Web client (e2e/grpc-web-client/client.mjs)"
 node "$CLIENT/client.mjs" "http://127.0.0.1:$gateway_port" "$origin" ||
   { log "tollgate log: $WORK/tollgate.log, access log: $WORK/access.log (KEEP=1 keeps them)"; fail "the gRPC-Web client failed"; }
 
+log "running the gRPC-Web text client (e2e/grpc-web-client/text-client.mjs)"
+node "$CLIENT/text-client.mjs" "http://127.0.0.1:$gateway_port" ||
+  { log "tollgate log: $WORK/tollgate.log, access log: $WORK/access.log (KEEP=1 keeps them)"; fail "the gRPC-Web text client failed"; }
+
 log "checking the access log (e2e/grpc-web-client/access-log-check.mjs)"
 # A line is written as its answer ends, which may be just after the client has read it.
 for _ in $(seq 1 50); do
-  (($(grep -c '"method":"POST"' "$WORK/access.log" || true) >= 7)) && break
+  (($(grep -c '"method":"POST"' "$WORK/access.log" || true) >= 10)) && break
   sleep 0.1
 done
 node "$CLIENT/access-log-check.mjs" "$WORK/access.log" || fail "access log mismatch (KEEP=1 keeps it)"
