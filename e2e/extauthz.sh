@@ -3,7 +3,9 @@
 # service (envoy.service.auth.v3.Authorization/Check, on go-control-plane's
 # published protos) for the socket tests and benchmarks of the AuthPolicy
 # `external` gRPC method, built from its Go module and cached like
-# e2e/kstatus.sh caches kstatus-check.
+# e2e/kstatus.sh caches kstatus-check. It also serves grpc-go's standard health service
+# (grpc.health.v1.Health: unary Check, server-streaming Watch; e2e/extauthz/health.go), the
+# gRPC backend of e2e/grpc-web-test.sh.
 #
 #   e2e/extauthz.sh build     build (if missing) and print the binary's path
 #   e2e/extauthz.sh path      same as build
@@ -18,15 +20,17 @@
 # external_tls.rs, which runs it with -tls-cert) take $TOLLGATE_EXTAUTHZ, else
 # `e2e/extauthz.sh current`: the build of their own checkout's source, not the
 # symlink, which another checkout sharing the cache may have moved to an older
-# build. Builds run under `nice -n 19` with
-# GOFLAGS="-p=$TOLLGATE_BUILD_JOBS -mod=readonly" (default 1 job), CGO off.
+# build. e2e/grpc-web-test.sh and e2e/bench/grpc-web.sh run `e2e/extauthz.sh build`.
+# Builds run under `nice -n 19` with GOFLAGS="-p=$TOLLGATE_BUILD_JOBS -mod=readonly"
+# (default 1 job), CGO off.
 #
 # Measured here (2 shared cores, two other engineers' cargo builds running): a
 # cold build (empty Go module and build caches, modules fetched from the Go
 # module proxy) took 34 s wall (38 s user, 0.3 GB peak RSS); with the modules
 # cached 19 s. With TLS (crypto/tls, grpc/credentials) on 2026-12-07, beside a
-# cargo build of the proxy: 85 s wall (42 s user, 0.3 GB peak RSS). The binary is 15 MB. A cached binary is used at once, without Go
-# or the network.
+# cargo build of the proxy: 85 s wall (42 s user, 0.3 GB peak RSS). With the health service
+# (modules cached, two cargo builds running): 47 s wall (16 s user). The binary is 15 MB. A
+# cached binary is used at once, without Go or the network.
 #
 # Environment (all optional): TOLLGATE_CACHE_DIR, TOLLGATE_BIN_DIR,
 # TOLLGATE_BUILD_JOBS (as for e2e/cluster.sh).

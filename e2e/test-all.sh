@@ -6,8 +6,9 @@
 # (kube-controller-manager and pods run as local processes in network namespaces), the Helm
 # test, every example served on that cluster, the docs run as written (Flux's walk-through with
 # Flux's own controllers), and the Gateway API conformance suite
-# (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS) there. Works on a fresh machine with Rust and Go installed; builds are
-# cached under $HOME/.cache/tollgate (never required).
+# (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS) there. Works on a fresh machine with Rust, Go and
+# Node >= 20 with npm (the gRPC-Web test's client; Debian 12's nodejs is 18, too old) installed;
+# builds are cached under $HOME/.cache/tollgate (never required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +76,9 @@ cargo test --workspace --locked
 
 step "e2e/tracing-test.sh (OpenTelemetry tracing of tollgate run against a real OpenTelemetry Collector built from Go modules, both OTLP protocols; the collector cached, minutes the first time)"
 e2e/tracing-test.sh
+
+step "e2e/grpc-web-test.sh (gRPC-Web through tollgate run with real npm clients, connect-web and connect-node, to a grpc-go server; npm ci from the lock file, seconds)"
+e2e/grpc-web-test.sh
 
 if [[ $(id -u) -eq 0 ]]; then
   # The Go builds the loopback-cluster steps below need (kube-controller-manager, echo-basic,

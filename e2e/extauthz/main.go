@@ -1,6 +1,8 @@
 // extauthz-grpc: a tiny Envoy ext_authz gRPC service built on the published protos
 // (github.com/envoyproxy/go-control-plane/envoy/service/auth/v3), for Tollgate's socket
-// tests and benchmarks of the AuthPolicy `external` gRPC method.
+// tests and benchmarks of the AuthPolicy `external` gRPC method. It also serves grpc-go's
+// standard health service (grpc.health.v1.Health), the gRPC backend of the gRPC-Web test
+// (e2e/grpc-web-test.sh): see health.go.
 //
 // A request whose header `x-allow` is `yes` is allowed: the answer adds `x-ext-user: alice`
 // (plus `x-ext-path: <the checked path>`) to the upstream request and `x-ext-client: hello`
@@ -146,8 +148,10 @@ func main() {
 			MinVersion:   tls.VersionTLS12,
 		})))
 	}
+	opts = append(opts, grpc.StreamInterceptor(tickerLimit))
 	g := grpc.NewServer(opts...)
 	auth.RegisterAuthorizationServer(g, s)
+	registerHealth(g)
 	fmt.Printf("listening %s\n", l.Addr())
 	log.Fatal(g.Serve(l))
 }
