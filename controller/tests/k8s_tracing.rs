@@ -187,6 +187,8 @@ async fn reconciles_are_exported_as_spans_with_their_phases() {
     let a = attrs(&root["attributes"]);
     assert_eq!(a["tollgate.gateways"], json!(1), "{a:?}");
     assert_eq!(a["tollgate.leader"], json!(true), "{a:?}");
+    let trigger = a["tollgate.reconcile.trigger"].as_str().unwrap();
+    assert!(["start", "leadership", "watch"].contains(&trigger), "{a:?}");
     assert!(a["tollgate.routes"].as_i64().unwrap() >= 1, "{a:?}");
     assert!(a.contains_key("tollgate.push.published"), "{a:?}");
     assert!(a.contains_key("tollgate.status.failed"), "{a:?}");
@@ -247,18 +249,29 @@ async fn reconciles_are_exported_as_spans_with_their_phases() {
         .collect();
     let routes = a["tollgate.routes"].as_i64().unwrap();
     env.route("r2", json!([{"name": "gw"}]), "echo", 80).await;
+    // Started by the watch, naming the kind that changed.
     let next = eventually(WAIT, || async {
         collector.spans().into_iter().find(|(_, s)| {
+            let a = attrs(&s["attributes"]);
             s["name"] == "reconcile"
                 && !before.iter().any(|t| s["traceId"] == t.as_str())
-                && attrs(&s["attributes"])
-                    .get("tollgate.routes")
+                && a.get("tollgate.routes")
                     .and_then(Value::as_i64)
                     .is_some_and(|n| n > routes)
+                && a.get("tollgate.reconcile.trigger") == Some(&json!("watch"))
+                && a.get("tollgate.reconcile.kinds")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| k.split(',').any(|k| k == "HTTPRoute"))
         })
     })
     .await
-    .unwrap_or_else(|| panic!("no reconcile span after the change:\n{}", ctl.log()));
+    .unwrap_or_else(|| {
+        panic!(
+            "no reconcile span of the watch after the change:\n{:#?}\n{}",
+            collector.spans(),
+            ctl.log()
+        )
+    });
     assert_ne!(next.1["traceId"], root["traceId"]);
     assert_eq!(
         ctl.metric("tollgate_controller_trace_spans_dropped_total", ""),

@@ -27,7 +27,7 @@ use tracing::debug;
 use super::metrics::{Metrics, PathLabel};
 pub use super::overlay::{enforced, programmed, programmed_true, static_addresses};
 use super::provision::ProvisionConfig;
-use super::stores::{Relevance, Stores};
+use super::stores::{Kinds, Relevance, Stores};
 use crate::compile::Output;
 use crate::push::PushServer;
 use crate::push::pki::Ca;
@@ -121,6 +121,16 @@ impl PushPki {
     }
 }
 
+/// What started a reconcile, for its span.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trigger {
+    /// `start`, `watch` (changes of the watched objects), `leadership`, `proxies` (their
+    /// sync with the push server), `retry` (work owed); empty: not said.
+    pub cause: &'static str,
+    /// The kinds of the changes a `watch` reconcile covers.
+    pub kinds: Kinds,
+}
+
 /// The reconciler's state between reconciles: its three parts.
 pub struct Reconciler {
     publisher: publisher::Publisher,
@@ -182,6 +192,17 @@ impl Reconciler {
 
     /// Runs one reconcile.
     pub async fn reconcile(&mut self, relevance: Relevance, leading: bool) -> Outcome {
+        self.reconcile_for(relevance, leading, Trigger::default())
+            .await
+    }
+
+    /// Runs one reconcile, started by `trigger` (for its span).
+    pub async fn reconcile_for(
+        &mut self,
+        relevance: Relevance,
+        leading: bool,
+        trigger: Trigger,
+    ) -> Outcome {
         let started = Instant::now();
         let path = match relevance {
             Relevance::Full => "full",
@@ -192,6 +213,12 @@ impl Reconciler {
         if let Some(s) = &mut span {
             s.set("tollgate.reconcile.path", path);
             s.set("tollgate.leader", leading);
+            if !trigger.cause.is_empty() {
+                s.set("tollgate.reconcile.trigger", trigger.cause);
+            }
+            if trigger.kinds != Kinds::default() {
+                s.set("tollgate.reconcile.kinds", trigger.kinds.names());
+            }
         }
         let mut unread = false;
         if relevance >= Relevance::Endpoints {
