@@ -99,11 +99,20 @@ helm template tollgate "$CHART" --namespace "$NS" --set metrics.serviceMonitor.e
   --set metrics.podMonitor.enabled=true >"$WORK/monitors.yaml"
 kinds=$(awk '/^kind: [A-Za-z]*Monitor/ { print $2 }' "$WORK/monitors.yaml" | LC_ALL=C sort | xargs)
 [[ $kinds == "PodMonitor ServiceMonitor" ]] || fail "the monitors rendered '$kinds'"
+# The controller's tracing flags: none without an endpoint, all three with one.
+if grep -q -- '--otlp-endpoint' "$WORK/default.yaml"; then fail "tracing flags without an endpoint"; fi
+helm template tollgate "$CHART" --namespace "$NS" \
+  --set controller.tracing.otlpEndpoint=http://otel.observability:4318 \
+  --set controller.tracing.otlpProtocol=http --set-json controller.tracing.sampling=0.25 >"$WORK/traced.yaml"
+for flag in --otlp-endpoint=http://otel.observability:4318 --otlp-protocol=http --trace-sampling=0.25; do
+  grep -q -- "- $flag\$" "$WORK/traced.yaml" || fail "controller tracing: no $flag"
+done
 
 # --- 4. schema rejections -------------------------------------------------------
 for bad in controller.replicas=0 controller.unknown=1 proxy.serviceType=External \
   controller.metricsPort=70000 'rbac.gatewayNamespaces={Not_A_Namespace}' \
-  controller.image.pullPolicy=Sometimes metrics.podMonitor.interval=soon 'metrics.podMonitor.gatewayClasses={Bad_Class}' gatewayClass.description="$(printf 'x%.0s' {1..65})"; do
+  controller.image.pullPolicy=Sometimes metrics.podMonitor.interval=soon 'metrics.podMonitor.gatewayClasses={Bad_Class}' gatewayClass.description="$(printf 'x%.0s' {1..65})" \
+  controller.tracing.otlpEndpoint=https://otel:4317 controller.tracing.otlpProtocol=udp; do
   if helm template tollgate "$CHART" --namespace "$NS" --set "$bad" >/dev/null 2>"$WORK/err.txt"; then
     fail "the schema accepted --set $bad"
   fi
@@ -117,7 +126,7 @@ if [[ -x $bin ]]; then
   help=$("$bin" controller --help)
   while read -r flag; do
     grep -q -- "$flag" <<<"$help" || fail "tollgate controller has no $flag (binary $bin)"
-  done < <(grep -o -- ' - --[a-z-]*' "$WORK/default.yaml" | awk '{ print $2 }' | sort -u)
+  done < <(grep -ho -- ' - --[a-z-]*' "$WORK/default.yaml" "$WORK/traced.yaml" | awk '{ print $2 }' | sort -u)
   log "every controller flag is known to $bin"
 else
   log "skip: no tollgate binary at $bin (set TOLLGATE_BIN) to check the controller flags"

@@ -6,7 +6,10 @@
 # and a RateLimitPolicy, requests with a sampled parent, an unsampled one, none, and none
 # with a key; the spans the collector wrote are checked by e2e/tracing-check.py (its
 # docstring lists the assertions: parent and child ids, attributes, policy events, the
-# sampling ratio within its binomial bound, the trace id in the access log).
+# sampling ratio within its binomial bound, the trace id in the access log). Then the
+# controller's reconcile spans: controller/tests/k8s_tracing.rs runs `tollgate controller`
+# on the real kube-apiserver of e2e/cluster.sh, exporting to the same collector binary, and
+# checks the `reconcile` span, its attributes and its phases' child spans.
 #
 # Needs python3 and Go (for the collector's first build; e2e/otelcol.sh gives the cold
 # time). Builds tollgate (debug). KEEP=1 leaves the work directory for a look.
@@ -32,3 +35,6 @@ cleanup() {
 }
 trap cleanup EXIT
 python3 "$E2E/tracing-check.py" "$CARGO_TARGET_DIR/debug/tollgate" "$otelcol" "$WORK"
+log "the controller's reconcile spans (real kube-apiserver, real collector)"
+(cd "$ROOT" && cargo test --locked -p tollgate --test k8s_tracing)
+log "PASS"

@@ -197,6 +197,10 @@ struct ControllerArgs {
     /// spec.controllerName of the GatewayClasses this controller owns.
     #[arg(long, default_value = tollgate::compile::CONTROLLER_NAME)]
     controller_name: String,
+    /// OpenTelemetry tracing of the controller's reconciles (not of the proxies: their
+    /// GatewayParameters `telemetry.tracing` configures those).
+    #[command(flatten)]
+    tracing: tollgate_proxy::otel::TraceArgs,
 }
 
 fn now() -> Time {
@@ -522,6 +526,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             provision,
             pki,
             api_timeout,
+            tracing: args.tracing.settings()?,
         },
         leader: leader::LeaderConfig {
             owner,

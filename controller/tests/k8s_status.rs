@@ -677,6 +677,7 @@ async fn a_status_write_that_hangs_is_bounded_and_retried() {
         provision: None,
         pki: None,
         api_timeout: Duration::from_secs(1),
+        tracing: None,
     };
     let client = relay.client().await;
     // One answered request first: the write then goes out on that open connection and meets

@@ -24,8 +24,8 @@ use tracing::{error, info};
 
 use super::leader::{self, LeaderConfig, LeaseClient};
 use super::metrics::Metrics;
-use super::reconcile::{Outcome, Reconciler, Settings};
-use super::stores::{Change, Relevance, Stores};
+use super::reconcile::{Outcome, Reconciler, Settings, Trigger};
+use super::stores::{Change, Kinds, Relevance, Stores};
 
 /// A batch of changes closes at the latest this many quiet periods after its first change,
 /// however many changes keep arriving (without a bound, changes spaced closer than the quiet
@@ -150,7 +150,7 @@ pub async fn run(
     // Shutdown abandons a reconcile in flight (its writes are the next leader's to redo):
     // one waiting on an API server that stopped answering must not hold the exit.
     let mut owed = tokio::select! {
-        o = reconciler.reconcile(Relevance::Full, is_leading) => o,
+        o = reconciler.reconcile_for(Relevance::Full, is_leading, Trigger { cause: "start", kinds: Kinds::default() }) => o,
         () = &mut shutdown => {
             info!("shutting down during the first reconcile");
             stop(watch_tasks, elector).await;
@@ -184,13 +184,16 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
+        // What started this reconcile and the kinds of the changes it covers (its span's).
+        let mut trigger = "watch";
+        let mut kinds = Kinds::default();
         let mut relevance = tokio::select! {
             change = rx.recv() => {
                 let Some(change) = change else {
                     error!("every watch stopped");
                     break;
                 };
-                debounced(change, &mut rx, cfg.debounce).await
+                debounced(change, &mut rx, cfg.debounce, &mut kinds).await
             }
             changed = leading.changed() => {
                 if changed.is_err() {
@@ -198,14 +201,19 @@ pub async fn run(
                 }
                 // A new leader provisions and compares every status; a former leader just
                 // stops writing.
+                trigger = "leadership";
                 Relevance::Full
             }
             true = push_changed => {
                 // Let a burst of ACKs settle before comparing.
                 tokio::time::sleep(cfg.debounce).await;
+                trigger = "proxies";
                 Relevance::Status
             }
-            () = retry => Relevance::Status,
+            () = retry => {
+                trigger = "retry";
+                Relevance::Status
+            }
             () = &mut shutdown => break,
         };
         if let Some((at, need)) = due
@@ -215,7 +223,7 @@ pub async fn run(
         }
         let is_leading = *leading.borrow();
         let outcome = tokio::select! {
-            o = reconciler.reconcile(relevance, is_leading) => o,
+            o = reconciler.reconcile_for(relevance, is_leading, Trigger { cause: trigger, kinds }) => o,
             () = &mut shutdown => break,
             // A reconcile outlives the leadership it started with when its writes are slow
             // (an API server that hangs, the same trouble that cost the Lease): what it has
@@ -267,12 +275,17 @@ async fn debounced(
     first: Change,
     rx: &mut UnboundedReceiver<Change>,
     quiet: Duration,
+    kinds: &mut Kinds,
 ) -> Relevance {
     let batch = Batch::start(quiet);
     let mut relevance = first.relevance;
+    kinds.insert(first.kind);
     while let Some(until) = batch.wait_until() {
         match tokio::time::timeout_at(until, rx.recv()).await {
-            Ok(Some(c)) => relevance = relevance.join(c.relevance),
+            Ok(Some(c)) => {
+                relevance = relevance.join(c.relevance);
+                kinds.insert(c.kind);
+            }
             Ok(None) | Err(_) => break,
         }
     }
@@ -300,10 +313,22 @@ mod tests {
         tx.send(c(Kind::EndpointSlice, Relevance::Endpoints))
             .unwrap();
         let first = c(Kind::EndpointSlice, Relevance::Endpoints);
-        let r = debounced(first, &mut rx, Duration::from_millis(20)).await;
+        let r = debounced(
+            first,
+            &mut rx,
+            Duration::from_millis(20),
+            &mut Kinds::default(),
+        )
+        .await;
         assert_eq!(r, Relevance::Full);
         assert!(rx.try_recv().is_err());
-        let r = debounced(first, &mut rx, Duration::from_millis(20)).await;
+        let r = debounced(
+            first,
+            &mut rx,
+            Duration::from_millis(20),
+            &mut Kinds::default(),
+        )
+        .await;
         assert_eq!(r, Relevance::Endpoints);
     }
 
@@ -328,16 +353,22 @@ mod tests {
         });
         let started = tokio::time::Instant::now();
         let first = c(Kind::HttpRoute, Relevance::Full);
-        let r = tokio::time::timeout(Duration::from_secs(3600), debounced(first, &mut rx, quiet))
-            .await
-            .expect("the batch never closed while changes kept coming");
+        let r = tokio::time::timeout(
+            Duration::from_secs(3600),
+            debounced(first, &mut rx, quiet, &mut Kinds::default()),
+        )
+        .await
+        .expect("the batch never closed while changes kept coming");
         assert_eq!(r, Relevance::Full);
         let took = started.elapsed();
         assert!(took >= quiet * (MAX_BATCH_QUIET_PERIODS - 1), "{took:?}");
         assert!(took <= quiet * (MAX_BATCH_QUIET_PERIODS + 1), "{took:?}");
         // The next batch is the changes that go on arriving, with their own relevance.
         let next = rx.recv().await.unwrap();
-        assert_eq!(debounced(next, &mut rx, quiet).await, Relevance::Endpoints);
+        assert_eq!(
+            debounced(next, &mut rx, quiet, &mut Kinds::default()).await,
+            Relevance::Endpoints
+        );
         producer.abort();
     }
 

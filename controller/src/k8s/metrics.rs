@@ -78,6 +78,8 @@ pub struct Metrics {
     pub leadership_changes: Counter,
     /// Gateways with a route table.
     pub gateways: Gauge,
+    /// Reconcile spans dropped: the export queue was full or the collector failed.
+    pub trace_spans_dropped: Counter,
     ready: AtomicBool,
 }
 
@@ -163,6 +165,12 @@ impl Metrics {
         );
         let gateways = Gauge::default();
         registry.register("gateways", "Gateways with a route table", gateways.clone());
+        let trace_spans_dropped = Counter::default();
+        registry.register(
+            "trace_spans_dropped",
+            "Reconcile spans dropped (export queue full, or the collector failed)",
+            trace_spans_dropped.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -179,6 +187,7 @@ impl Metrics {
             lease_round_failures,
             leadership_changes,
             gateways,
+            trace_spans_dropped,
             ready: AtomicBool::new(false),
         }
     }

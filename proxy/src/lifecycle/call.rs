@@ -308,6 +308,14 @@ impl Call<'_> {
         if self.mirrors.is_empty() {
             return;
         }
+        // Traced, a copy carries the trace as the primary request does (the client's
+        // `traceparent` replaced, its `tracestate` only when it belongs to that trace), never
+        // the client's fields as they came.
+        let traced = self.trace.map(|t| {
+            let mut headers = parts.headers.clone();
+            t.propagate(&mut headers);
+            headers
+        });
         mirror::spawn(
             self.shared,
             self.snapshot,
@@ -315,7 +323,7 @@ impl Call<'_> {
             &MirrorRequest {
                 method: &parts.method,
                 path_and_query: self.path_and_query,
-                headers: &parts.headers,
+                headers: traced.as_ref().unwrap_or(&parts.headers),
                 body,
             },
         );

@@ -1,5 +1,6 @@
-//! Command-line settings of tracing, shared by `tollgate-proxy` and `tollgate run` (and by
-//! the controller, which passes a Gateway's `telemetry` on to its proxies as these flags).
+//! Command-line settings of tracing, shared by `tollgate-proxy`, `tollgate run` and
+//! `tollgate controller` (its own reconcile spans; it also passes a Gateway's `telemetry` on
+//! to that Gateway's proxies as these flags).
 //!
 //! In: `--otlp-endpoint`, `--otlp-protocol`, `--trace-sampling`. Out: the
 //! [`TraceSettings`] for [`crate::ProxyOptions::tracing`] (`None`: tracing off), or an

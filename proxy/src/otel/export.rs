@@ -27,7 +27,12 @@ fn build(settings: &TraceSettings) -> Result<SpanExporter, opentelemetry_otlp::E
     }
 }
 
-pub(super) async fn run(settings: TraceSettings, mut rx: Receiver<SpanData>, dropped: Counter) {
+pub(super) async fn run(
+    settings: TraceSettings,
+    mut rx: Receiver<SpanData>,
+    dropped: Counter,
+    service: &'static str,
+) {
     let mut exporter = match build(&settings) {
         Ok(e) => e,
         Err(e) => {
@@ -38,11 +43,7 @@ pub(super) async fn run(settings: TraceSettings, mut rx: Receiver<SpanData>, dro
             return;
         }
     };
-    exporter.set_resource(
-        &Resource::builder_empty()
-            .with_service_name("tollgate-proxy")
-            .build(),
-    );
+    exporter.set_resource(&Resource::builder_empty().with_service_name(service).build());
     let mut batch = Vec::with_capacity(settings.batch_size);
     // Logged when exporting starts failing and when it recovers, not once per batch: an
     // unreachable collector would otherwise log several lines a second under load.

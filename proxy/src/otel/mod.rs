@@ -3,7 +3,8 @@
 //! counts them: [`note_decision`]), each upstream attempt, and its answer. Out: one server
 //! span per request, one client span per upstream attempt (so retries show), a
 //! `traceparent` naming our client span on every upstream request, and the spans, batched,
-//! to an OTLP collector (module [`export`]).
+//! to an OTLP collector (module [`export`]). Module [`span`] gives the same tracer to work
+//! that is not a request (the controller's reconciles).
 //!
 //! Sampling is parent-based: a valid incoming parent's sampled flag decides; without one the
 //! SDK's trace-id ratio sampler does, on a new trace id. An unsampled request still gets ids
@@ -18,6 +19,7 @@
 
 pub mod args;
 mod export;
+mod span;
 pub mod w3c;
 
 use std::borrow::Cow;
@@ -38,6 +40,7 @@ use opentelemetry_sdk::trace::{
 use prometheus_client::metrics::counter::Counter;
 
 pub use args::{Protocol, TraceArgs, TraceArgsError, TraceSettings};
+pub use span::Span;
 
 /// Set once a [`Tracer`] exists in the process: until then [`note_decision`] returns at
 /// its first load, without looking for a request's event list.
@@ -62,15 +65,25 @@ impl Tracer {
     /// Starts the export task (on the current tokio runtime) and returns the tracer that
     /// feeds it; `None` outside a runtime.
     pub fn start(settings: &TraceSettings, dropped: Counter) -> Option<Arc<Self>> {
+        Self::start_as(settings, dropped, "tollgate-proxy")
+    }
+
+    /// [`Tracer::start`] for a process exporting as `service` (`service.name` of its spans'
+    /// resource and their instrumentation scope), e.g. the controller.
+    pub fn start_as(
+        settings: &TraceSettings,
+        dropped: Counter,
+        service: &'static str,
+    ) -> Option<Arc<Self>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (queue, rx) = tokio::sync::mpsc::channel(settings.queue_size.max(1));
-        handle.spawn(export::run(settings.clone(), rx, dropped.clone()));
+        handle.spawn(export::run(settings.clone(), rx, dropped.clone(), service));
         ACTIVE.store(true, Ordering::Relaxed);
         Some(Arc::new(Self {
             sampler: Sampler::TraceIdRatioBased(settings.sampling_ratio),
             queue,
             dropped,
-            scope: InstrumentationScope::builder("tollgate-proxy")
+            scope: InstrumentationScope::builder(service)
                 .with_version(env!("CARGO_PKG_VERSION"))
                 .build(),
         }))
@@ -196,13 +209,7 @@ impl RequestTrace {
     /// only when it belongs to the trace continued.
     pub fn begin_attempt(&self, headers: &mut HeaderMap) -> Attempt {
         let span_id = SpanId::from(fastrand::u64(1..));
-        headers.insert(
-            w3c::TRACEPARENT,
-            w3c::format(self.trace_id, span_id, self.flags()),
-        );
-        if !self.keep_state {
-            headers.remove(w3c::TRACESTATE);
-        }
+        self.set_fields(headers, span_id);
         Attempt {
             span_id,
             start: if self.sampled {
@@ -211,6 +218,22 @@ impl RequestTrace {
                 SystemTime::UNIX_EPOCH
             },
             resend: self.attempts.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The trace fields of a request sent without a client span of its own (a mirror's
+    /// copy): the server span as its parent, as [`RequestTrace::begin_attempt`] otherwise.
+    pub fn propagate(&self, headers: &mut HeaderMap) {
+        self.set_fields(headers, self.span_id);
+    }
+
+    fn set_fields(&self, headers: &mut HeaderMap, parent: SpanId) {
+        headers.insert(
+            w3c::TRACEPARENT,
+            w3c::format(self.trace_id, parent, self.flags()),
+        );
+        if !self.keep_state {
+            headers.remove(w3c::TRACESTATE);
         }
     }
 
@@ -282,7 +305,7 @@ impl RequestTrace {
             ),
         ];
         if !query.is_empty() {
-            attributes.push(KeyValue::new("url.query", capped(query).to_owned()));
+            attributes.push(KeyValue::new("url.query", redacted_query(query)));
         }
         if let Some(route) = route {
             attributes.push(KeyValue::new("tollgate.route", route.to_owned()));
@@ -383,8 +406,9 @@ pub fn note_decision(policy: &Arc<str>, rule: &Arc<str>, outcome: &'static str) 
             "policy.decision",
             SystemTime::now(),
             vec![
-                KeyValue::new("tollgate.policy", policy.to_string()),
-                KeyValue::new("tollgate.policy.rule", rule.to_string()),
+                // The route table's names, shared (a reference count each), not copied.
+                KeyValue::new("tollgate.policy", policy.clone()),
+                KeyValue::new("tollgate.policy.rule", rule.clone()),
                 KeyValue::new("tollgate.policy.outcome", outcome),
             ],
             0,
@@ -395,6 +419,27 @@ pub fn note_decision(policy: &Arc<str>, rule: &Arc<str>, outcome: &'static str) 
 /// Longest attribute taken from the request (path, query, host): the export queue is
 /// bounded in spans, so a client must not make each span as large as its request line.
 const ATTRIBUTE_MAX: usize = 1024;
+
+/// The query with every value replaced by `REDACTED`, keys kept so its shape shows: any
+/// value may be a credential (`?api_key=...`), which must not reach the collector (semantic
+/// conventions, `url.query`; the access log leaves the query out altogether). A member
+/// without `=` is all value, and redacted whole.
+fn redacted_query(query: &str) -> String {
+    let mut out = String::with_capacity(query.len().min(ATTRIBUTE_MAX));
+    for (i, member) in capped(query).split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        if let Some((key, _)) = member.split_once('=') {
+            out.push_str(key);
+            out.push('=');
+        }
+        out.push_str("REDACTED");
+    }
+    // A query of many bare members grows eightfold: the attribute stays within the cap.
+    out.truncate(capped(&out).len());
+    out
+}
 
 /// `s` cut to at most [`ATTRIBUTE_MAX`] bytes, on a character boundary.
 fn capped(s: &str) -> &str {
@@ -413,7 +458,15 @@ pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(1000);
 
 #[cfg(test)]
 mod capped_tests {
-    use super::{ATTRIBUTE_MAX, capped};
+    use super::{ATTRIBUTE_MAX, capped, redacted_query};
+
+    #[test]
+    fn query_values_are_redacted() {
+        assert_eq!(
+            redacted_query("api_key=s3cret&n=1&token&empty="),
+            "api_key=REDACTED&n=REDACTED&REDACTED&empty=REDACTED"
+        );
+    }
 
     #[test]
     fn long_attributes_are_cut_on_a_character_boundary() {

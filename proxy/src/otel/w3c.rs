@@ -74,19 +74,84 @@ pub fn format(trace_id: TraceId, span_id: SpanId, flags: TraceFlags) -> http::He
     http::HeaderValue::from_bytes(&buf).unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
-/// A `tracestate` worth passing on: at most 512 bytes (§3.3.1.5 lets a vendor truncate
-/// beyond; we drop it whole instead of cutting entries), printable ASCII, each list member
-/// `key=value` or empty.
+/// A `tracestate` worth passing on (§3.3.1): at most 512 bytes (§3.3.1.5 lets a vendor
+/// truncate beyond; we drop it whole instead of cutting entries), at most 32 list members,
+/// each `key=value` with the grammar's key (`lcalpha` then `a-z0-9_-*/`, up to 256, or the
+/// `tenant@system` form) and value (up to 256 printable characters, no `,` or `=`, not
+/// ending in a space), no key twice; empty members (optional white space) are allowed. An
+/// invalid `tracestate` is dropped, not passed on.
 pub fn valid_state(value: &[u8]) -> bool {
-    value.len() <= 512
-        && value.iter().all(|&b| (0x20..0x7f).contains(&b))
-        && value.split(|&b| b == b',').all(|m| {
-            let m = m.trim_ascii();
-            m.is_empty()
-                || m.iter()
-                    .position(|&b| b == b'=')
-                    .is_some_and(|i| i > 0 && i + 1 < m.len())
-        })
+    if value.len() > 512 {
+        return false;
+    }
+    let mut keys: [&[u8]; MAX_MEMBERS] = [&[]; MAX_MEMBERS];
+    let mut n = 0;
+    for member in value.split(|&b| b == b',') {
+        let m = trim_ows(member);
+        if m.is_empty() {
+            continue;
+        }
+        let Some(eq) = m.iter().position(|&b| b == b'=') else {
+            return false;
+        };
+        let (key, val) = (&m[..eq], &m[eq + 1..]);
+        if n == MAX_MEMBERS || !valid_key(key) || !valid_value(val) || keys[..n].contains(&key) {
+            return false;
+        }
+        keys[n] = key;
+        n += 1;
+    }
+    true
+}
+
+/// Most list members a `tracestate` may have (§3.3.1.1).
+const MAX_MEMBERS: usize = 32;
+
+/// `s` without the optional white space (spaces, tabs) around it.
+fn trim_ows(s: &[u8]) -> &[u8] {
+    let start = s.iter().position(|&b| b != b' ' && b != b'\t');
+    let end = s.iter().rposition(|&b| b != b' ' && b != b'\t');
+    match (start, end) {
+        (Some(a), Some(b)) => &s[a..=b],
+        _ => &[],
+    }
+}
+
+fn key_char(b: u8) -> bool {
+    matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/')
+}
+
+/// `simple-key` (`lcalpha` then up to 255 key characters) or `multi-tenant-key`
+/// (`tenant-id@system-id`: up to 241 key characters starting with `lcalpha` or a digit, then
+/// up to 14 starting with `lcalpha`).
+fn valid_key(key: &[u8]) -> bool {
+    match key.iter().position(|&b| b == b'@') {
+        None => {
+            key.len() <= 256
+                && key.first().is_some_and(u8::is_ascii_lowercase)
+                && key.iter().all(|&b| key_char(b))
+        }
+        Some(at) => {
+            let (tenant, system) = (&key[..at], &key[at + 1..]);
+            (1..=241).contains(&tenant.len())
+                && tenant
+                    .first()
+                    .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                && tenant.iter().all(|&b| key_char(b))
+                && (1..=14).contains(&system.len())
+                && system.first().is_some_and(u8::is_ascii_lowercase)
+                && system.iter().all(|&b| key_char(b))
+        }
+    }
+}
+
+/// `value`: 1 to 256 characters of 0x20-0x7E except `,` and `=`, the last not a space.
+fn valid_value(value: &[u8]) -> bool {
+    (1..=256).contains(&value.len())
+        && value
+            .iter()
+            .all(|&b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+        && value.last() != Some(&b' ')
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
@@ -155,9 +220,43 @@ mod tests {
     fn tracestate_checks() {
         assert!(valid_state(b"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
         assert!(valid_state(b""));
+        assert!(valid_state(b" , congo=x ,\trojo=y\t,"));
+        assert!(valid_state(b"fw529a3039@dt=abc,0tenant@sys-1=v w"));
         assert!(!valid_state(b"congo"));
         assert!(!valid_state(b"=x"));
+        assert!(!valid_state(b"congo="));
         assert!(!valid_state("a=\u{e9}".as_bytes()));
         assert!(!valid_state(&[b'a'; 600]));
+        // Key grammar.
+        for bad in [
+            "Congo=x",
+            "1congo=x",
+            "con go=x",
+            "congo!=x",
+            "@sys=x",
+            "t@=x",
+            "t@Sys=x",
+            "t@0sys=x",
+            "t@abcdefghijklmno=x",
+            "a@b@c=x",
+        ] {
+            assert!(!valid_state(bad.as_bytes()), "{bad}");
+        }
+        assert!(!valid_state(format!("a{}=x", "b".repeat(256)).as_bytes()));
+        assert!(valid_state(format!("a{}=x", "b".repeat(255)).as_bytes()));
+        // Value grammar.
+        assert!(!valid_state(b"congo=a=b"));
+        assert!(!valid_state(b"congo=a\tb"));
+        assert!(!valid_state(format!("k={}", "v".repeat(257)).as_bytes()));
+        // Unique keys, at most 32 members.
+        assert!(!valid_state(b"congo=1,congo=2"));
+        let members = |n: usize| {
+            (0..n)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        assert!(valid_state(members(32).as_bytes()));
+        assert!(!valid_state(members(33).as_bytes()));
     }
 }

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use tollgate_api::ObjectKey;
+use tollgate_proxy::otel::Span;
 use tracing::{debug, info, warn};
 
 use super::UNREADABLE_GRACE;
@@ -54,6 +55,8 @@ pub(super) struct Publisher {
     compiled: Output,
     cache: CompileCache,
     versions: BTreeMap<ObjectKey, u64>,
+    /// The last publish: tables whose version changed, and tables removed.
+    last_publish: (usize, usize),
 }
 
 impl Publisher {
@@ -75,6 +78,7 @@ impl Publisher {
             compiled: Output::default(),
             cache: CompileCache::default(),
             versions: BTreeMap::new(),
+            last_publish: (0, 0),
         }
     }
 
@@ -83,8 +87,28 @@ impl Publisher {
         &self.compiled
     }
 
-    /// Snapshots, compiles and publishes.
-    pub(super) async fn run(&mut self, started: Instant, metrics: &Metrics) -> Published {
+    /// What the last compile and publish came to, as attributes of the reconcile span.
+    pub(super) fn describe(&self, span: &mut Span) {
+        let out = &self.compiled;
+        let routes = out.http_routes.len()
+            + out.grpc_routes.len()
+            + out.tls_routes.len()
+            + out.tcp_routes.len()
+            + out.udp_routes.len();
+        span.set("tollgate.gateways", count(out.tables.len()));
+        span.set("tollgate.routes", count(routes));
+        span.set("tollgate.rejected", count(out.rejections().len()));
+        span.set("tollgate.push.published", count(self.last_publish.0));
+    }
+
+    /// Snapshots, compiles and publishes; each phase a child of `span`, when traced.
+    pub(super) async fn run(
+        &mut self,
+        started: Instant,
+        metrics: &Metrics,
+        span: Option<&Span>,
+    ) -> Published {
+        let mut phase = span.map(|s| s.child("snapshot"));
         let mut inputs = self.stores.inputs(Time(Timestamp::now()));
         if self.provisioned {
             // A listener there would take the provisioned proxy's admin port.
@@ -102,8 +126,14 @@ impl Publisher {
             }
             Err(e) => {
                 let since = *self.unreadable_since.get_or_insert(started);
+                if let Some(p) = &mut phase {
+                    p.fail(format!("a referenced object could not be read: {e}"));
+                }
                 if since.elapsed() < UNREADABLE_GRACE {
                     warn!(error = %e, "a referenced object could not be read: tables, statuses and proxies stay as they are; retrying");
+                    if let Some(p) = phase {
+                        p.end();
+                    }
                     return Published::Held;
                 }
                 warn!(error = %e, grace_s = UNREADABLE_GRACE.as_secs(), "a referenced object is still unreadable: compiling without it (the listeners naming it are rejected)");
@@ -111,13 +141,29 @@ impl Publisher {
             }
         };
         let snapshot = started.elapsed();
+        if let Some(p) = phase {
+            p.end();
+        }
+        let phase = span.map(|s| s.child("compile"));
         inputs.last_valid = self.compiled.last_valid.clone();
         let (mut out, cache) = compile_cached(&inputs, std::mem::take(&mut self.cache));
         self.cache = cache;
         name_parents(&mut out, &self.controller_name);
         drop(inputs);
         let compiled = started.elapsed();
+        if let Some(mut p) = phase {
+            p.set("tollgate.gateways", count(out.tables.len()));
+            p.end();
+        }
+        let phase = span
+            .filter(|_| self.push.is_some())
+            .map(|s| s.child("push"));
         self.publish(&out, metrics);
+        if let Some(mut p) = phase {
+            p.set("tollgate.push.published", count(self.last_publish.0));
+            p.set("tollgate.push.removed", count(self.last_publish.1));
+            p.end();
+        }
         self.compiled = out;
         debug!(
             snapshot_ms = snapshot.as_millis(),
@@ -131,6 +177,7 @@ impl Publisher {
         metrics
             .gateways
             .set(i64::try_from(out.tables.len()).unwrap_or(i64::MAX));
+        self.last_publish = (0, 0);
         let Some(push) = &self.push else {
             return;
         };
@@ -146,6 +193,7 @@ impl Publisher {
             let v = push.publish(key, table);
             let old = self.versions.insert(key.clone(), v);
             if old != Some(v) {
+                self.last_publish.0 += 1;
                 metrics.pushed_versions.inc();
                 info!(gateway = %key, version = v, "route table published");
             }
@@ -156,11 +204,17 @@ impl Publisher {
             .filter(|k| !out.tables.contains_key(*k))
             .cloned()
             .collect();
+        self.last_publish.1 = gone.len();
         for key in gone {
             push.remove(&key);
             self.versions.remove(&key);
         }
     }
+}
+
+/// A count as a span attribute (OTLP integers are signed).
+pub(super) fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Compiles `inputs` after `previous` (the last compile's output): hands the compiler the

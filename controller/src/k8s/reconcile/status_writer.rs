@@ -165,6 +165,8 @@ pub(super) struct StatusWriter {
     /// resourceVersion each written object had when we planned its write: until the watch
     /// brings a newer one (the echo of our write), planning it again would be a duplicate.
     written: BTreeMap<(&'static str, ObjectKey), String>,
+    /// The last pass's writes, (made, failed), for the reconcile span.
+    last_pass: (usize, usize),
 }
 
 impl StatusWriter {
@@ -179,7 +181,13 @@ impl StatusWriter {
             manager,
             api_timeout,
             written: BTreeMap::new(),
+            last_pass: (0, 0),
         }
+    }
+
+    /// The writes of the last pass: (made, failed).
+    pub(super) fn last_pass(&self) -> (usize, usize) {
+        self.last_pass
     }
 
     /// Writes what `desired` (see [`final_status`]) needs of the live objects.
@@ -189,6 +197,7 @@ impl StatusWriter {
         stores: &Stores,
         metrics: &Metrics,
     ) -> Outcome {
+        self.last_pass = (0, 0);
         let live_version =
             |kind: &str, key: &ObjectKey| on_object!(stores, kind, key, |o| o.resource_version());
         let mut writes = status::plan(desired, stores, &self.manager);
@@ -255,6 +264,7 @@ impl StatusWriter {
                 .inc();
             match r {
                 Ok(()) => {
+                    self.last_pass.0 += 1;
                     debug!(kind = w.kind(), object = %w.key(), "status written");
                     if let Some(rv) = rv {
                         self.written.insert((w.kind(), w.key()), rv);
@@ -262,6 +272,7 @@ impl StatusWriter {
                     self.publish_events(&w, &rejections, stores, metrics).await;
                 }
                 Err(e) => {
+                    self.last_pass.1 += 1;
                     outcome.retry = true;
                     warn!(kind = w.kind(), object = %w.key(), error = %e, "status write failed; will retry");
                 }

@@ -123,6 +123,33 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in declaration order (index = discriminant, for [`Kinds`]).
+    pub const ALL: [Kind; 23] = [
+        Self::GatewayClass,
+        Self::Gateway,
+        Self::HttpRoute,
+        Self::GrpcRoute,
+        Self::TlsRoute,
+        Self::TcpRoute,
+        Self::UdpRoute,
+        Self::ListenerSet,
+        Self::ReferenceGrant,
+        Self::Service,
+        Self::EndpointSlice,
+        Self::Secret,
+        Self::Namespace,
+        Self::RateLimitPolicy,
+        Self::AuthPolicy,
+        Self::ClientPolicy,
+        Self::BackendPolicy,
+        Self::CachePolicy,
+        Self::BackendTrafficPolicy,
+        Self::CredentialSecret,
+        Self::ConfigMap,
+        Self::BackendTlsPolicy,
+        Self::GatewayParameters,
+    ];
+
     /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -150,6 +177,32 @@ impl Kind {
             Self::BackendTlsPolicy => "BackendTLSPolicy",
             Self::GatewayParameters => "GatewayParameters",
         }
+    }
+}
+
+/// A set of kinds (the kinds of the changes a reconcile covers), without allocating.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kinds(u32);
+
+impl Kinds {
+    /// Adds `kind`.
+    pub fn insert(&mut self, kind: Kind) {
+        self.0 |= 1 << (kind as u32);
+    }
+
+    /// The kinds' names, comma-separated, in declaration order.
+    pub fn names(self) -> String {
+        let mut out = String::new();
+        for k in Kind::ALL
+            .iter()
+            .filter(|k| self.0 & (1 << (**k as u32)) != 0)
+        {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(k.as_str());
+        }
+        out
     }
 }
 
@@ -536,3 +589,22 @@ pub const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 mod watch;
 pub use watch::relevance;
+
+#[cfg(test)]
+mod kinds_tests {
+    use super::{Kind, Kinds};
+
+    #[test]
+    fn every_kind_is_at_its_index_and_a_set_names_each_once() {
+        for (i, k) in Kind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        let mut ks = Kinds::default();
+        assert_eq!(ks.names(), "");
+        ks.insert(Kind::Service);
+        ks.insert(Kind::HttpRoute);
+        ks.insert(Kind::Service);
+        ks.insert(Kind::GatewayParameters);
+        assert_eq!(ks.names(), "HTTPRoute,Service,GatewayParameters");
+    }
+}

@@ -1,0 +1,173 @@
+//! What leaves the gateway besides the primary request's `traceparent`: the query on the
+//! server span (values redacted), the trace fields of a mirror's copy (the trace the
+//! primary request continues, never the client's fields as they came), and a `tracestate`
+//! that breaks the W3C grammar or limits (dropped, not passed on).
+
+use super::*;
+use tollgate_api::{Filter, Mirror};
+
+/// A RequestMirror filter copying every request to `backend`.
+fn mirror_all(backend: &str) -> Filter {
+    Filter::RequestMirror(Mirror {
+        backend: Some(backend.into()),
+        per_million: 1_000_000,
+        sampler: Default::default(),
+    })
+}
+
+/// The `traceparent` the mirror backend received with the request to `path`.
+async fn mirrored_parent(shadow: &EchoBackend, path: &str) -> (Option<String>, Option<String>) {
+    assert!(
+        eventually(|| shadow
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v["path"] == path))
+        .await
+    );
+    let seen = shadow.seen.lock().unwrap().clone();
+    let copy = seen.iter().find(|v| v["path"] == path).unwrap();
+    let field = |name: &str| copy["headers"][name].as_str().map(str::to_owned);
+    (field("traceparent"), field("tracestate"))
+}
+
+#[tokio::test]
+async fn query_values_are_redacted_on_the_server_span() {
+    let (rx, collector) = Receiver::start().await;
+    let app = echo_backend("app").await;
+    let (_p, url) = proxy_with_options(
+        tracing_opts(collector, 1.0),
+        vec![route("r", "/", vec![wb("app", 1)])],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    let incoming = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
+    let a = get_with(
+        &h1_client(),
+        &format!("{url}/things?api_key=s3cret-key&n=1&bare-token"),
+        &[("traceparent", &incoming)],
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let spans = rx.spans_of(PARENT_TRACE, 2).await;
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap();
+    assert_eq!(
+        str_attr(&server.attributes, "url.query").as_deref(),
+        Some("api_key=REDACTED&n=REDACTED&REDACTED")
+    );
+    let exported = format!("{spans:?}");
+    assert!(!exported.contains("s3cret"), "{exported}");
+    assert!(!exported.contains("bare-token"), "{exported}");
+}
+
+#[tokio::test]
+async fn a_mirror_carries_the_trace_of_the_primary_request() {
+    let (rx, collector) = Receiver::start().await;
+    let main = echo_backend("main").await;
+    let shadow = echo_backend("shadow").await;
+    let (_p, url) = proxy_with_options(
+        tracing_opts(collector, 1.0),
+        vec![with_filters(
+            route("r", "/", vec![wb("main", 1)]),
+            vec![mirror_all("shadow")],
+        )],
+        vec![
+            ("main", backend_of(&[&main])),
+            ("shadow", backend_of(&[&shadow])),
+        ],
+    )
+    .await;
+    let c = h1_client();
+
+    // A malformed parent: the mirror gets the new trace, not the client's value.
+    let bad = format!("00-{}-{PARENT_SPAN}-01", PARENT_TRACE.to_uppercase());
+    let a = get_with(
+        &c,
+        &format!("{url}/bad"),
+        &[("traceparent", &bad), ("tracestate", "congo=t61rcWkgMzE")],
+    )
+    .await;
+    let (trace, _, flags) = upstream_parent(&a);
+    let (parent, state) = mirrored_parent(&shadow, "/bad").await;
+    let parent = parent.expect("a traceparent on the mirror's copy");
+    assert_ne!(parent, bad);
+    let parts: Vec<&str> = parent.split('-').collect();
+    assert_eq!(
+        (parts[1], parts[3]),
+        (trace.as_str(), flags.as_str()),
+        "{parent}"
+    );
+    assert_eq!(state, None);
+
+    // A valid parent: the same trace, the server span as the copy's parent, the state kept.
+    let good = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
+    get_with(
+        &c,
+        &format!("{url}/good"),
+        &[("traceparent", &good), ("tracestate", "congo=t61rcWkgMzE")],
+    )
+    .await;
+    let (parent, state) = mirrored_parent(&shadow, "/good").await;
+    let spans = rx.spans_of(PARENT_TRACE, 2).await;
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap();
+    assert_eq!(
+        parent.as_deref(),
+        Some(format!("00-{PARENT_TRACE}-{}-01", hex(&server.span_id)).as_str())
+    );
+    assert_eq!(state.as_deref(), Some("congo=t61rcWkgMzE"));
+}
+
+#[tokio::test]
+async fn a_tracestate_outside_the_w3c_grammar_or_limits_is_dropped() {
+    let (_rx, collector) = Receiver::start().await;
+    let app = echo_backend("app").await;
+    let (_p, url) = proxy_with_options(
+        tracing_opts(collector, 1.0),
+        vec![route("r", "/", vec![wb("app", 1)])],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    let c = h1_client();
+    let parent = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
+    let members = |n: usize| {
+        (0..n)
+            .map(|i| format!("k{i}=v"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let upstream_state = |state: String| {
+        let (c, url, parent) = (c.clone(), url.clone(), parent.clone());
+        async move {
+            get_with(
+                &c,
+                &format!("{url}/"),
+                &[("traceparent", &parent), ("tracestate", &state)],
+            )
+            .await
+            .upstream_header("tracestate")
+        }
+    };
+    for bad in [
+        "Congo=t61rcWkgMzE".to_owned(),
+        "congo=a=b".to_owned(),
+        "congo=1,congo=2".to_owned(),
+        "tenant@Vendor=x".to_owned(),
+        format!("congo={}", "v".repeat(257)),
+        members(33),
+    ] {
+        assert_eq!(upstream_state(bad.clone()).await, None, "{bad}");
+    }
+    for good in [
+        members(32),
+        "fw529a3039@dt=abc, rojo=00f067aa0ba902b7".to_owned(),
+    ] {
+        assert_eq!(upstream_state(good.clone()).await, Some(good));
+    }
+}
