@@ -106,6 +106,7 @@ fn the_issues_shape_compiles_as_written() {
             "text/plain".into(),
             "application/json".into(),
         ],
+        gzip_level: None,
     };
     assert_eq!(compression(&out, 80), Some(&want));
     assert_eq!(compression(&out, 8443), Some(&want));
@@ -137,6 +138,25 @@ fn an_empty_section_takes_the_defaults() {
     assert!(c.content_types.contains(&"application/json".to_owned()));
     assert!(c.content_types.contains(&"text/html".to_owned()));
     assert!(!c.content_types.iter().any(|t| t.starts_with("image/png")));
+}
+
+#[test]
+fn gzip_level_is_kept_when_set() {
+    let out = compiled(&[policy(
+        "edge",
+        "2026-01-01T00:00:00Z",
+        GW,
+        "  compression: {algorithms: [gzip], gzipLevel: 6}",
+    )]);
+    assert_cond(conds(&out, "edge"), "Accepted", "True", "Accepted");
+    assert_eq!(compression(&out, 80).unwrap().gzip_level, Some(6));
+    let out = compiled(&[policy(
+        "edge",
+        "2026-01-01T00:00:00Z",
+        GW,
+        "  compression: {algorithms: [gzip]}",
+    )]);
+    assert_eq!(compression(&out, 80).unwrap().gzip_level, None, "the proxy's default");
 }
 
 #[test]
@@ -277,6 +297,16 @@ fn invalid_compression_settings_make_the_policy_invalid() {
             "grpc",
             "  compression: {contentTypes: [application/grpc]}",
             "is gRPC",
+        ),
+        (
+            "gzip-zero",
+            "  compression: {gzipLevel: 0}",
+            "compression.gzipLevel must be 1 to 9, not 0",
+        ),
+        (
+            "gzip-ten",
+            "  compression: {gzipLevel: 10}",
+            "compression.gzipLevel must be 1 to 9, not 10",
         ),
         (
             "disabled-and-more",

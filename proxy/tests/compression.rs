@@ -162,6 +162,7 @@ fn settings(algorithms: &[Encoding], min_bytes: u64) -> Compression {
             "text/*".into(),
             "application/*".into(),
         ],
+        gzip_level: None,
     }
 }
 
@@ -266,6 +267,26 @@ async fn each_algorithm_round_trips_and_is_counted() {
         .await;
         assert!(counted, "{line} and {bytes_in} in\n{}", g.metrics.encode());
     }
+}
+
+#[tokio::test]
+async fn gzip_level_from_the_policy_sets_the_ratio() {
+    let doc = json_doc();
+    let mut sizes = Vec::new();
+    for level in [1, 9] {
+        let g = gateway(Compression {
+            gzip_level: Some(level),
+            ..settings(&[Encoding::Gzip], 1024)
+        })
+        .await;
+        let a = fetch(&h1_client(), &format!("{}/json", g.url), Some("gzip")).await;
+        assert_coded(&a, "gzip", &doc).await;
+        sizes.push(a.body.len());
+    }
+    assert!(
+        sizes[1] < sizes[0],
+        "level 9 compresses smaller than level 1: {sizes:?}"
+    );
 }
 
 #[tokio::test]

@@ -88,6 +88,9 @@ pub struct Compression {
     /// Media types compressed, lower case, parameters left out: `type/subtype`, or `type/*`
     /// for every subtype. Not empty.
     pub content_types: Vec<String>,
+    /// gzip's level, 1 (fastest) to 9 (smallest); `None`: the proxy's default, 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gzip_level: Option<u8>,
 }
 
 /// PROXY protocol on a port.

@@ -253,8 +253,8 @@ fn compression(c: &CompressionSpec) -> Result<Option<Compression>, Problem> {
             })
         {
             return Err(invalid(
-                "compression.disabled: true takes no other field: remove algorithms, minBytes \
-                 and contentTypes, or the disabled field",
+                "compression.disabled: true takes no other field: remove algorithms, minBytes, \
+                 contentTypes and gzipLevel, or the disabled field",
             ));
         }
         return Ok(None);
@@ -311,10 +311,19 @@ fn compression(c: &CompressionSpec) -> Result<Option<Compression>, Problem> {
             out
         }
     };
+    let gzip_level = match c.gzip_level {
+        Some(l) if !(1..=9).contains(&l) => {
+            return Err(invalid(format!(
+                "compression.gzipLevel must be 1 to 9, not {l}"
+            )));
+        }
+        l => l,
+    };
     Ok(Some(Compression {
         algorithms,
         min_bytes,
         content_types,
+        gzip_level,
     }))
 }
 

@@ -23,7 +23,7 @@ use tollgate_api::client::Encoding;
 use crate::lifecycle::body::{BoxError, ProxyBody};
 use crate::metrics::CompressionCounters;
 
-/// gzip level: 5 of 9, most of level 6's ratio for less CPU.
+/// gzip's default level: 5 of 9, most of level 6's ratio for less CPU.
 const GZIP_LEVEL: i32 = 5;
 /// Brotli quality 4 of 11 (the fastest with its own hasher for text) and a 256 KiB window.
 const BROTLI_QUALITY: i32 = 4;
@@ -31,6 +31,27 @@ const BROTLI_WINDOW_LOG: i32 = 18;
 /// zstd level 3 (its default) with a 256 KiB window rather than the 2 MiB level 3 picks.
 const ZSTD_LEVEL: i32 = 3;
 const ZSTD_WINDOW_LOG: u32 = 18;
+
+/// The levels a port's encoders use: gzip's from its ClientPolicy (1 to 9, the compiler
+/// checks; clamped here too), brotli's and zstd's fixed so a stream's memory stays bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Levels {
+    gzip: i32,
+}
+
+impl Levels {
+    pub(crate) fn new(gzip: Option<u8>) -> Self {
+        Self {
+            gzip: gzip.map_or(GZIP_LEVEL, |l| i32::from(l.clamp(1, 9))),
+        }
+    }
+}
+
+impl Default for Levels {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
 
 /// One response's encoder, writing into its own buffer (brotli's state is boxed: 5.6 KB
 /// inline).
@@ -41,11 +62,11 @@ enum Encoder {
 }
 
 impl Encoder {
-    fn new(e: Encoding) -> Self {
+    fn new(e: Encoding, levels: Levels) -> Self {
         match e {
             Encoding::Gzip => Self::Gzip(GzipEncoder::with_quality(
                 Vec::new(),
-                Level::Precise(GZIP_LEVEL),
+                Level::Precise(levels.gzip),
             )),
             Encoding::Br => Self::Br(Box::new(BrotliEncoder::with_params(
                 Vec::new(),
@@ -125,11 +146,16 @@ pub(crate) struct CompressBody {
 }
 
 impl CompressBody {
-    pub(crate) fn new(inner: ProxyBody, e: Encoding, counters: CompressionCounters) -> Self {
+    pub(crate) fn new(
+        inner: ProxyBody,
+        e: Encoding,
+        levels: Levels,
+        counters: CompressionCounters,
+    ) -> Self {
         counters.response();
         Self {
             inner,
-            encoder: Some(Encoder::new(e)),
+            encoder: Some(Encoder::new(e, levels)),
             trailers: None,
             counters,
             bytes_in: 0,
@@ -247,7 +273,7 @@ mod tests {
             .collect();
         for e in Encoding::ALL {
             let before = rss();
-            let mut live: Vec<Encoder> = (0..20).map(|_| Encoder::new(e)).collect();
+            let mut live: Vec<Encoder> = (0..20).map(|_| Encoder::new(e, Levels::default())).collect();
             for enc in &mut live {
                 for chunk in text.chunks(16 * 1024) {
                     let _ = enc.feed(chunk).unwrap();

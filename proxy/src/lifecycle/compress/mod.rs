@@ -37,6 +37,8 @@ use self::body::CompressBody;
 pub(crate) struct Settings {
     algorithms: Vec<Encoding>,
     min_bytes: u64,
+    /// gzip's level (see [`body::Levels`]).
+    levels: body::Levels,
     /// Lower-case media types; `type/*` entries as the type and `/`.
     exact: Vec<String>,
     prefixes: Vec<String>,
@@ -55,6 +57,7 @@ impl Settings {
         Self {
             algorithms: c.algorithms.clone(),
             min_bytes: c.min_bytes,
+            levels: body::Levels::new(c.gzip_level),
             exact,
             prefixes,
         }
@@ -135,7 +138,7 @@ impl Offer {
             return resp;
         }
         let counters = metrics.compression(e);
-        resp.map(|b| http_body_util::BodyExt::boxed(CompressBody::new(b, e, counters)))
+        resp.map(|b| http_body_util::BodyExt::boxed(CompressBody::new(b, e, self.settings.levels, counters)))
     }
 
     fn compressible(&self, resp: &Response<ProxyBody>) -> bool {
@@ -236,6 +239,7 @@ mod tests {
             algorithms: vec![Encoding::Gzip],
             min_bytes: 10,
             content_types: types.iter().map(|t| (*t).to_owned()).collect(),
+            gzip_level: None,
         })
     }
 
