@@ -6,7 +6,9 @@
 # CPU 0, each loaded by its own wrk on CPU 1 with the backend, nginx serving the document as a
 # static file). Every request sends `Accept-Encoding: gzip, deflate, br, zstd`; the bare route
 # ignores it. Also reports each coding's bytes on the wire for the document. A control, twin
-# (the bare route again), shows that two equal proxies come out equal. The figure is the
+# (the bare route again), shows that two equal proxies come out equal. `gzip-6` is gzip at
+# level 6 (`gzipLevel: 6`) measured beside nginx compressing the same proxied document with
+# `gzip_comp_level 6` (one worker on CPU 0, no access log): the ratio to nginx per core. The figure is the
 # median across rounds. Traffic stays on 127.0.0.1.
 # Installs nginx, wrk from apt when missing; builds Tollgate in release mode (PROFILE=debug: a
 # debug build, to check the script quickly; its figures mean nothing).
@@ -42,8 +44,8 @@ BACKEND_JSON_FILE=$work/doc.json sbs_backend
 doc_bytes=$(stat -c %s "$work/doc.json")
 
 ACCEPT="Accept-Encoding: gzip, deflate, br, zstd"
-declare -A ports=([bare]=18790 [gzip]=18791 [br]=18792 [zstd]=18793 [twin]=18794)
-variants=(gzip br zstd twin)
+declare -A ports=([bare]=18790 [gzip]=18791 [br]=18792 [zstd]=18793 [twin]=18794 [gzip-6]=18795)
+variants=(gzip br zstd twin gzip-6)
 admin=19960
 for v in bare "${variants[@]}"; do
   d=$work/v/$v
@@ -55,14 +57,15 @@ sys.dont_write_bytecode = True
 import gen
 name, port = sys.argv[2], int(sys.argv[3])
 out = gen.base(name, port)
-if name in ("gzip", "br", "zstd"):
+if name in ("gzip", "br", "zstd", "gzip-6"):
+    coding, level = name.split("-")[0], (", gzipLevel: 6" if name == "gzip-6" else "")
     out += f"""---
 apiVersion: tollgate.dev/v1alpha1
 kind: ClientPolicy
 metadata: {{name: compress, namespace: default}}
 spec:
   targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: bench}}]
-  compression: {{algorithms: [{name}], minBytes: 1024, contentTypes: [application/json]}}
+  compression: {{algorithms: [{coding}], minBytes: 1024, contentTypes: [application/json]{level}}}
 """
 print(out)
 PY
@@ -75,16 +78,52 @@ PY
   admin=$((admin + 1))
   wait_200 "http://127.0.0.1:${ports[$v]}/" "$ACCEPT"
 done
+# nginx gzip at level 6 in front of the same backend, one worker on CPU 0.
+ng=$work/nginx-gzip
+mkdir -p "$ng"
+cat >"$ng/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $ng/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp;
+  uwsgi_temp_path /tmp; scgi_temp_path /tmp;
+  gzip on;
+  gzip_comp_level 6;
+  gzip_min_length 1024;
+  gzip_types application/json;
+  gzip_vary on;
+  gzip_proxied any;
+  upstream be { server 127.0.0.1:19080; keepalive 64; }
+  server {
+    listen 127.0.0.1:18796;
+    location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+spawn 0 nginx -e "$ng/err" -c "$ng/nginx.conf"
+wait_200 http://127.0.0.1:18796/ "$ACCEPT"
+port_of[nginx-gzip]=18796
+hdr_of[nginx-gzip]=$ACCEPT
+pid_of[nginx-gzip]=$(pgrep -P "$last_pid" | head -1)
+[ -n "${pid_of[nginx-gzip]}" ] || { echo "no nginx worker" >&2; exit 1; }
+partner_of[gzip-6]=nginx-gzip
+
 # Each variant must answer in its coding (and the bare route not at all): the benchmark
 # measures compression.
 declare -A wire=()
-for v in bare "${variants[@]}"; do
+for v in bare "${variants[@]}" nginx-gzip; do
   ce=$(curl -s -o "$work/body.$v" -D - -H "$ACCEPT" "http://127.0.0.1:${ports[$v]}/" |
     awk -F': ' 'tolower($1) == "content-encoding" {gsub(/\r/, "", $2); print $2}')
-  want=$v
-  case $v in bare | twin) want= ;; esac
+  want=${v%-*}
+  case $v in bare | twin) want= ;; nginx-gzip) want=gzip ;; esac
   [ "$ce" = "$want" ] || { echo "$v answered Content-Encoding '$ce', not '$want'" >&2; exit 1; }
   wire[$v]=$(stat -c %s "$work/body.$v")
+  cmp -s <(gzip -dc <"$work/body.$v" 2>/dev/null || cat "$work/body.$v") "$work/doc.json" ||
+    [ "$want" != gzip ] || { echo "$v: the gzip body does not decode to the document" >&2; exit 1; }
 done
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -97,11 +136,12 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 mkdir -p "$bench/results"
 dated=$bench/results/compression-$(date -u +%Y-%m-%dT%H%M%SZ).md
 python3 - "$raw" "$started" "$ROUNDS" "$load_before" "$load_after" "$CONNS" "$bench" "$doc_bytes" \
-  "${wire[gzip]}" "${wire[br]}" "${wire[zstd]}" >"$dated" <<'EOF_PY'
+  "${wire[gzip]}" "${wire[br]}" "${wire[zstd]}" "${wire[gzip-6]}" "${wire[nginx-gzip]}" >"$dated" <<'EOF_PY'
 import sys
 raw, started, rounds, before, after, conns, bench, doc = sys.argv[1:9]
 sizes = dict(zip(["gzip", "br", "zstd"], map(int, sys.argv[9:12])))
 doc = int(doc)
+gzip6, nginx6 = map(int, sys.argv[12:14])
 sys.path.insert(0, bench)
 sys.dont_write_bytecode = True
 from side_by_side import Runs
@@ -127,6 +167,16 @@ for var in ["gzip", "br", "zstd", "twin"]:
           f"{m:.3f} | {', '.join(f'{x:.3f}' for x in xs)} | {med(var, 'rps'):,.0f} | {errors(var):.0f} |")
 print(f"| bare route alone | {doc:,} | {med('bare-alone', 'rps_per_core'):,.0f} | | | | "
       f"{med('bare-alone', 'rps'):,.0f} | {runs.alone_errors():.0f} |")
+m, xs = ratio("gzip-6")
+print(f"\n`gzip-6` beside nginx: Tollgate at `gzipLevel: 6` against nginx's gzip filter at `gzip_comp_level 6` in front "
+      "of the same backend, both one worker on CPU 0 without an access log, each loaded by its own wrk in the same "
+      "seconds.\n")
+print("| variant | bytes on the wire | requests per CPU-second | nginx gzip level 6 beside it | ratio to nginx | goal | "
+      "per-round ratios | non-2xx + socket errors |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print(f"| gzip-6 | {gzip6:,} (nginx: {nginx6:,}) | {med('gzip-6', 'rps_per_core'):,.0f} | "
+      f"{med('bare@gzip-6', 'rps_per_core'):,.0f} | {m:.3f} | >= 1.0 | {', '.join(f'{x:.3f}' for x in xs)} | "
+      f"{errors('gzip-6'):.0f} |")
 m, xs = ratio("twin")
 print(f"\nControl: `twin` is the bare route in a second proxy, measured beside the bare route like every variant; "
       f"its ratio, {m:.3f}, shows that two equal proxies side by side are treated alike.")

@@ -10,6 +10,7 @@
 #   hdr_of[T]      the headers wrk sends, tab-separated
 #   pid_of[T]      the tollgate-proxy whose CPU time counts for T
 #   path_of[T]     the path wrk asks for (default: /)
+#   script_of[T]   a wrk Lua script for T's requests (default: none)
 #   partner_of[V]  the target loaded beside variant V (default: bare)
 # Its hooks, no-ops unless it redefines them after sourcing: sbs_measure_start V (before the
 # measured seconds), sbs_measure_end V (after them), sbs_record_extra V ROUND (after the pair's
@@ -21,7 +22,7 @@
 # shellcheck source=e2e/bench/backend.sh
 . "$bench/backend.sh"
 
-declare -gA port_of=() hdr_of=() pid_of=() partner_of=() path_of=()
+declare -gA port_of=() hdr_of=() pid_of=() partner_of=() path_of=() script_of=()
 pids=()
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -107,8 +108,9 @@ record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$raw"; } # round variant metric val
 
 load() { # target seconds outfile connections: wrk on CPU 1
   local v=$1 x hs h=()
-  IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]}"
+  IFS=$'\t' read -r -a hs <<<"${hdr_of[$v]:-}"
   for x in "${hs[@]}"; do h+=(-H "$x"); done
+  [ -n "${script_of[$v]:-}" ] && h+=(-s "${script_of[$v]}")
   taskset -c 1 wrk -t1 -c"$4" -d"$2s" "${h[@]}" "http://127.0.0.1:${port_of[$v]}${path_of[$v]:-/}" >"$3"
 }
 
