@@ -1,5 +1,6 @@
 //! Shared-cache metrics (module `lifecycle::cache`): answers by outcome (`hit`, `miss`,
 //! `stale`, `bypass`), requests that waited for another's upstream fetch (coalesced),
+//! background revalidations (started, running),
 //! entries evicted for room, and the bytes stored. Registered with the others under
 //! `tollgate_`.
 
@@ -24,6 +25,9 @@ pub(crate) struct CacheMetrics {
     pub stale: Counter,
     pub bypass: Counter,
     pub coalesced: Counter,
+    /// Background revalidations started, and running now.
+    pub refreshes: Counter,
+    pub refreshing: Gauge,
     pub evictions: Counter,
     pub bytes: Gauge,
 }
@@ -39,6 +43,8 @@ impl CacheMetrics {
             bypass: of("bypass"),
             requests,
             coalesced: Counter::default(),
+            refreshes: Counter::default(),
+            refreshing: Gauge::default(),
             evictions: Counter::default(),
             bytes: Gauge::default(),
         }
@@ -54,6 +60,16 @@ impl CacheMetrics {
             "cache_coalesced",
             "Requests that waited for another request's upstream fetch of the same key",
             self.coalesced.clone(),
+        );
+        registry.register(
+            "cache_refreshes",
+            "Background revalidations of stale entries started (staleWhileRevalidate)",
+            self.refreshes.clone(),
+        );
+        registry.register(
+            "cache_refreshing",
+            "Background revalidations running now",
+            self.refreshing.clone(),
         );
         registry.register(
             "cache_evictions",

@@ -23,6 +23,8 @@ pub(super) struct Pending {
     pub vary: Option<(String, Slot)>,
     pub lead: Option<Lead>,
     pub max: usize,
+    /// The store's generation when the fetch began (a purge or swap since: not stored).
+    pub generation: u64,
 }
 
 /// The client's body, copied into the store as it passes.
@@ -47,10 +49,10 @@ impl StoreBody {
             let mut entry = p.entry;
             entry.body = std::mem::take(&mut self.buf).freeze();
             if let Some((k, marker)) = p.vary {
-                p.cache.insert(k, marker);
+                p.cache.insert(p.generation, k, marker);
             }
             p.cache
-                .insert(p.key, Slot::Entry(std::sync::Arc::new(entry)));
+                .insert(p.generation, p.key, Slot::Entry(std::sync::Arc::new(entry)));
             drop(p.lead);
         }
     }
