@@ -3,7 +3,7 @@
 //! checks what the proxy stored by how many requests reached the origin and by `X-Cache`.
 //! One test per rule: each Cache-Control directive, Expires, Age, Vary, Authorization,
 //! Set-Cookie, defaultTTL and maxTTL, methods, Range, HEAD beside GET, maxEntryBytes, the
-//! query key and the normalized host.
+//! query key (parameter names compared percent-decoded) and the normalized host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -302,6 +302,31 @@ async fn the_key_is_the_routed_host_and_the_kept_query() {
     )
     .await;
     assert_eq!(x_cache(&evil), "MISS");
+}
+
+#[tokio::test]
+async fn a_percent_encoded_parameter_name_is_the_name_it_decodes_to() {
+    let o = origin().await;
+    let mut r = rule();
+    r.query = QueryKey::Include(vec!["a".into()]);
+    let c = cached(&o, r, |_| {}).await;
+    let h = [(CC, "cache-control: max-age=60")];
+    fetch(&c.url, "/q?a=1&b=2", &h).await;
+    assert_eq!(x_cache(&fetch(&c.url, "/q?a=1&b=3", &h).await), "HIT");
+    // A backend reads `%61` as `a`: not the entry of `?a=1`.
+    let evil = fetch(&c.url, "/q?a=1&%61=evil", &h).await;
+    assert_eq!((x_cache(&evil), body(&evil).as_str()), ("MISS", "/q #2"));
+
+    let mut r = rule();
+    r.query = QueryKey::Exclude(vec!["utm_source".into()]);
+    let c = cached(&o, r, |_| {}).await;
+    fetch(&c.url, "/e?x=1", &h).await;
+    let tracked = fetch(&c.url, "/e?x=1&%75tm_source=mail", &h).await;
+    assert_eq!(
+        x_cache(&tracked),
+        "HIT",
+        "an excluded name, however spelled"
+    );
 }
 
 #[tokio::test]
