@@ -461,30 +461,12 @@ fn merge(old: &HeaderMap, new: &HeaderMap) -> HeaderMap {
     h
 }
 
-/// Fields about the connection, not the answer (RFC 9110 §7.6.1), and `Age` (computed
-/// when served).
+/// Fields about the connection, not the answer (RFC 9110 §7.6.1, as the proxy removes them
+/// from every answer), `Trailer` (trailers are never stored), and `Age` and `X-Cache`
+/// (computed when served).
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<http::HeaderName> = h
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    for n in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "age",
-        "x-cache",
-    ] {
-        h.remove(n);
-    }
+    crate::lifecycle::forward::strip_hop_by_hop(h, false);
+    h.remove(http::header::TRAILER);
+    h.remove(http::header::AGE);
+    h.remove(&X_CACHE);
 }
