@@ -175,6 +175,11 @@ fn invalid_fields_are_refused_with_their_message_and_cache_nothing() {
             "spec.key.expressions[0]",
         ),
         ("  methods: [POST]", "spec.methods"),
+        (
+            "  maxEntryBytes: 67108865",
+            "spec.maxEntryBytes 67108865 is out of range (1 to 67108864, 64 MiB)",
+        ),
+        ("  maxEntryBytes: 0", "spec.maxEntryBytes 0 is out of range"),
     ] {
         let out = compiled(&[policy("bad", "2026-01-01T00:00:00Z", ROUTE, body)]);
         let c = cond(conds(&out, "bad"), "Accepted");

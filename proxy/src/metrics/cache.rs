@@ -1,6 +1,6 @@
 //! Shared-cache metrics (module `lifecycle::cache`): answers by outcome (`hit`, `miss`,
 //! `stale`, `bypass`), requests that waited for another's upstream fetch (coalesced),
-//! background revalidations (started, running),
+//! background revalidations (started, running), answers not stored for the buffering bound,
 //! entries evicted for room, and the bytes stored. Registered with the others under
 //! `tollgate_`.
 
@@ -29,6 +29,8 @@ pub(crate) struct CacheMetrics {
     pub refreshes: Counter,
     pub refreshing: Gauge,
     pub evictions: Counter,
+    /// Answers streamed unstored because too many bytes were being stored at once.
+    pub buffer_full: Counter,
     pub bytes: Gauge,
 }
 
@@ -46,6 +48,7 @@ impl CacheMetrics {
             refreshes: Counter::default(),
             refreshing: Gauge::default(),
             evictions: Counter::default(),
+            buffer_full: Counter::default(),
             bytes: Gauge::default(),
         }
     }
@@ -75,6 +78,11 @@ impl CacheMetrics {
             "cache_evictions",
             "Cache entries evicted to stay under the memory bound",
             self.evictions.clone(),
+        );
+        registry.register(
+            "cache_buffer_full",
+            "Answers not stored because the bytes being stored at once reached their bound",
+            self.buffer_full.clone(),
         );
         registry.register(
             "cache_bytes",

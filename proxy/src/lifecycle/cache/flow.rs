@@ -425,6 +425,7 @@ impl Fill {
             lead: self.lead.take(),
             max: self.rule.max_entry,
             generation: self.generation,
+            declared,
         })
     }
 }

@@ -4,7 +4,8 @@
 //! went on. Out: answers from the store (`X-Cache: HIT` or `STALE`, with `Age`), or the
 //! upstream's (`MISS`, `BYPASS`), stored on the way when RFC 9111 and the rule allow.
 //!
-//! One store per [`HttpCache`] with one memory bound (bytes of bodies, headers and keys),
+//! One store per [`HttpCache`] with one memory bound (bytes of bodies, headers and keys;
+//! answers being copied for storage take at most a quarter more, module `fill`),
 //! kept by quick_cache (S3-FIFO: a key seen once does not push out the ones in use, so a
 //! scan of cold keys cannot flush the cache). Concurrent misses of one key make one
 //! upstream request ([`flight`]); the others wait for it, no longer than the lock wait or
@@ -82,6 +83,10 @@ pub struct HttpCache {
     /// Moves on every purge and table swap: an answer fetched before it is not stored
     /// after it (a purged or re-scoped key is not filled from a request of the old scope).
     generation: AtomicU64,
+    /// Bytes of answers being copied for storage now (outside the store until whole), and
+    /// their bound: a quarter of the store's.
+    buffering: AtomicU64,
+    buffer_bound: u64,
     /// Places for background revalidations ([`ticket::MAX_REFRESHES`]).
     refreshes: Arc<tokio::sync::Semaphore>,
 }
@@ -124,6 +129,8 @@ impl HttpCache {
             exprs: Mutex::new(HashMap::new()),
             metrics: m,
             generation: AtomicU64::new(0),
+            buffering: AtomicU64::new(0),
+            buffer_bound: bytes / 4,
             refreshes: Arc::new(tokio::sync::Semaphore::new(ticket::MAX_REFRESHES)),
         })
     }
@@ -165,6 +172,20 @@ impl HttpCache {
 
     fn weight(&self) -> i64 {
         i64::try_from(self.store.weight()).unwrap_or(i64::MAX)
+    }
+
+    /// Takes `n` more bytes of the buffering bound; false (nothing taken) beyond it.
+    fn reserve(&self, n: u64) -> bool {
+        self.buffering
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(n).filter(|&t| t <= self.buffer_bound)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` bytes [`HttpCache::reserve`] took.
+    fn release(&self, n: u64) {
+        self.buffering.fetch_sub(n, Ordering::AcqRel);
     }
 
     /// The routing table changed: answers fetched under the old one are not stored.
