@@ -117,6 +117,39 @@ async fn a_slow_lead_holds_its_waiters_no_longer_than_the_lock_wait() {
 }
 
 #[tokio::test]
+async fn a_waiter_past_its_deadline_gets_504_counted_as_an_upstream_timeout() {
+    let o = origin().await;
+    let c = cached(&o, rule(), |r| r.timeouts.request_ms = Some(1500)).await;
+    // The lead has its head and holds the key while its body is held upstream.
+    let url = c.url.clone();
+    let lead = tokio::spawn(async move {
+        fetch(
+            &url,
+            "/body",
+            &[
+                (CC, "cache-control: max-age=60"),
+                ("x-origin-hold-body", "1"),
+            ],
+        )
+        .await
+    });
+    assert!(common::eventually(|| o.count("/body") == 1).await);
+    let w = fetch(&c.url, "/body", &[(CC, "cache-control: max-age=60")]).await;
+    assert_eq!(w.status.as_u16(), 504);
+    assert_eq!(o.count("/body"), 1, "the waiter never went upstream");
+    // The gateway's own timeout, not an upstream's answer.
+    assert!(
+        c.metrics
+            .encode()
+            .contains(r#"tollgate_upstream_errors_total{kind="timeout"} 1"#),
+        "{}",
+        c.metrics.encode()
+    );
+    o.release();
+    assert_eq!(body(&lead.await.unwrap()), "/body #1");
+}
+
+#[tokio::test]
 async fn a_stale_entry_is_revalidated_with_its_etag_or_last_modified() {
     let o = origin().await;
     let c = cached(&o, rule(), |_| {}).await;
