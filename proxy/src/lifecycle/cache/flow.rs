@@ -348,8 +348,11 @@ impl Fill {
                 Some(names) if !names.is_empty() => key::secondary(&key, &names, &self.request),
                 _ => key.clone(),
             };
-            self.cache
-                .insert(self.generation, slot_key, Slot::Entry(entry.clone()));
+            // A waiter that went on without the lead stores nothing, a refresh included.
+            if !self.no_store {
+                self.cache
+                    .insert(self.generation, slot_key, Slot::Entry(entry.clone()));
+            }
             return from_stale(&entry, "HIT");
         }
         let (parts, body) = resp.into_parts();
