@@ -1,8 +1,8 @@
 //! staleWhileRevalidate on the wire: a stale entry within its window answers at once
 //! (`X-Cache: STALE`, with `Age`) and one background revalidation per key refreshes it
 //! (conditional with the entry's validators; a 304 refreshes, a 200 replaces, an error
-//! leaves the stale entry), never more than the proxy's bound at once, and a purge while
-//! one runs keeps its answer out of the store.
+//! leaves the stale entry), never more than the proxy's bound at once, and a purge or a
+//! table swap while one runs keeps its answer out of the store.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -97,6 +97,26 @@ async fn a_purge_while_a_refresh_runs_keeps_its_answer_out_of_the_store() {
     assert!(c.cache.is_empty(), "the refresh began before the purge");
     let m = fetch(&c.url, "/pg", &h).await;
     assert_eq!((x_cache(&m), body(&m).as_str()), ("MISS", "/pg #3"));
+}
+
+#[tokio::test]
+async fn a_table_swap_while_a_refresh_runs_keeps_its_answer_out_of_the_store() {
+    let o = origin().await;
+    let c = cached(&o, swr(), |_| {}).await;
+    let h = [(CC, "cache-control: max-age=1")];
+    fetch(&c.url, "/sw", &h).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(x_cache(&fetch(&c.url, "/sw", &[h[0], HOLD]).await), "STALE");
+    assert!(common::eventually(|| o.count("/sw") == 2).await);
+    // A new table (the rule's scope may have changed): the refresh of the old one stores
+    // nothing.
+    let mut t = c.table.clone();
+    t.version += 1;
+    c.proxy.apply(t).await.unwrap();
+    o.release();
+    assert!(common::eventually(|| refreshing(&c) == 0).await);
+    let s = fetch(&c.url, "/sw", &h).await;
+    assert_eq!((x_cache(&s), body(&s).as_str()), ("STALE", "/sw #1"));
 }
 
 #[tokio::test]

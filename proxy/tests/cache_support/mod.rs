@@ -189,6 +189,8 @@ pub fn rule() -> CacheRule {
 
 pub struct Cached {
     pub proxy: Proxy,
+    /// The table applied (to apply again, say with another version).
+    pub table: tollgate_api::RouteTable,
     pub url: String,
     pub metrics: Arc<Metrics>,
     pub cache: Arc<HttpCache>,
@@ -236,10 +238,11 @@ pub async fn cached_sized(
         .into_iter()
         .map(|(k, s)| (k.to_owned(), s))
         .collect();
-    proxy.apply(t).await.unwrap();
+    proxy.apply(t.clone()).await.unwrap();
     let url = format!("http://{}", proxy.local_addr(0).unwrap());
     Cached {
         proxy,
+        table: t,
         url,
         metrics,
         cache,
