@@ -57,6 +57,9 @@ async fn a_waiter_is_bounded_by_the_lead_and_never_gets_the_leads_error() {
     let url = c.url.clone();
     let lead = tokio::spawn(async move { fetch(&url, "/slow", &[("x-origin-hold", "1")]).await });
     assert!(common::eventually(|| o.count("/slow") == 1).await);
+    // The waiter's deadline runs from its own arrival: arriving later than the lead, it has
+    // time left for its own upstream request when the lead's deadline ends the lead.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let url = c.url.clone();
     let waiter =
         tokio::spawn(
