@@ -3,6 +3,7 @@
 //! invalid field with its message (an invalid policy caches nothing).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod argocd_support;
 mod compile_support;
 
 use compile_support::*;
@@ -175,6 +176,11 @@ fn invalid_fields_are_refused_with_their_message_and_cache_nothing() {
             "spec.key.expressions[0]",
         ),
         ("  methods: [POST]", "spec.methods"),
+        (
+            "  maxEntryBytes: 67108865",
+            "spec.maxEntryBytes 67108865 is out of range (1 to 67108864, 64 MiB)",
+        ),
+        ("  maxEntryBytes: 0", "spec.maxEntryBytes 0 is out of range"),
     ] {
         let out = compiled(&[policy("bad", "2026-01-01T00:00:00Z", ROUTE, body)]);
         let c = cond(conds(&out, "bad"), "Accepted");
@@ -186,4 +192,40 @@ fn invalid_fields_are_refused_with_their_message_and_cache_nothing() {
         assert!(c.message.contains(msg), "{body}: {}", c.message);
         assert_eq!(rules(&out), vec![(0, None), (1, None)], "{body}");
     }
+}
+
+#[test]
+fn argo_cds_health_check_reads_a_cache_policys_status() {
+    // The status the compiler writes, read by the chart's Argo CD health check
+    // (charts/tollgate/argocd) as Argo CD would run it.
+    let out = compiled(&[
+        policy("good", "2026-01-01T00:00:00Z", ROUTE, ""),
+        policy("bad", "2026-01-01T00:00:00Z", ROUTE, "  maxEntryBytes: 0"),
+        policy(
+            "lost",
+            "2026-01-01T00:00:00Z",
+            "{group: gateway.networking.k8s.io, kind: HTTPRoute, name: nowhere}",
+            "",
+        ),
+    ]);
+    let health = |name: &str| {
+        let status = &out.cache_policies[&ObjectKey::new("default", name)];
+        let obj = serde_json::json!({
+            "apiVersion": "tollgate.dev/v1alpha1", "kind": "CachePolicy",
+            "metadata": {"name": name, "namespace": "default", "generation": 2},
+            "spec": {"targetRefs": [
+                {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "catalog"}]},
+            "status": serde_json::to_value(status).unwrap(),
+        });
+        argocd_support::health(&argocd_support::policy_script(), &obj)
+    };
+    let (s, m) = health("good");
+    assert_eq!(s, "Healthy", "{m}");
+    assert!(m.starts_with("CachePolicy is accepted"), "{m}");
+    let (s, m) = health("bad");
+    assert_eq!(s, "Degraded", "{m}");
+    assert!(m.starts_with("Invalid: spec.maxEntryBytes 0"), "{m}");
+    let (s, m) = health("lost");
+    assert_eq!(s, "Degraded", "{m}");
+    assert!(m.starts_with("TargetNotFound: "), "{m}");
 }

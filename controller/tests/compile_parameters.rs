@@ -282,6 +282,18 @@ fn parameters_out_of_range_are_invalid_with_every_reason() {
         ),
         ("workers: 0", "spec.workers 0 is out of range (1 to 64)"),
         (
+            "cache: {size: lots}",
+            "spec.cache.size: \"lots\" is not a quantity",
+        ),
+        (
+            "cache: {size: 1500m}",
+            "spec.cache.size: \"1500m\" is not a whole number of bytes",
+        ),
+        (
+            "cache: {size: 2Ti}",
+            "spec.cache.size: \"2Ti\" is above the limit of 1Ti",
+        ),
+        (
             "podDisruptionBudget: {minAvailable: 1, maxUnavailable: 1}",
             "needs exactly one of minAvailable and maxUnavailable",
         ),
@@ -330,6 +342,49 @@ fn parameters_out_of_range_are_invalid_with_every_reason() {
         assert_eq!(gw.reason, "InvalidParameters", "{spec}");
         assert!(gw.message.contains(expect), "{spec}: {}", gw.message);
     }
+}
+
+#[test]
+fn a_cache_size_is_a_quantity_of_bytes_and_the_gateways_replaces_the_classs() {
+    let class = CLASS_DEFAULTS.replace("  workers: 2\n", "  workers: 2\n  cache: {size: 64Mi}\n");
+    let out = compile(CLASS_REF, "", "", &class);
+    assert_eq!(
+        params(&out)
+            .cache
+            .as_ref()
+            .unwrap()
+            .size
+            .as_ref()
+            .unwrap()
+            .0,
+        "64Mi"
+    );
+    let edge = "apiVersion: tollgate.dev/v1alpha1\nkind: GatewayParameters\nmetadata: {name: edge, namespace: infra}\nspec:\n  cache: {size: 1G}\n";
+    let out = compile(CLASS_REF, "", GATEWAY_REF, &format!("{class}\n---\n{edge}"));
+    assert_cond(
+        gateway_conds(&out, "infra", "edge"),
+        "Accepted",
+        "True",
+        "Accepted",
+    );
+    let size = &params(&out)
+        .cache
+        .as_ref()
+        .unwrap()
+        .size
+        .as_ref()
+        .unwrap()
+        .0;
+    assert_eq!(size, "1G");
+    assert_eq!(
+        tollgate::compile::parameters::cache_size(size),
+        Ok(1_000_000_000)
+    );
+    assert_eq!(
+        tollgate::compile::parameters::cache_size("256Mi"),
+        Ok(256 << 20)
+    );
+    assert_eq!(tollgate::compile::parameters::cache_size("0"), Ok(0));
 }
 
 #[test]

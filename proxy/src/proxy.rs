@@ -344,6 +344,9 @@ impl Proxy {
             table: Arc::new(table),
         });
         shared.snapshot.store(Some(snapshot.clone()));
+        if let Some(cache) = &shared.cache {
+            cache.table_changed();
+        }
         // After the store, not beside `build_balancers`: an apply that fails before it keeps
         // the old snapshot, whose endpoints must stay checked.
         shared.health.sync(&snapshot.backends);

@@ -1,7 +1,8 @@
 //! The shared cache over time, on the wire: 200 concurrent misses of one key make one
-//! upstream request; a waiter never hangs on a slow lead nor gets its error; revalidation
+//! upstream request; a waiter never hangs on a slow lead (it goes upstream itself after the
+//! lock wait) nor gets its error; revalidation
 //! upstream (ETag, Last-Modified, a 304 refreshing the entry) and a client's own conditional
-//! request answered 304 from the cache; staleWhileRevalidate; staleIfError with every
+//! request answered 304 from the cache; staleIfError with every
 //! endpoint gone (stale within the window, 502/503 after); purge refused without the token.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -56,6 +57,9 @@ async fn a_waiter_is_bounded_by_the_lead_and_never_gets_the_leads_error() {
     let url = c.url.clone();
     let lead = tokio::spawn(async move { fetch(&url, "/slow", &[("x-origin-hold", "1")]).await });
     assert!(common::eventually(|| o.count("/slow") == 1).await);
+    // The waiter's deadline runs from its own arrival: arriving later than the lead, it has
+    // time left for its own upstream request when the lead's deadline ends the lead.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let url = c.url.clone();
     let waiter =
         tokio::spawn(
@@ -89,6 +93,63 @@ async fn a_waiter_is_bounded_by_the_lead_and_never_gets_the_leads_error() {
     assert_eq!(lead.await.unwrap().status.as_u16(), 500);
     let w = waiter.await.unwrap();
     assert_eq!((w.status.as_u16(), body(&w).as_str()), (200, "/err #2"));
+}
+
+#[tokio::test]
+async fn a_slow_lead_holds_its_waiters_no_longer_than_the_lock_wait() {
+    let o = origin().await;
+    // The route's deadline is far: the waiter must not wait for it (nor end in its 504).
+    let c = cached(&o, rule(), |r| r.timeouts.request_ms = Some(60_000)).await;
+    let url = c.url.clone();
+    let h = [(CC, "cache-control: max-age=60")];
+    let lead =
+        tokio::spawn(async move { fetch(&url, "/lock", &[h[0], ("x-origin-hold", "1")]).await });
+    assert!(common::eventually(|| o.count("/lock") == 1).await);
+    // After the lock wait it goes upstream itself; its answer is not stored.
+    let w = fetch(&c.url, "/lock", &h).await;
+    assert_eq!(
+        (w.status.as_u16(), body(&w).as_str(), x_cache(&w)),
+        (200, "/lock #2", "MISS")
+    );
+    assert_eq!(metric(&c.metrics, "tollgate_cache_coalesced_total"), 1);
+    assert!(c.cache.is_empty(), "the waiter's answer is not stored");
+    o.release();
+    assert_eq!(body(&lead.await.unwrap()), "/lock #1");
+    let hit = fetch(&c.url, "/lock", &h).await;
+    assert_eq!((x_cache(&hit), body(&hit).as_str()), ("HIT", "/lock #1"));
+}
+
+#[tokio::test]
+async fn a_waiter_past_its_deadline_gets_504_counted_as_an_upstream_timeout() {
+    let o = origin().await;
+    let c = cached(&o, rule(), |r| r.timeouts.request_ms = Some(1500)).await;
+    // The lead has its head and holds the key while its body is held upstream.
+    let url = c.url.clone();
+    let lead = tokio::spawn(async move {
+        fetch(
+            &url,
+            "/body",
+            &[
+                (CC, "cache-control: max-age=60"),
+                ("x-origin-hold-body", "1"),
+            ],
+        )
+        .await
+    });
+    assert!(common::eventually(|| o.count("/body") == 1).await);
+    let w = fetch(&c.url, "/body", &[(CC, "cache-control: max-age=60")]).await;
+    assert_eq!(w.status.as_u16(), 504);
+    assert_eq!(o.count("/body"), 1, "the waiter never went upstream");
+    // The gateway's own timeout, not an upstream's answer.
+    assert!(
+        c.metrics
+            .encode()
+            .contains(r#"tollgate_upstream_errors_total{kind="timeout"} 1"#),
+        "{}",
+        c.metrics.encode()
+    );
+    o.release();
+    assert_eq!(body(&lead.await.unwrap()), "/body #1");
 }
 
 #[tokio::test]
@@ -133,33 +194,6 @@ async fn a_clients_conditional_request_is_answered_304_from_the_cache() {
     let b = fetch(&c.url, "/c", &[h[0], h[1], ("if-none-match", "\"other\"")]).await;
     assert_eq!((b.status.as_u16(), body(&b).as_str()), (200, "/c #1"));
     assert_eq!(o.count("/c"), 1);
-}
-
-#[tokio::test]
-async fn stale_while_revalidate_answers_while_one_request_refreshes() {
-    let o = origin().await;
-    let mut r = rule();
-    r.stale_while_revalidate_ms = 60_000;
-    let c = cached(&o, r, |_| {}).await;
-    let h = [(CC, "cache-control: max-age=1")];
-    fetch(&c.url, "/swr", &h).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let url = c.url.clone();
-    let refresh = tokio::spawn(async move {
-        fetch(
-            &url,
-            "/swr",
-            &[(CC, "cache-control: max-age=60"), ("x-origin-hold", "1")],
-        )
-        .await
-    });
-    assert!(common::eventually(|| o.count("/swr") == 2).await);
-    let s = fetch(&c.url, "/swr", &h).await;
-    assert_eq!((x_cache(&s), body(&s).as_str()), ("STALE", "/swr #1"));
-    o.release();
-    assert_eq!(body(&refresh.await.unwrap()), "/swr #2");
-    let fresh = fetch(&c.url, "/swr", &h).await;
-    assert_eq!((x_cache(&fresh), body(&fresh).as_str()), ("HIT", "/swr #2"));
 }
 
 #[tokio::test]

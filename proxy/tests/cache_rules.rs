@@ -2,8 +2,9 @@
 //! counting origin answers as each request asks (module `cache_support`), and each test
 //! checks what the proxy stored by how many requests reached the origin and by `X-Cache`.
 //! One test per rule: each Cache-Control directive, Expires, Age, Vary, Authorization,
-//! Set-Cookie, defaultTTL and maxTTL, methods, Range, HEAD beside GET, maxEntryBytes, the
-//! query key and the normalized host.
+//! Set-Cookie, defaultTTL and maxTTL, methods, Range, HEAD beside GET, maxEntryBytes and the
+//! bound on answers being stored at once, the
+//! query key (parameter names compared percent-decoded) and the normalized host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -302,6 +303,58 @@ async fn the_key_is_the_routed_host_and_the_kept_query() {
     )
     .await;
     assert_eq!(x_cache(&evil), "MISS");
+}
+
+#[tokio::test]
+async fn answers_being_stored_at_once_are_bounded_to_a_quarter_of_the_cache() {
+    let o = origin().await;
+    let mut r = rule();
+    r.max_entry_bytes = 4 << 20;
+    // 16 MiB: 4 MiB may be copied for storage at once.
+    let c = cached(&o, r, |_| {}).await;
+    let h = |size| [(CC, "cache-control: max-age=60"), ("x-origin-size", size)];
+    // The first's body is held upstream: its declared 3 000 000 bytes stay taken.
+    let url = c.url.clone();
+    let first = tokio::spawn(async move {
+        let [a, b] = h("3000000");
+        fetch(&url, "/one", &[a, b, ("x-origin-hold-body", "1")]).await
+    });
+    assert!(common::eventually(|| o.count("/one") == 1).await);
+    let second = fetch(&c.url, "/two", &h("1500000")).await;
+    assert_eq!((second.body.len(), x_cache(&second)), (1_500_000, "MISS"));
+    assert_eq!(metric(&c.metrics, "tollgate_cache_buffer_full_total"), 1);
+    let again = fetch(&c.url, "/two", &h("1500000")).await;
+    assert_eq!(x_cache(&again), "MISS", "not stored");
+    o.release();
+    assert_eq!(first.await.unwrap().body.len(), 3_000_000);
+    // The bound is given back: the next answer is stored.
+    assert_eq!(x_cache(&fetch(&c.url, "/two", &h("1000")).await), "MISS");
+    assert_eq!(x_cache(&fetch(&c.url, "/two", &h("1000")).await), "HIT");
+}
+
+#[tokio::test]
+async fn a_percent_encoded_parameter_name_is_the_name_it_decodes_to() {
+    let o = origin().await;
+    let mut r = rule();
+    r.query = QueryKey::Include(vec!["a".into()]);
+    let c = cached(&o, r, |_| {}).await;
+    let h = [(CC, "cache-control: max-age=60")];
+    fetch(&c.url, "/q?a=1&b=2", &h).await;
+    assert_eq!(x_cache(&fetch(&c.url, "/q?a=1&b=3", &h).await), "HIT");
+    // A backend reads `%61` as `a`: not the entry of `?a=1`.
+    let evil = fetch(&c.url, "/q?a=1&%61=evil", &h).await;
+    assert_eq!((x_cache(&evil), body(&evil).as_str()), ("MISS", "/q #2"));
+
+    let mut r = rule();
+    r.query = QueryKey::Exclude(vec!["utm_source".into()]);
+    let c = cached(&o, r, |_| {}).await;
+    fetch(&c.url, "/e?x=1", &h).await;
+    let tracked = fetch(&c.url, "/e?x=1&%75tm_source=mail", &h).await;
+    assert_eq!(
+        x_cache(&tracked),
+        "HIT",
+        "an excluded name, however spelled"
+    );
 }
 
 #[tokio::test]

@@ -1,7 +1,10 @@
--- Argo CD health check for Tollgate's RateLimitPolicy and AuthPolicy (tollgate.dev/v1alpha1).
--- Install it in argocd-cm under both keys (see README.md next to this file):
+-- Argo CD health check for Tollgate's policies (tollgate.dev/v1alpha1): RateLimitPolicy,
+-- AuthPolicy, ClientPolicy and CachePolicy, which share one status shape.
+-- Install it in argocd-cm under each kind's key (see README.md next to this file):
 --   resource.customizations.health.tollgate.dev_RateLimitPolicy
 --   resource.customizations.health.tollgate.dev_AuthPolicy
+--   resource.customizations.health.tollgate.dev_ClientPolicy
+--   resource.customizations.health.tollgate.dev_CachePolicy
 -- Lua 5.1 as Argo CD runs it (gopher-lua), base library only.
 --
 -- Progressing  no status yet; status.observedGeneration differs from metadata.generation

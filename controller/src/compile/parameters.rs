@@ -34,6 +34,9 @@ pub const MAX_REPLICAS: i32 = 100;
 /// Most runtime worker threads.
 pub const MAX_WORKERS: u32 = 64;
 
+/// The largest `spec.cache.size` (1 TiB): a larger one is a typo, not a cache.
+pub const MAX_CACHE_BYTES: u64 = 1 << 40;
+
 /// GatewayParameters by `(namespace, name)`.
 pub type ParametersIndex<'a> = BTreeMap<(&'a str, &'a str), &'a GatewayParametersSpec>;
 
@@ -187,6 +190,7 @@ pub fn merge(
         log_level: gateway.log_level.or(class.log_level),
         access_log,
         telemetry: or(&gateway.telemetry, &class.telemetry),
+        cache: or(&gateway.cache, &class.cache),
     }
 }
 
@@ -258,6 +262,11 @@ pub fn check(spec: &GatewayParametersSpec) -> Result<(), String> {
         && let Err(e) = access_log_args(log, &AccessLogArgs::default()).settings()
     {
         errors.push(format!("spec.accessLog: {e}"));
+    }
+    if let Some(size) = spec.cache.as_ref().and_then(|c| c.size.as_ref())
+        && let Err(e) = cache_size(&size.0)
+    {
+        errors.push(format!("spec.cache.size: {e}"));
     }
     if let Some(t) = spec.telemetry.as_ref().and_then(|t| t.tracing.as_ref()) {
         match tracing_args(t).settings() {
@@ -373,6 +382,20 @@ fn check_resources(r: &ResourceRequirements, errors: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// The bytes of a `spec.cache.size` quantity, as the proxy's `--cache-size` takes them.
+pub fn cache_size(q: &str) -> Result<u64, String> {
+    let bytes = quantity(q).ok_or_else(|| format!("{q:?} is not a quantity"))?;
+    if bytes.fract() != 0.0 {
+        return Err(format!("{q:?} is not a whole number of bytes"));
+    }
+    if bytes > MAX_CACHE_BYTES as f64 {
+        return Err(format!("{q:?} is above the limit of 1Ti"));
+    }
+    // Whole and in range (checked above).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
 }
 
 /// The value of a Kubernetes quantity (`100m`, `64Mi`, `1.5`, `2e3`), if it is one.

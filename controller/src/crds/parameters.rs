@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -76,6 +77,19 @@ pub struct GatewayParametersSpec {
     /// class's whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<TelemetryParameters>,
+    /// The proxies' shared HTTP cache, which CachePolicies use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheParameters>,
+}
+
+/// The shared HTTP cache of each proxy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheParameters {
+    /// Its memory bound, a quantity of bytes (`256Mi`, `1G`; default `64Mi`, `0` turns the
+    /// cache off; at most 1Ti). It is part of the proxy's memory: raise `resources` with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Quantity>,
 }
 
 /// Telemetry of the proxies.

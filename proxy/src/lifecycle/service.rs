@@ -15,8 +15,11 @@
 //!    route skip them).
 //! 3. `request_filters`: the rule's filters in order (header edits, redirect, rewrite,
 //!    mirror, CORS); a redirect or preflight answers here.
-//! 4. `pick_backend`: weighted pick (unresolved → 500), backend filters, endpoint (none → 503),
-//!    by the request's key on a consistent-hash backend (module `affinity`; an expression key
+//!    Then (3b) the shared cache (module `cache`): an answer from the store, or a fill that
+//!    stores the upstream's; a stale answer may start a background revalidation (module
+//!    `refresh`).
+//! 4. `pick_backend` (module `dispatch`, as phases 5 and 6): weighted pick (unresolved →
+//!    500), backend filters, endpoint (none → 503), by the request's key on a consistent-hash backend (module `affinity`; an expression key
 //!    reads `auth.identity` from the context, where phase 2 left it).
 //! 5. `RequestCtx::upstream_head` then `Call::send` (module `call`): header hygiene, mirrors, the
 //!    upstream call under the request and backend timeouts (→ 504), connection failures →
@@ -37,33 +40,24 @@ use std::time::Duration;
 use http::header::ORIGIN;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Body as _;
-use tollgate_api::backend::HashOn;
-use tollgate_api::{BackendProtocol, Filter};
+use tollgate_api::Filter;
 
 use crate::downstream::client_body::ClientBody;
 use crate::downstream::conn::ConnCtx;
-use crate::downstream::pace::BodyPace;
-use crate::lifecycle::affinity;
 use crate::lifecycle::answer::{close_after, status, with_empty_body};
-use crate::lifecycle::body::{BodyFault, ProxyBody};
+use crate::lifecycle::body::ProxyBody;
 use crate::lifecycle::cache;
-use crate::lifecycle::call::{Call, Failure, failure_response};
 use crate::lifecycle::cost_body::{self, BodyCost};
 pub(crate) use crate::lifecycle::ctx::ProxyResponse;
 use crate::lifecycle::ctx::{Plan, RequestCtx};
 use crate::lifecycle::ext_auth;
 use crate::lifecycle::filters::{self, RequestView};
-use crate::lifecycle::grpc;
-use crate::lifecycle::grpc_web::decode::RequestBody;
 use crate::lifecycle::mirror;
 use crate::lifecycle::policy::auth::external::ExternalIo;
-use crate::lifecycle::policy::cel::Attrs;
 use crate::lifecycle::policy::enforce::RequestInfo;
+use crate::lifecycle::{dispatch, refresh};
 use crate::metrics::UpstreamErrorKind;
 use crate::state::{Shared, Snapshot};
-use crate::upstream::breaker::Admission;
-use crate::upstream::{Balancer, EndpointGuard};
 
 /// Handles one request; never fails (errors become status codes).
 pub(crate) async fn handle(
@@ -78,6 +72,9 @@ pub(crate) async fn handle(
         Some(snapshot) => proxy(snapshot, &mut ctx, req).await,
         None => status(StatusCode::NOT_FOUND),
     };
+    if let (Some(job), Some(snapshot)) = (ctx.refresh.take(), snapshot.clone()) {
+        tokio::spawn(refresh::run(shared.clone(), conn.clone(), snapshot, job));
+    }
     if !ctx.rate_pending.is_empty() {
         count_response_costs(&mut ctx, &mut resp).await;
     }
@@ -187,7 +184,9 @@ async fn proxy<'s>(
     if let Err(code) = ctx.verdict {
         return close_after(status(code));
     }
-    let original_host = ctx.host.to_str().unwrap_or("");
+    // Its own handle (a reference count): the context is lent whole to phases 4 to 6.
+    let host_value = ctx.host.clone();
+    let original_host = host_value.to_str().unwrap_or("");
     let bare_host = strip_port(original_host);
 
     // Phase 2: route. A request for a name another listener serves than the one the TLS
@@ -311,14 +310,7 @@ async fn proxy<'s>(
     // Phase 4: backend (and its filters), then endpoint.
     // The request timeout runs from arrival, not from here: the route's or the port's,
     // the shorter. It bounds a wait for the circuit breaker too.
-    let timeout = match (
-        route.timeouts.request_ms.map(Duration::from_millis),
-        conn.limits.request_timeout,
-    ) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let deadline = timeout.map(|t| tokio::time::Instant::from_std(ctx.done.start) + t);
+    let deadline = request_deadline(route, conn, ctx.done.start);
     // Phase 3b: the shared cache (module `cache`), after the policies: a hit is authorized
     // and counted as any request.
     let mut fill = None;
@@ -335,129 +327,58 @@ async fn proxy<'s>(
                 ctx.done.upstream_answered = true;
                 return decorate(ctx, resp);
             }
+            cache::Look::Refresh(mut resp, ticket) => {
+                cache::response_filters(&ctx.plan, ctx.origin.as_ref(), resp.headers_mut());
+                ctx.done.upstream_answered = true;
+                // Started by `handle` once this answer is made (it holds the connection's
+                // and the snapshot's `Arc`s the background request needs).
+                ctx.refresh = Some(Box::new(refresh::Job::new(
+                    ticket,
+                    &parts,
+                    ctx,
+                    &view,
+                    target,
+                    hit.matched_prefix,
+                    route.rule_index,
+                )));
+                return decorate(ctx, resp);
+            }
+            cache::Look::Expired => {
+                // The lead it waited for outlived the request's deadline: the gateway's own
+                // 504, as an upstream that did not answer in time.
+                shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
+                return status(StatusCode::GATEWAY_TIMEOUT);
+            }
             cache::Look::Fetch(f) => fill = Some(f),
         }
     }
-    let balancer = match pick_backend(snapshot, &route.backends, &mut parts, &view, &mut ctx.plan) {
-        Ok(b) => b,
-        Err(resp) => return *resp,
+    let up = dispatch::Upstream {
+        snapshot,
+        route,
+        view: &view,
+        deadline,
+        max_body_bytes,
+        target,
     };
-    // The circuit breaker's wait, boxed: a future of its own that a request without a
-    // breaker never carries (the request's future is moved whole; its size is copied).
-    if let Some(breaker) = &balancer.breaker {
-        match Box::pin(admit(shared, breaker, deadline)).await {
-            Ok(a) => ctx.done.admission = Some(a),
-            Err(resp) => return cache::finish_failed(fill, *resp, &ctx.plan, ctx.origin.as_ref()),
-        }
-    }
-    let caller = affinity::Caller {
-        addr: ctx.source().0,
-        identity: ctx.identity.as_ref(),
-    };
-    let Picked {
-        guard,
-        set_cookie,
-        session,
-    } = match pick_endpoint(shared, balancer, route, &parts, &view, caller) {
-        Ok(picked) => picked,
-        Err(resp) => return cache::finish_failed(fill, *resp, &ctx.plan, ctx.origin.as_ref()),
-    };
-
-    // Phase 5: forward. A gRPC-Web call on a GRPCRoute goes to the backend as gRPC, its
-    // body decoded and checked on the way (module `grpc_web`).
-    if route.grpc_web
-        && let Some(web) = &ctx.web
-    {
-        ctx.web_translated = true;
-        body = ClientBody::GrpcWeb(Box::new(RequestBody::new(body, web.text, max_body_bytes)));
-    }
-    let protocol = if ctx.client_upgrade.is_some() {
-        BackendProtocol::Http1
-    } else {
-        balancer.protocol
-    };
-    // Only a request with a body can exceed the body limit or stall it.
-    let fault = (!body.is_end_stream()).then(|| Arc::new(BodyFault::default()));
-    ctx.note_body_fault(fault.as_ref());
-    // Read before the head sets the upstream's version: the bounds are the client's.
-    let body_pace = BodyPace::for_request(&conn.limits, parts.version);
-    let (mut guard, mut retried) = (guard, Vec::new());
-    let result = {
-        let ctx = &*ctx;
-        let pq = ctx.plan.path_and_query.as_deref().unwrap_or(target);
-        let added = match ctx.upstream_head(&mut parts, &guard, protocol, pq) {
-            Ok(added) => added,
-            Err(code) => return status(code),
-        };
-        if let Some(web) = ctx.web.as_ref().filter(|_| ctx.web_translated) {
-            web.upstream_head(&mut parts.headers);
-        }
-        let call = Call {
-            shared,
-            snapshot,
-            protocol,
-            balancer,
-            path_and_query: pq,
-            mirrors: &ctx.plan.mirrors,
-            fault: fault.as_ref(),
-            body_pace,
-            max_body_bytes,
-            backend_timeout: route.timeouts.backend_request_ms.map(Duration::from_millis),
-            request_trailers: route.request_trailers,
-            // An upgrade is never sent twice: its connection is the client's.
-            retry: route
-                .retry
-                .as_ref()
-                .filter(|_| ctx.client_upgrade.is_none()),
-            trace: ctx.done.trace.as_deref(),
-        };
-        let send = call.send(&mut parts, body, &added, &mut guard, &mut retried);
-        match deadline {
-            Some(d) => tokio::time::timeout_at(d, send)
-                .await
-                .unwrap_or(Err(Failure::Timeout)),
-            None => send.await,
-        }
-    };
-    // The session names the endpoint that answered (a retry may have moved it: a new session
-    // then); one that went on is renewed only when it can time out idle.
-    let rule = route
-        .session
-        .as_ref()
-        .or(balancer.settings.session.as_ref());
-    let secure = conn.scheme == "https";
-    let session_field = rule.zip(session).and_then(|(s, p)| {
-        let id = balancer.session_id(guard.endpoint());
-        match p.honoured {
-            Some((named, began)) if named == id => s
-                .idle_secs
-                .and_then(|_| affinity::session_field(s, id, began, p.now, secure)),
-            _ => affinity::session_field(s, id, p.now, p.now, secure),
-        }
-    });
-    ctx.done.guard = Some(guard);
-    ctx.done.retried = retried;
-    ctx.done.upstream_answered = result.is_ok();
-    let mut resp = match result {
-        // Phase 6.
-        Ok(resp) => {
-            if let Some(f) = fill.as_mut() {
-                f.observe(resp.status(), resp.headers());
-            }
-            ctx.answer(resp)
-        }
-        Err(f) => failure_response(shared, f, fault.as_deref()),
-    };
-    if let Some(f) = fill {
-        resp = f.finish(resp, &ctx.plan, ctx.origin.as_ref());
-    }
-    if let Some(cookie) = set_cookie {
-        resp.headers_mut().append(http::header::SET_COOKIE, cookie);
-    }
-    if let Some((name, value)) = session_field {
-        resp.headers_mut().append(name, value);
-    }
+    let resp = dispatch::forward(up, ctx, parts, body, fill).await;
     decorate(ctx, resp)
+}
+
+/// The deadline of a request on `route` that arrived at `start`: the route's request
+/// timeout or the port's, the shorter.
+pub(crate) fn request_deadline(
+    route: &tollgate_api::Route,
+    conn: &ConnCtx,
+    start: std::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let timeout = match (
+        route.timeouts.request_ms.map(Duration::from_millis),
+        conn.limits.request_timeout,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    timeout.map(|t| tokio::time::Instant::from_std(start) + t)
 }
 
 /// What every answer past the policy phase carries for this request: its rate-limit
@@ -514,7 +435,7 @@ fn is_cors_preflight(filters: &[Filter], parts: &Parts) -> bool {
 }
 
 /// Phase 3: the rule's filters in order; `Some` answers the request.
-fn request_filters<'s>(
+pub(crate) fn request_filters<'s>(
     filters: &'s [Filter],
     parts: &mut Parts,
     view: &RequestView<'_>,
@@ -523,160 +444,6 @@ fn request_filters<'s>(
     filters
         .iter()
         .find_map(|f| request_filter(f, parts, view, plan))
-}
-
-/// What phase 4 chose: the endpoint and what keeps the client on it.
-struct Picked {
-    guard: EndpointGuard,
-    /// A consistent-hash cookie the request lacked, for its answer.
-    set_cookie: Option<http::HeaderValue>,
-    /// On a route with session persistence: what the request's session did.
-    session: Option<SessionPick>,
-}
-
-/// A session-persistence pick.
-struct SessionPick {
-    /// Unix seconds now.
-    now: u64,
-    /// The endpoint (hash) and start of the request's session, when its endpoint was picked.
-    honoured: Option<(u64, u64)>,
-}
-
-/// Phase 4: weighted backend pick (unresolved or missing → 500), the backend's own filters.
-fn pick_backend<'s>(
-    snapshot: &'s Snapshot,
-    backends: &'s [tollgate_api::WeightedBackend],
-    parts: &mut Parts,
-    view: &RequestView<'_>,
-    plan: &mut Plan<'s>,
-) -> Result<&'s Balancer, Box<Response<ProxyBody>>> {
-    // A rule without a usable backend: 500, and for gRPC clients `UNAVAILABLE`, as
-    // GRPCRoute requires for traffic to invalid backends.
-    let internal = || {
-        let mut r = status(StatusCode::INTERNAL_SERVER_ERROR);
-        r.extensions_mut().insert(grpc::Override {
-            code: Some(grpc::Code::Unavailable),
-            message: Some(std::borrow::Cow::Borrowed("no valid backend")),
-        });
-        Box::new(r)
-    };
-    let picked = crate::upstream::pick_weighted(backends).ok_or_else(internal)?;
-    let key = picked.backend.as_deref().ok_or_else(internal)?;
-    if let Some(resp) = request_filters(&picked.filters, parts, view, plan) {
-        return Err(Box::new(resp));
-    }
-    snapshot
-        .backends
-        .get(key)
-        .map(|b| &**b)
-        .ok_or_else(internal)
-}
-
-/// Phase 4, the circuit breaker: a place under its limits (503 beyond one), waiting no longer
-/// than the request's deadline (504; a request past it is never sent).
-async fn admit(
-    shared: &Shared,
-    breaker: &Arc<crate::upstream::breaker::Breaker>,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<Admission, Box<Response<ProxyBody>>> {
-    let timed_out = || {
-        shared.metrics.upstream_error(UpstreamErrorKind::Timeout);
-        Box::new(status(StatusCode::GATEWAY_TIMEOUT))
-    };
-    let admitted = match deadline {
-        Some(d) => tokio::time::timeout_at(d, breaker.admit())
-            .await
-            .map_err(|_| timed_out())?,
-        None => breaker.admit().await,
-    };
-    let admission = admitted.map_err(|limit| {
-        shared.metrics.backend().circuit_breaker_rejected(limit);
-        Box::new(status(StatusCode::SERVICE_UNAVAILABLE))
-    })?;
-    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-        return Err(timed_out());
-    }
-    Ok(admission)
-}
-
-/// Phase 4, the endpoint: a live session's while it is here and available (the route's
-/// session rule, else the backend's), else by the request's key on a consistent-hash
-/// backend, else the balancer's choice (none → 503).
-fn pick_endpoint(
-    shared: &Shared,
-    balancer: &Balancer,
-    route: &tollgate_api::Route,
-    parts: &Parts,
-    view: &RequestView<'_>,
-    caller: affinity::Caller<'_>,
-) -> Result<Picked, Box<Response<ProxyBody>>> {
-    if let Some(budget) = &balancer.budget {
-        budget.request();
-    }
-    let session = route
-        .session
-        .as_ref()
-        .or(balancer.settings.session.as_ref());
-    let mut session_pick = None;
-    let mut guard = None;
-    if let Some(s) = session {
-        let now = affinity::unix_now();
-        let named = affinity::session(s, &parts.headers, now);
-        let honoured = named.and_then(|(id, began)| {
-            guard = balancer.pick_session(id);
-            guard.as_ref().map(|_| (id, began))
-        });
-        session_pick = Some(SessionPick { now, honoured });
-    }
-    let (hash, set_cookie) = match (&guard, &balancer.settings.hash) {
-        (None, Some(HashOn::Expression(_))) => (
-            balancer
-                .key_expr
-                .as_ref()
-                .and_then(|e| expression_key(e, parts, view, caller)),
-            None,
-        ),
-        (None, Some(on)) => {
-            affinity::key(on, &parts.headers, caller.addr.ip(), view.scheme == "https")
-        }
-        _ => (None, None),
-    };
-    let Some(guard) = guard.or_else(|| balancer.pick_keyed(hash)) else {
-        shared
-            .metrics
-            .upstream_error(UpstreamErrorKind::NoEndpoints);
-        return Err(Box::new(status(StatusCode::SERVICE_UNAVAILABLE)));
-    };
-    Ok(Picked {
-        guard,
-        set_cookie,
-        session: session_pick,
-    })
-}
-
-/// The hash of an expression key over the request as policies see it (the normalized host
-/// and path with query, as routing matched them) with its headers as they are at the pick
-/// (after the route's filters and the AuthPolicy's success headers, as a `header` key reads
-/// them), the client and `auth.identity`.
-fn expression_key(
-    e: &affinity::KeyExpr,
-    parts: &Parts,
-    view: &RequestView<'_>,
-    caller: affinity::Caller<'_>,
-) -> Option<u64> {
-    let attrs = Attrs {
-        method: parts.method.as_str(),
-        host: view.host,
-        // The target routing matched: nothing before phase 5 sets the request's URI.
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str),
-        scheme: view.scheme,
-        headers: &parts.headers,
-        source: caller.addr,
-    };
-    e.hash(&attrs, caller.identity)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Shared-cache metrics (module `lifecycle::cache`): answers by outcome (`hit`, `miss`,
 //! `stale`, `bypass`), requests that waited for another's upstream fetch (coalesced),
+//! background revalidations (started, running), answers not stored for the buffering bound,
 //! entries evicted for room, and the bytes stored. Registered with the others under
 //! `tollgate_`.
 
@@ -24,7 +25,12 @@ pub(crate) struct CacheMetrics {
     pub stale: Counter,
     pub bypass: Counter,
     pub coalesced: Counter,
+    /// Background revalidations started, and running now.
+    pub refreshes: Counter,
+    pub refreshing: Gauge,
     pub evictions: Counter,
+    /// Answers streamed unstored because too many bytes were being stored at once.
+    pub buffer_full: Counter,
     pub bytes: Gauge,
 }
 
@@ -39,7 +45,10 @@ impl CacheMetrics {
             bypass: of("bypass"),
             requests,
             coalesced: Counter::default(),
+            refreshes: Counter::default(),
+            refreshing: Gauge::default(),
             evictions: Counter::default(),
+            buffer_full: Counter::default(),
             bytes: Gauge::default(),
         }
     }
@@ -56,9 +65,24 @@ impl CacheMetrics {
             self.coalesced.clone(),
         );
         registry.register(
+            "cache_refreshes",
+            "Background revalidations of stale entries started (staleWhileRevalidate)",
+            self.refreshes.clone(),
+        );
+        registry.register(
+            "cache_refreshing",
+            "Background revalidations running now",
+            self.refreshing.clone(),
+        );
+        registry.register(
             "cache_evictions",
             "Cache entries evicted to stay under the memory bound",
             self.evictions.clone(),
+        );
+        registry.register(
+            "cache_buffer_full",
+            "Answers not stored because the bytes being stored at once reached their bound",
+            self.buffer_full.clone(),
         );
         registry.register(
             "cache_bytes",

@@ -1,7 +1,8 @@
 //! The cache tests' origin and proxy. The origin answers as each request tells it (request
 //! fields, so a cached answer needs none): `x-origin-status`, `x-origin-header: name: value`
 //! (repeatable), `x-origin-size` (a body of that many bytes), `x-origin-hold` (wait for
-//! [`Origin::release`]); without a size the body is `path #n`, n counting that path's
+//! [`Origin::release`]), `x-origin-hold-body` (the head at once, with its `content-length`,
+//! the body after [`Origin::release`]); without a size the body is `path #n`, n counting that path's
 //! requests. A request whose `If-None-Match` matches the `etag` it asks for gets a 304. The
 //! origin counts every request it answers per path and keeps the last one's fields.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -98,7 +99,33 @@ pub async fn origin() -> Origin {
     }
 }
 
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
 async fn answer(
+    req: Request<Incoming>,
+    seen: Arc<Mutex<Seen>>,
+    hold: Arc<Notify>,
+) -> Result<Response<OriginBody>, Infallible> {
+    let hold_body = req.headers().contains_key("x-origin-hold-body");
+    let resp = answer_whole(req, seen, hold.clone()).await?;
+    if !hold_body {
+        return Ok(resp.map(BodyExt::boxed));
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    parts.headers.insert("content-length", bytes.len().into());
+    let wait = hold.notified_owned();
+    let later = futures_util::stream::once(async move {
+        wait.await;
+        Ok::<_, Infallible>(hyper::body::Frame::data(bytes))
+    });
+    Ok(Response::from_parts(
+        parts,
+        BodyExt::boxed(http_body_util::StreamBody::new(later)),
+    ))
+}
+
+async fn answer_whole(
     req: Request<Incoming>,
     seen: Arc<Mutex<Seen>>,
     hold: Arc<Notify>,
@@ -162,6 +189,8 @@ pub fn rule() -> CacheRule {
 
 pub struct Cached {
     pub proxy: Proxy,
+    /// The table applied (to apply again, say with another version).
+    pub table: tollgate_api::RouteTable,
     pub url: String,
     pub metrics: Arc<Metrics>,
     pub cache: Arc<HttpCache>,
@@ -179,8 +208,19 @@ pub async fn cached_with(
     edit: impl FnOnce(&mut Route),
     policies: Vec<(&str, tollgate_api::PolicySet)>,
 ) -> Cached {
+    cached_sized(origin, rule, edit, policies, 16 << 20).await
+}
+
+/// [`cached_with`], with a cache of `bytes`.
+pub async fn cached_sized(
+    origin: &Origin,
+    rule: CacheRule,
+    edit: impl FnOnce(&mut Route),
+    policies: Vec<(&str, tollgate_api::PolicySet)>,
+    bytes: u64,
+) -> Cached {
     let metrics = Arc::new(Metrics::new());
-    let cache = HttpCache::new(16 << 20, &metrics);
+    let cache = HttpCache::new(bytes, &metrics);
     let proxy = Proxy::new(ProxyOptions {
         metrics: metrics.clone(),
         cache: Some(cache.clone()),
@@ -198,10 +238,11 @@ pub async fn cached_with(
         .into_iter()
         .map(|(k, s)| (k.to_owned(), s))
         .collect();
-    proxy.apply(t).await.unwrap();
+    proxy.apply(t.clone()).await.unwrap();
     let url = format!("http://{}", proxy.local_addr(0).unwrap());
     Cached {
         proxy,
+        table: t,
         url,
         metrics,
         cache,

@@ -37,6 +37,9 @@ use crate::crds::common::PolicyStatus;
 const KIND: &str = "CachePolicy";
 /// Default `maxEntryBytes`: 1 MiB.
 const DEFAULT_MAX_ENTRY_BYTES: u64 = 1 << 20;
+/// The largest `maxEntryBytes` (64 MiB, as the CRD's schema): a larger answer is a
+/// download to stream, not one to hold in every proxy's memory.
+pub const MAX_ENTRY_BYTES: u64 = 64 << 20;
 
 /// The compiled CachePolicies.
 #[derive(Debug, Default)]
@@ -92,13 +95,19 @@ pub fn cache_rule(key: &ObjectKey, spec: &CachePolicySpec) -> Result<CacheRule, 
     }
     methods.sort();
     methods.dedup();
+    let max_entry_bytes = spec.max_entry_bytes.unwrap_or(DEFAULT_MAX_ENTRY_BYTES);
+    if !(1..=MAX_ENTRY_BYTES).contains(&max_entry_bytes) {
+        return Err(format!(
+            "spec.maxEntryBytes {max_entry_bytes} is out of range (1 to {MAX_ENTRY_BYTES}, 64 MiB): larger answers are streamed, not stored"
+        ));
+    }
     Ok(CacheRule {
         policy: key.clone(),
         default_ttl_ms,
         max_ttl_ms,
         stale_while_revalidate_ms: stale_while_revalidate_ms.unwrap_or(0),
         stale_if_error_ms: stale_if_error_ms.unwrap_or(0),
-        max_entry_bytes: spec.max_entry_bytes.unwrap_or(DEFAULT_MAX_ENTRY_BYTES),
+        max_entry_bytes,
         query,
         expressions,
         methods,

@@ -29,7 +29,7 @@ use kube::Resource;
 use super::names::{gateway_label_value, object_name, tls_secret_name};
 use super::scaling;
 use super::{ProvisionConfig, ProvisionError};
-use crate::compile::parameters::{access_log_args, tracing_args};
+use crate::compile::parameters::{access_log_args, cache_size, tracing_args};
 use crate::crds::GatewayParametersSpec;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -448,6 +448,14 @@ fn pod_spec(
                     .to_proxy_flags(),
             )
             .chain(params.workers.map(|w| format!("--workers={w}")))
+            .chain(
+                params
+                    .cache
+                    .as_ref()
+                    .and_then(|c| c.size.as_ref())
+                    .and_then(|s| cache_size(&s.0).ok())
+                    .map(|b| format!("--cache-size={b}")),
+            )
             .chain(
                 params
                     .telemetry

@@ -58,6 +58,7 @@ fn without_parameters_nothing_extra_is_made() {
     assert!(p.priority_class_name.is_none() && p.topology_spread_constraints.is_none());
     let args = container(&d).args.as_ref().unwrap();
     assert!(!args.iter().any(|a| a.starts_with("--workers")));
+    assert!(!args.iter().any(|a| a.starts_with("--cache-size")));
     // The controller's own access log flags reach the proxy.
     assert!(
         args.contains(&"--access-log-format=logfmt".to_owned()),
@@ -149,6 +150,7 @@ fn pod_settings_reach_the_pod_template() {
         r"
 resources: {requests: {cpu: 500m, memory: 256Mi}, limits: {memory: 512Mi}}
 workers: 4
+cache: {size: 256Mi}
 logLevel: debug
 nodeSelector: {pool: edge}
 tolerations: [{key: dedicated, operator: Equal, value: edge, effect: NoSchedule}]
@@ -169,6 +171,12 @@ topologySpreadConstraints:
         Quantity("512Mi".into())
     );
     assert!(c.args.as_ref().unwrap().contains(&"--workers=4".to_owned()));
+    assert!(
+        c.args
+            .as_ref()
+            .unwrap()
+            .contains(&"--cache-size=268435456".to_owned())
+    );
     let log = c
         .env
         .iter()

@@ -2,7 +2,10 @@
 //! entry it becomes and the lead of its key. Out: the same frames, unchanged and unbuffered
 //! for the client; a copy of the data, up to the rule's `maxEntryBytes`, stored when the
 //! body ends whole. A larger body, trailers or a broken body store nothing; the lead (and
-//! with it the waiters) is released when the body ends or is dropped.
+//! with it the waiters) is released when the body ends or is dropped. The copies of all
+//! answers being stored at once take no more than the store's buffering bound (a quarter
+//! of its memory bound; the declared length is taken when the answer starts, the rest as it
+//! comes): an answer beyond it streams through unstored and is counted.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -23,6 +26,10 @@ pub(super) struct Pending {
     pub vary: Option<(String, Slot)>,
     pub lead: Option<Lead>,
     pub max: usize,
+    /// The store's generation when the fetch began (a purge or swap since: not stored).
+    pub generation: u64,
+    /// The answer's declared length.
+    pub declared: Option<u64>,
 }
 
 /// The client's body, copied into the store as it passes.
@@ -31,15 +38,56 @@ pub(super) struct StoreBody {
     buf: BytesMut,
     /// `None` once stored or given up.
     pending: Option<Pending>,
+    /// Bytes of the buffering bound taken (given back when stored or given up).
+    reserved: u64,
+    cache: std::sync::Arc<HttpCache>,
 }
 
 impl StoreBody {
     pub(super) fn new(inner: ProxyBody, pending: Pending) -> Self {
-        Self {
+        let mut body = Self {
             inner,
             buf: BytesMut::new(),
-            pending: Some(pending),
+            reserved: 0,
+            pending: None,
+            cache: pending.cache.clone(),
+        };
+        let first = pending.declared.unwrap_or(0);
+        if pending.cache.reserve(first) {
+            body.reserved = first;
+            body.pending = Some(pending);
+        } else {
+            pending.cache.metrics.buffer_full.inc();
         }
+        body
+    }
+
+    /// Room for `len` bytes in the copy, taken from the bound if need be; `false` when
+    /// the bound is reached (the copy is then given up, and counted).
+    fn room(&mut self, len: u64) -> bool {
+        let Some(p) = &self.pending else {
+            return false;
+        };
+        if len <= self.reserved {
+            return true;
+        }
+        if p.cache.reserve(len - self.reserved) {
+            self.reserved = len;
+            return true;
+        }
+        p.cache.metrics.buffer_full.inc();
+        false
+    }
+
+    /// Stops copying: the buffer and its share of the bound go.
+    fn give_up(&mut self) {
+        self.pending = None;
+        self.buf = BytesMut::new();
+        self.release();
+    }
+
+    fn release(&mut self) {
+        self.cache.release(std::mem::take(&mut self.reserved));
     }
 
     fn store(&mut self) {
@@ -47,11 +95,12 @@ impl StoreBody {
             let mut entry = p.entry;
             entry.body = std::mem::take(&mut self.buf).freeze();
             if let Some((k, marker)) = p.vary {
-                p.cache.insert(k, marker);
+                p.cache.insert(p.generation, k, marker);
             }
             p.cache
-                .insert(p.key, Slot::Entry(std::sync::Arc::new(entry)));
+                .insert(p.generation, p.key, Slot::Entry(std::sync::Arc::new(entry)));
             drop(p.lead);
+            self.release();
         }
     }
 }
@@ -63,6 +112,7 @@ impl Drop for StoreBody {
         if self.pending.is_some() && self.inner.is_end_stream() {
             self.store();
         }
+        self.release();
     }
 }
 
@@ -80,19 +130,20 @@ impl Body for StoreBody {
             Some(Ok(f)) => match f.data_ref() {
                 Some(data) => {
                     if let Some(p) = &this.pending {
-                        if this.buf.len() + data.len() > p.max {
-                            // Too large: stream on, store nothing.
-                            this.pending = None;
-                            this.buf = BytesMut::new();
+                        let len = this.buf.len() + data.len();
+                        if len > p.max || !this.room(len as u64) {
+                            // Too large, or too much being stored at once: stream on,
+                            // store nothing.
+                            this.give_up();
                         } else {
                             this.buf.extend_from_slice(data);
                         }
                     }
                 }
                 // Trailers are not stored: the entry would answer without them.
-                None => this.pending = None,
+                None => this.give_up(),
             },
-            Some(Err(_)) => this.pending = None,
+            Some(Err(_)) => this.give_up(),
             None => this.store(),
         }
         if this.pending.is_some() && this.inner.is_end_stream() {

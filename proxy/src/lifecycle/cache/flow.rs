@@ -22,16 +22,17 @@ use super::control::{Directives, lifetime, understood};
 use super::entry::{Entry, Fresh, Freshness, X_CACHE};
 use super::fill::{Pending, StoreBody};
 use super::flight::{Lead, lead_or_wait};
+use super::ticket::{Place, Refresh};
 use super::{HttpCache, Slot, key};
-use crate::lifecycle::answer::status;
 use crate::lifecycle::body::ProxyBody;
 use crate::lifecycle::ctx::Plan;
 use crate::lifecycle::filters;
 use crate::lifecycle::policy::cel::Attrs;
 
-/// How long a coalesced request waits for the lead when its route sets no deadline; then it
-/// goes upstream itself (a slow or endless lead holds no one for longer).
-const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How long a coalesced request waits for the lead (as nginx's `proxy_cache_lock_timeout`);
+/// then it goes upstream itself and its answer is not stored (a slow lead holds no one for
+/// longer, and turns no waiter into a timeout).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// The request as the cache reads it.
 pub(crate) struct Request<'a> {
@@ -55,6 +56,11 @@ pub(crate) struct Request<'a> {
 pub(crate) enum Look {
     /// Answered from the store.
     Answer(Response<ProxyBody>),
+    /// Answered from a stale entry within `staleWhileRevalidate`; the refresh to run in the
+    /// background (module `lifecycle::refresh`).
+    Refresh(Response<ProxyBody>, Box<Refresh>),
+    /// Its deadline passed while it waited for the lead of its key.
+    Expired,
     /// Goes upstream, with what stores the answer.
     Fetch(Box<Fill>),
 }
@@ -80,6 +86,10 @@ pub(crate) struct Fill {
     route: Option<Arc<str>>,
     /// The upstream's status and fields, before the route's response filters.
     head: Option<(StatusCode, HeaderMap)>,
+    /// A background revalidation: an error stores nothing (the stale entry stays).
+    refresh: bool,
+    /// The store's generation when the request looked (see `HttpCache::insert`).
+    generation: u64,
 }
 
 /// The rule's numbers.
@@ -126,6 +136,8 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
         host: req.host.to_ascii_lowercase().into(),
         route: req.route.clone(),
         head: None,
+        refresh: false,
+        generation: cache.generation(),
     };
     let bypass = !rule.methods.iter().any(|m| m == req.method.as_str())
         || req.headers.contains_key(RANGE)
@@ -149,10 +161,32 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
                     metrics.hits.inc();
                     return Look::Answer(entry.answer(req.method, req.headers, "HIT"));
                 }
-                // Someone is refreshing it: this one need not wait.
-                Freshness::StaleRevalidate if cache.flights.busy(&primary) => {
+                // Answered now; the first to see it refreshes it in the background.
+                Freshness::StaleRevalidate if shareable || cache.flights.busy(&primary) => {
                     metrics.stale.inc();
-                    return Look::Answer(entry.answer(req.method, req.headers, "STALE"));
+                    let answer = entry.answer(req.method, req.headers, "STALE");
+                    if !shareable || cache.flights.busy(&primary) {
+                        return Look::Answer(answer);
+                    }
+                    let Ok(lead) = lead_or_wait(cache, &primary) else {
+                        return Look::Answer(answer);
+                    };
+                    // No place free: the window's next request tries again.
+                    let Some(place) = Place::take(cache) else {
+                        return Look::Answer(answer);
+                    };
+                    metrics.refreshes.inc();
+                    fill.lead = Some(lead);
+                    fill.key = Some(primary);
+                    fill.request = req.headers.clone();
+                    fill.revalidating = entry.validators();
+                    fill.stale = Some(entry.clone());
+                    fill.refresh = true;
+                    let stale = entry.clone();
+                    return Look::Refresh(
+                        answer,
+                        Box::new(Refresh::new(Box::new(fill), stale, place)),
+                    );
                 }
                 _ => {}
             }
@@ -172,15 +206,20 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
             }
             Err(wait) => {
                 metrics.coalesced.inc();
-                let until = req
-                    .deadline
-                    .unwrap_or_else(|| tokio::time::Instant::now() + LOCK_WAIT);
-                if tokio::time::timeout_at(until, wait.done()).await.is_err()
-                    && req
+                let lock = tokio::time::Instant::now() + LOCK_WAIT;
+                let until = req.deadline.map_or(lock, |d| d.min(lock));
+                if tokio::time::timeout_at(until, wait.done()).await.is_err() {
+                    if req
                         .deadline
                         .is_some_and(|d| tokio::time::Instant::now() >= d)
-                {
-                    return Look::Answer(status(StatusCode::GATEWAY_TIMEOUT));
+                    {
+                        return Look::Expired;
+                    }
+                    // The lead is slow: upstream on its own, its answer not stored (the
+                    // lead's will be).
+                    fill.no_store = true;
+                    fill.stale = find(cache, &primary, req.headers);
+                    break;
                 }
             }
         }
@@ -281,6 +320,10 @@ impl Fill {
             }
             return tag(resp, "MISS");
         };
+        if self.refresh && status.is_server_error() {
+            // The stale entry stays until its window ends.
+            return tag(resp, "MISS");
+        }
         if status.is_server_error()
             && let Some(e) = self.stale.as_deref().filter(|e| e.serves_on_error())
         {
@@ -305,7 +348,11 @@ impl Fill {
                 Some(names) if !names.is_empty() => key::secondary(&key, &names, &self.request),
                 _ => key.clone(),
             };
-            self.cache.insert(slot_key, Slot::Entry(entry.clone()));
+            // A waiter that went on without the lead stores nothing, a refresh included.
+            if !self.no_store {
+                self.cache
+                    .insert(self.generation, slot_key, Slot::Entry(entry.clone()));
+            }
             return from_stale(&entry, "HIT");
         }
         let (parts, body) = resp.into_parts();
@@ -380,6 +427,8 @@ impl Fill {
             vary: marker,
             lead: self.lead.take(),
             max: self.rule.max_entry,
+            generation: self.generation,
+            declared,
         })
     }
 }
@@ -416,30 +465,12 @@ fn merge(old: &HeaderMap, new: &HeaderMap) -> HeaderMap {
     h
 }
 
-/// Fields about the connection, not the answer (RFC 9110 §7.6.1), and `Age` (computed
-/// when served).
+/// Fields about the connection, not the answer (RFC 9110 §7.6.1, as the proxy removes them
+/// from every answer), `Trailer` (trailers are never stored), and `Age` and `X-Cache`
+/// (computed when served).
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<http::HeaderName> = h
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    for n in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "age",
-        "x-cache",
-    ] {
-        h.remove(n);
-    }
+    crate::lifecycle::forward::strip_hop_by_hop(h, false);
+    h.remove(http::header::TRAILER);
+    h.remove(http::header::AGE);
+    h.remove(&X_CACHE);
 }

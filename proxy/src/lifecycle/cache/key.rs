@@ -31,11 +31,11 @@ pub(crate) fn primary(
             QueryKey::All => vec![q],
             QueryKey::Include(names) => q
                 .split('&')
-                .filter(|p| names.iter().any(|n| n == param_name(p)))
+                .filter(|p| names.iter().any(|n| names_equal(n, param_name(p))))
                 .collect(),
             QueryKey::Exclude(names) => q
                 .split('&')
-                .filter(|p| !p.is_empty() && !names.iter().any(|n| n == param_name(p)))
+                .filter(|p| !p.is_empty() && !names.iter().any(|n| names_equal(n, param_name(p))))
                 .collect(),
         };
         if !kept.is_empty() {
@@ -70,6 +70,38 @@ pub(crate) fn scoped(mut key: String, scope: &str, expression_values: &[Option<S
 /// A query parameter's name (before `=`), as sent.
 fn param_name(p: &str) -> &str {
     p.split_once('=').map_or(p, |(n, _)| n)
+}
+
+/// `sent` names the parameter `listed` once percent-decoded (`%61` is `a`; a backend
+/// decodes it so). `+` is kept as it is, as routing's query matching keeps it; an invalid
+/// escape is its own bytes. The decision reads the decoded name, but the key keeps the
+/// pair as sent: spellings a backend may read differently stay apart.
+fn names_equal(listed: &str, sent: &str) -> bool {
+    if !sent.contains('%') {
+        return listed == sent;
+    }
+    let (mut want, mut got) = (listed.bytes(), sent.as_bytes());
+    loop {
+        let (byte, rest) = match got {
+            [] => return want.next().is_none(),
+            [b'%', h, l, rest @ ..] if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => {
+                (hex(*h) << 4 | hex(*l), rest)
+            }
+            [b, rest @ ..] => (*b, rest),
+        };
+        if want.next() != Some(byte) {
+            return false;
+        }
+        got = rest;
+    }
+}
+
+fn hex(d: u8) -> u8 {
+    match d {
+        b'0'..=b'9' => d - b'0',
+        b'a'..=b'f' => d - b'a' + 10,
+        _ => d - b'A' + 10,
+    }
 }
 
 /// The names an answer's `Vary` lists (lower case); `None` for `Vary: *` (never stored).
@@ -146,6 +178,20 @@ mod tests {
             k(&QueryKey::Include(vec!["z".into()])),
             "GET http://a.example/p"
         );
+        // A percent-encoded name is the name it decodes to, kept as sent.
+        let enc = |q: &QueryKey, query| primary("GET", "http", "h", "/p", Some(query), q);
+        assert_eq!(
+            enc(&QueryKey::Include(vec!["a".into()]), "a=1&%61=evil&%6=x"),
+            "GET http://h/p?a=1&%61=evil"
+        );
+        assert_eq!(
+            enc(
+                &QueryKey::Exclude(vec!["utm_source".into()]),
+                "x=1&%75tm%5Fsource=y&a+b=2"
+            ),
+            "GET http://h/p?x=1&a+b=2"
+        );
+        assert!(!names_equal("a b", "a+b") && names_equal("a b", "a%20b"));
         assert_eq!(
             scoped(
                 primary("HEAD", "https", "h", "/", None, &QueryKey::All),

@@ -4,16 +4,19 @@
 //! went on. Out: answers from the store (`X-Cache: HIT` or `STALE`, with `Age`), or the
 //! upstream's (`MISS`, `BYPASS`), stored on the way when RFC 9111 and the rule allow.
 //!
-//! One store per [`HttpCache`] with one memory bound (bytes of bodies, headers and keys),
+//! One store per [`HttpCache`] with one memory bound (bytes of bodies, headers and keys;
+//! answers being copied for storage take at most a quarter more, module `fill`),
 //! kept by quick_cache (S3-FIFO: a key seen once does not push out the ones in use, so a
 //! scan of cold keys cannot flush the cache). Concurrent misses of one key make one
-//! upstream request ([`flight`]); the others wait for it, no longer than the request's
-//! deadline. The store keeps the identity body the upstream sent: compression (module
+//! upstream request ([`flight`]); the others wait for it, no longer than the lock wait or
+//! the request's deadline. A stale entry within `staleWhileRevalidate` answers at once and
+//! hands a [`Refresh`] to module `lifecycle::refresh`, which revalidates it in the
+//! background. The store keeps the identity body the upstream sent: compression (module
 //! `compress`) runs per client after it, as for any other answer.
 //!
 //! Modules: `control` (Cache-Control, freshness, age), `key` (keys, Vary), `entry` (a
 //! stored answer), `flight` (coalescing), `fill` (storing a body as it streams), `flow`
-//! (the decisions of one request).
+//! (the decisions of one request), `ticket` (a background revalidation's claim).
 
 mod control;
 mod entry;
@@ -21,15 +24,18 @@ mod fill;
 mod flight;
 mod flow;
 mod key;
+mod ticket;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::HeaderName;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 
-pub(crate) use flow::{Look, Request, finish_failed, look, response_filters};
+pub(crate) use flow::{Fill, Look, Request, finish_failed, look, response_filters};
+pub(crate) use ticket::Refresh;
 
 use crate::lifecycle::affinity::KeyExpr;
 use crate::metrics::{CacheMetrics, Metrics};
@@ -74,6 +80,15 @@ pub struct HttpCache {
     /// Key expressions compiled once per source (`None`: it does not compile).
     exprs: Mutex<HashMap<String, Option<Arc<KeyExpr>>>>,
     metrics: CacheMetrics,
+    /// Moves on every purge and table swap: an answer fetched before it is not stored
+    /// after it (a purged or re-scoped key is not filled from a request of the old scope).
+    generation: AtomicU64,
+    /// Bytes of answers being copied for storage now (outside the store until whole), and
+    /// their bound: a quarter of the store's.
+    buffering: AtomicU64,
+    buffer_bound: u64,
+    /// Places for background revalidations ([`ticket::MAX_REFRESHES`]).
+    refreshes: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for HttpCache {
@@ -113,12 +128,19 @@ impl HttpCache {
             flights: flight::Flights::default(),
             exprs: Mutex::new(HashMap::new()),
             metrics: m,
+            generation: AtomicU64::new(0),
+            buffering: AtomicU64::new(0),
+            buffer_bound: bytes / 4,
+            refreshes: Arc::new(tokio::sync::Semaphore::new(ticket::MAX_REFRESHES)),
         })
     }
 
     /// Removes what `p` names (a purge naming nothing removes everything); the number of
     /// entries removed.
     pub fn purge(&self, p: &Purge) -> usize {
+        // Before the removal: a fill that checks the generation after inserting (`insert`)
+        // either sees this one or inserted before the removal below runs.
+        self.generation.fetch_add(1, Ordering::SeqCst);
         let before = self.store.len();
         let host = p.host.as_deref().map(str::to_ascii_lowercase);
         self.store.retain(|key, slot| {
@@ -152,9 +174,46 @@ impl HttpCache {
         i64::try_from(self.store.weight()).unwrap_or(i64::MAX)
     }
 
-    fn insert(&self, key: String, slot: Slot) {
-        self.store.insert(key, slot);
+    /// Takes `n` more bytes of the buffering bound; false (nothing taken) beyond it.
+    fn reserve(&self, n: u64) -> bool {
+        self.buffering
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(n).filter(|&t| t <= self.buffer_bound)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` bytes [`HttpCache::reserve`] took.
+    fn release(&self, n: u64) {
+        self.buffering.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// The routing table changed: answers fetched under the old one are not stored.
+    pub(crate) fn table_changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The generation a fetch starting now stores under.
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Stores `slot` under `key` unless the generation moved on from `generation` (a purge
+    /// or a table swap since the fetch began); false when it did.
+    fn insert(&self, generation: u64, key: String, slot: Slot) -> bool {
+        if self.generation() != generation {
+            return false;
+        }
+        self.store.insert(key.clone(), slot);
+        // A purge between the check and the insert: undo it (the purge's removal may
+        // have run before the insert).
+        if self.generation() != generation {
+            self.store.remove(&key);
+            self.metrics.bytes.set(self.weight());
+            return false;
+        }
         self.metrics.bytes.set(self.weight());
+        true
     }
 
     fn get(&self, key: &str) -> Option<Slot> {
