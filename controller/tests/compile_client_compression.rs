@@ -156,7 +156,11 @@ fn gzip_level_is_kept_when_set() {
         GW,
         "  compression: {algorithms: [gzip]}",
     )]);
-    assert_eq!(compression(&out, 80).unwrap().gzip_level, None, "the proxy's default");
+    assert_eq!(
+        compression(&out, 80).unwrap().gzip_level,
+        None,
+        "the proxy's default"
+    );
 }
 
 #[test]

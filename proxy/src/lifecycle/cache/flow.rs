@@ -412,7 +412,7 @@ impl Fill {
             key: slot_key,
             entry: Entry {
                 status,
-                headers: head,
+                headers: super::entry::compact(&head),
                 body: bytes::Bytes::new(),
                 directives: d,
                 initial_age: fresh.initial_age,

@@ -51,9 +51,14 @@ enum Slot {
 #[derive(Debug, Clone, Copy)]
 struct Bytes;
 
+/// What quick_cache keeps per key beside it: its slot (key, value, state), the table's index
+/// and the ghost of an evicted key.
+const SLOT_BYTES: u64 = 96;
+
 impl Weighter<String, Slot> for Bytes {
     fn weight(&self, key: &String, val: &Slot) -> u64 {
-        key.len() as u64
+        key.capacity() as u64
+            + SLOT_BYTES
             + match val {
                 Slot::Entry(e) => e.weight(),
                 Slot::Vary(names) => 64 + names.len() as u64 * 32,

@@ -273,7 +273,9 @@ mod tests {
             .collect();
         for e in Encoding::ALL {
             let before = rss();
-            let mut live: Vec<Encoder> = (0..20).map(|_| Encoder::new(e, Levels::default())).collect();
+            let mut live: Vec<Encoder> = (0..20)
+                .map(|_| Encoder::new(e, Levels::default()))
+                .collect();
             for enc in &mut live {
                 for chunk in text.chunks(16 * 1024) {
                     let _ = enc.feed(chunk).unwrap();

@@ -138,7 +138,9 @@ impl Offer {
             return resp;
         }
         let counters = metrics.compression(e);
-        resp.map(|b| http_body_util::BodyExt::boxed(CompressBody::new(b, e, self.settings.levels, counters)))
+        resp.map(|b| {
+            http_body_util::BodyExt::boxed(CompressBody::new(b, e, self.settings.levels, counters))
+        })
     }
 
     fn compressible(&self, resp: &Response<ProxyBody>) -> bool {
