@@ -54,20 +54,36 @@ pub(crate) enum Freshness {
 
 impl Entry {
     /// Bytes the entry holds in memory, for the bound: the body, the entry itself behind its
-    /// `Arc`, the header map's table at its capacity, and each field's own allocations
-    /// rounded up to the allocator's 16-byte classes. Counting less lets the resident memory
-    /// outgrow `--cache-size` (measured by e2e/bench/cache-memory.sh: small answers held
-    /// about 2.5 times what a count of their bytes alone said).
+    /// `Arc`, its host, the header map's table at its capacity (and its list of repeated
+    /// fields), and each field's own allocations, each allocation rounded up to its
+    /// allocator size class, with the 32-byte share record `Bytes` adds once an answer has
+    /// been served from it. Counting less lets the resident memory outgrow `--cache-size`
+    /// (e2e/bench/cache-memory.sh: small answers held about 2.5 times what a count of their
+    /// bytes alone said).
     pub(crate) fn weight(&self) -> u64 {
         const BUCKET: usize =
             std::mem::size_of::<HeaderName>() + std::mem::size_of::<HeaderValue>() + 40;
+        const EXTRA: usize = 72;
+        const SHARED: usize = 32;
         let fields: usize = self
             .headers
             .iter()
-            .map(|(n, v)| round16(n.as_str().len()) + round16(v.len()))
+            .map(|(n, v)| size_class(n.as_str().len()) + size_class(v.len()) + 2 * SHARED)
             .sum();
-        let table = self.headers.capacity() * BUCKET + self.headers.capacity() * 4;
-        (round16(self.body.len()) + std::mem::size_of::<Self>() + 16 + table + fields) as u64
+        let cap = self.headers.capacity();
+        let repeated = self.headers.len() - self.headers.keys_len();
+        let extra = if repeated == 0 {
+            0
+        } else {
+            size_class(repeated.next_power_of_two().max(4) * EXTRA)
+        };
+        let table = size_class(cap * BUCKET) + size_class(cap.next_power_of_two() * 4) + extra;
+        (size_class(self.body.len())
+            + SHARED
+            + size_class(std::mem::size_of::<Self>() + 16)
+            + size_class(self.host.len() + 16)
+            + table
+            + fields) as u64
     }
 
     /// Its current age (§4.2.3 `current_age`).
@@ -232,9 +248,14 @@ impl Fresh {
     }
 }
 
-/// `n` rounded up to the allocator's 16-byte size classes.
-fn round16(n: usize) -> usize {
-    n.div_ceil(16) * 16
+/// The bytes an allocation of `n` takes: jemalloc's size classes (16-byte steps to 128, then
+/// four classes per doubling), which the system allocator's chunks come close to.
+pub(crate) fn size_class(n: usize) -> usize {
+    if n <= 128 {
+        return n.div_ceil(16) * 16;
+    }
+    let step = n.next_power_of_two() / 8;
+    n.div_ceil(step) * step
 }
 
 /// A copy of `headers` in allocations of its own. Header fields parsed off a connection
@@ -268,7 +289,10 @@ mod tests {
         let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
         let mut parsed = HeaderMap::new();
         let v = HeaderValue::from_maybe_shared(buffer.slice(0..16)).unwrap();
-        assert!(range.contains(&(v.as_bytes().as_ptr() as usize)), "the test's premise");
+        assert!(
+            range.contains(&(v.as_bytes().as_ptr() as usize)),
+            "the test's premise"
+        );
         parsed.insert(ETAG, v);
         let mut secret = HeaderValue::from_maybe_shared(buffer.slice(16..32)).unwrap();
         secret.set_sensitive(true);
@@ -279,5 +303,14 @@ mod tests {
             assert!(!range.contains(&(v.as_bytes().as_ptr() as usize)));
         }
         assert!(stored.get("x-custom").unwrap().is_sensitive());
+    }
+
+    #[test]
+    fn size_classes_follow_the_allocators() {
+        let classes: Vec<usize> = [1, 16, 17, 128, 129, 160, 161, 257, 1000, 4097]
+            .into_iter()
+            .map(size_class)
+            .collect();
+        assert_eq!(classes, [16, 16, 32, 128, 160, 160, 192, 320, 1024, 5120]);
     }
 }

@@ -93,7 +93,14 @@ impl StoreBody {
     fn store(&mut self) {
         if let Some(p) = self.pending.take() {
             let mut entry = p.entry;
-            entry.body = std::mem::take(&mut self.buf).freeze();
+            let buf = std::mem::take(&mut self.buf);
+            // The buffer grew by doubling: what it holds beyond the body would be memory the
+            // entry's weight does not count.
+            entry.body = if buf.capacity() > buf.len() + buf.len() / 8 {
+                Bytes::copy_from_slice(&buf)
+            } else {
+                buf.freeze()
+            };
             if let Some((k, marker)) = p.vary {
                 p.cache.insert(p.generation, k, marker);
             }

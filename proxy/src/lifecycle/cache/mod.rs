@@ -51,13 +51,16 @@ enum Slot {
 #[derive(Debug, Clone, Copy)]
 struct Bytes;
 
+/// quick_cache's shards: each holds a quarter of the bound.
+const SHARDS: usize = 4;
+
 /// What quick_cache keeps per key beside it: its slot (key, value, state), the table's index
 /// and the ghost of an evicted key.
 const SLOT_BYTES: u64 = 96;
 
 impl Weighter<String, Slot> for Bytes {
     fn weight(&self, key: &String, val: &Slot) -> u64 {
-        key.capacity() as u64
+        entry::size_class(key.capacity()) as u64
             + SLOT_BYTES
             + match val {
                 Slot::Entry(e) => e.weight(),
@@ -122,14 +125,32 @@ impl HttpCache {
     pub fn new(bytes: u64, metrics: &Metrics) -> Arc<Self> {
         let m = metrics.cache().clone();
         let items = usize::try_from(bytes / 4096).unwrap_or(usize::MAX).max(64);
-        Arc::new(Self {
-            store: Cache::with(
+        // quick_cache refuses an item heavier than its shard's share of the bound; its
+        // default of four shards per CPU would, on a large node, refuse answers far smaller
+        // than `maxEntryBytes`. Four shards admit what the buffering bound (a quarter of
+        // the cache) lets through.
+        let mut options = quick_cache::OptionsBuilder::new();
+        options
+            .estimated_items_capacity(items)
+            .weight_capacity(bytes)
+            .shards(SHARDS);
+        let store = match options.build() {
+            Ok(o) => Cache::with_options(
+                o,
+                Bytes,
+                DefaultHashBuilder::default(),
+                Evictions(m.evictions.clone()),
+            ),
+            Err(_) => Cache::with(
                 items,
                 bytes,
                 Bytes,
                 DefaultHashBuilder::default(),
                 Evictions(m.evictions.clone()),
             ),
+        };
+        Arc::new(Self {
+            store,
             flights: flight::Flights::default(),
             exprs: Mutex::new(HashMap::new()),
             metrics: m,
