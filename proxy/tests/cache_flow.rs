@@ -183,6 +183,51 @@ async fn a_stale_entry_is_revalidated_with_its_etag_or_last_modified() {
 }
 
 #[tokio::test]
+async fn a_304_refreshes_the_entry_but_never_shares_its_cookies_or_a_refusal() {
+    let o = origin().await;
+    let c = cached(&o, rule(), |_| {}).await;
+    let stored = [(CC, "cache-control: max-age=1"), (CC, "etag: \"v1\"")];
+    fetch(&c.url, "/session", &stored).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Alice's revalidation: the origin's 304 rolls her session cookie.
+    let alice = [
+        (CC, "cache-control: max-age=60"),
+        (CC, "etag: \"v1\""),
+        (CC, "set-cookie: sid=alice"),
+    ];
+    let a = fetch(&c.url, "/session", &alice).await;
+    assert_eq!((a.status.as_u16(), x_cache(&a)), (200, "HIT"));
+    assert_eq!(
+        o.count("/session"),
+        2,
+        "a conditional request went upstream"
+    );
+    assert_eq!(
+        a.headers.get("set-cookie").map(|v| v.to_str().unwrap()),
+        Some("sid=alice"),
+        "the client the 304 answered gets its cookie"
+    );
+    // Bob gets the refreshed entry, without Alice's cookie.
+    let b = fetch(&c.url, "/session", &[]).await;
+    assert_eq!((x_cache(&b), body(&b).as_str()), ("HIT", "/session #1"));
+    assert_eq!(
+        o.count("/session"),
+        2,
+        "the entry was refreshed: fresh for 60 s"
+    );
+    assert!(b.headers.get("set-cookie").is_none(), "{:?}", b.headers);
+
+    // A 304 that says no-store refreshes nothing: the next request revalidates again.
+    fetch(&c.url, "/refused", &stored).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let refusing = [(CC, "cache-control: no-store"), (CC, "etag: \"v1\"")];
+    let r = fetch(&c.url, "/refused", &refusing).await;
+    assert_eq!((r.status.as_u16(), body(&r).as_str()), (200, "/refused #1"));
+    fetch(&c.url, "/refused", &stored).await;
+    assert_eq!(o.count("/refused"), 3, "the stale entry was not refreshed");
+}
+
+#[tokio::test]
 async fn a_clients_conditional_request_is_answered_304_from_the_cache() {
     let o = origin().await;
     let c = cached(&o, rule(), |_| {}).await;

@@ -334,6 +334,18 @@ impl Fill {
             && self.revalidating
             && let Some(old) = self.stale.clone()
         {
+            let mut head = head;
+            strip_hop_by_hop(&mut head);
+            // The 304 answers one client: its cookies are that client's, never the entry's
+            // (unless the rule stores cookies), so they go to it alone.
+            let cookies: Vec<HeaderValue> = if self.rule.store_set_cookie {
+                Vec::new()
+            } else {
+                match head.entry(SET_COOKIE) {
+                    http::header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+                    http::header::Entry::Vacant(_) => Vec::new(),
+                }
+            };
             let d = Directives::parse(&head);
             let merged_lifetime = lifetime(
                 old.status,
@@ -344,16 +356,29 @@ impl Fill {
             .unwrap_or(Duration::ZERO);
             let fresh = Fresh::new(&head, merged_lifetime, self.rule.max_ttl, self.asked);
             let entry = Arc::new(old.refreshed(&head, fresh));
+            let merged = Directives::parse(&entry.headers);
+            // The refreshed answer must still be storable as a whole (RFC 9111 §3, §4.3.4):
+            // a 304 saying no-store or private, or `Vary: *`, refreshes nothing.
             let slot_key = match super::key::vary_names(&entry.headers) {
-                Some(names) if !names.is_empty() => key::secondary(&key, &names, &self.request),
-                _ => key.clone(),
+                _ if merged.no_store || merged.private => None,
+                Some(names) if !names.is_empty() => {
+                    Some(key::secondary(&key, &names, &self.request))
+                }
+                Some(_) => Some(key.clone()),
+                None => None,
             };
             // A waiter that went on without the lead stores nothing, a refresh included.
-            if !self.no_store {
+            if !self.no_store
+                && let Some(slot_key) = slot_key
+            {
                 self.cache
                     .insert(self.generation, slot_key, Slot::Entry(entry.clone()));
             }
-            return from_stale(&entry, "HIT");
+            let mut r = from_stale(&entry, "HIT");
+            for c in cookies {
+                r.headers_mut().append(SET_COOKIE, c);
+            }
+            return r;
         }
         let (parts, body) = resp.into_parts();
         let mut resp = Response::from_parts(parts, body);
