@@ -248,7 +248,7 @@ impl RequestTrace {
             return;
         }
         let mut attributes = vec![
-            KeyValue::new("http.request.method", self.method.as_str().to_owned()),
+            KeyValue::new("http.request.method", known_method(&self.method)),
             KeyValue::new("server.address", endpoint.ip().to_string()),
             KeyValue::new("server.port", i64::from(endpoint.port())),
         ];
@@ -279,7 +279,7 @@ impl RequestTrace {
             self.span_id,
             false,
             SpanKind::Client,
-            Cow::Owned(self.method.as_str().to_owned()),
+            Cow::Borrowed(span_method(&self.method)),
             a.start,
             attributes,
             Vec::new(),
@@ -295,7 +295,7 @@ impl RequestTrace {
         let (target, host) = self.target.take().unwrap_or_default();
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let mut attributes = vec![
-            KeyValue::new("http.request.method", self.method.as_str().to_owned()),
+            KeyValue::new("http.request.method", known_method(&self.method)),
             KeyValue::new("url.path", capped(path).to_owned()),
             KeyValue::new("server.address", capped(&host).to_owned()),
             KeyValue::new("http.response.status_code", i64::from(status)),
@@ -320,8 +320,8 @@ impl RequestTrace {
             Status::Unset
         };
         let name = match route {
-            Some(r) => Cow::Owned(format!("{} {r}", self.method)),
-            None => Cow::Owned(self.method.as_str().to_owned()),
+            Some(r) => Cow::Owned(format!("{} {r}", span_method(&self.method))),
+            None => Cow::Borrowed(span_method(&self.method)),
         };
         let events = std::mem::take(&mut self.events);
         let span = self.span(
@@ -374,6 +374,31 @@ impl RequestTrace {
             status,
             instrumentation_scope: self.tracer.scope.clone(),
         }
+    }
+}
+
+/// The method as the semantic conventions name it: one of HTTP's own, else `_OTHER` (a
+/// client's extension method, up to the request head's size, never goes into a span).
+fn known_method(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "_OTHER",
+    }
+}
+
+/// The method in a span's name: `HTTP` for one not known.
+fn span_method(m: &Method) -> &'static str {
+    match known_method(m) {
+        "_OTHER" => "HTTP",
+        k => k,
     }
 }
 

@@ -171,3 +171,36 @@ async fn a_tracestate_outside_the_w3c_grammar_or_limits_is_dropped() {
         assert_eq!(upstream_state(good.clone()).await, Some(good));
     }
 }
+
+#[tokio::test]
+async fn an_extension_method_is_named_other_never_copied_into_spans() {
+    let (rx, collector) = Receiver::start().await;
+    let app = echo_backend("app").await;
+    let (_p, url) = proxy_with_options(
+        tracing_opts(collector, 1.0),
+        vec![route("r", "/", vec![wb("app", 1)])],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    let method = "X".repeat(8000);
+    let incoming = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
+    let req = Request::builder()
+        .method(http::Method::from_bytes(method.as_bytes()).unwrap())
+        .uri(format!("{url}/ext"))
+        .header("traceparent", &incoming)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let a = send(&h1_client(), req).await;
+    assert_eq!(a.status, 200);
+    let spans = rx.spans_of(PARENT_TRACE, 2).await;
+    for s in &spans {
+        assert_eq!(
+            str_attr(&s.attributes, "http.request.method").as_deref(),
+            Some("_OTHER"),
+            "{}",
+            s.name
+        );
+        assert!(s.name.starts_with("HTTP"), "{}", s.name);
+    }
+    assert!(!format!("{spans:?}").contains("XXXX"));
+}
