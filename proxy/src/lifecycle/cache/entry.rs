@@ -38,6 +38,9 @@ pub(crate) struct Entry {
     /// Stored in answer to a request with `Authorization` under an identity key, or one
     /// whose answer allowed it: such requests may be answered from it.
     pub authorized_ok: bool,
+    /// What it weighs against the memory bound, measured once it is whole ([`Entry::measure`]):
+    /// the store asks on every insert and eviction.
+    pub weight: u64,
 }
 
 /// How fresh an entry is now.
@@ -60,7 +63,7 @@ impl Entry {
     /// been served from it. Counting less lets the resident memory outgrow `--cache-size`
     /// (e2e/bench/cache-memory.sh: small answers held about 2.5 times what a count of their
     /// bytes alone said).
-    pub(crate) fn weight(&self) -> u64 {
+    pub(crate) fn measure(&self) -> u64 {
         const BUCKET: usize =
             std::mem::size_of::<HeaderName>() + std::mem::size_of::<HeaderValue>() + 40;
         const EXTRA: usize = 72;
@@ -151,7 +154,7 @@ impl Entry {
             }
         }
         let directives = Directives::parse(&headers);
-        Entry {
+        let mut entry = Entry {
             status: self.status,
             headers: compact(&headers),
             body: self.body.clone(),
@@ -164,7 +167,10 @@ impl Entry {
             host: self.host.clone(),
             route: self.route.clone(),
             authorized_ok: self.authorized_ok,
-        }
+            weight: 0,
+        };
+        entry.weight = entry.measure();
+        entry
     }
 
     /// The answer to `method` with `X-Cache: outcome`: the stored one, or 304 when the

@@ -101,6 +101,7 @@ impl StoreBody {
             } else {
                 buf.freeze()
             };
+            entry.weight = entry.measure();
             if let Some((k, marker)) = p.vary {
                 p.cache.insert(p.generation, k, marker);
             }

@@ -5,14 +5,13 @@
 //! never takes the lead's answer from anywhere but the store, so an error is never fanned
 //! out.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
 /// The keys being fetched, each with the receiver its waiters clone.
 #[derive(Debug, Default)]
-pub(super) struct Flights(Mutex<HashMap<String, watch::Receiver<()>>>);
+pub(super) struct Flights(Mutex<crate::FastMap<String, watch::Receiver<()>>>);
 
 /// The one request fetching a key; dropping it releases the waiters.
 #[derive(Debug)]
@@ -48,7 +47,7 @@ impl Wait {
 }
 
 impl Flights {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<()>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::FastMap<String, watch::Receiver<()>>> {
         match self.0.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),

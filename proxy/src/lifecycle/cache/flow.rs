@@ -448,6 +448,7 @@ impl Fill {
                 host: self.host.clone(),
                 route: self.route.clone(),
                 authorized_ok,
+                weight: 0,
             },
             vary: marker,
             lead: self.lead.take(),

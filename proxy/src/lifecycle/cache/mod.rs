@@ -63,7 +63,7 @@ impl Weighter<String, Slot> for Bytes {
         entry::size_class(key.capacity()) as u64
             + SLOT_BYTES
             + match val {
-                Slot::Entry(e) => e.weight(),
+                Slot::Entry(e) => e.weight,
                 Slot::Vary(names) => 64 + names.len() as u64 * 32,
             }
     }
