@@ -143,3 +143,40 @@ async fn background_refreshes_are_bounded() {
     o.release();
     assert!(common::eventually(|| refreshing(&c) == 0).await);
 }
+
+#[tokio::test]
+async fn a_background_request_is_neither_mirrored_nor_carries_the_clients_trace() {
+    let o = origin().await;
+    // The backend's RequestMirror copies every request to the origin itself.
+    let c = cached(&o, swr(), |r| {
+        r.backends[0]
+            .filters
+            .push(tollgate_api::Filter::RequestMirror(tollgate_api::Mirror {
+                backend: Some("o".into()),
+                per_million: 1_000_000,
+                sampler: Default::default(),
+            }));
+    })
+    .await;
+    let h = [(CC, "cache-control: max-age=1"), (CC, "etag: \"v1\"")];
+    fetch(&c.url, "/t", &h).await;
+    assert!(
+        common::eventually(|| o.count("/t") == 2).await,
+        "the miss and its copy"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let trace = (
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let s = fetch(&c.url, "/t", &[h[0], h[1], trace, ("tracestate", "k=v")]).await;
+    assert_eq!(x_cache(&s), "STALE");
+    assert!(common::eventually(|| refreshing(&c) == 0 && o.count("/t") >= 3).await);
+    let last = o.last("/t");
+    assert_eq!(last.get("if-none-match").unwrap(), "\"v1\"", "the refresh");
+    assert!(!last.contains_key("traceparent"), "{last:?}");
+    assert!(!last.contains_key("tracestate"), "{last:?}");
+    // A copy of the refresh would have come right behind it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(o.count("/t"), 3, "the refresh was not mirrored");
+}

@@ -40,6 +40,8 @@ pub(crate) struct Upstream<'s, 'v> {
     pub max_body_bytes: u64,
     /// The target as the client sent it (the upstream's unless a rewrite changed it).
     pub target: &'v str,
+    /// A cache refresh (module `refresh`): its backend's RequestMirror filters copy nothing.
+    pub refresh: bool,
 }
 
 /// Phases 4 to 6; see the module docs.
@@ -57,6 +59,7 @@ pub(crate) async fn forward<'s>(
         deadline,
         max_body_bytes,
         target,
+        refresh,
     } = up;
     let shared = ctx.shared;
     let conn = ctx.conn;
@@ -64,6 +67,9 @@ pub(crate) async fn forward<'s>(
         Ok(b) => b,
         Err(resp) => return *resp,
     };
+    if refresh {
+        ctx.plan.mirrors.clear();
+    }
     // The circuit breaker's wait, boxed: a future of its own that a request without a
     // breaker never carries (the request's future is moved whole; its size is copied).
     if let Some(breaker) = &balancer.breaker {

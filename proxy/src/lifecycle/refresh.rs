@@ -65,6 +65,9 @@ impl Job {
         head.uri = parts.uri.clone();
         head.version = parts.version;
         head.headers = ticket.headers(&parts.headers);
+        // Not traced (module docs): the client's trace fields, unchecked, stay behind.
+        head.headers.remove(crate::otel::w3c::TRACEPARENT);
+        head.headers.remove(crate::otel::w3c::TRACESTATE);
         Self {
             ticket,
             parts: head,
@@ -153,6 +156,7 @@ async fn refresh(shared: &Arc<Shared>, conn: &ConnCtx, snapshot: &Snapshot, job:
             .max_request_body_bytes
             .unwrap_or(conn.limits.max_body_bytes),
         target: &target,
+        refresh: true,
     };
     let (fill, permit) = ticket.start();
     let resp = dispatch::forward(up, &mut ctx, parts, body, Some(fill)).await;

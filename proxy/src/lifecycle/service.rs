@@ -359,6 +359,7 @@ async fn proxy<'s>(
         deadline,
         max_body_bytes,
         target,
+        refresh: false,
     };
     let resp = dispatch::forward(up, ctx, parts, body, fill).await;
     decorate(ctx, resp)
