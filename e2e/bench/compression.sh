@@ -116,7 +116,7 @@ partner_of[gzip-6]=nginx-gzip
 # measures compression.
 declare -A wire=()
 for v in bare "${variants[@]}" nginx-gzip; do
-  ce=$(curl -s -o "$work/body.$v" -D - -H "$ACCEPT" "http://127.0.0.1:${ports[$v]}/" |
+  ce=$(curl -s -o "$work/body.$v" -D - -H "$ACCEPT" "http://127.0.0.1:${port_of[$v]}/" |
     awk -F': ' 'tolower($1) == "content-encoding" {gsub(/\r/, "", $2); print $2}')
   want=${v%-*}
   case $v in bare | twin) want= ;; nginx-gzip) want=gzip ;; esac
