@@ -62,14 +62,6 @@ taskset -c 1 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$port/" >/dev/null
 base=$(rss)
 log "base resident memory $((base / 1048576)) MiB; bound $SIZE ($size_bytes bytes)"
 
-cat >"$work/unique.lua" <<'LUA'
-local prefix = tostring(os.time()) .. "-" .. tostring(math.random(1, 1000000000))
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format(nil, "/?k=" .. prefix .. "-" .. n)
-end
-LUA
 : >"$work/rss.samples"
 (while kill -0 "$proxy" 2>/dev/null; do rss >>"$work/rss.samples" 2>/dev/null || true; sleep 0.2; done) &
 sampler=$!
@@ -77,7 +69,7 @@ pids+=("$sampler")
 start=$(date +%s)
 misses=$(metric 'tollgate_cache_requests_total{outcome="miss"}')
 while [ "$misses" -lt "$KEYS" ]; do
-  taskset -c 1 wrk -t1 -c"$CONNS" -d10s -s "$work/unique.lua" "http://127.0.0.1:$port/" >"$work/wrk.out"
+  taskset -c 1 wrk -t1 -c"$CONNS" -d10s -s "$bench/unique-keys.lua" "http://127.0.0.1:$port/" >"$work/wrk.out"
   grep -q "Non-2xx\|Socket errors" "$work/wrk.out" && { echo "errors under load:" >&2; cat "$work/wrk.out" >&2; exit 1; }
   misses=$(metric 'tollgate_cache_requests_total{outcome="miss"}')
   log "$misses misses, resident $(($(rss) / 1048576)) MiB, cache $(($(metric tollgate_cache_bytes) / 1048576)) MiB"

@@ -32,14 +32,9 @@ for t in curl python3 taskset pgrep; do command -v $t >/dev/null || { echo "$t u
 sbs_binaries
 sbs_backend
 
-# The 15 KiB answer: a second backend on 19081 serving compression.sh's kind of document.
-python3 - "$work/doc.json" <<'PY'
-import json, sys
-items = [{"id": i, "sku": f"SKU-{i:06d}", "name": f"Product number {i}", "price": {"amount": 1999 + i * 7, "currency": "EUR"},
-          "tags": ["catalog", "featured" if i % 3 == 0 else "standard"], "inStock": i % 4 != 0,
-          "updatedAt": f"2026-11-{1 + i % 28:02d}T12:00:00Z"} for i in range(60)]
-json.dump({"items": items, "next": "/products?page=2"}, open(sys.argv[1], "w"), indent=1)
-PY
+# The 15 KiB answer: a second backend on 19081 serving gen.api_list's document.
+python3 -c "import sys; sys.path.insert(0, sys.argv[1]); sys.dont_write_bytecode = True; import gen; gen.api_list(sys.argv[2])" \
+  "$bench" "$work/doc.json"
 chmod 755 "$work"
 chmod 644 "$work/doc.json"
 mkdir -p "$work/doc-backend"
@@ -47,17 +42,6 @@ mkdir -p "$work/doc-backend"
 spawn 1 nginx -e "$work/doc-backend/err" -c "$work/doc-backend/backend.conf"
 wait_200 http://127.0.0.1:19081/
 doc_bytes=$(stat -c %s "$work/doc.json")
-
-# Every request of a miss-path target asks for a key no request asked for before: the wrk
-# process's start time and a counter.
-cat >"$work/unique.lua" <<'LUA'
-local prefix = tostring(os.time()) .. "-" .. tostring(math.random(1, 1000000000))
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format(nil, "/?k=" .. prefix .. "-" .. n)
-end
-LUA
 
 # Tollgate: bare (no cache), miss (cache, unique keys), hit and hit-15k (cache, one key), twin.
 declare -A ports=([bare]=18990 [miss]=18991 [hit]=18992 [hit-15k]=18993 [twin]=18994)
@@ -139,9 +123,9 @@ done
 
 partner_of[hit]=nginx-hit
 partner_of[hit-15k]=nginx-hit-15k
-script_of[miss]=$work/unique.lua
-script_of[bare]=$work/unique.lua
-script_of[twin]=$work/unique.lua
+script_of[miss]=$bench/unique-keys.lua
+script_of[bare]=$bench/unique-keys.lua
+script_of[twin]=$bench/unique-keys.lua
 variants=(hit hit-15k miss twin)
 
 # Each cached target must answer from its cache (and the uncached ones must not), the right

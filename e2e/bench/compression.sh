@@ -30,13 +30,8 @@ for t in curl python3 taskset; do command -v $t >/dev/null || { echo "$t unavail
 sbs_binaries
 
 # The document: 60 records of an API's list, about 15 KiB.
-python3 - "$work/doc.json" <<'PY'
-import json, sys
-items = [{"id": i, "sku": f"SKU-{i:06d}", "name": f"Product number {i}", "price": {"amount": 1999 + i * 7, "currency": "EUR"},
-          "tags": ["catalog", "featured" if i % 3 == 0 else "standard"], "inStock": i % 4 != 0,
-          "updatedAt": f"2026-11-{1 + i % 28:02d}T12:00:00Z"} for i in range(60)]
-json.dump({"items": items, "next": "/products?page=2"}, open(sys.argv[1], "w"), indent=1)
-PY
+python3 -c "import sys; sys.path.insert(0, sys.argv[1]); sys.dont_write_bytecode = True; import gen; gen.api_list(sys.argv[2])" \
+  "$bench" "$work/doc.json"
 # nginx's worker (nobody, when started as root) reads it from the work directory.
 chmod 755 "$work"
 chmod 644 "$work/doc.json"

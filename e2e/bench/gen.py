@@ -857,3 +857,15 @@ if __name__ == "__main__":
     if sys.argv[1] not in MODES:
         sys.exit(f"{USAGE}\ngen.py: unknown mode {sys.argv[1]!r} (routes, configs, policies)")
     MODES[sys.argv[1]](sys.argv[2:])
+
+
+def api_list(path):
+    """Writes to `path` the JSON answer compression.sh and cache.sh serve: 60 records of an
+    API's list, about 15 KiB."""
+    import json
+    items = [{"id": i, "sku": f"SKU-{i:06d}", "name": f"Product number {i}",
+              "price": {"amount": 1999 + i * 7, "currency": "EUR"},
+              "tags": ["catalog", "featured" if i % 3 == 0 else "standard"], "inStock": i % 4 != 0,
+              "updatedAt": f"2026-11-{1 + i % 28:02d}T12:00:00Z"} for i in range(60)]
+    with open(path, "w") as f:
+        json.dump({"items": items, "next": "/products?page=2"}, f, indent=1)
