@@ -53,7 +53,14 @@ fn in_order(addrs: &[SocketAddr]) -> Backend {
 
 /// An address nothing listens on.
 fn dead() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+    // Bound without listening, and kept bound for the test's life: a connect there is refused,
+    // and no other test's server, binding port 0 at the same time, can be handed the port (a
+    // port only reserved and released was, once, and the request found an answer there).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    Box::leak(Box::new(socket));
+    addr
 }
 
 /// A backend that fails each request id's (`?id=`) first `fail` requests with `code` and
@@ -453,7 +460,9 @@ async fn load(
 /// same kill without a retry rule fails requests (so the kill is felt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_endpoint_under_load_costs_idempotent_requests_nothing() {
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| dead()).collect();
+    let addrs: Vec<SocketAddr> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+        .collect();
     let names = ["a", "b", "c"];
     let mut procs: Vec<Option<Killed>> = addrs
         .iter()
