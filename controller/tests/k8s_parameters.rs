@@ -344,9 +344,16 @@ async fn the_controller_merges_class_and_gateway_parameters_and_holds_invalid_on
     })
     .await;
     assert!(accepted.is_some(), "{}", controller.log());
+    // The class's status is its own write, which may come after the Gateway's.
+    let class = eventually(Duration::from_secs(30), || async {
+        class_accepted(&env).await.filter(|a| a.0 == "True")
+    })
+    .await;
     assert_eq!(
-        class_accepted(&env).await,
-        Some(("True".into(), "Accepted".into()))
+        class,
+        Some(("True".into(), "Accepted".into())),
+        "{}",
+        controller.log()
     );
 
     // An edit of the parameters alone reaches the proxy objects.
