@@ -143,6 +143,32 @@ fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
     }
 }
 
+/// A proxy tracing at `ratio` to a new collector, its route `r` going to one echo backend
+/// `app`; the fields keep them alive for the test.
+struct Traced {
+    rx: Receiver,
+    url: String,
+    _app: EchoBackend,
+    _proxy: Proxy,
+}
+
+async fn traced(ratio: f64) -> Traced {
+    let (rx, collector) = Receiver::start().await;
+    let app = echo_backend("app").await;
+    let (proxy, url) = proxy_with_options(
+        tracing_opts(collector, ratio),
+        vec![route("r", "/", vec![wb("app", 1)])],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    Traced {
+        rx,
+        url,
+        _app: app,
+        _proxy: proxy,
+    }
+}
+
 fn tracing_opts(collector: SocketAddr, ratio: f64) -> ProxyOptions {
     let mut t = TraceSettings::new(&format!("http://{collector}"), Protocol::Http, ratio).unwrap();
     t.batch_delay = Duration::from_millis(20);

@@ -34,14 +34,12 @@ async fn mirrored_parent(shadow: &EchoBackend, path: &str) -> (Option<String>, O
 
 #[tokio::test]
 async fn query_values_are_redacted_on_the_server_span() {
-    let (rx, collector) = Receiver::start().await;
-    let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_options(
-        tracing_opts(collector, 1.0),
-        vec![route("r", "/", vec![wb("app", 1)])],
-        vec![("app", backend_of(&[&app]))],
-    )
-    .await;
+    let Traced {
+        rx,
+        url,
+        _app,
+        _proxy,
+    } = traced(1.0).await;
     let incoming = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
     let a = get_with(
         &h1_client(),
@@ -126,14 +124,9 @@ async fn a_mirror_carries_the_trace_of_the_primary_request() {
 
 #[tokio::test]
 async fn a_tracestate_outside_the_w3c_grammar_or_limits_is_dropped() {
-    let (_rx, collector) = Receiver::start().await;
-    let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_options(
-        tracing_opts(collector, 1.0),
-        vec![route("r", "/", vec![wb("app", 1)])],
-        vec![("app", backend_of(&[&app]))],
-    )
-    .await;
+    let Traced {
+        url, _app, _proxy, ..
+    } = traced(1.0).await;
     let c = h1_client();
     let parent = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
     let members = |n: usize| {
@@ -174,14 +167,12 @@ async fn a_tracestate_outside_the_w3c_grammar_or_limits_is_dropped() {
 
 #[tokio::test]
 async fn an_extension_method_is_named_other_never_copied_into_spans() {
-    let (rx, collector) = Receiver::start().await;
-    let app = echo_backend("app").await;
-    let (_p, url) = proxy_with_options(
-        tracing_opts(collector, 1.0),
-        vec![route("r", "/", vec![wb("app", 1)])],
-        vec![("app", backend_of(&[&app]))],
-    )
-    .await;
+    let Traced {
+        rx,
+        url,
+        _app,
+        _proxy,
+    } = traced(1.0).await;
     let method = "X".repeat(8000);
     let incoming = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
     let req = Request::builder()
