@@ -197,7 +197,15 @@ impl Call<'_> {
         added: &Added<'_>,
         seen: &Seen,
     ) -> Result<Response<PooledBody>, Failure> {
-        let span = self.trace.map(|t| t.begin_attempt(&mut parts.headers));
+        let traced;
+        let (span, added) = match self.trace {
+            Some(t) => {
+                let (span, traceparent) = t.begin_attempt(&mut parts.headers);
+                traced = added.with_traceparent(traceparent);
+                (Some(span), &traced)
+            }
+            None => (None, added),
+        };
         let call = self
             .shared
             .upstream

@@ -138,7 +138,7 @@ pub(crate) struct Completion {
     /// What only the access log needs; `None` (nothing copied, no clock read) when it is off.
     log: Option<Box<LogFields>>,
     /// The request's trace (module `otel`); `None` when tracing is off.
-    pub trace: Option<Box<crate::otel::RequestTrace>>,
+    pub trace: Option<crate::otel::RequestTrace>,
 }
 
 /// The request as the access log reports it.
@@ -467,7 +467,7 @@ impl OnComplete for Completion {
             });
         }
         if let Some(t) = self.trace {
-            (*t).finish(self.status, self.route.as_deref(), bytes);
+            t.finish(self.status, self.route.as_deref(), bytes);
         }
     }
 

@@ -137,7 +137,7 @@ pub(crate) async fn forward<'s>(
                 .retry
                 .as_ref()
                 .filter(|_| ctx.client_upgrade.is_none()),
-            trace: ctx.done.trace.as_deref(),
+            trace: ctx.done.trace.as_ref(),
         };
         let send = call.send(&mut parts, body, &added, &mut guard, &mut retried);
         match deadline {

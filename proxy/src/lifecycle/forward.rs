@@ -21,6 +21,7 @@ pub(crate) use tollgate_h1::{header_tokens, is_known_token};
 /// `x-request-id`.
 pub(crate) static X_REQUEST_ID: HeaderName = field_name::X_REQUEST_ID;
 pub(crate) static X_FORWARDED_FOR: HeaderName = field_name::X_FORWARDED_FOR;
+static TRACEPARENT: HeaderName = crate::otel::w3c::TRACEPARENT;
 static X_FORWARDED_PROTO: HeaderName = field_name::X_FORWARDED_PROTO;
 static X_FORWARDED_HOST: HeaderName = field_name::X_FORWARDED_HOST;
 static KEEP_ALIVE: HeaderName = field_name::KEEP_ALIVE;
@@ -260,20 +261,30 @@ pub(crate) fn peer_value(peer: std::net::IpAddr) -> HeaderValue {
     HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// The fields the proxy adds to an upstream request: `X-Forwarded-For`, `-Proto`, `-Host`
-/// and `X-Request-Id`, kept out of the request's header map. Our HTTP/1 exchange writes them
+/// The fields the proxy adds to an upstream request: `X-Forwarded-For`, `-Proto`, `-Host`,
+/// `X-Request-Id` and, traced, an attempt's `traceparent`, kept out of the request's header
+/// map. Our HTTP/1 exchange writes them
 /// after the map's fields (module `h1`); the other ways upstream (hyper's client for bodies,
 /// h2c, mirrors) insert them first ([`Added::insert_into`]). A hashed insert into the map
 /// cost ~255 instructions a field (callgrind), a sixth of the proxy's own work per request.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Added<'a> {
     xff: Option<Cow<'a, HeaderValue>>,
     proto: Option<HeaderValue>,
     host: Option<&'a HeaderValue>,
     request_id: Option<&'a HeaderValue>,
+    traceparent: Option<HeaderValue>,
 }
 
-impl Added<'_> {
+impl<'a> Added<'a> {
+    /// These fields and an upstream attempt's `traceparent` (module `otel`).
+    pub fn with_traceparent(&self, value: HeaderValue) -> Added<'a> {
+        Added {
+            traceparent: Some(value),
+            ..self.clone()
+        }
+    }
+
     /// The fields, in the order they are sent.
     pub fn fields(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
         [
@@ -281,6 +292,7 @@ impl Added<'_> {
             (&X_FORWARDED_PROTO, self.proto.as_ref()),
             (&X_FORWARDED_HOST, self.host),
             (&X_REQUEST_ID, self.request_id),
+            (&TRACEPARENT, self.traceparent.as_ref()),
         ]
         .into_iter()
         .filter_map(|(name, value)| Some((name, value?)))
@@ -356,6 +368,7 @@ pub(crate) fn forwarded<'a>(
         proto: Some(HeaderValue::from_static(proto)),
         host: Some(original_host),
         request_id: Some(request_id),
+        traceparent: None,
     }
 }
 

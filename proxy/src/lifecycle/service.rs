@@ -215,7 +215,7 @@ async fn proxy<'s>(
     }
     ctx.done.route = Some(hit.route.label.clone());
     ctx.done.metrics = hit.route.metrics.clone();
-    if let Some(t) = ctx.done.trace.as_deref_mut() {
+    if let Some(t) = ctx.done.trace.as_mut() {
         t.set_rule(route.rule_name.as_deref(), route.rule_index);
     }
     // A declared body over the route's limit (a ClientPolicy on its HTTPRoute) or else the
@@ -261,7 +261,7 @@ async fn proxy<'s>(
             external: Some(ExternalIo::new(&snapshot.backends, &shared.upstream)),
         };
         let enforced = crate::otel::with_decisions(
-            ctx.done.trace.as_deref_mut(),
+            ctx.done.trace.as_mut(),
             enforcer.enforce(&shared.policy, &mut parts, info),
         );
         match enforced.await {

@@ -18,26 +18,24 @@
 //! pass the fields on untouched).
 
 pub mod args;
+mod encode;
 mod export;
 mod span;
 pub mod w3c;
 
-use std::borrow::Cow;
 use std::cell::RefCell;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Method};
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_sdk::trace::{
-    Sampler, SamplingDecision, ShouldSample, SpanData, SpanEvents, SpanLinks,
-};
+use opentelemetry::trace::{SpanId, SpanKind, TraceFlags, TraceId};
+use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use prometheus_client::metrics::counter::Counter;
+
+use encode::{Code, Head, Kind};
 
 pub use args::{Protocol, TraceArgs, TraceArgsError, TraceSettings};
 pub use span::Span;
@@ -48,17 +46,28 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 tokio::task_local! {
     /// The policy decisions of the sampled request whose policies are being enforced.
-    static DECISIONS: RefCell<Vec<opentelemetry::trace::Event>>;
+    static DECISIONS: RefCell<Vec<Decision>>;
+}
+
+std::thread_local! {
+    /// Where a span is encoded before it is copied into the export queue.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One policy decision: a span event.
+#[derive(Debug)]
+struct Decision {
+    policy: Arc<str>,
+    rule: Arc<str>,
+    outcome: &'static str,
+    time: SystemTime,
 }
 
 /// The process's tracer: the sampler and the export queue.
 #[derive(Debug)]
 pub struct Tracer {
     sampler: Sampler,
-    queue: tokio::sync::mpsc::Sender<SpanData>,
-    /// `tollgate_trace_spans_dropped_total`.
-    dropped: Counter,
-    scope: InstrumentationScope,
+    queue: Arc<export::Queue>,
 }
 
 impl Tracer {
@@ -76,16 +85,12 @@ impl Tracer {
         service: &'static str,
     ) -> Option<Arc<Self>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let (queue, rx) = tokio::sync::mpsc::channel(settings.queue_size.max(1));
-        handle.spawn(export::run(settings.clone(), rx, dropped.clone(), service));
+        let queue = Arc::new(export::Queue::new(settings, dropped));
+        handle.spawn(export::run(settings.clone(), queue.clone(), service));
         ACTIVE.store(true, Ordering::Relaxed);
         Some(Arc::new(Self {
             sampler: Sampler::TraceIdRatioBased(settings.sampling_ratio),
             queue,
-            dropped,
-            scope: InstrumentationScope::builder(service)
-                .with_version(env!("CARGO_PKG_VERSION"))
-                .build(),
         }))
     }
 
@@ -97,9 +102,11 @@ impl Tracer {
         method: &Method,
         target: &str,
         host: &str,
-    ) -> Box<RequestTrace> {
+    ) -> RequestTrace {
         let mut fields = headers.get_all(w3c::TRACEPARENT).iter();
-        let parent = match (fields.next(), fields.next()) {
+        let first = fields.next();
+        let client_parent = first.is_some();
+        let parent = match (first, fields.next()) {
             (Some(v), None) => w3c::parse(v.as_bytes()),
             _ => None,
         };
@@ -115,45 +122,57 @@ impl Tracer {
             }
         };
         let mut states = headers.get_all(w3c::TRACESTATE).iter();
+        let state = states.next();
+        let client_state = state.is_some();
         let keep_state = parent.is_some()
-            && match (states.next(), states.next()) {
+            && match (state, states.next()) {
                 (Some(v), None) => w3c::valid_state(v.as_bytes()),
                 (None, _) => true,
                 _ => false,
             };
-        Box::new(RequestTrace {
-            tracer: self.clone(),
+        RequestTrace {
             trace_id,
             span_id: SpanId::from(fastrand::u64(1..)),
             parent: parent.map(|p| p.span_id),
             sampled,
             keep_state,
-            // No clock read for a request nothing of which is recorded.
-            start: if sampled {
-                SystemTime::now()
-            } else {
-                SystemTime::UNIX_EPOCH
-            },
-            method: method.clone(),
-            target: sampled.then(|| (target.to_owned(), host.to_owned())),
+            client_parent,
+            client_state,
             attempts: AtomicU32::new(0),
-            rule: None,
-            events: Vec::new(),
-        })
+            // Nothing allocated, no clock read, for a request nothing of which is recorded.
+            recording: sampled.then(|| {
+                Box::new(Recording {
+                    tracer: self.clone(),
+                    start: SystemTime::now(),
+                    method: method.clone(),
+                    target: target.to_owned(),
+                    host: host.to_owned(),
+                    rule: None,
+                    events: Vec::new(),
+                })
+            }),
+        }
     }
 
-    fn send(&self, span: SpanData) {
-        // Never waits: a full queue (the collector slower than the traffic) drops the span.
-        if self.queue.try_send(span).is_err() {
-            self.dropped.inc();
-        }
+    /// Queues the span `head` with what `attrs` and `events` write. Never waits for the
+    /// export: a full queue (the collector slower than the traffic) drops the span, counted.
+    fn record(
+        &self,
+        head: &Head<'_>,
+        attrs: impl FnOnce(&mut encode::Attrs<'_>),
+        events: impl FnOnce(&mut encode::Events<'_>),
+    ) {
+        SCRATCH.with_borrow_mut(|buf| {
+            buf.clear();
+            encode::span(buf, head, attrs, events);
+            self.queue.push(buf);
+        });
     }
 }
 
 /// One request's place in a trace, from its arrival to the end of its answer's body.
 #[derive(Debug)]
 pub struct RequestTrace {
-    tracer: Arc<Tracer>,
     pub trace_id: TraceId,
     /// The server span's id.
     span_id: SpanId,
@@ -162,17 +181,30 @@ pub struct RequestTrace {
     pub sampled: bool,
     /// Pass the client's `tracestate` on (its parent was valid, its state well-formed).
     keep_state: bool,
-    /// The arrival (the epoch for an unsampled request: never read).
-    start: SystemTime,
-    method: Method,
-    /// The request target and host, for the server span (sampled requests only).
-    target: Option<(String, String)>,
+    /// The client sent a `traceparent` field (valid or not), which the upstream must not get.
+    client_parent: bool,
+    /// The client sent a `tracestate` field.
+    client_state: bool,
     /// Upstream attempts made so far.
     attempts: AtomicU32,
-    /// The matched rule: its name, else its index (sampled requests only).
+    /// What the spans of a sampled request are made of; `None` when it is not sampled.
+    recording: Option<Box<Recording>>,
+}
+
+/// A sampled request's span material.
+#[derive(Debug)]
+struct Recording {
+    tracer: Arc<Tracer>,
+    /// The arrival.
+    start: SystemTime,
+    method: Method,
+    /// The request target and host.
+    target: String,
+    host: String,
+    /// The matched rule: its name, else its index.
     rule: Option<String>,
     /// Span events: the policy decisions.
-    events: Vec<opentelemetry::trace::Event>,
+    events: Vec<Decision>,
 }
 
 /// An upstream attempt in flight.
@@ -191,8 +223,8 @@ impl RequestTrace {
 
     /// The route's rule matched (a span attribute).
     pub fn set_rule(&mut self, name: Option<&str>, index: u32) {
-        if self.sampled {
-            self.rule = Some(name.map_or_else(|| index.to_string(), str::to_owned));
+        if let Some(r) = self.recording.as_mut() {
+            r.rule = Some(name.map_or_else(|| index.to_string(), str::to_owned));
         }
     }
 
@@ -205,32 +237,36 @@ impl RequestTrace {
     }
 
     /// An upstream attempt starts: its client span's id goes to the upstream as the parent
-    /// in `traceparent` (the client's value replaced), the client's `tracestate` with it
-    /// only when it belongs to the trace continued.
-    pub fn begin_attempt(&self, headers: &mut HeaderMap) -> Attempt {
+    /// in the `traceparent` returned, to be sent in place of the client's (removed from
+    /// `headers`, as is the client's `tracestate` unless it belongs to the trace continued).
+    pub fn begin_attempt(&self, headers: &mut HeaderMap) -> (Attempt, http::HeaderValue) {
         let span_id = SpanId::from(fastrand::u64(1..));
-        self.set_fields(headers, span_id);
-        Attempt {
+        // The map is touched only for fields the client sent: most requests carry none.
+        if self.client_parent {
+            headers.remove(w3c::TRACEPARENT);
+        }
+        if self.client_state && !self.keep_state {
+            headers.remove(w3c::TRACESTATE);
+        }
+        let attempt = Attempt {
             span_id,
+            // No clock read for a request nothing of which is recorded.
             start: if self.sampled {
                 SystemTime::now()
             } else {
                 SystemTime::UNIX_EPOCH
             },
             resend: self.attempts.fetch_add(1, Ordering::Relaxed),
-        }
+        };
+        (attempt, w3c::format(self.trace_id, span_id, self.flags()))
     }
 
     /// The trace fields of a request sent without a client span of its own (a mirror's
     /// copy): the server span as its parent, as [`RequestTrace::begin_attempt`] otherwise.
     pub fn propagate(&self, headers: &mut HeaderMap) {
-        self.set_fields(headers, self.span_id);
-    }
-
-    fn set_fields(&self, headers: &mut HeaderMap, parent: SpanId) {
         headers.insert(
             w3c::TRACEPARENT,
-            w3c::format(self.trace_id, parent, self.flags()),
+            w3c::format(self.trace_id, self.span_id, self.flags()),
         );
         if !self.keep_state {
             headers.remove(w3c::TRACESTATE);
@@ -244,136 +280,149 @@ impl RequestTrace {
         endpoint: SocketAddr,
         outcome: Result<u16, &'static str>,
     ) {
-        if !self.sampled {
+        let Some(rec) = self.recording.as_deref() else {
             return;
-        }
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", known_method(&self.method)),
-            KeyValue::new("server.address", endpoint.ip().to_string()),
-            KeyValue::new("server.port", i64::from(endpoint.port())),
-        ];
-        if a.resend > 0 {
-            attributes.push(KeyValue::new(
-                "http.request.resend_count",
-                i64::from(a.resend),
-            ));
-        }
-        let status = match outcome {
-            Ok(code) => {
-                attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
-                // Client spans: 4xx and 5xx are errors (semantic conventions, HTTP spans).
-                if code >= 400 {
-                    attributes.push(KeyValue::new("error.type", code.to_string()));
-                    Status::error("")
-                } else {
-                    Status::Unset
-                }
-            }
-            Err(kind) => {
-                attributes.push(KeyValue::new("error.type", kind));
-                Status::error(kind)
-            }
         };
-        self.tracer.send(self.span(
-            a.span_id,
-            self.span_id,
-            false,
-            SpanKind::Client,
-            Cow::Borrowed(span_method(&self.method)),
-            a.start,
-            attributes,
-            Vec::new(),
+        let mut ip = StackStr::default();
+        let _ = write!(ip, "{}", endpoint.ip());
+        let mut code = StackStr::default();
+        // Client spans: 4xx and 5xx are errors (semantic conventions, HTTP spans).
+        let (status, error) = match outcome {
+            Ok(c) if c >= 400 => {
+                let _ = write!(code, "{c}");
+                (Code::Error(""), Some(code.as_str()))
+            }
+            Ok(_) => (Code::Unset, None),
+            Err(kind) => (Code::Error(kind), Some(kind)),
+        };
+        let head = Head {
+            trace_id: self.trace_id,
+            span_id: a.span_id,
+            parent: self.span_id,
+            remote_parent: false,
+            sampled: true,
+            kind: Kind::Client,
+            name: &[span_method(&rec.method)],
+            start: a.start,
+            end: SystemTime::now(),
             status,
-        ));
+        };
+        rec.tracer.record(
+            &head,
+            |attrs| {
+                attrs
+                    .str("http.request.method", known_method(&rec.method))
+                    .str("server.address", ip.as_str())
+                    .int("server.port", i64::from(endpoint.port()));
+                if a.resend > 0 {
+                    attrs.int("http.request.resend_count", i64::from(a.resend));
+                }
+                if let Ok(c) = outcome {
+                    attrs.int("http.response.status_code", i64::from(c));
+                }
+                if let Some(e) = error {
+                    attrs.str("error.type", e);
+                }
+            },
+            |_| {},
+        );
     }
 
     /// The answer's body ended: the server span goes to the export queue.
-    pub fn finish(mut self, status: u16, route: Option<&str>, bytes: u64) {
-        if !self.sampled {
+    pub fn finish(self, status: u16, route: Option<&str>, bytes: u64) {
+        let Some(rec) = self.recording.as_deref() else {
             return;
-        }
-        let (target, host) = self.target.take().unwrap_or_default();
-        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", known_method(&self.method)),
-            KeyValue::new("url.path", capped(path).to_owned()),
-            KeyValue::new("server.address", capped(&host).to_owned()),
-            KeyValue::new("http.response.status_code", i64::from(status)),
-            KeyValue::new(
-                "http.response.body.size",
-                i64::try_from(bytes).unwrap_or(i64::MAX),
-            ),
-        ];
-        if !query.is_empty() {
-            attributes.push(KeyValue::new("url.query", redacted_query(query)));
-        }
-        if let Some(route) = route {
-            attributes.push(KeyValue::new("tollgate.route", route.to_owned()));
-        }
-        if let Some(rule) = self.rule.take() {
-            attributes.push(KeyValue::new("tollgate.rule", rule));
-        }
-        // Server spans: only 5xx are errors (the client's 4xx is not the server's fault).
-        let status_ = if status >= 500 {
-            Status::error("")
-        } else {
-            Status::Unset
         };
-        let name = match route {
-            Some(r) => Cow::Owned(format!("{} {r}", span_method(&self.method))),
-            None => Cow::Borrowed(span_method(&self.method)),
+        let (path, query) = rec.target.split_once('?').unwrap_or((&rec.target, ""));
+        let method = span_method(&rec.method);
+        let name: [&str; 2];
+        let head = Head {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent.unwrap_or(SpanId::INVALID),
+            remote_parent: self.parent.is_some(),
+            sampled: true,
+            kind: Kind::Server,
+            name: match route {
+                Some(r) => {
+                    name = [method, r];
+                    &name
+                }
+                None => std::slice::from_ref(&method),
+            },
+            start: rec.start,
+            end: SystemTime::now(),
+            // Server spans: only 5xx are errors (the client's 4xx is not the server's fault).
+            status: if status >= 500 {
+                Code::Error("")
+            } else {
+                Code::Unset
+            },
         };
-        let events = std::mem::take(&mut self.events);
-        let span = self.span(
-            self.span_id,
-            self.parent.unwrap_or(SpanId::INVALID),
-            self.parent.is_some(),
-            SpanKind::Server,
-            name,
-            self.start,
-            attributes,
-            events,
-            status_,
+        rec.tracer.record(
+            &head,
+            |attrs| {
+                attrs
+                    .str("http.request.method", known_method(&rec.method))
+                    .str("url.path", capped(path))
+                    .str("server.address", capped(&rec.host))
+                    .int("http.response.status_code", i64::from(status))
+                    .int(
+                        "http.response.body.size",
+                        i64::try_from(bytes).unwrap_or(i64::MAX),
+                    );
+                if !query.is_empty() {
+                    attrs.str("url.query", &redacted_query(query));
+                }
+                if let Some(route) = route {
+                    attrs.str("tollgate.route", route);
+                }
+                if let Some(rule) = &rec.rule {
+                    attrs.str("tollgate.rule", rule);
+                }
+            },
+            |events| {
+                for d in &rec.events {
+                    events.add("policy.decision", d.time, |attrs| {
+                        attrs
+                            .str("tollgate.policy", &d.policy)
+                            .str("tollgate.policy.rule", &d.rule)
+                            .str("tollgate.policy.outcome", d.outcome);
+                    });
+                }
+            },
         );
-        self.tracer.send(span);
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn span(
-        &self,
-        span_id: SpanId,
-        parent: SpanId,
-        remote_parent: bool,
-        kind: SpanKind,
-        name: Cow<'static, str>,
-        start: SystemTime,
-        attributes: Vec<KeyValue>,
-        events: Vec<opentelemetry::trace::Event>,
-        status: Status,
-    ) -> SpanData {
-        let mut span_events = SpanEvents::default();
-        span_events.events = events;
-        SpanData {
-            span_context: SpanContext::new(
-                self.trace_id,
-                span_id,
-                self.flags(),
-                false,
-                TraceState::default(),
-            ),
-            parent_span_id: parent,
-            parent_span_is_remote: remote_parent,
-            span_kind: kind,
-            name,
-            start_time: start,
-            end_time: SystemTime::now(),
-            attributes,
-            dropped_attributes_count: 0,
-            events: span_events,
-            links: SpanLinks::default(),
-            status,
-            instrumentation_scope: self.tracer.scope.clone(),
+/// A short string formatted without allocating (an IP address, a status code).
+struct StackStr {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl Default for StackStr {
+    fn default() -> Self {
+        Self {
+            buf: [0; 48],
+            len: 0,
         }
+    }
+}
+
+impl StackStr {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Write for StackStr {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let room = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        room.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
@@ -405,16 +454,16 @@ fn span_method(m: &Method) -> &'static str {
 /// Runs `fut` (a request's policy enforcement) with its decisions noted as events of the
 /// request's server span, when the request is sampled; else just runs it.
 pub async fn with_decisions<F: Future>(trace: Option<&mut RequestTrace>, fut: F) -> F::Output {
-    match trace.filter(|t| t.sampled) {
+    match trace.and_then(|t| t.recording.as_deref_mut()) {
         None => fut.await,
         Some(t) => {
             let (out, events) = DECISIONS
-                .scope(RefCell::new(Vec::new()), async {
+                .scope(RefCell::new(std::mem::take(&mut t.events)), async {
                     let out = fut.await;
                     (out, DECISIONS.with(RefCell::take))
                 })
                 .await;
-            t.events.extend(events);
+            t.events = events;
             out
         }
     }
@@ -427,17 +476,13 @@ pub fn note_decision(policy: &Arc<str>, rule: &Arc<str>, outcome: &'static str) 
         return;
     }
     let _ = DECISIONS.try_with(|d| {
-        d.borrow_mut().push(opentelemetry::trace::Event::new(
-            "policy.decision",
-            SystemTime::now(),
-            vec![
-                // The route table's names, shared (a reference count each), not copied.
-                KeyValue::new("tollgate.policy", policy.clone()),
-                KeyValue::new("tollgate.policy.rule", rule.clone()),
-                KeyValue::new("tollgate.policy.outcome", outcome),
-            ],
-            0,
-        ));
+        d.borrow_mut().push(Decision {
+            // The route table's names, shared (a reference count each), not copied.
+            policy: policy.clone(),
+            rule: rule.clone(),
+            outcome,
+            time: SystemTime::now(),
+        });
     });
 }
 

@@ -9,13 +9,12 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 use opentelemetry::{KeyValue, Value};
-use opentelemetry_sdk::trace::{SamplingDecision, ShouldSample, SpanData, SpanEvents, SpanLinks};
+use opentelemetry_sdk::trace::{SamplingDecision, ShouldSample};
 
 use super::Tracer;
+use super::encode::{Code, Head, Kind};
 
 /// An internal span in progress; sent to the collector by [`Span::end`].
 #[derive(Debug)]
@@ -27,7 +26,8 @@ pub struct Span {
     name: Cow<'static, str>,
     start: SystemTime,
     attributes: Vec<KeyValue>,
-    status: Status,
+    /// The failure's description, when the span failed.
+    error: Option<Cow<'static, str>>,
 }
 
 impl Tracer {
@@ -53,7 +53,7 @@ impl Span {
             name: Cow::Borrowed(name),
             start: SystemTime::now(),
             attributes: Vec::new(),
-            status: Status::Unset,
+            error: None,
         }
     }
 
@@ -69,7 +69,7 @@ impl Span {
 
     /// Marks the span failed, with what went wrong.
     pub fn fail(&mut self, description: impl Into<Cow<'static, str>>) {
-        self.status = Status::error(description);
+        self.error = Some(description.into());
     }
 
     /// The trace's id.
@@ -84,27 +84,26 @@ impl Span {
 
     /// Ends the span now and queues it for export (dropped and counted if the queue is full).
     pub fn end(self) {
-        let span = SpanData {
-            span_context: SpanContext::new(
-                self.trace_id,
-                self.span_id,
-                TraceFlags::SAMPLED,
-                false,
-                TraceState::default(),
-            ),
-            parent_span_id: self.parent,
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Internal,
-            name: self.name,
-            start_time: self.start,
-            end_time: SystemTime::now(),
-            attributes: self.attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: self.status,
-            instrumentation_scope: self.tracer.scope.clone(),
+        let head = Head {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            remote_parent: false,
+            sampled: true,
+            kind: Kind::Internal,
+            name: &[&self.name],
+            start: self.start,
+            end: SystemTime::now(),
+            status: self.error.as_deref().map_or(Code::Unset, Code::Error),
         };
-        self.tracer.send(span);
+        self.tracer.record(
+            &head,
+            |attrs| {
+                for kv in &self.attributes {
+                    attrs.add(kv.key.as_str(), &kv.value);
+                }
+            },
+            |_| {},
+        );
     }
 }
