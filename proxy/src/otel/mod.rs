@@ -121,15 +121,10 @@ impl Tracer {
                 (id, kept == SamplingDecision::RecordAndSample)
             }
         };
-        let mut states = headers.get_all(w3c::TRACESTATE).iter();
-        let state = states.next();
-        let client_state = state.is_some();
-        let keep_state = parent.is_some()
-            && match (state, states.next()) {
-                (Some(v), None) => w3c::valid_state(v.as_bytes()),
-                (None, _) => true,
-                _ => false,
-            };
+        let mut states = headers.get_all(w3c::TRACESTATE).iter().peekable();
+        let client_state = states.peek().is_some();
+        let keep_state =
+            parent.is_some() && w3c::valid_states(states.map(http::HeaderValue::as_bytes));
         RequestTrace {
             trace_id,
             span_id: SpanId::from(fastrand::u64(1..)),

@@ -74,6 +74,26 @@ pub fn format(trace_id: TraceId, span_id: SpanId, flags: TraceFlags) -> http::He
     http::HeaderValue::from_bytes(&buf).unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
+/// The `tracestate` of a request that sent it in several fields: one list, the fields
+/// joined with commas (§3.3.1.1, RFC 9110 §5.3), worth passing on when that list is
+/// ([`valid_state`]). The fields then go on as they came, which means the same list.
+pub fn valid_states<'a>(fields: impl Iterator<Item = &'a [u8]>) -> bool {
+    let mut joined = [0u8; 512];
+    let mut len = 0;
+    for (i, f) in fields.enumerate() {
+        let sep = usize::from(i > 0);
+        let Some(room) = joined.get_mut(len..len + sep + f.len()) else {
+            return false;
+        };
+        if sep == 1 {
+            room[0] = b',';
+        }
+        room[sep..].copy_from_slice(f);
+        len += sep + f.len();
+    }
+    valid_state(&joined[..len])
+}
+
 /// A `tracestate` worth passing on (§3.3.1): at most 512 bytes (§3.3.1.5 lets a vendor
 /// truncate beyond; we drop it whole instead of cutting entries), at most 32 list members,
 /// each `key=value` with the grammar's key (`lcalpha` then `a-z0-9_-*/`, up to 256, or the
@@ -257,6 +277,23 @@ mod tests {
                 .join(",")
         };
         assert!(valid_state(members(32).as_bytes()));
+        fn fields(f: &[&str]) -> bool {
+            valid_states(f.iter().map(|s| s.as_bytes()))
+        }
+        assert!(fields(&["congo=1", "rojo=2"]));
+        assert!(fields(&[]));
+        assert!(!fields(&["congo=1", "congo=2"]));
+        assert!(!fields(&["congo=1", "Rojo=2"]));
+        // 34 members across two fields: more than 32 in the list.
+        let half = members(17);
+        assert!(!fields(&[&half, &half.replace('k', "j")]));
+        // 253 + 1 + 253 + 1 + 3 = 511 bytes joined: within 512; one more field is not.
+        let (a, b) = (
+            format!("a={}", "v".repeat(250)),
+            format!("b={}", "v".repeat(250)),
+        );
+        assert!(fields(&[&a, &b, "c=1"]));
+        assert!(!fields(&[&a, &b, "c=1", "d=1"]));
         assert!(!valid_state(members(33).as_bytes()));
     }
 }

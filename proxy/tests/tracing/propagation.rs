@@ -163,6 +163,29 @@ async fn a_tracestate_outside_the_w3c_grammar_or_limits_is_dropped() {
     ] {
         assert_eq!(upstream_state(good.clone()).await, Some(good));
     }
+    // Several fields are one list: passed on when the list is valid, dropped when it is not
+    // (a key twice across them, more than 32 members in all).
+    let fields = |states: Vec<String>| {
+        let (c, url, parent) = (c.clone(), url.clone(), parent.clone());
+        async move {
+            let mut h = vec![("traceparent", parent.as_str())];
+            h.extend(states.iter().map(|s| ("tracestate", s.as_str())));
+            get_with(&c, &format!("{url}/"), &h)
+                .await
+                .upstream_header("tracestate")
+        }
+    };
+    assert_eq!(
+        fields(vec!["congo=1".into(), "rojo=2".into()])
+            .await
+            .as_deref(),
+        Some("congo=1, rojo=2")
+    );
+    assert_eq!(fields(vec!["congo=1".into(), "congo=2".into()]).await, None);
+    assert_eq!(
+        fields(vec![members(20), members(20).replace('k', "j")]).await,
+        None
+    );
 }
 
 #[tokio::test]
