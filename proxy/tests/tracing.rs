@@ -5,10 +5,13 @@
 //! client span per attempt, the policy decisions as events, the sampled flag honoured both
 //! ways, a malformed `traceparent` treated as absent, and with tracing off the client's
 //! fields passed on untouched and none invented; module [`propagation`]: the query
-//! redacted, a mirror's trace fields, `tracestate` limits.
+//! redacted, a mirror's trace fields, `tracestate` limits; module [`export`]: a collector
+//! that hangs or refuses costs counted spans, never a request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "tracing/export.rs"]
+mod export;
 #[path = "tracing/propagation.rs"]
 mod propagation;
 #[path = "policy/support.rs"]

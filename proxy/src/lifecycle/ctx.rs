@@ -224,15 +224,10 @@ impl<'s> RequestCtx<'s> {
                 fault: None,
             })
         });
-        let trace = shared.tracer.as_ref().map(|t| {
-            let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-            t.begin(
-                req.headers(),
-                req.method(),
-                target,
-                host.to_str().unwrap_or(""),
-            )
-        });
+        let trace = shared
+            .tracer
+            .as_ref()
+            .map(|t| t.begin(req.headers(), req.method(), req.uri(), &host));
         let client_upgrade = upgrade
             .then(|| req.extensions_mut().remove::<OnUpgrade>())
             .flatten();

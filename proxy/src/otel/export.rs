@@ -1,12 +1,13 @@
 //! The export queue and task. In: finished spans, already encoded as OTLP protobuf (module
 //! [`super::encode`]), appended to a bounded in-memory batch without waiting for anything
 //! but the batch's lock (held for a copy). Out: OTLP export requests of up to `batch_size`
-//! spans, sent one at a time when a batch is full or `batch_delay` has passed: over gRPC
-//! (`TraceService/Export`, HTTP/2 without TLS) or OTLP/HTTP (protobuf posted to
-//! `URL/v1/traces`). While a request is in flight spans keep collecting; beyond
-//! `queue_size` they are dropped and counted, and so are the spans of a request the
-//! collector refuses, fails or does not answer within [`EXPORT_TIMEOUT`] (logged when
-//! failing starts and when it ends).
+//! spans, sent when a batch is full or `batch_delay` has passed, up to [`IN_FLIGHT`] at a
+//! time: over gRPC (`TraceService/Export`, HTTP/2 without TLS) or OTLP/HTTP (protobuf
+//! posted to `URL/v1/traces`). While requests are in flight spans keep collecting; beyond
+//! `queue_size` waiting they are dropped and counted (at most twice `queue_size` spans are
+//! held besides those in flight: the waiting ones, and those taken for the next requests).
+//! So are the spans of a request the collector refuses, fails or does not answer within
+//! [`EXPORT_TIMEOUT`] (logged when failing starts and when it ends).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,6 +25,10 @@ use super::encode::{self, Envelope};
 
 /// How long one export request may take, answer included (the OTLP exporters' default).
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Export requests in flight at once: a collector's round trip does not cap the spans a
+/// second that can be exported (one at a time, a busy collector's pauses filled the queue).
+pub const IN_FLIGHT: usize = 4;
 
 /// Largest answer read from the collector (a partial-success message at most).
 const ANSWER_MAX: usize = 64 * 1024;
@@ -192,13 +197,42 @@ pub(super) async fn run(settings: TraceSettings, queue: Arc<Queue>, service: &'s
             return;
         }
     };
+    let transport = Arc::new(transport);
     let envelope = Envelope::new(service, env!("CARGO_PKG_VERSION"));
     let mut taken = Batch::default();
+    let mut sending = tokio::task::JoinSet::new();
     // Logged when exporting starts failing and when it recovers, not once per batch: an
     // unreachable collector would otherwise log several lines a second under load.
     let mut failing = false;
+    let mut outcome = |r: Result<(usize, Result<(), ExportError>), tokio::task::JoinError>| {
+        let (n, result) = match r {
+            Ok(done) => done,
+            // A send that panicked: nothing known of its spans but that they are lost.
+            Err(e) => (0, Err(ExportError::Body(e.to_string()))),
+        };
+        match result {
+            Err(e) => {
+                queue.dropped.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+                if !failing {
+                    tracing::warn!(spans = n, error = %e, "tracing: export failing; spans are dropped and counted until it recovers");
+                    failing = true;
+                }
+            }
+            Ok(()) if failing => {
+                tracing::info!("tracing: export recovered");
+                failing = false;
+            }
+            Ok(()) => {}
+        }
+    };
     loop {
-        let _ = tokio::time::timeout(settings.batch_delay, queue.wake.notified()).await;
+        let deadline = tokio::time::Instant::now() + settings.batch_delay;
+        loop {
+            tokio::select! {
+                _ = tokio::time::timeout_at(deadline, queue.wake.notified()) => break,
+                Some(r) = sending.join_next() => outcome(r),
+            }
+        }
         let last = Arc::strong_count(&queue) == 1;
         queue.take(&mut taken);
         let mut start = 0;
@@ -206,23 +240,18 @@ pub(super) async fn run(settings: TraceSettings, queue: Arc<Queue>, service: &'s
             let Some(&end) = chunk.last() else { break };
             let body = envelope.request(&taken.bytes[start..end], transport.grpc);
             start = end;
-            let n = chunk.len();
-            match transport.send(body).await {
-                Err(e) => {
-                    queue.dropped.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
-                    if !failing {
-                        tracing::warn!(spans = n, error = %e, "tracing: export failing; spans are dropped and counted until it recovers");
-                        failing = true;
-                    }
+            while sending.len() >= IN_FLIGHT {
+                if let Some(r) = sending.join_next().await {
+                    outcome(r);
                 }
-                Ok(()) if failing => {
-                    tracing::info!("tracing: export recovered");
-                    failing = false;
-                }
-                Ok(()) => {}
             }
+            let (t, n) = (transport.clone(), chunk.len());
+            sending.spawn(async move { (n, t.send(body).await) });
         }
         if last {
+            while let Some(r) = sending.join_next().await {
+                outcome(r);
+            }
             return;
         }
     }

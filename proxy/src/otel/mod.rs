@@ -96,12 +96,13 @@ impl Tracer {
 
     /// The trace of a request with these `headers`: the client's parent when its
     /// `traceparent` is valid, else a new trace; sampled as the parent says, else by ratio.
+    /// The target (`uri`) and `host` are copied for the server span of a sampled request.
     pub fn begin(
         self: &Arc<Self>,
         headers: &HeaderMap,
         method: &Method,
-        target: &str,
-        host: &str,
+        uri: &http::Uri,
+        host: &http::HeaderValue,
     ) -> RequestTrace {
         let mut fields = headers.get_all(w3c::TRACEPARENT).iter();
         let first = fields.next();
@@ -140,8 +141,11 @@ impl Tracer {
                     tracer: self.clone(),
                     start: SystemTime::now(),
                     method: method.clone(),
-                    target: target.to_owned(),
-                    host: host.to_owned(),
+                    target: uri
+                        .path_and_query()
+                        .map_or("/", |pq| pq.as_str())
+                        .to_owned(),
+                    host: host.to_str().unwrap_or("").to_owned(),
                     rule: None,
                     events: Vec::new(),
                 })
