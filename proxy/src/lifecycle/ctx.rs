@@ -186,6 +186,7 @@ impl<'s> RequestCtx<'s> {
         let client = forwarded.as_ref().and_then(|f| f.client);
         let upgrade = req.version() <= Version::HTTP_11 && seen.is_upgrade(req.headers());
         let strip = seen.needs_strip();
+        let trace_fields = seen.trace_fields;
         let (mut verdict, declared_len) =
             match check_limits(&conn.limits, req.headers().len(), &seen) {
                 Ok(len) => (Ok(()), len),
@@ -224,10 +225,11 @@ impl<'s> RequestCtx<'s> {
                 fault: None,
             })
         });
-        let trace = shared
-            .tracer
-            .as_ref()
-            .map(|t| t.begin(req.headers(), req.method(), req.uri(), &host));
+        let trace = shared.tracer.as_ref().map(|t| {
+            // Most requests carry no trace fields: their map is not searched for them.
+            let fields = trace_fields.then(|| req.headers());
+            t.begin(fields, req.method(), req.uri(), &host)
+        });
         let client_upgrade = upgrade
             .then(|| req.extensions_mut().remove::<OnUpgrade>())
             .flatten();

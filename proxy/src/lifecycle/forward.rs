@@ -22,6 +22,7 @@ pub(crate) use tollgate_h1::{header_tokens, is_known_token};
 pub(crate) static X_REQUEST_ID: HeaderName = field_name::X_REQUEST_ID;
 pub(crate) static X_FORWARDED_FOR: HeaderName = field_name::X_FORWARDED_FOR;
 static TRACEPARENT: HeaderName = crate::otel::w3c::TRACEPARENT;
+static TRACESTATE: HeaderName = crate::otel::w3c::TRACESTATE;
 static X_FORWARDED_PROTO: HeaderName = field_name::X_FORWARDED_PROTO;
 static X_FORWARDED_HOST: HeaderName = field_name::X_FORWARDED_HOST;
 static KEEP_ALIVE: HeaderName = field_name::KEEP_ALIVE;
@@ -59,6 +60,8 @@ pub(crate) struct Seen<'h> {
     hop: bool,
     /// Some field name has an `_` (many backends read `X_User` as `X-User`).
     underscore: bool,
+    /// A `traceparent` or `tracestate` field (W3C Trace Context; module `otel`).
+    pub trace_fields: bool,
 }
 
 impl<'h> Seen<'h> {
@@ -81,7 +84,9 @@ impl<'h> Seen<'h> {
                 6 if *name == ORIGIN => s.origin = s.origin.or(Some(value)),
                 7 => s.upgrade |= *name == UPGRADE,
                 10 if *name == CONNECTION => s.connection = true,
+                10 if *name == TRACESTATE => s.trace_fields = true,
                 10 => s.hop |= *name == KEEP_ALIVE,
+                11 => s.trace_fields |= *name == TRACEPARENT,
                 12 if *name == X_REQUEST_ID => s.request_id = s.request_id.or(Some(value)),
                 12 if *name == CONTENT_TYPE => s.content_type = s.content_type.or(Some(value)),
                 14 if *name == CONTENT_LENGTH => {

@@ -94,22 +94,20 @@ impl Tracer {
         }))
     }
 
-    /// The trace of a request with these `headers`: the client's parent when its
-    /// `traceparent` is valid, else a new trace; sampled as the parent says, else by ratio.
-    /// The target (`uri`) and `host` are copied for the server span of a sampled request.
+    /// The trace of a request with these `headers` (`None` when it has no `traceparent`
+    /// or `tracestate` field): the client's parent when its `traceparent` is valid, else a
+    /// new trace; sampled as the parent says, else by ratio. The target (`uri`) and `host`
+    /// are copied for the server span of a sampled request.
     pub fn begin(
         self: &Arc<Self>,
-        headers: &HeaderMap,
+        headers: Option<&HeaderMap>,
         method: &Method,
         uri: &http::Uri,
         host: &http::HeaderValue,
     ) -> RequestTrace {
-        let mut fields = headers.get_all(w3c::TRACEPARENT).iter();
-        let first = fields.next();
-        let client_parent = first.is_some();
-        let parent = match (first, fields.next()) {
-            (Some(v), None) => w3c::parse(v.as_bytes()),
-            _ => None,
+        let (client_parent, parent, client_state, keep_state) = match headers {
+            None => (false, None, false, false),
+            Some(h) => w3c::client_fields(h),
         };
         let (trace_id, sampled) = match parent {
             Some(p) => (p.trace_id, p.sampled),
@@ -122,10 +120,6 @@ impl Tracer {
                 (id, kept == SamplingDecision::RecordAndSample)
             }
         };
-        let mut states = headers.get_all(w3c::TRACESTATE).iter().peekable();
-        let client_state = states.peek().is_some();
-        let keep_state =
-            parent.is_some() && w3c::valid_states(states.map(http::HeaderValue::as_bytes));
         RequestTrace {
             trace_id,
             span_id: SpanId::from(fastrand::u64(1..)),

@@ -74,6 +74,22 @@ pub fn format(trace_id: TraceId, span_id: SpanId, flags: TraceFlags) -> http::He
     http::HeaderValue::from_bytes(&buf).unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
+/// What a request's fields say: whether it has a `traceparent` field, its parent (exactly
+/// one field, valid), whether it has a `tracestate` field, and whether that state goes on
+/// (a valid parent, and the fields' list valid).
+pub fn client_fields(headers: &http::HeaderMap) -> (bool, Option<Parent>, bool, bool) {
+    let mut fields = headers.get_all(TRACEPARENT).iter();
+    let first = fields.next();
+    let parent = match (first, fields.next()) {
+        (Some(v), None) => parse(v.as_bytes()),
+        _ => None,
+    };
+    let mut states = headers.get_all(TRACESTATE).iter().peekable();
+    let client_state = states.peek().is_some();
+    let keep_state = parent.is_some() && valid_states(states.map(http::HeaderValue::as_bytes));
+    (first.is_some(), parent, client_state, keep_state)
+}
+
 /// The `tracestate` of a request that sent it in several fields: one list, the fields
 /// joined with commas (§3.3.1.1, RFC 9110 §5.3), worth passing on when that list is
 /// ([`valid_state`]). The fields then go on as they came, which means the same list.
