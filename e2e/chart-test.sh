@@ -112,7 +112,8 @@ done
 for bad in controller.replicas=0 controller.unknown=1 proxy.serviceType=External \
   controller.metricsPort=70000 'rbac.gatewayNamespaces={Not_A_Namespace}' \
   controller.image.pullPolicy=Sometimes metrics.podMonitor.interval=soon 'metrics.podMonitor.gatewayClasses={Bad_Class}' gatewayClass.description="$(printf 'x%.0s' {1..65})" \
-  controller.tracing.otlpEndpoint=https://otel:4317 controller.tracing.otlpProtocol=udp; do
+  controller.tracing.otlpEndpoint=https://otel:4317 controller.tracing.otlpProtocol=udp \
+  'controller.tracing.otlpEndpoint=http://otel:4317 --leader-elect=false'; do
   if helm template tollgate "$CHART" --namespace "$NS" --set "$bad" >/dev/null 2>"$WORK/err.txt"; then
     fail "the schema accepted --set $bad"
   fi
