@@ -1,7 +1,8 @@
 //! The cache runs after the route's policies: a request the AuthPolicy refuses is refused
 //! even when its answer is stored, and every hit is counted by the rate limit (the request
 //! past the limit is refused, though a stored answer was there for it); and an answer made
-//! for one credential is not shared with another.
+//! for one credential (an AuthPolicy's, or one an ExternalAuth filter's service read) is not
+//! shared with another.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -126,4 +127,52 @@ async fn an_answer_for_a_credential_in_another_header_is_not_shared() {
     assert_eq!(bob.status.as_u16(), 200, "{bob:?}");
     assert_ne!(x_cache(&bob), "HIT");
     assert_eq!(o.count("/mine"), 2);
+}
+
+/// A request the route's ExternalAuth filter admitted is its caller's own, as one with
+/// `Authorization` is: the service decided on a credential the cache cannot see (here a
+/// session cookie), so a `max-age` answer made for alice is neither stored nor served to bob;
+/// an answer marked `public` is shared.
+#[tokio::test]
+async fn an_answer_an_external_auth_filter_admitted_is_not_shared() {
+    use tollgate_api::external::{ExternalAuthz, ExternalProtocol, HttpCheck};
+    let o = origin().await;
+    // Answers 200 to every check: every request is admitted.
+    let authz = common::echo_backend("authz").await;
+    let check = ExternalAuthz {
+        id: "default/site/ext".into(),
+        backend: "authz".into(),
+        protocol: ExternalProtocol::Http(HttpCheck {
+            path_prefix: "/check".into(),
+            ..HttpCheck::default()
+        }),
+        forward_headers: vec!["cookie".into()],
+        max_body_bytes: None,
+        timeout_ms: 2_000,
+        fail_open: false,
+        cache_ttl_ms: None,
+    };
+    let c = cached(&o, rule(), |r| {
+        r.filters = vec![tollgate_api::Filter::ExternalAuth(check)];
+    })
+    .await;
+    let mut t = c.table.clone();
+    t.version = 2;
+    t.backends
+        .insert("authz".into(), common::backend_of(&[&authz]));
+    c.proxy.apply(t).await.unwrap();
+
+    let cc = ("x-origin-header", "cache-control: max-age=60");
+    let alice = fetch(&c.url, "/mine", &[cc, ("cookie", "session=alice")]).await;
+    assert_eq!(alice.status.as_u16(), 200, "{alice:?}");
+    let bob = fetch(&c.url, "/mine", &[cc, ("cookie", "session=bob")]).await;
+    assert_eq!(bob.status.as_u16(), 200, "{bob:?}");
+    assert_ne!(x_cache(&bob), "HIT");
+    assert_eq!(o.count("/mine"), 2);
+
+    let public = ("x-origin-header", "cache-control: public, max-age=60");
+    fetch(&c.url, "/news", &[public, ("cookie", "session=alice")]).await;
+    let bob = fetch(&c.url, "/news", &[public, ("cookie", "session=bob")]).await;
+    assert_eq!(x_cache(&bob), "HIT");
+    assert_eq!(o.count("/news"), 1);
 }

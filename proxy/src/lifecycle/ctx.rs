@@ -89,6 +89,9 @@ pub(crate) struct RequestCtx<'s> {
     /// `auth.identity` of a request an AuthPolicy admitted, shared with the authenticator (not
     /// copied): a consistent-hash expression of its backend may read it (phase 4).
     pub identity: Option<Arc<serde_json::Value>>,
+    /// The route's ExternalAuth filter admitted the request: its answer may be made for the
+    /// caller alone, as with `Authorization` (module `cache`).
+    pub credentialed: bool,
     /// A background revalidation the cache asked for (module `refresh`), started once the
     /// stale answer is made.
     pub refresh: Option<Box<crate::lifecycle::refresh::Job>>,
@@ -252,6 +255,7 @@ impl<'s> RequestCtx<'s> {
             rate_limit: None,
             rate_pending: Vec::new(),
             identity: None,
+            credentialed: false,
             refresh: None,
             auth_cookies: Vec::new(),
             auth_response_headers: Vec::new(),

@@ -288,7 +288,10 @@ async fn proxy<'s>(
         )
         .await
         {
-            Ok(client) => ctx.auth_response_headers.extend(client),
+            Ok(client) => {
+                ctx.credentialed = true;
+                ctx.auth_response_headers.extend(client);
+            }
             Err(resp) => return ext_auth::denial(ctx, &route.filters, &parts, resp),
         }
     }
@@ -417,6 +420,7 @@ fn cache_request<'a>(
                 .map_or("/", http::uri::PathAndQuery::as_str),
         ),
         identity: ctx.identity.as_ref(),
+        credentialed: ctx.credentialed,
         source: ctx.source().0,
         route: ctx.done.route.clone(),
         rule_index,

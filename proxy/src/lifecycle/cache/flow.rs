@@ -6,7 +6,8 @@
 //!
 //! Bypassed (never looked up, never stored, `X-Cache: BYPASS`): methods the rule does not
 //! list, `Range` requests, upgrades, a request's `no-store`, a key expression that does not
-//! compile. A request with `Authorization` is answered only from entries that allow it
+//! compile. A request with `Authorization` (or a credential the policies or an ExternalAuth
+//! filter accepted) is answered only from entries that allow it
 //! (RFC 9111 §3.5: `public`, `s-maxage`, `must-revalidate`) unless the key holds the
 //! identity (an expression reading `auth.identity`).
 
@@ -45,6 +46,9 @@ pub(crate) struct Request<'a> {
     /// The path and query routing matched.
     pub target: &'a str,
     pub identity: Option<&'a Arc<serde_json::Value>>,
+    /// An ExternalAuth filter admitted it (a credential the gateway cannot see, such as a
+    /// session cookie, made the decision).
+    pub credentialed: bool,
     pub source: SocketAddr,
     pub route: Option<Arc<str>>,
     /// The index of the route's rule that matched (part of the key).
@@ -120,9 +124,12 @@ pub(crate) async fn look(cache: &Arc<HttpCache>, rule: &CacheRule, req: Request<
         key: None,
         method: req.method.clone(),
         request: HeaderMap::new(),
-        // A credential in any form (a header, a query parameter, a cookie, a certificate)
-        // makes the answer the user's own, not only `Authorization`.
-        authorization: req.headers.contains_key(AUTHORIZATION) || req.identity.is_some(),
+        // A credential in any form (a header, a query parameter, a cookie, a certificate,
+        // whatever an ExternalAuth service read) makes the answer the user's own, not only
+        // `Authorization`.
+        authorization: req.headers.contains_key(AUTHORIZATION)
+            || req.identity.is_some()
+            || req.credentialed,
         // Keyed on the identity only when the policies established one: without it every
         // expression reads null and all credentials would share one entry.
         identity_keyed: req.identity.is_some()
