@@ -33,6 +33,8 @@ pub enum Code<'a> {
 /// `SpanFlags`: the context's remote bit is always given (`CONTEXT_HAS_IS_REMOTE`).
 const HAS_IS_REMOTE: u32 = 0x100;
 const IS_REMOTE: u32 = 0x200;
+/// The W3C trace flags' sampled bit (the flags are the low byte).
+const SAMPLED: u32 = 0x01;
 
 /// What identifies a span and places it in its trace.
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +44,6 @@ pub struct Head<'a> {
     /// `SpanId::INVALID` for a root.
     pub parent: SpanId,
     pub remote_parent: bool,
-    pub sampled: bool,
     pub kind: Kind,
     /// The name, written as its parts joined with a space (`GET route`).
     pub name: &'a [&'a str],
@@ -242,7 +243,8 @@ pub fn span(
             varint(b, 2);
         }
     });
-    let mut flags = HAS_IS_REMOTE | u32::from(head.sampled);
+    // Only sampled spans are recorded: the trace flags' sampled bit is always set.
+    let mut flags = HAS_IS_REMOTE | SAMPLED;
     if head.remote_parent {
         flags |= IS_REMOTE;
     }
@@ -434,7 +436,6 @@ mod tests {
                 span_id: SpanId::from(0x00f0_67aa_0ba9_02b7_u64),
                 parent,
                 remote_parent: remote,
-                sampled: true,
                 kind: match kind {
                     SpanKind::Server => Kind::Server,
                     SpanKind::Client => Kind::Client,

@@ -124,7 +124,6 @@ impl Tracer {
             trace_id,
             span_id: SpanId::from(fastrand::u64(1..)),
             parent: parent.map(|p| p.span_id),
-            sampled,
             keep_state,
             client_parent,
             client_state,
@@ -171,7 +170,6 @@ pub struct RequestTrace {
     span_id: SpanId,
     /// The client's span, when it sent a valid `traceparent`.
     parent: Option<SpanId>,
-    pub sampled: bool,
     /// Pass the client's `tracestate` on (its parent was valid, its state well-formed).
     keep_state: bool,
     /// The client sent a `traceparent` field (valid or not), which the upstream must not get.
@@ -211,7 +209,7 @@ pub struct Attempt {
 impl RequestTrace {
     /// The trace id, for the access log, when the request is sampled.
     pub fn sampled_id(&self) -> Option<TraceId> {
-        self.sampled.then_some(self.trace_id)
+        self.recording.is_some().then_some(self.trace_id)
     }
 
     /// The route's rule matched (a span attribute).
@@ -222,7 +220,7 @@ impl RequestTrace {
     }
 
     fn flags(&self) -> TraceFlags {
-        if self.sampled {
+        if self.recording.is_some() {
             TraceFlags::SAMPLED
         } else {
             TraceFlags::default()
@@ -244,7 +242,7 @@ impl RequestTrace {
         let attempt = Attempt {
             span_id,
             // No clock read for a request nothing of which is recorded.
-            start: if self.sampled {
+            start: if self.recording.is_some() {
                 SystemTime::now()
             } else {
                 SystemTime::UNIX_EPOCH
@@ -293,7 +291,6 @@ impl RequestTrace {
             span_id: a.span_id,
             parent: self.span_id,
             remote_parent: false,
-            sampled: true,
             kind: Kind::Client,
             name: &[span_method(&rec.method)],
             start: a.start,
@@ -334,7 +331,6 @@ impl RequestTrace {
             span_id: self.span_id,
             parent: self.parent.unwrap_or(SpanId::INVALID),
             remote_parent: self.parent.is_some(),
-            sampled: true,
             kind: Kind::Server,
             name: match route {
                 Some(r) => {

@@ -89,7 +89,6 @@ impl Span {
             span_id: self.span_id,
             parent: self.parent,
             remote_parent: false,
-            sampled: true,
             kind: Kind::Internal,
             name: &[&self.name],
             start: self.start,
