@@ -17,7 +17,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tollgate_api::{Protocol, RouteTable};
+use tollgate_api::{Backend, Protocol, RouteTable};
 
 use crate::FastMap;
 use crate::access_log::{AccessLog, LogSettings};
@@ -334,6 +334,11 @@ impl Proxy {
         }
 
         let version = table.version;
+        // Endpoints come and go all day: only a change to what an answer may depend on keeps
+        // the answers in flight out of the cache.
+        let answers_changed = prev
+            .as_deref()
+            .is_none_or(|p| more_than_endpoints(&p.table, &table));
         let snapshot = Arc::new(Snapshot {
             version,
             router,
@@ -344,7 +349,7 @@ impl Proxy {
             table: Arc::new(table),
         });
         shared.snapshot.store(Some(snapshot.clone()));
-        if let Some(cache) = &shared.cache {
+        if let Some(cache) = shared.cache.as_ref().filter(|_| answers_changed) {
             cache.table_changed();
         }
         // After the store, not beside `build_balancers`: an apply that fails before it keeps
@@ -455,6 +460,42 @@ impl Proxy {
         // The last requests' lines, which the writer thread would take within its interval.
         shared.access_log.flush();
     }
+}
+
+/// True when `new` differs from `old` in more than its version and its backends' endpoints
+/// (every field named, so a field added to the table is compared until said otherwise).
+fn more_than_endpoints(old: &RouteTable, new: &RouteTable) -> bool {
+    let RouteTable {
+        version: _,
+        gateway,
+        ports,
+        backends,
+        policies,
+        closed,
+    } = new;
+    *gateway != old.gateway
+        || *ports != old.ports
+        || *policies != old.policies
+        || *closed != old.closed
+        || backends.len() != old.backends.len()
+        || backends
+            .iter()
+            .zip(&old.backends)
+            .any(|((name, b), (old_name, old_b))| name != old_name || !same_but_endpoints(b, old_b))
+}
+
+fn same_but_endpoints(a: &Backend, b: &Backend) -> bool {
+    let Backend {
+        protocol,
+        load_balancer,
+        endpoints: _,
+        settings,
+        tls,
+    } = a;
+    *protocol == b.protocol
+        && *load_balancer == b.load_balancer
+        && *settings == b.settings
+        && *tls == b.tls
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! (`X-Cache: STALE`, with `Age`) and one background revalidation per key refreshes it
 //! (conditional with the entry's validators; a 304 refreshes, a 200 replaces, an error
 //! leaves the stale entry), never more than the proxy's bound at once, and a purge or a
-//! table swap while one runs keeps its answer out of the store.
+//! table swap while one runs keeps its answer out of the store (but a swap of endpoints
+//! only does not).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cache_support;
@@ -108,15 +109,40 @@ async fn a_table_swap_while_a_refresh_runs_keeps_its_answer_out_of_the_store() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(x_cache(&fetch(&c.url, "/sw", &[h[0], HOLD]).await), "STALE");
     assert!(common::eventually(|| o.count("/sw") == 2).await);
-    // A new table (the rule's scope may have changed): the refresh of the old one stores
-    // nothing.
+    // A new table whose policies changed (an answer may depend on them): the refresh of the
+    // old one stores nothing.
     let mut t = c.table.clone();
     t.version += 1;
+    t.policies
+        .insert("other".into(), tollgate_api::PolicySet::default());
     c.proxy.apply(t).await.unwrap();
     o.release();
     assert!(common::eventually(|| refreshing(&c) == 0).await);
     let s = fetch(&c.url, "/sw", &h).await;
     assert_eq!((x_cache(&s), body(&s).as_str()), ("STALE", "/sw #1"));
+}
+
+/// Endpoints change all day in a cluster: a table that differs from the last only in its
+/// version and its endpoints keeps the answer in flight, which is stored.
+#[tokio::test]
+async fn an_endpoint_change_keeps_the_answer_in_flight() {
+    let o = origin().await;
+    let c = cached(&o, rule(), |_| {}).await;
+    let h = (CC, "cache-control: max-age=60");
+    let url = c.url.clone();
+    let held = tokio::spawn(async move { fetch(&url, "/ep", &[h, HOLD]).await });
+    assert!(common::eventually(|| o.count("/ep") == 1).await);
+    let mut t = c.table.clone();
+    t.version += 1;
+    let b = t.backends.get_mut("o").unwrap();
+    let again = b.endpoints[0].clone();
+    b.endpoints.push(again);
+    c.proxy.apply(t).await.unwrap();
+    o.release();
+    assert_eq!(x_cache(&held.await.unwrap()), "MISS");
+    let hit = fetch(&c.url, "/ep", &[h]).await;
+    assert_eq!((x_cache(&hit), body(&hit).as_str()), ("HIT", "/ep #1"));
+    assert_eq!(o.count("/ep"), 1);
 }
 
 #[tokio::test]
