@@ -29,13 +29,15 @@ pub(crate) fn primary(
     if let Some(q) = query.filter(|q| !q.is_empty()) {
         let kept: Vec<&str> = match rule {
             QueryKey::All => vec![q],
+            // A pair goes in when any parameter a backend may read in it is listed...
             QueryKey::Include(names) => q
                 .split('&')
-                .filter(|p| names.iter().any(|n| names_equal(n, param_name(p))))
+                .filter(|p| pieces(p).any(|piece| listed(names, piece)))
                 .collect(),
+            // ...and stays out only when every one is.
             QueryKey::Exclude(names) => q
                 .split('&')
-                .filter(|p| !p.is_empty() && !names.iter().any(|n| names_equal(n, param_name(p))))
+                .filter(|p| !p.is_empty() && !pieces(p).all(|piece| listed(names, piece)))
                 .collect(),
         };
         if !kept.is_empty() {
@@ -65,6 +67,18 @@ pub(crate) fn scoped(mut key: String, scope: &str, expression_values: &[Option<S
         }
     }
     key
+}
+
+/// The parameters of one `&`-separated pair as a backend may read them: some (older Python,
+/// Java servlet containers) split on `;` too, so `utm_source=x;id=2` is two parameters to
+/// them. Deciding on the first name alone let an excluded name carry a parameter that
+/// changes the answer past the key: the answer for `id=2` stored under the key without it.
+fn pieces(pair: &str) -> impl Iterator<Item = &str> {
+    pair.split(';').filter(|piece| !piece.is_empty())
+}
+
+fn listed(names: &[String], piece: &str) -> bool {
+    names.iter().any(|n| names_equal(n, param_name(piece)))
 }
 
 /// A query parameter's name (before `=`), as sent.
@@ -192,6 +206,19 @@ mod tests {
             "GET http://h/p?x=1&a+b=2"
         );
         assert!(!names_equal("a b", "a+b") && names_equal("a b", "a%20b"));
+        // A parameter behind `;` (a separator to some backends) decides as one of its own:
+        // an excluded name does not hide it, an unlisted one does not keep it out.
+        assert_eq!(
+            enc(
+                &QueryKey::Exclude(vec!["utm_source".into()]),
+                "utm_source=x;id=2&utm_source=y;&b=1"
+            ),
+            "GET http://h/p?utm_source=x;id=2&b=1"
+        );
+        assert_eq!(
+            enc(&QueryKey::Include(vec!["id".into()]), "x=1;id=2&y=3"),
+            "GET http://h/p?x=1;id=2"
+        );
         assert_eq!(
             scoped(
                 primary("HEAD", "https", "h", "/", None, &QueryKey::All),
