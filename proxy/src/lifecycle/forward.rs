@@ -436,6 +436,8 @@ const NOT_TRAILERS: &[&str] = &[
     "proxy-connection",
     "range",
     "te",
+    "traceparent",
+    "tracestate",
     "trailer",
     "transfer-encoding",
     "upgrade",
@@ -512,6 +514,12 @@ mod tests {
             ("x-request-id", "forged"),
             ("if-match", "*"),
             ("connection", "close"),
+            // The gateway's trace fields: a trailer must not add a second parent.
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("tracestate", "congo=1"),
         ] {
             t.append(HeaderName::from_static(n), HeaderValue::from_static(v));
         }

@@ -105,8 +105,8 @@ impl Tracer {
         uri: &http::Uri,
         host: &http::HeaderValue,
     ) -> RequestTrace {
-        let (client_parent, parent, client_state, keep_state) = match headers {
-            None => (false, None, false, false),
+        let (parent, keep_state) = match headers {
+            None => (None, false),
             Some(h) => w3c::client_fields(h),
         };
         let (trace_id, sampled) = match parent {
@@ -125,8 +125,6 @@ impl Tracer {
             span_id: SpanId::from(fastrand::u64(1..)),
             parent: parent.map(|p| p.span_id),
             keep_state,
-            client_parent,
-            client_state,
             attempts: AtomicU32::new(0),
             // Nothing allocated, no clock read, for a request nothing of which is recorded.
             recording: sampled.then(|| {
@@ -172,10 +170,6 @@ pub struct RequestTrace {
     parent: Option<SpanId>,
     /// Pass the client's `tracestate` on (its parent was valid, its state well-formed).
     keep_state: bool,
-    /// The client sent a `traceparent` field (valid or not), which the upstream must not get.
-    client_parent: bool,
-    /// The client sent a `tracestate` field.
-    client_state: bool,
     /// Upstream attempts made so far.
     attempts: AtomicU32,
     /// What the spans of a sampled request are made of; `None` when it is not sampled.
@@ -232,11 +226,10 @@ impl RequestTrace {
     /// `headers`, as is the client's `tracestate` unless it belongs to the trace continued).
     pub fn begin_attempt(&self, headers: &mut HeaderMap) -> (Attempt, http::HeaderValue) {
         let span_id = SpanId::from(fastrand::u64(1..));
-        // The map is touched only for fields the client sent: most requests carry none.
-        if self.client_parent {
-            headers.remove(w3c::TRACEPARENT);
-        }
-        if self.client_state && !self.keep_state {
+        // Not only the client's: a header filter or an authorization service's answer may
+        // have set these since the request arrived. None of them goes beside ours.
+        headers.remove(w3c::TRACEPARENT);
+        if !self.keep_state {
             headers.remove(w3c::TRACESTATE);
         }
         let attempt = Attempt {

@@ -74,20 +74,17 @@ pub fn format(trace_id: TraceId, span_id: SpanId, flags: TraceFlags) -> http::He
     http::HeaderValue::from_bytes(&buf).unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
-/// What a request's fields say: whether it has a `traceparent` field, its parent (exactly
-/// one field, valid), whether it has a `tracestate` field, and whether that state goes on
-/// (a valid parent, and the fields' list valid).
-pub fn client_fields(headers: &http::HeaderMap) -> (bool, Option<Parent>, bool, bool) {
+/// What a request's fields say: its parent (exactly one `traceparent` field, valid), and
+/// whether its `tracestate` goes on (a valid parent, and the fields' list valid).
+pub fn client_fields(headers: &http::HeaderMap) -> (Option<Parent>, bool) {
     let mut fields = headers.get_all(TRACEPARENT).iter();
-    let first = fields.next();
-    let parent = match (first, fields.next()) {
+    let parent = match (fields.next(), fields.next()) {
         (Some(v), None) => parse(v.as_bytes()),
         _ => None,
     };
-    let mut states = headers.get_all(TRACESTATE).iter().peekable();
-    let client_state = states.peek().is_some();
+    let states = headers.get_all(TRACESTATE).iter();
     let keep_state = parent.is_some() && valid_states(states.map(http::HeaderValue::as_bytes));
-    (first.is_some(), parent, client_state, keep_state)
+    (parent, keep_state)
 }
 
 /// The `tracestate` of a request that sent it in several fields: one list, the fields

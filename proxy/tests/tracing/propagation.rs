@@ -1,10 +1,11 @@
 //! What leaves the gateway besides the primary request's `traceparent`: the query on the
 //! server span (values redacted), the trace fields of a mirror's copy (the trace the
-//! primary request continues, never the client's fields as they came), and a `tracestate`
-//! that breaks the W3C grammar or limits (dropped, not passed on).
+//! primary request continues, never the client's fields as they came), a `tracestate`
+//! that breaks the W3C grammar or limits (dropped, not passed on), and trace fields a
+//! header filter set (replaced by the gateway's, never sent beside them).
 
 use super::*;
-use tollgate_api::{Filter, Mirror};
+use tollgate_api::{Filter, HeaderModifier, Mirror};
 
 /// A RequestMirror filter copying every request to `backend`.
 fn mirror_all(backend: &str) -> Filter {
@@ -217,4 +218,40 @@ async fn an_extension_method_is_named_other_never_copied_into_spans() {
         assert!(s.name.starts_with("HTTP"), "{}", s.name);
     }
     assert!(!format!("{spans:?}").contains("XXXX"));
+}
+
+/// Fields set after the request arrived (here by a RequestHeaderModifier; an authorization
+/// service's answer can do the same) do not go upstream beside the gateway's own: exactly
+/// one `traceparent` reaches an HTTP/1 backend, and no `tracestate` without a client parent.
+#[tokio::test]
+async fn trace_fields_a_filter_set_are_replaced_not_repeated() {
+    let (_rx, collector) = Receiver::start().await;
+    let app = echo_backend("app").await;
+    let planted = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
+    let set = HeaderModifier {
+        set: vec![
+            ("traceparent".into(), planted.clone()),
+            ("tracestate".into(), "congo=t61rcWkgMzE".into()),
+        ],
+        add: vec![],
+        remove: vec![],
+    };
+    let (_p, url) = proxy_with_options(
+        tracing_opts(collector, 1.0),
+        vec![with_filters(
+            route("r", "/", vec![wb("app", 1)]),
+            vec![Filter::RequestHeaderModifier(set)],
+        )],
+        vec![("app", backend_of(&[&app]))],
+    )
+    .await;
+    let a = get(&h1_client(), &format!("{url}/")).await;
+    assert_eq!(a.status, 200);
+    // The echo backend joins repeated fields with ", ": one field is one value.
+    let sent = a.upstream_header("traceparent").unwrap();
+    assert!(!sent.contains(','), "{sent}");
+    let (trace, _, flags) = upstream_parent(&a);
+    assert_ne!(trace, PARENT_TRACE);
+    assert_eq!(flags, "01");
+    assert_eq!(a.upstream_header("tracestate"), None);
 }
