@@ -112,7 +112,10 @@ enum ExportError {
 
 /// Where and how export requests go.
 struct Transport {
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// Replaced after a request that timed out: a collector gone without a word (its
+    /// address blackholed) would otherwise hold the pooled connection, HTTP/2's one above
+    /// all, until the kernel gives up on it, minutes later.
+    client: Mutex<Client<HttpConnector, Full<Bytes>>>,
     uri: Uri,
     grpc: bool,
 }
@@ -131,10 +134,8 @@ impl Transport {
             }
             Protocol::Http => (format!("{}/v1/traces", settings.endpoint).parse()?, false),
         };
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder.http2_only(grpc);
         Ok(Self {
-            client: builder.build_http(),
+            client: Mutex::new(client_for(grpc)),
             uri,
             grpc,
         })
@@ -149,8 +150,13 @@ impl Transport {
             req.header(header::CONTENT_TYPE, "application/x-protobuf")
         };
         let req = req.body(Full::new(Bytes::from(body)))?;
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let exchange = async {
-            let resp = self.client.request(req).await?;
+            let resp = client.request(req).await?;
             let status = resp.status();
             // A trailers-only gRPC answer has its status in the header block.
             let head_status = resp.headers().get("grpc-status").cloned();
@@ -181,10 +187,23 @@ impl Transport {
                 }),
             }
         };
-        tokio::time::timeout(EXPORT_TIMEOUT, exchange)
+        let result = tokio::time::timeout(EXPORT_TIMEOUT, exchange)
             .await
-            .unwrap_or(Err(ExportError::Timeout))
+            .unwrap_or(Err(ExportError::Timeout));
+        if matches!(result, Err(ExportError::Timeout)) {
+            *self.client.lock().unwrap_or_else(PoisonError::into_inner) = client_for(self.grpc);
+        }
+        result
     }
+}
+
+/// A client of its own pool: HTTP/2 only (prior knowledge, no TLS) for gRPC.
+fn client_for(http2: bool) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .build(connector)
 }
 
 /// The export loop; ends once the tracer is gone, after sending what it had queued.

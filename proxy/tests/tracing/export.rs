@@ -1,7 +1,8 @@
 //! A collector that fails: requests are never held up, and every span that cannot be
 //! delivered is counted in `tollgate_trace_spans_dropped_total`: one that never answers
-//! (the bounded queue fills, the rest dropped at once), an OTLP/HTTP collector answering 503,
-//! and an OTLP/gRPC one answering with a gRPC error status.
+//! (the bounded queue fills, the rest dropped at once; after a timed-out export the next
+//! connects anew), an OTLP/HTTP collector answering 503, and an OTLP/gRPC one answering
+//! with a gRPC error status.
 
 use super::*;
 
@@ -20,15 +21,23 @@ enum Broken {
 
 /// A collector on loopback that fails as `how` says; counts the export requests it got.
 async fn broken(how: Broken) -> (SocketAddr, Arc<AtomicUsize>) {
+    let (addr, seen, _) = broken_counting(how).await;
+    (addr, seen)
+}
+
+/// [`broken`], counting the connections it accepted too.
+async fn broken_counting(how: Broken) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (count, accepted) = (seen.clone(), connections.clone());
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            accepted.fetch_add(1, Ordering::SeqCst);
             let count = count.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
@@ -55,7 +64,7 @@ async fn broken(how: Broken) -> (SocketAddr, Arc<AtomicUsize>) {
             });
         }
     });
-    (addr, seen)
+    (addr, seen, connections)
 }
 
 /// A proxy exporting to `collector` over `protocol` with a queue of `queue` spans sent in
@@ -133,4 +142,29 @@ async fn refused_batches_are_counted_dropped() {
         );
         assert!(seen.load(Ordering::SeqCst) >= 1);
     }
+}
+
+/// A collector that stops answering (its address blackholed, say) does not keep its
+/// connection: after an export times out, the next one connects anew (over HTTP/2, where
+/// every export shares one connection, the old one would otherwise be used until the kernel
+/// gave up on it).
+#[tokio::test]
+async fn after_a_timed_out_export_the_next_one_connects_anew() {
+    let (collector, seen, connections) = broken_counting(Broken::Hangs).await;
+    let app = echo_backend("app").await;
+    let (_p, url, metrics) = exporting_to(collector, Protocol::Grpc, 8192, &app).await;
+    let c = h1_client();
+    assert_eq!(get(&c, &format!("{url}/")).await.status, 200);
+    assert!(eventually(|| seen.load(Ordering::SeqCst) == 1).await);
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+    // The export's 10 s run out: its two spans are counted dropped.
+    let mut waited = 0;
+    while dropped(&metrics) < 2 && waited < 300 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    assert_eq!(dropped(&metrics), 2);
+    assert_eq!(get(&c, &format!("{url}/")).await.status, 200);
+    assert!(eventually(|| seen.load(Ordering::SeqCst) == 2).await);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
